@@ -1,0 +1,5 @@
+import palladium.pipeline
+
+
+def test_version():
+    assert palladium.pipeline.__version__ == "0.1.0"
