@@ -1,5 +1,38 @@
-"""palladium.race_detect."""
+"""palladium.race_detect: a happens-before data-race detector for simulated accelerators.
+
+Actors (simulated cores, DMAs in flight) carry vector clocks; synchronisation (fork,
+join, release/acquire, barriers) orders them; reads and writes of buffer regions are
+checked FastTrack-style against per-element shadow state. See ``API.md``.
+"""
 
 from palladium.race_detect._version import __version__
+from palladium.race_detect.actor import Actor
+from palladium.race_detect.clock import Clock, VectorClock
+from palladium.race_detect.detector import RaceDetector
+from palladium.race_detect.errors import (
+    ActorError,
+    DataRaceError,
+    RaceDetectorError,
+    RaceWarning,
+    RegionError,
+    UnknownBufferError,
+)
+from palladium.race_detect.policy import OnRace
+from palladium.race_detect.report import Access, RaceReport
 
-__all__ = ["__version__"]
+__all__ = [
+    "Access",
+    "Actor",
+    "ActorError",
+    "Clock",
+    "DataRaceError",
+    "OnRace",
+    "RaceDetector",
+    "RaceDetectorError",
+    "RaceReport",
+    "RaceWarning",
+    "RegionError",
+    "UnknownBufferError",
+    "VectorClock",
+    "__version__",
+]

@@ -1,0 +1,34 @@
+"""Actors: a simulated core, a DMA in flight — anything with its own program order."""
+
+from __future__ import annotations
+
+from palladium.race_detect.clock import Clock, VectorClock
+
+
+class Actor:
+    """An actor of a ``RaceDetector`` (made by ``RaceDetector.new_actor``).
+
+    ``name`` is the user-facing name ("device 0 core 1", "DMA #12 x->scratch_shapes[0]");
+    ``slot`` is the vector-clock slot it occupies (slots of finished actors are reused).
+    """
+
+    __slots__ = ("name", "slot", "finished", "_clock")
+
+    def __init__(self, name: str, slot: int, clock: VectorClock) -> None:
+        self.name = name
+        self.slot = slot
+        self.finished = False
+        self._clock = clock
+
+    def clock(self) -> Clock:
+        """A snapshot of the actor's vector clock."""
+        return self._clock.snapshot()
+
+    @property
+    def time(self) -> int:
+        """The actor's current epoch time (its own clock entry)."""
+        return self._clock.time(self.slot)
+
+    def __repr__(self) -> str:
+        state = ", finished" if self.finished else ""
+        return f"Actor({self.name!r}, slot={self.slot}, time={self.time}{state})"

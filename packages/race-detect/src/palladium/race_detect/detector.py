@@ -1,0 +1,218 @@
+"""The race detector: actors, synchronisation edges, buffers and accesses."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Hashable, Sequence
+from typing import Any
+
+from palladium.race_detect.actor import Actor
+from palladium.race_detect.clock import Clock, VectorClock
+from palladium.race_detect.errors import ActorError, RegionError, UnknownBufferError
+from palladium.race_detect.policy import OnRace, deliver_function
+from palladium.race_detect.regions import check_mask, normalise
+from palladium.race_detect.report import Access, RaceReport
+from palladium.race_detect.shadow import BufferShadow, Event
+
+
+class RaceDetector:
+    """A happens-before data-race detector over array buffers (FastTrack-style, precise).
+
+    >>> det = RaceDetector(on_race="collect")
+    >>> core = det.new_actor("core 0")
+    >>> det.register_buffer("x", (4, 4), "x")
+    >>> dma = det.new_actor("DMA #1", parent=core)
+    >>> det.write(dma, "x", (slice(0, 2),), site="copy in")
+    >>> det.read(core, "x", (0, 1), site="kernel.py:3")   # core did not wait: a race
+    >>> len(det.reports)
+    1
+    >>> det.finish(dma); det.join(core, dma)             # waited on the DMA's semaphore
+    >>> det.read(core, "x", (0, 1), site="kernel.py:5")
+    >>> len(det.reports)
+    1
+
+    All methods are thread-safe (one lock). Policies are applied after the lock is
+    released, so an ``on_race`` callable may call back into the detector.
+    """
+
+    def __init__(self, on_race: OnRace = "raise") -> None:
+        self._deliver = deliver_function(on_race)
+        self.on_race = on_race
+        self._lock = threading.Lock()
+        self._occupants: list[Actor] = []  # slot -> the actor holding it now
+        self._final: list[int] = []  # slot -> the last time used in it so far
+        self._free: set[int] = set()  # slots whose occupant finished
+        self._buffers: dict[Hashable, BufferShadow] = {}
+        self._reports: list[RaceReport] = []
+        self._serial = 0
+
+    # ----------------------------------------------------------------- actors
+    def new_actor(self, name: str, parent: Actor | None = None) -> Actor:
+        """A new actor; with ``parent`` a fork (the parent's past happens-before it)."""
+        with self._lock:
+            slot = self._reusable_slot(parent)
+            if slot is None:
+                slot = len(self._occupants)
+                self._occupants.append(None)  # type: ignore[arg-type]
+                self._final.append(0)
+            else:
+                self._free.discard(slot)
+            clock = VectorClock() if parent is None else parent._clock.copy()
+            clock.set(slot, self._final[slot] + 1, name)
+            actor = Actor(name, slot, clock)
+            self._occupants[slot] = actor
+            if parent is not None and not parent.finished:
+                parent._clock.increment(parent.slot)
+            return actor
+
+    def _reusable_slot(self, parent: Actor | None) -> int | None:
+        # Why reuse is exact: a slot is a chain of actors. The new occupant starts at
+        # (old occupant's final time) + 1 and inherits the parent's clock, which already
+        # has clock[slot] >= that final time, i.e. the whole old occupant happens-before
+        # the new one. An old epoch (slot, t <= final) is in a clock C's past iff
+        # C[slot] >= t: C got that value either from the old occupant itself (the usual
+        # vector-clock argument) or from the new occupant, whose past contains every
+        # event of the old one. A new epoch (slot, t > final) can only be known through
+        # the new occupant. So sharing the entry never orders two accesses that are not
+        # ordered, nor misses an order that exists. Without the parent condition (a
+        # finished DMA nobody waited for) the old epochs would look ordered after the
+        # new occupant's start, so such slots stay unused until someone's past has them.
+        if parent is None:
+            return None
+        candidates = [s for s in self._free if parent._clock.time(s) >= self._final[s]]
+        return min(candidates) if candidates else None
+
+    def finish(self, actor: Actor) -> None:
+        """``actor`` ends (a DMA completed); its slot may then be reused."""
+        with self._lock:
+            if actor.finished:
+                return
+            actor.finished = True
+            self._final[actor.slot] = actor._clock.time(actor.slot)
+            if self._occupants[actor.slot] is actor:
+                self._free.add(actor.slot)
+
+    @property
+    def num_slots(self) -> int:
+        """How many clock slots exist (bounded by how many actors were ever in flight)."""
+        with self._lock:
+            return len(self._occupants)
+
+    # ----------------------------------------------------------------- synchronisation
+    def join(self, observer: Actor, other: Actor) -> None:
+        """Everything ``other`` did so far happens-before ``observer``'s future."""
+        with self._lock:
+            if observer is other:
+                return
+            observer._clock.join(other._clock)
+            _tick(other)
+
+    def release(self, actor: Actor) -> Clock:
+        """A snapshot of ``actor``'s clock for a later ``acquire`` (then ``actor`` ticks)."""
+        with self._lock:
+            snapshot = actor._clock.snapshot()
+            _tick(actor)
+            return snapshot
+
+    def acquire(self, actor: Actor, clock: Clock) -> None:
+        """Everything before the ``release`` that made ``clock`` happens-before ``actor``'s future."""
+        with self._lock:
+            actor._clock.join(clock)
+
+    def barrier(self, actors: Sequence[Actor]) -> None:
+        """All of ``actors`` join each other."""
+        with self._lock:
+            unique = list({id(a): a for a in actors}.values())
+            merged = VectorClock()
+            for actor in unique:
+                merged.join(actor._clock)
+            for actor in unique:
+                actor._clock.join(merged)
+                _tick(actor)
+
+    # ----------------------------------------------------------------- buffers
+    def register_buffer(self, key: Hashable, shape: tuple[int, ...], name: str) -> None:
+        """Start tracking a buffer; ``name`` is how reports call it."""
+        with self._lock:
+            self._buffers[key] = BufferShadow(tuple(int(d) for d in shape), name)
+
+    def free_buffer(self, key: Hashable) -> None:
+        """Forget a buffer's shadow state."""
+        with self._lock:
+            self._buffers.pop(key, None)
+
+    def read(
+        self,
+        actor: Actor,
+        key: Hashable,
+        region: Any = None,
+        site: object = None,
+        *,
+        mask: Any = None,
+    ) -> None:
+        """``actor`` reads ``buffer[region]`` (only the True elements of ``mask``)."""
+        self._access(actor, key, region, site, mask, False)
+
+    def write(
+        self,
+        actor: Actor,
+        key: Hashable,
+        region: Any = None,
+        site: object = None,
+        *,
+        mask: Any = None,
+    ) -> None:
+        """``actor`` writes ``buffer[region]`` (only the True elements of ``mask``)."""
+        self._access(actor, key, region, site, mask, True)
+
+    def _access(
+        self, actor: Actor, key: Hashable, region: Any, site: object, mask: Any, is_write: bool
+    ) -> None:
+        with self._lock:
+            try:
+                shadow = self._buffers[key]
+            except KeyError:
+                raise UnknownBufferError(
+                    f"{'write' if is_write else 'read'} by {actor.name!r} at {site}: no "
+                    f"buffer with key {key!r} is registered"
+                ) from None
+            if actor.finished:
+                raise ActorError(
+                    f"{actor.name!r} accessed {shadow.name!r} at {site} after it finished"
+                )
+            full = normalise(region, shadow.shape, shadow.name)
+            bool_mask = None if mask is None else check_mask(mask, full, shadow.shape, shadow.name)
+            clock = actor._clock
+            access = Access(
+                actor.name,
+                "write" if is_write else "read",
+                shadow.name,
+                full,
+                site,
+                clock.entries(),
+                bool_mask is not None,
+            )
+            self._serial += 1
+            event = Event(actor.slot, clock.times[actor.slot], self._serial, access)
+            try:
+                races = shadow.access(event, clock.times, is_write, full, bool_mask)
+            except IndexError as error:  # numpy's own bounds message, with our names
+                raise RegionError(f"buffer {shadow.name!r}: {error}") from error
+            if not races:
+                return
+            reports = [RaceReport(earlier.access, access, element) for earlier, element in races]
+            self._reports.extend(reports)
+        self._deliver(reports)
+
+    @property
+    def reports(self) -> list[RaceReport]:
+        """Every race seen so far, whatever the policy (a copy)."""
+        with self._lock:
+            return list(self._reports)
+
+
+def _tick(actor: Actor) -> None:
+    # A finished actor does nothing more, so it needs no new epoch; keeping its time
+    # fixed keeps the slot's final time valid for reuse.
+    if not actor.finished:
+        actor._clock.increment(actor.slot)

@@ -1,0 +1,59 @@
+"""Race reports: the two accesses, formatted for a kernel author."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from palladium.race_detect.regions import Region, format_region
+
+
+@dataclass(frozen=True)
+class Access:
+    """One read or write, as recorded by the detector.
+
+    ``clock`` is the actor's vector clock at the access, as ``(actor name, time)`` pairs
+    of its non-zero entries. ``masked`` says a mask restricted the region.
+    """
+
+    actor: str
+    kind: str
+    buffer: str
+    region: Region
+    site: object
+    clock: tuple[tuple[str, int], ...]
+    masked: bool = False
+
+    def describe(self) -> str:
+        """``write by 'core 0' to x[0:8, :] at kernel.py:41``."""
+        where = "to" if self.kind == "write" else "of"
+        mask = " (masked)" if self.masked else ""
+        site = "an unknown site" if self.site is None else str(self.site)
+        return (
+            f"{self.kind} by {self.actor!r} {where} {self.buffer}"
+            f"{format_region(self.region)}{mask} at {site}"
+        )
+
+
+def _format_clock(clock: tuple[tuple[str, int], ...]) -> str:
+    return "{" + ", ".join(f"{name}: {time}" for name, time in clock) + "}"
+
+
+@dataclass(frozen=True)
+class RaceReport:
+    """A data race: ``first`` (the earlier access) and ``second`` are not ordered.
+
+    ``element`` is one element both touch (a buffer index), when known.
+    """
+
+    first: Access
+    second: Access
+    element: tuple[int, ...] | None = None
+
+    def __str__(self) -> str:
+        at = "" if self.element is None else f" at element {self.element}"
+        return (
+            f"data race on {self.second.buffer!r}{at}: {self.first.describe()} and "
+            f"{self.second.describe()} are not ordered by any semaphore wait, barrier "
+            f"or join (clocks {_format_clock(self.first.clock)} and "
+            f"{_format_clock(self.second.clock)})"
+        )

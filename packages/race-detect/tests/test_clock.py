@@ -1,0 +1,50 @@
+"""Vector clock operations: increment, join, happens-before, snapshots."""
+
+from palladium.race_detect import Clock, VectorClock
+
+
+def test_increment_and_time():
+    vc = VectorClock()
+    vc.set(2, 1, "core 0")
+    assert vc.times == [0, 0, 1]
+    vc.increment(2)
+    assert vc.time(2) == 2
+    assert vc.time(7) == 0
+    assert vc.entries() == (("core 0", 2),)
+
+
+def test_join_takes_elementwise_max_with_names():
+    a = VectorClock([3, 0, 1], ["core 0", "", "DMA #1"])
+    b = VectorClock([1, 4, 2, 5], ["core 0", "core 1", "DMA #2", "DMA #3"])
+    a.join(b)
+    assert a.times == [3, 4, 2, 5]
+    assert a.names == ["core 0", "core 1", "DMA #2", "DMA #3"]
+    assert b.times == [1, 4, 2, 5]  # the other side is unchanged
+
+
+def test_covers_is_the_epoch_test():
+    vc = VectorClock([2, 5], ["a", "b"])
+    assert vc.covers(1, 5)
+    assert vc.covers(1, 4)
+    assert not vc.covers(1, 6)
+    assert not vc.covers(3, 1)  # a slot it never heard of
+
+
+def test_snapshot_is_immutable_and_independent():
+    vc = VectorClock([1, 2], ["a", "b"])
+    snap = vc.snapshot()
+    vc.increment(0)
+    assert snap.times == (1, 2)
+    assert snap.entries() == (("a", 1), ("b", 2))
+
+
+def test_clock_happens_before_and_join():
+    a = Clock((1, 0), ("a", ""))
+    b = Clock((1, 1), ("a", "b"))
+    c = Clock((0, 2), ("", "b"))
+    assert a <= b and a.happens_before(b)
+    assert not b.happens_before(a)
+    assert not a.happens_before(a)
+    assert not a <= c and not c <= a  # concurrent
+    assert a.join(c) == Clock((1, 2), ("a", "b"))
+    assert Clock() <= a
