@@ -1,5 +1,37 @@
-"""palladium.shared_memory."""
+"""palladium.shared_memory: a model of a TPU slice's memory and its simulated cores.
 
+HBM/VMEM/SMEM buffers per device and core, semaphores, local and remote DMAs, barriers,
+and a seeded scheduler that runs the simulated cores one at a time and reports
+deadlocks. numpy, ml_dtypes and ``palladium.race_detect`` only; never imports jax. The
+contract is the package's API.md.
+"""
+
+from palladium.race_detect import DataRaceError
 from palladium.shared_memory._version import __version__
+from palladium.shared_memory.buffers import BufferRef, MemorySpace
+from palladium.shared_memory.errors import (
+    DeadlockError,
+    OutOfBoundsError,
+    SemaphoreLeakError,
+    SimulationError,
+)
+from palladium.shared_memory.padding import TILING_DEFAULT, padded_shape, uninitialized_value
+from palladium.shared_memory.semaphores import SemaphoreKind
+from palladium.shared_memory.simulation import CoreId, Simulation
 
-__all__ = ["__version__"]
+__all__ = [
+    "TILING_DEFAULT",
+    "BufferRef",
+    "CoreId",
+    "DataRaceError",
+    "DeadlockError",
+    "MemorySpace",
+    "OutOfBoundsError",
+    "SemaphoreKind",
+    "SemaphoreLeakError",
+    "Simulation",
+    "SimulationError",
+    "__version__",
+    "padded_shape",
+    "uninitialized_value",
+]

@@ -1,0 +1,153 @@
+"""Buffers: HBM per device, VMEM and SMEM per core; reads, writes and swaps of regions.
+
+A buffer stores its *logical* shape only. Its *bound* shape is the logical shape, or the
+tile-padded one when the simulation uses ``bounds="padded"`` (never for SMEM): elements
+between the two are tile padding, which always reads as uninitialised memory and
+silently drops writes, like the reference interpreter. An access beyond the bound shape
+raises :class:`OutOfBoundsError` (writes always; reads unless the policy is
+``"uninitialized"``, which reads the fill value there instead).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+
+import numpy as np
+
+from palladium.shared_memory.errors import OutOfBoundsError, at_site, core_name
+from palladium.shared_memory.regions import AccessPlan, describe_region, resolve
+
+__all__ = ["Buffer", "BufferRef", "MemorySpace"]
+
+_ELLIPSIS = (Ellipsis,)
+
+
+class MemorySpace(enum.Enum):
+    """Where a buffer lives: HBM (per device, shared by its cores), VMEM or SMEM (per core)."""
+
+    HBM = "HBM"
+    VMEM = "VMEM"
+    SMEM = "SMEM"
+
+
+@dataclasses.dataclass(frozen=True)
+class BufferRef:
+    """A handle to an allocated buffer. ``core`` is 0 for HBM (shared by the device)."""
+
+    key: int
+    space: MemorySpace
+    device: int
+    core: int
+    name: str
+    shape: tuple[int, ...]
+    dtype: np.dtype
+
+    @property
+    def label(self) -> str:
+        """``'x' (VMEM, device 0 core 1)``: the buffer as messages name it."""
+        return f"'{self.name}' ({self.where})"
+
+    @property
+    def where(self) -> str:
+        """``HBM, device 1`` or ``VMEM, device 0 core 1``."""
+        if self.space is MemorySpace.HBM:
+            return f"HBM, device {self.device}"
+        return f"{self.space.value}, device {self.device} core {self.core}"
+
+
+class Buffer:
+    """The storage and bounds of one allocation (owned by a ``Simulation``)."""
+
+    __slots__ = ("bound", "data", "fill", "logical", "ref", "refcount")
+
+    def __init__(self, ref: BufferRef, data: np.ndarray, bound: tuple[int, ...], fill):
+        self.ref = ref
+        self.data = data
+        self.logical = data.shape
+        self.bound = bound
+        self.fill = fill
+        self.refcount = 1
+
+    def plan(self, region) -> AccessPlan:
+        """Resolve ``region`` against this buffer's logical and bound shapes."""
+        return resolve(region, self.logical, self.bound)
+
+    # -- reads -------------------------------------------------------------------------
+
+    def read(self, plan: AccessPlan, oob_raise: bool, what: str, core, site) -> np.ndarray:
+        """The values of the planned region (a copy); the fill where nothing is stored."""
+        if plan.full:
+            return self.data[plan.index + _ELLIPSIS].copy()
+        if plan.oob and oob_raise:
+            raise self.oob_error(what, plan, core, site, hint=True)
+        out = np.full(plan.shape, self.fill, self.data.dtype)
+        if plan.index is not None:
+            out[plan.pos] = self.data[plan.index]
+        return out
+
+    # -- writes ------------------------------------------------------------------------
+
+    def write(self, plan: AccessPlan, value, mask, what: str, core, site) -> np.ndarray | None:
+        """Store ``value`` (where ``mask``) into the planned region.
+
+        Returns the mask restricted to the stored part (for the race detector), or None
+        when no mask was given.
+        """
+        data = self.data
+        if plan.full:
+            if mask is None:
+                data[plan.index] = value
+                return None
+            mask = np.asarray(mask, dtype=bool)
+            np.copyto(data[plan.index + _ELLIPSIS], value, casting="unsafe", where=mask)
+            return mask
+        self.check_write_bounds(plan, mask, what, core, site)
+        if plan.index is None:
+            return None if mask is None else np.zeros((), bool)
+        value = np.broadcast_to(np.asarray(value), plan.shape)[plan.pos]
+        if mask is None:
+            data[plan.index] = value
+            return None
+        sub_mask = np.broadcast_to(np.asarray(mask, dtype=bool), plan.shape)[plan.pos]
+        np.copyto(data[plan.index + _ELLIPSIS], value, casting="unsafe", where=sub_mask)
+        return sub_mask
+
+    def check_write_bounds(self, plan: AccessPlan, mask, what: str, core, site) -> None:
+        """Raise if an element that would be written lies outside the bound shape."""
+        if not plan.oob:
+            return
+        if mask is None:
+            raise self.oob_error(what, plan, core, site, hint=False)
+        outside = np.broadcast_to(np.asarray(mask, dtype=bool), plan.shape).copy()
+        if plan.box is not None:
+            outside[plan.box] = False
+        if outside.any():
+            raise self.oob_error(f"masked {what}", plan, core, site, hint=False)
+
+    def swap(self, plan: AccessPlan, value, mask, core, site) -> tuple[np.ndarray, np.ndarray | None]:
+        """Store ``value`` (where ``mask``) and return the old contents of the region."""
+        if plan.full:
+            old = self.data[plan.index + _ELLIPSIS].copy()
+        else:
+            self.check_write_bounds(plan, mask, "swap", core, site)
+            old = self.read(plan, False, "swap", core, site)
+        return old, self.write(plan, value, mask, "swap", core, site)
+
+    # -- messages ----------------------------------------------------------------------
+
+    def oob_error(self, what: str, plan: AccessPlan, core, site, *, hint: bool) -> OutOfBoundsError:
+        """An ``OutOfBoundsError`` naming the buffer, the region, the shape, core and site."""
+        region = plan.region
+        shape = f"shape {self.logical}"
+        if self.bound != self.logical:
+            shape += f" (padded to {self.bound})"
+        who = core_name(core) if core is not None else "host"
+        text = (
+            f"{who}: out-of-bounds {what} of {self.ref.label}: region "
+            f"{describe_region(region)} (result shape {plan.shape}) exceeds {shape}"
+            f"{at_site(site)}."
+        )
+        if hint:
+            text += " Pass out_of_bounds='uninitialized' to read uninitialised values there."
+        return OutOfBoundsError(text)

@@ -1,0 +1,41 @@
+"""Exceptions raised by the simulated TPU slice.
+
+Every simulated-hardware fault is a :class:`SimulationError`; messages name the buffer
+or semaphore as the user named it, the core ("device 0 core 1") and the caller's site.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "DeadlockError",
+    "OutOfBoundsError",
+    "SemaphoreLeakError",
+    "SimulationError",
+    "core_name",
+]
+
+
+class SimulationError(Exception):
+    """Base class of every fault detected by the simulator (and the interpreter's own)."""
+
+
+class OutOfBoundsError(SimulationError, IndexError):
+    """A read, write, swap or DMA touched elements outside a buffer's bounds."""
+
+
+class DeadlockError(SimulationError):
+    """Every simulated core is blocked and no pending DMA can make progress."""
+
+
+class SemaphoreLeakError(SimulationError):
+    """A semaphore still has a non-zero count when its scope (or the kernel) ends."""
+
+
+def core_name(core: tuple[int, int]) -> str:
+    """The user-facing name of a core: ``device 0 core 1``."""
+    return f"device {core[0]} core {core[1]}"
+
+
+def at_site(site: object) -> str:
+    """`` at <site>`` or nothing, for appending to messages."""
+    return "" if site is None else f" at {site}"

@@ -1,0 +1,91 @@
+"""TPU tile padding of buffer shapes.
+
+A TPU stores the two minor dimensions of a VMEM/HBM array in tiles of ``(8, 128)``
+32-bit words. Narrower dtypes pack several elements into one 32-bit word along the
+second-minor dimension, so a 16-bit array is tiled ``(16, 128)`` and an 8-bit one
+``(32, 128)``. The rules implemented by :func:`padded_shape`:
+
+* scalars (rank 0) are not padded;
+* rank 1: the only dimension is rounded up to ``128 * packing`` elements
+  (``packing = 4 // itemsize``), one row of lanes of packed words;
+* rank >= 2: leading dimensions are not padded; the minor dimension is rounded up to
+  ``tiling[1]`` (128) and the second-minor one to the sublane tile. Like Mosaic's
+  tiling-factor inference, a small second-minor dimension gets a smaller tile: the tile
+  starts at ``packing`` and doubles while it is smaller than both the dimension and the
+  full tile ``tiling[0] * packing``.
+
+Dtypes wider than 32 bits (float64 with x64 enabled) are tiled like 32-bit ones. This is
+a fixed, documented default: the simulator runs on CPU and has no TPU generation to ask.
+
+>>> import numpy as np
+>>> padded_shape((3, 5), np.float32)
+(4, 128)
+>>> padded_shape((20, 130), np.float32)
+(24, 256)
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["TILING_DEFAULT", "padded_shape", "uninitialized_value"]
+
+TILING_DEFAULT: tuple[int, int] = (8, 128)
+"""The (sublane, lane) tile of 32-bit data on a TPU."""
+
+
+def _packing(dtype: np.dtype) -> int:
+    return max(1, 4 // max(1, dtype.itemsize))
+
+
+def padded_shape(
+    shape: tuple[int, ...], dtype, tiling: tuple[int, int] = TILING_DEFAULT
+) -> tuple[int, ...]:
+    """The tile-padded shape of an array of ``shape`` and ``dtype`` (see module docs)."""
+    shape = tuple(int(d) for d in shape)
+    if not shape:
+        return ()
+    packing = _packing(np.dtype(dtype))
+    sublanes, lanes = tiling
+    if len(shape) == 1:
+        return (_round_up(shape[0], lanes * packing),)
+    *leading, second, minor = shape
+    tile = packing
+    while tile < min(second, sublanes * packing):
+        tile *= 2
+    return (*leading, _round_up(second, tile), _round_up(minor, lanes))
+
+
+def _round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
+def uninitialized_value(dtype: np.dtype, mode: str):
+    """The fill of uninitialised memory: NaN / max int / True for ``"nan"``, else 0."""
+    dtype = np.dtype(dtype)
+    if mode == "zero":
+        return dtype.type(0)
+    if mode != "nan":
+        raise ValueError(f"uninitialized must be 'nan' or 'zero', got {mode!r}")
+    if dtype.kind == "b":
+        return np.True_
+    if dtype.kind in "iu":
+        return dtype.type(np.iinfo(dtype).max)
+    if dtype.kind in "fc":
+        return dtype.type(np.nan)
+    return _ml_dtypes_fill(dtype)
+
+
+def _ml_dtypes_fill(dtype: np.dtype):
+    # ml_dtypes' types (bfloat16, float8_*, int4) have kind "V": ask ml_dtypes.
+    import ml_dtypes
+
+    try:
+        ml_dtypes.finfo(dtype)
+        return dtype.type(np.nan)
+    except (ValueError, TypeError):
+        pass
+    try:
+        return dtype.type(ml_dtypes.iinfo(dtype).max)
+    except (ValueError, TypeError):
+        return dtype.type(0)

@@ -1,0 +1,210 @@
+"""The scheduler: simulated cores run as threads, exactly one at a time.
+
+Each body runs on its own thread, but only the holder of the *baton* executes; every
+other thread waits on its own ``threading.Event``. At each synchronisation point the
+running thread asks the scheduler who runs next, picked with a seeded
+``random.Random`` among the runnable threads, and hands the baton over. Because nothing
+else runs concurrently, a run is a pure function of the seed.
+
+A thread that must wait (a semaphore count too low, a barrier) is *blocked* with a
+readiness predicate; the scheduler only hands it the baton once the predicate holds.
+When no thread is runnable and some are blocked, that is a deadlock: the thread that
+found it raises :class:`DeadlockError` listing every blocked core.
+
+The first exception of any body cancels the run: every other thread is woken in turn
+(one at a time, still), raises the private ``_Cancelled`` inside its blocked wait and
+unwinds; all threads are joined and ``run`` re-raises the first exception.
+"""
+
+from __future__ import annotations
+
+import enum
+import random
+import threading
+from collections.abc import Callable
+
+from palladium.shared_memory.errors import DeadlockError, core_name
+
+__all__ = ["Scheduler", "Task"]
+
+
+class _Cancelled(BaseException):
+    """Raised inside a body whose run was cancelled by another body's error."""
+
+
+class _State(enum.Enum):
+    READY = 0
+    BLOCKED = 1
+    DONE = 2
+
+
+class Task:
+    """A simulated core's body and its scheduling state."""
+
+    __slots__ = ("body", "core", "describe", "event", "ready", "state", "thread")
+
+    def __init__(self, core, body: Callable[[], None]):
+        self.core = core
+        self.body = body
+        self.event = threading.Event()
+        self.state = _State.READY
+        self.ready: Callable[[], bool] | None = None
+        self.describe: Callable[[], str] | None = None
+        self.thread: threading.Thread | None = None
+
+
+class Scheduler:
+    """Runs bodies one at a time, choosing the next runner from a seeded RNG.
+
+    ``trace`` records the core handed the baton at every switch (for tests and
+    debugging); ``local.task`` is the task whose body runs on the current thread.
+    """
+
+    def __init__(self, rng: random.Random, local: threading.local, trace: list):
+        self.rng = rng
+        self.local = local
+        self.tasks: list[Task] = []
+        self.cancelled = False
+        self.error: BaseException | None = None
+        self.done = threading.Event()
+        self.trace = trace
+
+    # -- running -----------------------------------------------------------------------
+
+    def run(self, bodies: dict) -> None:
+        """Run every body to completion (or the first error, re-raised here)."""
+        self.tasks = [Task(core, bodies[core]) for core in sorted(bodies)]
+        if len(self.tasks) == 1:
+            # One body: no other thread could ever take the baton, run it right here.
+            task = self.tasks[0]
+            self.local.task = task
+            try:
+                task.body()
+            finally:
+                task.state = _State.DONE
+                self.local.task = None
+            return
+        for task in self.tasks:
+            task.thread = threading.Thread(
+                target=self._thread_main, args=(task,), name=f"palladium {core_name(task.core)}",
+                daemon=True,
+            )
+            task.thread.start()
+        first = self._pick()
+        assert first is not None
+        self.trace.append(first.core)
+        first.event.set()
+        self.done.wait()
+        for task in self.tasks:
+            assert task.thread is not None
+            task.thread.join()
+        error, self.error = self.error, None
+        if error is not None:
+            raise error
+
+    def _thread_main(self, task: Task) -> None:
+        self.local.task = task
+        task.event.wait()
+        try:
+            if self.cancelled:
+                raise _Cancelled
+            task.body()
+        except _Cancelled:
+            pass
+        except BaseException as e:  # the body's error ends the whole run
+            if self.error is None:
+                self.error = e
+            self.cancelled = True
+        finally:
+            self._finish(task)
+
+    def _finish(self, task: Task) -> None:
+        task.state = _State.DONE
+        nxt = None
+        if not self.cancelled:
+            nxt = self._pick()
+            if nxt is None and any(t.state is _State.BLOCKED for t in self.tasks):
+                self.error = DeadlockError(self.deadlock_message())
+                self.cancelled = True
+        if self.cancelled:
+            nxt = next((t for t in self.tasks if t.state is not _State.DONE), None)
+        if nxt is None:
+            self.done.set()
+        else:
+            self.trace.append(nxt.core)
+            nxt.event.set()
+
+    # -- synchronisation points ----------------------------------------------------------
+
+    def check(self) -> None:
+        """Raise the cancellation exception if the run was cancelled."""
+        if self.cancelled:
+            raise _Cancelled
+
+    def yield_point(self, task: Task | None) -> None:
+        """A synchronisation point: maybe hand the baton to another runnable task."""
+        if self.cancelled:
+            raise _Cancelled
+        if task is None or len(self.tasks) < 2:
+            return
+        nxt = self._pick()
+        if nxt is not None and nxt is not task:
+            self._handoff(task, nxt)
+
+    def block(self, task: Task | None, ready: Callable[[], bool], describe: Callable[[], str]) -> None:
+        """Wait until ``ready()`` holds (the caller re-checks its condition afterwards).
+
+        Raises ``DeadlockError`` when no task could ever run again.
+        """
+        if self.cancelled:
+            raise _Cancelled
+        if task is None:
+            raise DeadlockError(
+                "a wait outside a running simulation can never be satisfied:\n  " + describe()
+            )
+        task.state = _State.BLOCKED
+        task.ready = ready
+        task.describe = describe
+        try:
+            nxt = self._pick()
+            if nxt is None:
+                raise DeadlockError(self.deadlock_message())
+            if nxt is not task:
+                self._handoff(task, nxt)
+        finally:
+            task.state = _State.READY
+            task.ready = None
+            task.describe = None
+
+    def _pick(self) -> Task | None:
+        candidates = [
+            t for t in self.tasks
+            if t.state is _State.READY or (t.state is _State.BLOCKED and t.ready())  # type: ignore[misc]
+        ]
+        if not candidates:
+            return None
+        if len(candidates) == 1:
+            return candidates[0]
+        return candidates[self.rng.randrange(len(candidates))]
+
+    def _handoff(self, task: Task, nxt: Task) -> None:
+        self.trace.append(nxt.core)
+        task.event.clear()
+        nxt.event.set()
+        task.event.wait()
+        if self.cancelled:
+            raise _Cancelled
+
+    # -- messages ----------------------------------------------------------------------
+
+    def deadlock_message(self) -> str:
+        """Every blocked core with what it waits for (and which cores finished)."""
+        lines = ["deadlock: every core is blocked and no DMA can make progress."]
+        for t in self.tasks:
+            if t.state is _State.BLOCKED:
+                assert t.describe is not None
+                lines.append(f"  {core_name(t.core)} {t.describe()}")
+        finished = [core_name(t.core) for t in self.tasks if t.state is _State.DONE]
+        if finished:
+            lines.append(f"  finished: {', '.join(finished)}")
+        return "\n".join(lines)

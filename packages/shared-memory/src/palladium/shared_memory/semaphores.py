@@ -1,0 +1,78 @@
+"""Semaphores: a count per (core, id), signalled (locally or remotely) and waited on.
+
+Semaphore ids are allocated per core in program order, so the same program gets the
+same ids on every core; a remote signal to id ``s`` on another core means "the semaphore
+that core allocated as ``s``". Id 0 is every core's barrier semaphore.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+
+__all__ = ["BARRIER_SEMAPHORE_ID", "Semaphore", "SemaphoreKind"]
+
+BARRIER_SEMAPHORE_ID = 0
+
+
+class SemaphoreKind(enum.Enum):
+    """REGULAR semaphores count signals, DMA semaphores count bytes, BARRIER is per device."""
+
+    REGULAR = "regular"
+    DMA = "DMA"
+    BARRIER = "barrier"
+
+
+class Semaphore:
+    """The count of one semaphore on one core, and what a wait on it will observe.
+
+    ``clocks``: race-detector clocks released by signals not yet observed by a wait
+    (only the owning core waits on a semaphore, so a wait observes them all and they are
+    dropped). ``pending``: DMAs in flight that will signal this semaphore.
+    """
+
+    __slots__ = ("clocks", "core", "count", "id", "index", "kind", "name", "pending")
+
+    def __init__(self, core, sem_id: int, kind: SemaphoreKind, name: str, index: tuple[int, ...]):
+        self.core = core
+        self.id = sem_id
+        self.kind = kind
+        self.name = name
+        self.index = index
+        self.count = 0
+        self.clocks: list = []
+        self.pending: list = []
+
+    @property
+    def label(self) -> str:
+        """``'sems[1]'``: the semaphore as the user named it (with its index)."""
+        if not self.index:
+            return f"'{self.name}'"
+        return f"'{self.name}[{', '.join(map(str, self.index))}]'"
+
+    @property
+    def unit(self) -> str:
+        """``" bytes"`` for DMA semaphores, else empty."""
+        return " bytes" if self.kind is SemaphoreKind.DMA else ""
+
+    def signal(self, inc: int, clock) -> None:
+        """Add ``inc``; ``clock`` (or None) is the signaller's released clock."""
+        self.count += inc
+        if clock is not None:
+            self.clocks.append(clock)
+
+    def take(self, value: int) -> list:
+        """Subtract ``value``; return the clocks a wait observes (and forget them)."""
+        self.count -= value
+        clocks = self.clocks
+        if clocks:
+            self.clocks = []
+        return clocks
+
+
+def indices_of(shape: tuple[int, ...]) -> list[tuple[int, ...]]:
+    """Row-major indices of an array of ``shape`` (``[()]`` for a scalar)."""
+    out: list[tuple[int, ...]] = [()]
+    for n in shape:
+        out = [i + (k,) for i in out for k in range(n)]
+    return out if math.prod(shape) else []
