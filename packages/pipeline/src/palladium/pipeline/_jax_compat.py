@@ -1,0 +1,117 @@
+"""Every ``jax._src`` name palladium.pipeline uses, in one place.
+
+The Pallas kernel language (block specs and block-dim kinds, refs and indexers, TPU
+memory spaces, semaphores, the DMA primitives, the Mosaic lowering hooks) lives in
+``jax._src``. Keeping every such import here makes a jax upgrade a one-file change.
+Nothing here implements the pipeline: that is palladium's own code.
+"""
+
+from __future__ import annotations
+
+from jax._src import config as _config
+from jax._src import core as jax_core
+from jax._src import effects as jax_effects
+from jax._src import mesh as _mesh_lib
+from jax._src import state as _state
+from jax._src.interpreters import batching, mlir
+from jax._src.interpreters import partial_eval as pe
+from jax._src.pallas import core as _pallas_core
+from jax._src.pallas import helpers as _pallas_helpers
+from jax._src.pallas import primitives as _pallas_primitives
+from jax._src.pallas.mosaic import core as _tpu_core
+from jax._src.pallas.mosaic import helpers as _tpu_helpers
+from jax._src.pallas.mosaic import lowering as _tpu_lowering
+from jax._src.pallas.mosaic import primitives as _tpu_primitives
+from jax._src.pallas.mosaic import tpu_info as _tpu_info
+from jax._src.state import discharge as state_discharge
+from jax._src.state import indexing as _indexing
+
+# --- block specs and block-dim kinds -------------------------------------------------
+BlockSpec = _pallas_core.BlockSpec
+Blocked = _pallas_core.Blocked
+BoundedSlice = _pallas_core.BoundedSlice
+Element = _pallas_core.Element
+Squeezed = _pallas_core.Squeezed
+Indirect = getattr(_pallas_core, "Indirect", None)
+get_block_size = _pallas_core.get_block_size
+no_block_spec = _pallas_core.no_block_spec
+JaxBuffered = _pallas_core.Buffered
+RevisitMode = _pallas_core.RevisitMode
+GridAxis = _pallas_core.GridAxis
+grid_env = _pallas_core.grid_env
+current_grid_env = _pallas_core.current_grid_env
+tracing_grid_env = _pallas_core.tracing_grid_env
+
+# --- memory spaces and semaphores ----------------------------------------------------
+ANY = _pallas_core.MemorySpace.ANY
+PallasMemorySpace = _pallas_core.MemorySpace
+TPUMemorySpace = _tpu_core.MemorySpace
+VMEM = _tpu_core.MemorySpace.VMEM
+SMEM = _tpu_core.MemorySpace.SMEM
+HBM = _tpu_core.MemorySpace.HBM
+CoreType = _tpu_core.CoreType
+memory_space_to_tpu_memory_space = _tpu_core.memory_space_to_tpu_memory_space
+SemaphoreType = _tpu_core.SemaphoreType
+GridDimensionSemantics = _tpu_core.GridDimensionSemantics
+PARALLEL = _tpu_core.PARALLEL
+ARBITRARY = _tpu_core.ARBITRARY
+
+# --- kernel primitives ---------------------------------------------------------------
+run_scoped = _pallas_primitives.run_scoped
+program_id = _pallas_primitives.program_id
+num_programs = _pallas_primitives.num_programs
+multiple_of = _pallas_primitives.multiple_of
+when = _pallas_helpers.when
+make_async_copy = _tpu_primitives.make_async_copy
+AsyncCopyDescriptor = _tpu_primitives.AsyncCopyDescriptor
+dma_start_p = _tpu_primitives.dma_start_p
+dma_wait_p = _tpu_primitives.dma_wait_p
+get_ref_and_transforms = _tpu_primitives._get_ref_and_transforms
+dma_flatten = _tpu_primitives._dma_flatten
+DeviceIdType = _pallas_primitives.DeviceIdType
+tpu_sync_copy = _tpu_helpers.sync_copy
+
+# --- refs and indexers ---------------------------------------------------------------
+TransformedRef = _state.TransformedRef
+AbstractRef = _state.AbstractRef
+ReadEffect = _state.ReadEffect
+WriteEffect = _state.WriteEffect
+Slice = _indexing.Slice
+ds = _indexing.ds
+
+# --- TPU generation ------------------------------------------------------------------
+Tiling = _tpu_info.Tiling
+ChipVersion = _tpu_info.ChipVersion
+chip_version_from_device_kind = _tpu_info.chip_version_from_device_kind
+
+
+def abstract_device():
+    """The abstract device of the current abstract mesh, or None."""
+    return _mesh_lib.get_abstract_mesh().abstract_device
+
+
+def tpu_generation_of_chip(chip_version) -> int:
+    """The TPU generation number of a ``ChipVersion`` (v5e -> 5, TPU7x -> 7)."""
+    return _tpu_info.get_tpu_info_for_chip(chip_version, 1).generation
+
+
+# --- tracing, lowering, discharge ----------------------------------------------------
+mutable_array_checks = _config.mutable_array_checks
+Tracer = jax_core.Tracer
+ShapedArray = jax_core.ShapedArray
+AbstractValue = jax_core.AbstractValue
+Primitive = jax_core.Primitive
+ClosedJaxpr = jax_core.ClosedJaxpr
+eval_jaxpr = jax_core.eval_jaxpr
+JaxprInputEffect = jax_effects.JaxprInputEffect
+register_mosaic_lowering_rule = _tpu_lowering.register_lowering_rule
+mosaic_jaxpr_subcomp = _tpu_lowering.jaxpr_subcomp
+mosaic_uncacheable_primitives = _tpu_lowering._uncacheable_primitives
+trace_to_jaxpr_dynamic = pe.trace_to_jaxpr_dynamic
+convert_constvars_jaxpr = pe.convert_constvars_jaxpr
+register_discharge_rule = state_discharge.register_discharge_rule
+discharge_state = state_discharge.discharge_state
+fancy_primitive_batchers = batching.fancy_primitive_batchers
+primitive_batchers = batching.primitive_batchers
+register_lowering = mlir.register_lowering
+lower_fun = mlir.lower_fun

@@ -1,0 +1,100 @@
+"""Shared helpers of palladium.pipeline's tests: run, export and count DMAs of kernels.
+
+Every kernel is a ``pallas_call`` over HBM (``pl.ANY``) operands whose body calls an
+emitter; the emitter is a parameter so that the same kernel runs with palladium's and
+jax's ``emit_pipeline``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import jax
+import numpy as np
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+from jax.sharding import AbstractDevice, AbstractMesh, use_abstract_mesh
+
+#: device_kind strings of the TPUs every kernel is exported for.
+TPU_KINDS = {"v5e": "TPU v5 lite", "v6e": "TPU v6 lite", "v7x": "TPU7x"}
+
+
+def tpu_mesh(kind: str = "TPU v5 lite"):
+    """An abstract mesh whose abstract device is the TPU ``kind``."""
+    device = AbstractDevice(device_kind=kind, num_cores=1, platform="tpu")
+    return AbstractMesh((1,), ("x",), abstract_device=device)
+
+
+@contextlib.contextmanager
+def on_tpu(kind: str = "TPU v5 lite"):
+    """Trace as for a TPU (jax's own helpers read the generation from the mesh)."""
+    with use_abstract_mesh(tpu_mesh(kind)):
+        yield
+
+
+def hbm_call(kernel, out_shape, *, interpret=False, grid=(), scratch_shapes=(),
+             in_specs=None, out_specs=None, input_output_aliases=None,
+             dimension_semantics=None, num_scalar_prefetch=0):
+    """``pallas_call(kernel)`` with every operand in HBM unless specs say otherwise."""
+    any_spec = pl.BlockSpec(memory_space=pl.ANY)
+    outs = out_shape if isinstance(out_shape, (list, tuple)) else [out_shape]
+
+    def call(*args):
+        n_in = len(args) - num_scalar_prefetch
+        params = None
+        if dimension_semantics is not None:
+            params = pltpu.CompilerParams(dimension_semantics=dimension_semantics)
+        grid_spec = pltpu.PrefetchScalarGridSpec(
+            num_scalar_prefetch=num_scalar_prefetch,
+            grid=grid,
+            in_specs=in_specs if in_specs is not None else [any_spec] * n_in,
+            out_specs=out_specs if out_specs is not None
+            else ([any_spec] * len(outs) if isinstance(out_shape, (list, tuple)) else any_spec),
+            scratch_shapes=scratch_shapes,
+        )
+        return pl.pallas_call(
+            kernel, out_shape=out_shape, grid_spec=grid_spec, interpret=interpret,
+            input_output_aliases=input_output_aliases or {}, compiler_params=params,
+        )(*args)
+
+    return call
+
+
+#: The two interpreters every feature is checked under.
+MODES = ("tpu_interpret", "interpret_true")
+
+
+def run(make_call, mode: str, *args, padded: bool = False, num_cores: int = 1):
+    """Run ``make_call(interpret=...)(*args)`` under one of :data:`MODES`."""
+    if mode == "tpu_interpret":
+        params = pltpu.InterpretParams(
+            buffer_bounds="padded" if padded else "logical",
+            num_cores_or_threads=num_cores,
+        )
+        # jax 0.10.2's interpreter asks the TPU generation for padded buffers and
+        # crashes on a CPU device kind; an abstract TPU device answers it.
+        with on_tpu():
+            return jax.block_until_ready(make_call(interpret=params)(*args))
+    return jax.block_until_ready(jax.jit(make_call(interpret=True))(*args))
+
+
+def export_mlir(make_call, *args, kind: str) -> str:
+    """Export for TPU ``kind`` and return the module text (proves Mosaic lowering)."""
+    structs = [jax.ShapeDtypeStruct(np.shape(a), np.asarray(a).dtype) for a in args]
+    with on_tpu(kind):
+        exported = jax.export.export(jax.jit(make_call(interpret=False)),
+                                     platforms=["tpu"])(*structs)
+    return exported.mlir_module()
+
+
+def assert_exports(make_call, *args):
+    for kind in TPU_KINDS.values():
+        text = export_mlir(make_call, *args, kind=kind)
+        assert "tpu_custom_call" in text, kind
+
+
+def count_dma_starts(make_call, *args, kind: str = "TPU v5 lite") -> int:
+    """The number of ``dma_start`` equations in the traced kernel (all sub-jaxprs)."""
+    with on_tpu(kind):
+        jaxpr = jax.make_jaxpr(make_call(interpret=False))(*args)
+    return str(jaxpr).count("dma_start[")
