@@ -286,3 +286,32 @@ def test_uninitialized_reads_agree_with_brute_force(region):
     else:
         with pytest.raises(OutOfBoundsError):
             strict.read(buf, region, core=CORE)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    region=_index,
+    mask_bits=st.lists(st.booleans(), min_size=12, max_size=12),
+    bounds=st.sampled_from(["logical", "padded"]),
+)
+def test_masked_writes_agree_with_brute_force(region, mask_bits, bounds):
+    n = 6
+    sim = Simulation(bounds=bounds)
+    buf = sim.allocate(MemorySpace.VMEM, 0, 0, name="x", value=np.zeros(n, np.float32))
+    indices, dropped = _literal_indices(region, n)
+    count = 1 if dropped else len(indices)
+    shape = () if dropped else (count,)
+    mask = np.array(mask_bits[:count], bool).reshape(shape)
+    value = np.arange(1, count + 1, dtype=np.float32).reshape(shape)
+    limit = 128 if bounds == "padded" else n
+    written = [(i, v) for i, v, m in zip(indices, value.reshape(-1), mask.reshape(-1)) if m]
+    if any(not 0 <= i < limit for i, _ in written):
+        with pytest.raises(OutOfBoundsError):
+            sim.write(buf, (region,), value, mask=mask, core=CORE)
+        return
+    sim.write(buf, (region,), value, mask=mask, core=CORE)
+    expected = np.zeros(n, np.float32)
+    for i, v in written:
+        if i < n:  # writes into tile padding are dropped
+            expected[i] = v
+    np.testing.assert_array_equal(sim.value(buf), expected)

@@ -10,6 +10,7 @@ from palladium.shared_memory import (
     DeadlockError,
     MemorySpace,
     SemaphoreKind,
+    SemaphoreLeakError,
     Simulation,
 )
 
@@ -190,11 +191,11 @@ def test_current_core_inside_and_outside_run():
     assert sim.current_core() is None
 
 
-@pytest.mark.parametrize("mode", ["on_wait", "eager"])
-def test_ring_of_remote_dmas_16_devices_2_cores(mode):
+@pytest.mark.parametrize(("mode", "detect_races"), [("on_wait", False), ("eager", False), ("on_wait", True)])
+def test_ring_of_remote_dmas_16_devices_2_cores(mode, detect_races):
     n, cores, rounds, width = 16, 2, 3, 8
     sim = Simulation(num_devices=n, cores_per_device=cores, dma_execution_mode=mode, seed=3,
-                     dma_order="random")
+                     dma_order="random", detect_races=detect_races)
     bufs = {}
     sems = {}
     for d in range(n):
@@ -228,3 +229,22 @@ def test_ring_of_remote_dmas_16_devices_2_cores(mode):
             expected = [100 * ((d - r) % n) + c for r in range(rounds + 1)]
             np.testing.assert_array_equal(got[:, 0], expected)
     assert elapsed < 30
+    if detect_races:
+        assert sim.race_detector.reports == []
+
+
+def test_simulation_usable_after_a_failed_run():
+    sim = Simulation(cores_per_device=2)
+    sem = sim.allocate_semaphores(0, 0, kind=REGULAR, name="s")
+
+    def failing():
+        raise ValueError("bad")
+
+    with pytest.raises(ValueError, match="bad"):
+        sim.run({(0, 0): lambda: sim.semaphore_wait(sem, 1, core=(0, 0)), (0, 1): failing})
+    sim.semaphore_signal(sem, 1, core=(0, 0))
+    with pytest.raises(SemaphoreLeakError) as info:
+        sim.check_semaphores()
+    assert "'s'" in str(info.value)
+    sim.semaphore_wait(sem, 1, core=(0, 0))
+    sim.check_semaphores()

@@ -1,0 +1,16 @@
+"""The runnable examples in the package's docstrings."""
+
+import doctest
+
+import pytest
+
+import palladium.shared_memory.padding
+import palladium.shared_memory.simulation
+
+
+@pytest.mark.parametrize(
+    "module", [palladium.shared_memory.padding, palladium.shared_memory.simulation]
+)
+def test_docstring_examples(module):
+    failures, tried = doctest.testmod(module)
+    assert tried > 0 and failures == 0
