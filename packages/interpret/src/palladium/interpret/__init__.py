@@ -1,5 +1,58 @@
-"""palladium.interpret."""
+"""palladium.interpret: run Pallas TPU kernels on CPU.
+
+``pl.pallas_call(..., interpret=InterpretParams(...))`` and ``pl.core_map(mesh,
+interpret=InterpretParams(...))`` evaluate the kernel with one host callback per launch
+against palladium's simulated TPU memory (``palladium.shared_memory``), with optional
+race detection, deadlock detection, out-of-bounds and revisit checks.
+"""
 
 from palladium.interpret._version import __version__
+from palladium.interpret.errors import (
+    DataRaceError,
+    DeadlockError,
+    KernelError,
+    OutOfBoundsError,
+    RevisitError,
+    SemaphoreLeakError,
+    SimulationError,
+    UnsupportedFeatureError,
+    UnsupportedPrimitiveError,
+)
+from palladium.interpret.eval import (  # noqa: F401  (registers the rules)
+    rules_control,
+    rules_dma,
+    rules_memory,
+    rules_misc,
+    rules_semaphore,
+)
+from palladium.interpret.eval.registry import register_interpret_rule
+from palladium.interpret.jax_hook import (
+    errors_as_raised,
+    force_tpu_interpret_mode,
+    install,
+    reset_tpu_interpret_mode_state,
+    set_tpu_interpret_mode,
+)
+from palladium.interpret.params import InterpretParams, LoggingMode
 
-__all__ = ["__version__"]
+install()
+
+__all__ = [
+    "DataRaceError",
+    "DeadlockError",
+    "InterpretParams",
+    "KernelError",
+    "LoggingMode",
+    "OutOfBoundsError",
+    "RevisitError",
+    "SemaphoreLeakError",
+    "SimulationError",
+    "UnsupportedFeatureError",
+    "UnsupportedPrimitiveError",
+    "__version__",
+    "errors_as_raised",
+    "force_tpu_interpret_mode",
+    "register_interpret_rule",
+    "reset_tpu_interpret_mode_state",
+    "set_tpu_interpret_mode",
+]

@@ -1,0 +1,140 @@
+"""Every ``jax._src`` name the interpreter uses, in one place.
+
+The kernel language (Pallas primitives, block-dim types, refs, indexers, memory spaces,
+``pallas_call_p``) lives in jax's private modules; keeping every such import here makes a
+jax upgrade a one-file change. Nothing here is jax's own TPU interpreter.
+"""
+
+from __future__ import annotations
+
+from jax._src import api_util, source_info_util
+from jax._src import config as jax_config
+from jax._src import core as jax_core
+from jax._src import linear_util as lu
+from jax._src.custom_derivatives import custom_jvp_call_p, custom_vjp_call_p
+from jax._src.interpreters import mlir
+from jax._src.interpreters import partial_eval as pe
+from jax._src.lax.control_flow.conditionals import cond_p
+from jax._src.lax.control_flow.loops import scan_p, while_p
+from jax._src.lax.parallel import axis_index_p
+from jax._src.pallas import core as pallas_core
+from jax._src.pallas import primitives as pallas_primitives
+from jax._src.pallas.mosaic import core as mosaic_core
+from jax._src.pallas.mosaic import primitives as mosaic_primitives
+from jax._src.pallas.pallas_call import pallas_call_p
+from jax._src.pjit import jit_p
+from jax._src.state import indexing
+from jax._src.state import primitives as state_primitives
+from jax._src.state import types as state_types
+
+# --- pallas_call and its parameters ---------------------------------------------------
+PALLAS_CALL_P = pallas_call_p
+Blocked = pallas_core.Blocked
+Element = pallas_core.Element
+Squeezed = pallas_core.Squeezed
+BoundedSlice = getattr(pallas_core, "BoundedSlice", None)
+DynamicGridDim = pallas_core.DynamicGridDim
+GridMapping = pallas_core.GridMapping
+BlockMapping = pallas_core.BlockMapping
+TensorCoreMesh = mosaic_core.TensorCoreMesh
+TPUCompilerParams = mosaic_core.CompilerParams
+PARALLEL = getattr(mosaic_core, "PARALLEL", None)
+
+# --- memory spaces and semaphore dtypes -------------------------------------------------
+ANY = pallas_core.MemorySpace.ANY
+DEFAULT = pallas_core.MemorySpace.DEFAULT
+HBM = mosaic_core.MemorySpace.HBM
+VMEM = mosaic_core.MemorySpace.VMEM
+SMEM = mosaic_core.MemorySpace.SMEM
+SEMAPHORE = mosaic_core.MemorySpace.SEMAPHORE
+VMEM_SHARED = mosaic_core.MemorySpace.VMEM_SHARED
+RegularSemaphoreDType = pallas_core.Semaphore
+BarrierSemaphoreDType = pallas_core.BarrierSemaphore
+DMASemaphoreDType = mosaic_core.DMASemaphore
+AbstractSemaphoreTy = pallas_core.AbstractSemaphoreTy
+
+# --- refs and transforms -----------------------------------------------------------------
+AbstractRef = state_types.AbstractRef
+TransformedRef = state_types.TransformedRef
+NDIndexer = indexing.NDIndexer
+Slice = indexing.Slice
+ReshapeTransform = state_types.ReshapeTransform
+BitcastTransform = state_types.BitcastTransform
+TransposeTransform = state_types.TransposeTransform
+
+# --- primitives ---------------------------------------------------------------------------
+program_id_p = pallas_primitives.program_id_p
+num_programs_p = pallas_primitives.num_programs_p
+multiple_of_p = pallas_primitives.multiple_of_p
+load_p = pallas_primitives.load_p
+masked_swap_p = pallas_primitives.swap_p
+run_scoped_p = pallas_primitives.run_scoped_p
+semaphore_read_p = pallas_primitives.semaphore_read_p
+semaphore_signal_p = pallas_primitives.semaphore_signal_p
+semaphore_wait_p = pallas_primitives.semaphore_wait_p
+delay_p = pallas_primitives.delay_p
+get_global_p = pallas_primitives.get_global_p
+DeviceIdType = pallas_primitives.DeviceIdType
+
+get_p = state_primitives.get_p
+swap_p = state_primitives.swap_p
+addupdate_p = state_primitives.addupdate_p
+
+dma_start_p = mosaic_primitives.dma_start_p
+dma_wait_p = mosaic_primitives.dma_wait_p
+get_barrier_semaphore_p = mosaic_primitives.get_barrier_semaphore_p
+prng_seed_p = mosaic_primitives.prng_seed_p
+prng_random_bits_p = mosaic_primitives.prng_random_bits_p
+trace_value_p = mosaic_primitives.trace_value_p
+touch_p = mosaic_primitives.touch_p
+tpu_bitcast_p = mosaic_primitives.bitcast_p
+
+cond_p = cond_p
+while_p = while_p
+scan_p = scan_p
+jit_p = jit_p
+custom_jvp_call_p = custom_jvp_call_p
+custom_vjp_call_p = custom_vjp_call_p
+axis_index_p = axis_index_p
+
+# --- jax core ------------------------------------------------------------------------------
+Primitive = jax_core.Primitive
+Jaxpr = jax_core.Jaxpr
+ClosedJaxpr = jax_core.ClosedJaxpr
+Literal = jax_core.Literal
+Var = jax_core.Var
+DropVar = jax_core.DropVar
+ShapedArray = jax_core.ShapedArray
+trace_to_jaxpr_dynamic = pe.trace_to_jaxpr_dynamic
+source_info_util = source_info_util
+register_lowering = mlir.register_lowering
+lower_fun = mlir.lower_fun
+
+
+def original_cpu_lowering(primitive):
+    """The lowering rule jax itself uses for ``primitive`` on CPU (before ours)."""
+    specific = mlir._platform_specific_lowerings.get("cpu", {}).get(primitive)
+    entry = specific if specific is not None else mlir._lowerings[primitive]
+    return entry.rule
+
+
+def tpu_interpret_mode_config():
+    """The config option ``pl.pallas_call`` consults for a forced interpret mode."""
+    return jax_config.pallas_tpu_interpret_mode_context_manager
+
+
+def user_frame(source_info) -> tuple[str, int] | None:
+    """(file, line) of the innermost user frame of an equation's source info."""
+    if source_info is None or source_info.traceback is None:
+        return None
+    frame = source_info_util.user_frame(source_info.traceback)
+    if frame is None:
+        return None
+    return frame.file_name, frame.start_line
+
+
+def trace_to_closed_jaxpr(fn, avals, name: str):
+    """Trace ``fn(*args) -> list`` on ``avals`` (refs allowed) to a ClosedJaxpr."""
+    dbg = api_util.debug_info(name, fn, tuple(avals), {})
+    jaxpr, _, consts = pe.trace_to_jaxpr_dynamic(lu.wrap_init(fn, debug_info=dbg), list(avals))
+    return jax_core.ClosedJaxpr(jaxpr, consts)

@@ -1,0 +1,103 @@
+"""Block specs of a ``pallas_call``: which region of an operand a grid point sees."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import numpy as np
+
+from palladium.interpret import _jax_compat as jc
+from palladium.interpret.errors import UnsupportedFeatureError
+from palladium.shared_memory import MemorySpace
+
+
+def memory_space_of(space: Any) -> MemorySpace | str:
+    """Map a jax/Pallas memory space to the simulator's (or "semaphore")."""
+    if space is jc.SEMAPHORE:
+        return "semaphore"
+    if space is jc.ANY or space is jc.HBM:
+        return MemorySpace.HBM
+    if space is jc.SMEM:
+        return MemorySpace.SMEM
+    return MemorySpace.VMEM
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockDim:
+    """One dimension of a block: ``kind`` is "blocked", "element" or "squeezed"."""
+
+    kind: str
+    size: int
+
+    def start(self, index: int) -> int:
+        return index * self.size if self.kind == "blocked" else index
+
+
+def _block_dim(bd: Any, name: str) -> BlockDim:
+    if isinstance(bd, jc.Squeezed) or bd is None:
+        return BlockDim("squeezed", 1)
+    if isinstance(bd, jc.Blocked):
+        return BlockDim("blocked", int(bd.block_size))
+    if isinstance(bd, jc.Element):
+        if tuple(bd.padding) != (0, 0):
+            raise UnsupportedFeatureError(
+                f"operand '{name}': pl.Element with padding {bd.padding} is not supported"
+            )
+        return BlockDim("element", int(bd.block_size))
+    raise UnsupportedFeatureError(
+        f"operand '{name}': block dimension {bd!r} ({type(bd).__name__}) is not supported"
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockSpecInfo:
+    """How one pallas_call operand is blocked, from its ``BlockMapping``."""
+
+    name: str
+    dims: tuple[BlockDim, ...]
+    array_shape: tuple[int, ...]
+    dtype: np.dtype
+    space: Any  # simulator MemorySpace of the kernel's ref
+    index_map: Any  # ClosedJaxpr: (*grid indices, *scalar prefetch refs) -> block indices
+
+    @classmethod
+    def from_mapping(cls, bm: Any, name: str) -> BlockSpecInfo:
+        return cls(
+            name=name,
+            dims=tuple(_block_dim(bd, name) for bd in bm.block_shape),
+            array_shape=tuple(int(s) for s in bm.array_aval.shape),
+            dtype=np.dtype(bm.array_aval.dtype),
+            space=memory_space_of(bm.transformed_block_aval.memory_space),
+            index_map=bm.index_map_jaxpr,
+        )
+
+    @property
+    def in_hbm(self) -> bool:
+        return self.space == MemorySpace.HBM
+
+    @property
+    def block_shape(self) -> tuple[int, ...]:
+        """The shape of the kernel's ref (squeezed dimensions dropped)."""
+        return tuple(d.size for d in self.dims if d.kind != "squeezed")
+
+    @property
+    def padded_shape(self) -> tuple[int, ...]:
+        """The array shape rounded up to whole blocks (ragged last blocks stay in bounds)."""
+        if self.in_hbm:
+            return self.array_shape
+        return tuple(
+            math.ceil(n / d.size) * d.size if d.kind == "blocked" and d.size else n
+            for n, d in zip(self.array_shape, self.dims)
+        )
+
+    def region(self, block_indices: tuple[int, ...]) -> tuple[int | slice, ...]:
+        out: list[int | slice] = []
+        for d, i in zip(self.dims, block_indices):
+            if d.kind == "squeezed":
+                out.append(int(i))
+            else:
+                start = d.start(int(i))
+                out.append(slice(start, start + d.size))
+        return tuple(out)

@@ -1,0 +1,1 @@
+"""The eager jaxpr evaluator and its table of primitive rules."""

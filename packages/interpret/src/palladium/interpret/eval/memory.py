@@ -1,0 +1,119 @@
+"""Reads, writes and swaps of simulated buffers through a chain of ref transforms."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from palladium.interpret.errors import KernelError, UnsupportedFeatureError
+from palladium.interpret.eval.refs import Access, MemRef, _Bitcast, resolve, tpu_bitcast
+from palladium.shared_memory import MemorySpace
+
+
+def _checked(ev: Any, ref: Any, eqn: Any, op: str) -> MemRef:
+    if not isinstance(ref, MemRef):
+        raise KernelError(f"{op} of a non-memory ref {ref!r} ({ev.site(eqn)})")
+    if ref.buffer.space == MemorySpace.HBM:
+        raise KernelError(
+            f"{op} of '{ref.name}', which lives in HBM (memory space ANY/HBM): a TPU kernel "
+            f"cannot read or write HBM directly; copy it with pltpu.sync_copy or "
+            f"pltpu.async_copy ({ev.site(eqn)})"
+        )
+    return ref
+
+
+def access_of(ref: MemRef, transforms: Any) -> Access:
+    buf = ref.buffer
+    return resolve(tuple(buf.shape), np.dtype(buf.dtype), transforms, buf.name)
+
+
+def read(ev: Any, ref: Any, transforms: Any, eqn: Any, op: str = "read") -> np.ndarray:
+    ref = _checked(ev, ref, eqn, op)
+    acc = access_of(ref, transforms)
+    sim = ev.launch.sim
+    data = sim.read(ref.buffer, acc.region, core=ev.core, site=ev.site(eqn))
+    return acc.apply(np.asarray(data))
+
+
+def write(
+    ev: Any, ref: Any, transforms: Any, value: Any, eqn: Any, mask: Any = None, op: str = "write"
+) -> None:
+    ref = _checked(ev, ref, eqn, op)
+    acc = access_of(ref, transforms)
+    sim = ev.launch.sim
+    site = ev.site(eqn)
+    if not acc.post:
+        value = np.asarray(value, dtype=ref.buffer.dtype)
+        value = np.broadcast_to(value, acc.region_shape)
+        if mask is not None:
+            mask = np.broadcast_to(np.asarray(mask, dtype=bool), acc.region_shape)
+        sim.write(ref.buffer, acc.region, value, mask=mask, core=ev.core, site=site)
+        return
+    if any(isinstance(op_, _Bitcast) for op_ in acc.post):
+        _write_through_bitcast(ev, ref, acc, value, mask, eqn)
+        return
+    # Reshape / transpose / index after the region: scatter by element position, and
+    # tell the simulator exactly which elements of the region were written.
+    positions = acc.positions()
+    value = np.broadcast_to(np.asarray(value, dtype=ref.buffer.dtype), positions.shape)
+    touched = np.zeros(int(np.prod(acc.region_shape)), dtype=bool)
+    full = np.zeros(touched.shape, dtype=ref.buffer.dtype)
+    if mask is not None:
+        m = np.broadcast_to(np.asarray(mask, dtype=bool), positions.shape)
+        full[positions[m]] = value[m]
+        touched[positions[m]] = True
+    else:
+        full[positions.ravel()] = value.ravel()
+        touched[positions.ravel()] = True
+    full = full.reshape(acc.region_shape)
+    touched = touched.reshape(acc.region_shape)
+    sim.write(
+        ref.buffer,
+        acc.region,
+        full,
+        mask=None if touched.all() else touched,
+        core=ev.core,
+        site=site,
+    )
+
+
+def _write_through_bitcast(ev: Any, ref: MemRef, acc: Any, value: Any, mask: Any, eqn: Any) -> None:
+    post = acc.post
+    if not isinstance(post[0], _Bitcast) or any(isinstance(p, _Bitcast) for p in post[1:]):
+        raise UnsupportedFeatureError(
+            f"write to '{ref.name}' through a reshape followed by a bitcast, or through two "
+            f"bitcasts, is not supported ({ev.site(eqn)})"
+        )
+    sim = ev.launch.sim
+    site = ev.site(eqn)
+    old = np.asarray(sim.read(ref.buffer, acc.region, core=ev.core, site=site))
+    view = tpu_bitcast(old, post[0].dtype).copy()
+    rest = Access(acc.region, view.shape, post[1:])
+    positions = rest.positions()
+    value = np.broadcast_to(np.asarray(value, dtype=view.dtype), positions.shape)
+    flat = view.reshape(-1)
+    if mask is not None:
+        m = np.broadcast_to(np.asarray(mask, dtype=bool), positions.shape)
+        flat[positions[m]] = value[m]
+    else:
+        flat[positions.ravel()] = value.ravel()
+    new = tpu_bitcast(flat.reshape(view.shape), old.dtype)
+    sim.write(ref.buffer, acc.region, new, core=ev.core, site=site)
+
+
+def swap(ev: Any, ref: Any, transforms: Any, value: Any, eqn: Any, mask: Any = None) -> np.ndarray:
+    checked = _checked(ev, ref, eqn, "swap")
+    acc = access_of(checked, transforms)
+    if not acc.post:
+        value = np.broadcast_to(np.asarray(value, dtype=checked.buffer.dtype), acc.region_shape)
+        if mask is not None:
+            mask = np.broadcast_to(np.asarray(mask, dtype=bool), acc.region_shape)
+        return np.asarray(
+            ev.launch.sim.swap(
+                checked.buffer, acc.region, value, mask=mask, core=ev.core, site=ev.site(eqn)
+            )
+        )
+    old = read(ev, ref, transforms, eqn, "swap")
+    write(ev, ref, transforms, value, eqn, mask=mask, op="swap")
+    return old

@@ -1,0 +1,218 @@
+"""Refs as the evaluator sees them, and how a chain of jax ref transforms resolves.
+
+A kernel ref is a simulated buffer (``MemRef``) or an array of semaphore ids
+(``SemaphoreRef``). Loads, stores and DMAs carry a chain of jax transforms (indexers,
+reshape, bitcast, transpose). Leading indexers compose into one *region* of the buffer
+(what the simulator and the race detector see); anything after the first reshape,
+bitcast or transpose is applied with numpy to the region's data (``post`` ops).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from palladium.interpret import _jax_compat as jc
+from palladium.interpret.errors import UnsupportedFeatureError
+from palladium.shared_memory import BufferRef, SemaphoreKind
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class MemRef:
+    """A ref to a whole simulated buffer (HBM, VMEM or SMEM)."""
+
+    buffer: BufferRef
+
+    @property
+    def name(self) -> str:
+        return self.buffer.name
+
+
+@dataclasses.dataclass(frozen=True, slots=True, eq=False)
+class SemaphoreRef:
+    """A ref to an array of semaphores: their ids, kind and user-facing name."""
+
+    ids: np.ndarray
+    kind: SemaphoreKind
+    name: str
+
+    def index(self, transforms: Sequence[Any]) -> SemaphoreRef:
+        ids = self.ids
+        for t in transforms:
+            if not isinstance(t, jc.NDIndexer):
+                raise UnsupportedFeatureError(
+                    f"semaphore ref '{self.name}': transform {type(t).__name__} is not supported"
+                )
+            ids = ids[tuple(_numpy_index(i) for i in t.indices)]
+        return SemaphoreRef(np.asarray(ids), self.kind, self.name)
+
+    def scalar_id(self) -> int:
+        if self.ids.shape != ():
+            raise UnsupportedFeatureError(
+                f"semaphore ref '{self.name}' of shape {self.ids.shape} used where one "
+                "semaphore is expected; index it (sems.at[i])"
+            )
+        return int(self.ids)
+
+
+def _as_int(x: Any, what: str) -> int:
+    a = np.asarray(x)
+    if a.shape != ():
+        raise UnsupportedFeatureError(
+            f"{what}: array-valued (gather-style) indexers of refs are not supported on TPU"
+        )
+    return int(a)
+
+
+def _numpy_index(i: Any) -> int | slice:
+    if isinstance(i, jc.Slice):
+        start = _as_int(i.start, "ref indexer")
+        size = _as_int(i.size, "ref indexer")
+        stride = int(i.stride)
+        return slice(start, start + (size - 1) * stride + 1 if size else start, stride)
+    return _as_int(i, "ref indexer")
+
+
+# --- numpy ops applied after the region is read --------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Index:
+    index: tuple[int | slice, ...]
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        return x[self.index]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Reshape:
+    shape: tuple[int, ...]
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        return x.reshape(self.shape)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Transpose:
+    permutation: tuple[int, ...]
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        return x.transpose(self.permutation)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Bitcast:
+    dtype: np.dtype
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        return tpu_bitcast(x, self.dtype)
+
+
+def tpu_bitcast(x: np.ndarray, dtype: Any) -> np.ndarray:
+    """TPU bitcast: a change of bit width scales the second-minor dimension.
+
+    Narrowing 32 -> 16 bits turns rows ``i`` into rows ``2i, 2i+1`` (low half first);
+    widening packs them back. Same-width bitcasts are plain reinterpretations.
+    """
+    dtype = np.dtype(dtype)
+    x = np.ascontiguousarray(x)
+    xb, yb = x.dtype.itemsize, dtype.itemsize
+    if xb == yb:
+        return x.view(dtype)
+    if x.ndim < 2:
+        raise UnsupportedFeatureError("bitcast of a rank-1 ref with a bit width change")
+    *lead, n, m = x.shape
+    if xb < yb:
+        r = yb // xb
+        y = np.ascontiguousarray(x.reshape(*lead, n // r, r, m).swapaxes(-1, -2))
+        return y.view(dtype).reshape(*lead, n // r, m)
+    r = xb // yb
+    y = x.view(dtype).reshape(*lead, n, m, r).swapaxes(-1, -2)
+    return np.ascontiguousarray(y).reshape(*lead, n * r, m)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Access:
+    """A resolved ref access: a region of the buffer, then numpy ops on its data."""
+
+    region: tuple[int | slice, ...]
+    region_shape: tuple[int, ...]
+    post: tuple[Any, ...]
+
+    def apply(self, data: np.ndarray) -> np.ndarray:
+        for op in self.post:
+            data = op(data)
+        return data
+
+    def positions(self) -> np.ndarray:
+        """For each element of the final view, its flat position within the region."""
+        idx = np.arange(math.prod(self.region_shape)).reshape(self.region_shape)
+        for op in self.post:
+            if isinstance(op, _Bitcast):
+                raise AssertionError("positions() through a bitcast")
+            idx = op(idx)
+        return idx
+
+
+def resolve(shape: tuple[int, ...], dtype: np.dtype, transforms: Sequence[Any], name: str) -> Access:
+    """Compose ``transforms`` applied to a buffer of ``shape`` into an ``Access``."""
+    # Per base dimension: an int (dropped) or [start, step, size].
+    dims: list[Any] = [[0, 1, n] for n in shape]
+    post: list[Any] = []
+    cur_dtype = np.dtype(dtype)
+    for t in transforms:
+        if isinstance(t, jc.NDIndexer):
+            index = tuple(_numpy_index(i) for i in t.indices)
+            if post:
+                post.append(_Index(index))
+                continue
+            kept = [d for d in dims if not isinstance(d, int)]
+            if len(index) != len(kept):
+                raise UnsupportedFeatureError(f"ref '{name}': indexer rank mismatch")
+            it = iter(index)
+            new_dims: list[Any] = []
+            for d in dims:
+                if isinstance(d, int):
+                    new_dims.append(d)
+                    continue
+                i = next(it)
+                start, step, _ = d
+                if isinstance(i, int):
+                    new_dims.append(start + i * step)
+                else:
+                    size = len(range(i.start, i.stop, i.step))
+                    new_dims.append([start + i.start * step, step * i.step, size])
+            dims = new_dims
+        elif isinstance(t, jc.ReshapeTransform):
+            post.append(_Reshape(tuple(int(s) for s in t.shape)))
+        elif isinstance(t, jc.TransposeTransform):
+            post.append(_Transpose(tuple(t.permutation)))
+        elif isinstance(t, jc.BitcastTransform):
+            cur_dtype = np.dtype(t.dtype)
+            post.append(_Bitcast(cur_dtype))
+        else:
+            raise UnsupportedFeatureError(
+                f"ref '{name}': transform {type(t).__name__} is not supported by the interpreter"
+            )
+    region: list[int | slice] = []
+    region_shape: list[int] = []
+    for d in dims:
+        if isinstance(d, int):
+            region.append(d)
+        else:
+            start, step, size = d
+            stop = start + (size - 1) * step + 1 if size else start
+            region.append(slice(start, stop, step))
+            region_shape.append(size)
+    return Access(tuple(region), tuple(region_shape), tuple(post))
+
+
+def split_transformed(value: Any) -> tuple[Any, tuple[Any, ...]]:
+    """``(ref, transforms)`` of a possibly transformed ref from an unflattened tree."""
+    if isinstance(value, jc.TransformedRef):
+        return value.ref, tuple(value.transforms)
+    return value, ()

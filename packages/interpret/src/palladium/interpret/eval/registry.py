@@ -1,0 +1,67 @@
+"""The table of interpreter rules: one function per primitive, registered by decorator."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from palladium.interpret import _jax_compat as jc
+
+# rule(core_evaluator, eqn, invals) -> list of output values
+Rule = Callable[[Any, Any, list[Any]], list[Any]]
+
+
+class RuleRegistry:
+    """Primitive -> rule. ``version`` changes whenever a rule is (re)registered."""
+
+    def __init__(self) -> None:
+        self._rules: dict[Any, Rule] = {}
+        self._lock = threading.Lock()
+        self.version = 0
+
+    def register(self, primitive: Any, rule: Rule) -> None:
+        with self._lock:
+            self._rules[primitive] = rule
+            self.version += 1
+
+    def get(self, primitive: Any) -> Rule | None:
+        return self._rules.get(primitive)
+
+    def __contains__(self, primitive: Any) -> bool:
+        return primitive in self._rules
+
+
+RULES = RuleRegistry()
+
+
+def rule(*primitives: Any) -> Callable[[Rule], Rule]:
+    """Decorator: register the function as the interpreter rule of ``primitives``."""
+
+    def decorator(fn: Rule) -> Rule:
+        for p in primitives:
+            if p is not None:
+                RULES.register(p, fn)
+        return fn
+
+    return decorator
+
+
+def register_interpret_rule(primitive: jc.Primitive, impl: Callable[..., Any]) -> None:
+    """Teach the interpreter a primitive it does not know (e.g. one with a Mosaic lowering).
+
+    ``impl(*args, **params)`` is a JAX implementation of the primitive written with
+    ordinary jax and Pallas operations (ref reads/writes, DMAs, semaphores, ...): the
+    interpreter traces it once per (params, input types) with the equation's input
+    types and evaluates the traced jaxpr in place of the equation. ``args`` are the
+    equation's operands (refs stay refs); ``params`` are its parameters. It returns
+    the primitive's result (a list when ``primitive.multiple_results``).
+
+    Example::
+
+        double_p = jax.extend.core.Primitive("double")
+        register_interpret_rule(double_p, lambda x: x * 2)
+    """
+    from palladium.interpret.eval.traced_rule import traced_rule
+
+    RULES.register(primitive, traced_rule(primitive, impl))

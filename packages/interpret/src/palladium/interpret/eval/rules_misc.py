@@ -1,0 +1,78 @@
+"""Rules for grid queries, axis indices, the hardware PRNG and no-op annotations."""
+
+from __future__ import annotations
+
+import zlib
+from typing import Any
+
+import numpy as np
+
+from palladium.interpret import _jax_compat as jc
+from palladium.interpret.errors import UnsupportedFeatureError
+from palladium.interpret.eval.refs import tpu_bitcast
+from palladium.interpret.eval.registry import rule
+
+
+@rule(jc.program_id_p)
+def _program_id(ev: Any, eqn: Any, invals: list[Any]) -> list[Any]:
+    return [np.int32(ev.launch.program_ids(ev)[eqn.params["axis"]])]
+
+
+@rule(jc.num_programs_p)
+def _num_programs(ev: Any, eqn: Any, invals: list[Any]) -> list[Any]:
+    return [np.int32(ev.launch.program_counts()[eqn.params["axis"]])]
+
+
+@rule(jc.axis_index_p)
+def _axis_index(ev: Any, eqn: Any, invals: list[Any]) -> list[Any]:
+    name = eqn.params["axis_name"]
+    names = name if isinstance(name, tuple) else (name,)
+    index = 0
+    for n in names:
+        value, size = ev.launch.axis_index(ev, n, eqn)
+        index = index * size + value
+    return [np.int32(index)]
+
+
+@rule(jc.multiple_of_p)
+def _multiple_of(ev: Any, eqn: Any, invals: list[Any]) -> list[Any]:
+    return [invals[0]]
+
+
+@rule(jc.delay_p, jc.trace_value_p)
+def _no_op(ev: Any, eqn: Any, invals: list[Any]) -> list[Any]:
+    return []
+
+
+@rule(jc.touch_p)
+def _touch(ev: Any, eqn: Any, invals: list[Any]) -> list[Any]:
+    # A scheduling dependency only; the first operand passes through.
+    return [invals[0]] if eqn.outvars else []
+
+
+@rule(jc.tpu_bitcast_p)
+def _bitcast(ev: Any, eqn: Any, invals: list[Any]) -> list[Any]:
+    return [tpu_bitcast(np.asarray(invals[0]), eqn.outvars[0].aval.dtype)]
+
+
+# The TPU's hardware PRNG is not reproducible bit for bit; palladium models it as a
+# Philox stream per core, keyed by the kernel's seeds and InterpretParams.random_seed,
+# so the same seeds give the same bits on every run and every core.
+@rule(jc.prng_seed_p)
+def _prng_seed(ev: Any, eqn: Any, invals: list[Any]) -> list[Any]:
+    seeds = [int(np.asarray(s).astype(np.int64)) & 0xFFFFFFFF for s in invals]
+    material = np.array([ev.launch.params.seed & 0xFFFFFFFF, *seeds], dtype=np.uint64)
+    key = zlib.crc32(material.tobytes())
+    ev.prng = np.random.Generator(np.random.Philox(key=[key, len(seeds)]))
+    return []
+
+
+@rule(jc.prng_random_bits_p)
+def _prng_random_bits(ev: Any, eqn: Any, invals: list[Any]) -> list[Any]:
+    if ev.prng is None:
+        raise UnsupportedFeatureError(
+            f"pltpu.prng_random_bits before pltpu.prng_seed ({ev.site(eqn)})"
+        )
+    aval = eqn.outvars[0].aval
+    bits = ev.prng.integers(0, 2**32, size=aval.shape, dtype=np.uint64).astype(np.uint32)
+    return [bits.view(np.int32).astype(aval.dtype, copy=False)]

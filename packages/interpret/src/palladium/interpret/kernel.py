@@ -1,0 +1,107 @@
+"""What the interpreter knows about one ``pallas_call`` before it runs: its names, blocks,
+grid and compiled jaxprs. Built once per lowering and reused by every launch."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from palladium.interpret import _jax_compat as jc
+from palladium.interpret.blocks import BlockSpecInfo, memory_space_of
+from palladium.interpret.eval.evaluator import ProgramCache
+
+
+def _kernel_name(jaxpr: Any, name: str | None) -> str:
+    if name:
+        return str(name)
+    info = getattr(jaxpr.debug_info, "func_src_info", None) if jaxpr.debug_info else None
+    if info:
+        return str(info).split(" at ")[0]
+    return "<kernel>"
+
+
+@dataclasses.dataclass(frozen=True)
+class ScratchInfo:
+    name: str
+    aval: Any
+
+
+@dataclasses.dataclass(eq=False)
+class PreparedKernel:
+    """A pallas_call's static description, with its jaxprs' compiled programs."""
+
+    jaxpr: Any
+    grid_mapping: Any
+    mesh: Any
+    compiler_params: Any
+    input_output_aliases: tuple[tuple[int, int], ...]
+    out_avals: tuple[Any, ...]
+    name: str
+    scalar_names: tuple[str, ...]
+    inputs: tuple[BlockSpecInfo, ...]
+    outputs: tuple[BlockSpecInfo, ...]
+    scratch: tuple[ScratchInfo, ...]
+    programs: ProgramCache
+
+    @classmethod
+    def from_params(cls, *, jaxpr: Any, grid_mapping: Any, mesh: Any, compiler_params: Any,
+                    input_output_aliases: Any, out_avals: Any, name: Any = None,
+                    **_: Any) -> PreparedKernel:
+        gm = grid_mapping
+        arg_names = getattr(jaxpr.debug_info, "arg_names", None) if jaxpr.debug_info else None
+        n_idx, n_in, n_out = gm.num_index_operands, gm.num_inputs, gm.num_outputs
+        n_scratch = len(jaxpr.invars) - n_idx - n_in - n_out
+
+        def named(i: int, fallback: str) -> str:
+            if arg_names is not None and i < len(arg_names) and arg_names[i]:
+                return str(arg_names[i])
+            return fallback
+
+        scalar_names = tuple(named(i, f"scalar_prefetch[{i}]") for i in range(n_idx))
+        bms = gm.block_mappings
+        inputs = tuple(
+            BlockSpecInfo.from_mapping(bms[i], named(n_idx + i, _origin(bms[i], f"inputs[{i}]")))
+            for i in range(n_in)
+        )
+        outputs = tuple(
+            BlockSpecInfo.from_mapping(
+                bms[n_in + i], named(n_idx + n_in + i, _origin(bms[n_in + i], f"outputs[{i}]"))
+            )
+            for i in range(n_out)
+        )
+        scratch_vars = jaxpr.invars[n_idx + n_in + n_out :]
+        scratch = tuple(
+            ScratchInfo(named(n_idx + n_in + n_out + i, f"scratch_shapes[{i}]"), v.aval)
+            for i, v in enumerate(scratch_vars)
+        )
+        assert len(scratch) == n_scratch
+        return cls(
+            jaxpr=jaxpr,
+            grid_mapping=gm,
+            mesh=mesh,
+            compiler_params=compiler_params,
+            input_output_aliases=tuple(input_output_aliases),
+            out_avals=tuple(out_avals),
+            name=_kernel_name(jaxpr, name),
+            scalar_names=scalar_names,
+            inputs=inputs,
+            outputs=outputs,
+            scratch=scratch,
+            programs=ProgramCache(),
+        )
+
+    @property
+    def is_core_map(self) -> bool:
+        return isinstance(self.mesh, jc.TensorCoreMesh)
+
+    @property
+    def core_axis_names(self) -> tuple[Any, ...]:
+        return tuple(self.mesh.shape.keys()) if self.mesh is not None else ()
+
+    def scratch_space(self, i: int) -> Any:
+        return memory_space_of(getattr(self.scratch[i].aval, "memory_space", None))
+
+
+def _origin(bm: Any, fallback: str) -> str:
+    origin = getattr(bm, "origin", None)
+    return str(origin) if origin else fallback

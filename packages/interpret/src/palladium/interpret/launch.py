@@ -1,0 +1,416 @@
+"""One kernel launch: allocate the simulated memory, walk the grid on every core, return
+the outputs. Created per host call and dropped afterwards, so a failure leaves nothing."""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+import numpy as np
+
+from palladium.interpret import _jax_compat as jc
+from palladium.interpret.blocks import BlockSpecInfo, memory_space_of
+from palladium.interpret.errors import KernelError, RevisitError, UnsupportedFeatureError
+from palladium.interpret.eval.evaluator import CoreEvaluator
+from palladium.interpret.eval.refs import MemRef, SemaphoreRef
+from palladium.interpret.kernel import PreparedKernel
+from palladium.interpret.params import InterpretParams, LoggingMode
+from palladium.interpret.site import Site
+from palladium.shared_memory import TILING_DEFAULT, MemorySpace, SemaphoreKind, Simulation
+
+logger = logging.getLogger("palladium.interpret")
+
+CoreId = tuple[int, int]
+
+
+def fill_value(dtype: Any, mode: str) -> Any:
+    """The value uninitialised memory of ``dtype`` holds."""
+    dtype = np.dtype(dtype)
+    if mode == "zero":
+        return dtype.type(0)
+    if dtype == np.bool_:
+        return True
+    if np.issubdtype(dtype, np.integer):
+        return np.iinfo(dtype).max
+    return dtype.type(np.nan)
+
+
+def _semaphore_kind(dtype: Any) -> SemaphoreKind:
+    if isinstance(dtype, jc.DMASemaphoreDType):
+        return SemaphoreKind.DMA
+    if isinstance(dtype, jc.BarrierSemaphoreDType):
+        return SemaphoreKind.BARRIER
+    return SemaphoreKind.REGULAR
+
+
+def _is_parallel(semantic: Any) -> bool:
+    text = str(getattr(semantic, "name", semantic)).lower()
+    return text in ("parallel", "core_parallel", "subcore_parallel")
+
+
+class Launch:
+    """The state of one kernel launch, shared by the cores that run it."""
+
+    def __init__(self, kernel: PreparedKernel, params: InterpretParams) -> None:
+        self.kernel = kernel
+        self.params = params
+        self.kernel_name = kernel.name
+        self.programs = kernel.programs
+        gm = kernel.grid_mapping
+        self.num_cores = (
+            int(kernel.mesh.num_cores) if kernel.is_core_map else params.num_cores_or_threads
+        )
+        self.sim = Simulation(
+            1,
+            self.num_cores,
+            seed=params.seed,
+            detect_races=params.detect_races,
+            on_race=params.on_race,
+            dma_execution_mode=params.dma_execution_mode,
+            dma_order=params.dma_order,
+            out_of_bounds=params.out_of_bounds_reads,
+            uninitialized=params.uninitialized_memory,
+            bounds=params.buffer_bounds,
+            tiling=TILING_DEFAULT,
+        )
+        self.vmapped_dims = tuple(gm.vmapped_dims)
+        self.grid_names = tuple(gm.grid_names) if gm.grid_names is not None else ()
+        self.grid: tuple[int, ...] = ()
+        # Buffers each core allocated, in program order: a remote DMA to core c targets
+        # "the buffer core c allocated at the same position".
+        self._core_buffers: dict[CoreId, list[Any]] = {}
+        self._position: dict[Any, int] = {}
+        self._shared_hbm: dict[tuple[int, int], Any] = {}
+        self._hbm_seq: dict[CoreId, int] = {}
+
+    # --- helpers used by the rules --------------------------------------------------------
+    def fill_value(self, dtype: Any) -> Any:
+        return fill_value(dtype, self.params.uninitialized_memory)
+
+    def program_ids(self, ev: CoreEvaluator) -> tuple[int, ...]:
+        point = ev.grid_point or ()
+        return tuple(p for d, p in enumerate(point) if d not in self.vmapped_dims)
+
+    def program_counts(self) -> tuple[int, ...]:
+        return tuple(n for d, n in enumerate(self.grid) if d not in self.vmapped_dims)
+
+    def axis_index(self, ev: CoreEvaluator, name: Any, eqn: Any) -> tuple[int, int]:
+        if name in self.kernel.core_axis_names:
+            return ev.core[1], self.num_cores
+        if name in self.grid_names:
+            d = self.grid_names.index(name)
+            return (ev.grid_point or ())[d], self.grid[d]
+        raise UnsupportedFeatureError(
+            f"lax.axis_index('{name}'): the axis is neither a grid axis nor a core axis of "
+            f"this kernel; device axes of a surrounding shard_map are not simulated "
+            f"({ev.site(eqn)})"
+        )
+
+    def remote_core(
+        self, ev: CoreEvaluator, device_id: Any, core_index: Any, id_type: Any, eqn: Any
+    ) -> CoreId | None:
+        if device_id is None and core_index is None:
+            return None
+        core = ev.core[1]
+        if device_id is not None:
+            items = (
+                device_id.items()
+                if isinstance(device_id, dict)
+                else [(None, v) for v in (device_id if isinstance(device_id, tuple | list) else (device_id,))]
+            )
+            for axis, value in items:
+                if axis is not None and axis in self.kernel.core_axis_names:
+                    core = int(np.asarray(value))
+                elif int(np.asarray(value)) != 0:
+                    raise UnsupportedFeatureError(
+                        f"remote operation to device {value} (axis {axis}): this interpreter "
+                        f"simulates one device per launch ({ev.site(eqn)})"
+                    )
+        if core_index is not None:
+            core = int(np.asarray(core_index))
+        if not 0 <= core < self.num_cores:
+            raise KernelError(
+                f"remote operation targets core {core}, but the kernel runs on "
+                f"{self.num_cores} core(s) ({ev.site(eqn)})"
+            )
+        return (0, core)
+
+    def peer_buffer(self, buf: Any, target: CoreId) -> Any:
+        if buf.space == MemorySpace.HBM:
+            return buf
+        pos = self._position.get(buf.key)
+        peers = self._core_buffers.get(target, [])
+        if pos is None or pos >= len(peers):
+            raise KernelError(f"no buffer corresponding to '{buf.name}' on core {target[1]}")
+        return peers[pos]
+
+    def _allocate(self, core: CoreId, space: Any, name: str, shape: Any, dtype: Any,
+                  value: Any = None) -> Any:
+        buf = self.sim.allocate(
+            space, core[0], core[1], name=name,
+            shape=None if value is not None else tuple(shape),
+            dtype=None if value is not None else np.dtype(dtype),
+            value=value,
+        )
+        if space != MemorySpace.HBM:
+            lst = self._core_buffers.setdefault(core, [])
+            self._position[buf.key] = len(lst)
+            lst.append(buf)
+        if self.params.logging_mode and LoggingMode.MEMORY in self.params.logging_mode:
+            logger.debug("%s: allocate %s %s %s on core %s", self.kernel_name, space, name,
+                         buf.shape, core[1])
+        return buf
+
+    def allocate_scoped(self, ev: CoreEvaluator, aval: Any, name: str, eqn: Any) -> Any:
+        space = memory_space_of(getattr(aval, "memory_space", None))
+        if space == "semaphore":
+            kind = _semaphore_kind(aval.dtype)
+            ids = self.sim.allocate_semaphores(ev.core[0], ev.core[1], kind=kind, name=name,
+                                               shape=tuple(aval.shape))
+            return SemaphoreRef(np.asarray(ids), kind, name)
+        if space == MemorySpace.HBM:
+            if not self.params.allow_hbm_allocation_in_run_scoped:
+                raise KernelError(
+                    f"run_scoped allocates '{name}' in HBM, which a TPU kernel cannot do; pass "
+                    f"InterpretParams(allow_hbm_allocation_in_run_scoped=True) to simulate it "
+                    f"anyway ({ev.site(eqn)})"
+                )
+            seq = self._hbm_seq.get(ev.core, 0)
+            self._hbm_seq[ev.core] = seq + 1
+            key = (ev.core[0], seq)
+            buf = self._shared_hbm.get(key)
+            if buf is None:
+                buf = self._allocate(ev.core, space, name, aval.shape, aval.dtype)
+                self._shared_hbm[key] = buf
+            else:
+                self.sim.incref(buf)
+            return MemRef(buf)
+        return MemRef(self._allocate(ev.core, space, name, aval.shape, aval.dtype))
+
+    def free_scoped(self, ev: CoreEvaluator, alloc: Any, eqn: Any) -> None:
+        if isinstance(alloc, SemaphoreRef):
+            self.sim.free_semaphores(alloc.ids, device=ev.core[0], core=ev.core[1])
+        else:
+            self.sim.free(alloc.buffer)
+
+    # --- the launch itself ------------------------------------------------------------------
+    def execute(self, args: list[np.ndarray]) -> list[np.ndarray]:
+        k = self.kernel
+        gm = k.grid_mapping
+        n_dyn, n_idx = gm.num_dynamic_grid_bounds, gm.num_index_operands
+        dyn, scalars, inputs = args[:n_dyn], args[n_dyn : n_dyn + n_idx], args[n_dyn + n_idx :]
+        dyn_iter = iter(dyn)
+        self.grid = tuple(
+            int(np.asarray(next(dyn_iter))) if isinstance(g, jc.DynamicGridDim) or g is None
+            else int(g)
+            for g in gm.grid
+        )
+        if self.params.logging_mode and LoggingMode.LAUNCH in self.params.logging_mode:
+            logger.debug("launch %s: grid %s on %d core(s)", self.kernel_name, self.grid,
+                         self.num_cores)
+        hbm_inputs = [self._hbm_operand(info, np.asarray(x)) for info, x in zip(k.inputs, inputs)]
+        aliases = {o: i - n_idx for i, o in k.input_output_aliases}
+        if any(i < 0 for i in aliases.values()):
+            raise UnsupportedFeatureError("aliasing a scalar-prefetch operand to an output")
+        hbm_outputs = []
+        for o, info in enumerate(k.outputs):
+            if o in aliases:
+                hbm_outputs.append(hbm_inputs[aliases[o]])
+            else:
+                hbm_outputs.append(self._allocate(
+                    (0, 0), MemorySpace.HBM, _hbm_name(info), info.padded_shape, info.dtype))
+        cores = [(0, c) for c in range(self.num_cores)]
+        kernel_args = {core: self._core_operands(core, scalars, hbm_inputs, hbm_outputs)
+                       for core in cores}
+        schedule = self._schedule()
+        bodies = {
+            core: _CoreRun(self, core, kernel_args[core], schedule[core[1]], hbm_inputs,
+                           hbm_outputs, set(aliases)).run
+            for core in cores
+        }
+        self.sim.run(bodies, check_leaks=True)
+        results = []
+        for buf, aval in zip(hbm_outputs, k.out_avals):
+            value = np.asarray(self.sim.value(buf))
+            value = value[tuple(slice(0, s) for s in aval.shape)]
+            results.append(np.ascontiguousarray(value, dtype=aval.dtype))
+        return results
+
+    def _hbm_operand(self, info: BlockSpecInfo, x: np.ndarray) -> Any:
+        padded = info.padded_shape
+        if padded != tuple(x.shape):
+            full = np.full(padded, self.fill_value(x.dtype), dtype=x.dtype)
+            full[tuple(slice(0, s) for s in x.shape)] = x
+            x = full
+        return self._allocate((0, 0), MemorySpace.HBM, _hbm_name(info), None, None, value=x)
+
+    def _core_operands(self, core: CoreId, scalars: list[Any], hbm_inputs: list[Any],
+                       hbm_outputs: list[Any]) -> list[Any]:
+        k = self.kernel
+        operands: list[Any] = []
+        for name, value in zip(k.scalar_names, scalars):
+            operands.append(MemRef(self._allocate(core, MemorySpace.SMEM, name, None, None,
+                                                  value=np.asarray(value))))
+        for info, hbm in [*zip(k.inputs, hbm_inputs), *zip(k.outputs, hbm_outputs)]:
+            if info.in_hbm:
+                operands.append(MemRef(hbm))
+            else:
+                operands.append(MemRef(self._allocate(core, info.space, info.name,
+                                                      info.block_shape, info.dtype)))
+        for i, s in enumerate(k.scratch):
+            space = k.scratch_space(i)
+            aval = s.aval
+            if space == "semaphore":
+                kind = _semaphore_kind(aval.dtype)
+                ids = self.sim.allocate_semaphores(core[0], core[1], kind=kind, name=s.name,
+                                                   shape=tuple(aval.shape))
+                operands.append(SemaphoreRef(np.asarray(ids), kind, s.name))
+            elif space == MemorySpace.HBM:
+                key = (core[0], -1 - i)
+                if key not in self._shared_hbm:
+                    self._shared_hbm[key] = self._allocate(core, space, s.name, aval.shape,
+                                                           aval.dtype)
+                operands.append(MemRef(self._shared_hbm[key]))
+            else:
+                operands.append(MemRef(self._allocate(core, space, s.name, aval.shape,
+                                                      aval.dtype)))
+        return operands
+
+    def _semantics(self) -> tuple[bool, ...]:
+        n = len(self.grid)
+        cp = self.kernel.compiler_params
+        sem = getattr(cp, "dimension_semantics", None) if cp is not None else None
+        if self.kernel.is_core_map:
+            return (self.num_cores > 1,) * n
+        if sem is None:
+            own = [False] * (n - len(self.vmapped_dims))
+        else:
+            own = [_is_parallel(s) for s in sem]
+        # Under vmap jax prepends batch axes to the grid; Mosaic treats them as parallel.
+        it = iter(own)
+        flags = tuple(True if d in self.vmapped_dims else next(it, False) for d in range(n))
+        for a, b in zip(flags, flags[1:]):
+            if b and not a:
+                raise KernelError(
+                    f"kernel '{self.kernel_name}': dimension_semantics {tuple(sem or ())} — "
+                    f"parallel dimensions must form a prefix of the grid {self.grid}"
+                )
+        return flags
+
+    def _schedule(self) -> list[list[tuple[int, ...]]]:
+        """The grid points each core runs, in order."""
+        grid = self.grid
+        parallel = self._semantics()
+        rng = np.random.default_rng(self.params.seed)
+        coords = [
+            rng.permutation(n) if p and not self.kernel.is_core_map else None
+            for n, p in zip(grid, parallel)
+        ]
+        total = math.prod(grid)
+        par_size = math.prod(n for n, p in zip(grid, parallel) if p)
+        per_core = math.ceil(par_size / self.num_cores) if par_size else 0
+        per_point = total // par_size if par_size else 0
+        out = []
+        for c in range(self.num_cores):
+            lo = min(c * per_core * per_point, total)
+            hi = min((c + 1) * per_core * per_point, total)
+            pts = []
+            for linear in range(lo, hi):
+                idx = np.unravel_index(linear, grid) if grid else ()
+                pts.append(tuple(int(cs[i]) if cs is not None else int(i)
+                                 for i, cs in zip(idx, coords)))
+            out.append(pts)
+        return out
+
+
+def _hbm_name(info: BlockSpecInfo) -> str:
+    return info.name if info.in_hbm else f"{info.name} (HBM)"
+
+
+class _CoreRun:
+    """The grid loop of one simulated core."""
+
+    def __init__(self, launch: Launch, core: CoreId, operands: list[Any],
+                 points: list[tuple[int, ...]], hbm_inputs: list[Any], hbm_outputs: list[Any],
+                 aliased_outputs: set[int]) -> None:
+        self.launch = launch
+        self.core = core
+        self.operands = operands
+        self.points = points
+        self.hbm_inputs = hbm_inputs
+        self.hbm_outputs = hbm_outputs
+        self.aliased = aliased_outputs
+        k = launch.kernel
+        n_idx = len(k.scalar_names)
+        self.scalar_refs = operands[:n_idx]
+        self.input_refs = operands[n_idx : n_idx + len(k.inputs)]
+        self.output_refs = operands[n_idx + len(k.inputs) : n_idx + len(k.inputs) + len(k.outputs)]
+        self.ev = CoreEvaluator(launch, core)
+
+    def _block_indices(self, point: tuple[int, ...]) -> list[tuple[int, ...]]:
+        ev = self.ev
+        saved = ev.grid_point
+        ev.grid_point = point
+        out = []
+        k = self.launch.kernel
+        for info in (*k.inputs, *k.outputs):
+            idx = ev.eval_closed(info.index_map, [*(np.int32(p) for p in point), *self.scalar_refs])
+            out.append(tuple(int(np.asarray(i)) for i in idx))
+        ev.grid_point = saved
+        return out
+
+    def _site(self, point: tuple[int, ...], what: str) -> Site:
+        return Site(kernel=self.launch.kernel_name, core=self.core, grid_point=point, what=what)
+
+    def run(self) -> None:
+        launch, sim, k = self.launch, self.launch.sim, self.launch.kernel
+        params = launch.params
+        n_in = len(k.inputs)
+        visits: list[dict[tuple[int, ...], list[Any]]] = [{} for _ in k.outputs]
+        last: list[tuple[int, ...] | None] = [None] * len(k.outputs)
+        if not self.points:
+            return
+        cur = self._block_indices(self.points[0])
+        prev: list[tuple[int, ...]] | None = None
+        log_grid = params.logging_mode is not None and LoggingMode.GRID in params.logging_mode
+        for step, point in enumerate(self.points):
+            self.ev.grid_point = point
+            if params.grid_point_recorder is not None:
+                params.grid_point_recorder(point, self.core[1])
+            if log_grid:
+                logger.debug("%s: core %d grid point %s", launch.kernel_name, self.core[1], point)
+            for i, info in enumerate(k.inputs):
+                if info.in_hbm or (prev is not None and prev[i] == cur[i]):
+                    continue
+                site = self._site(point, f"copy of block {cur[i]} of input '{info.name}' into "
+                                         f"{info.space.name}")
+                data = sim.read(self.hbm_inputs[i], info.region(cur[i]), core=self.core, site=site)
+                sim.write(self.input_refs[i].buffer, None, data, core=self.core, site=site)
+            self.ev.eval_jaxpr(k.jaxpr, [], self.operands)
+            nxt = self._block_indices(self.points[step + 1]) if step + 1 < len(self.points) else None
+            for o, info in enumerate(k.outputs):
+                if info.in_hbm:
+                    continue
+                b = cur[n_in + o]
+                if nxt is None or nxt[n_in + o] != b:
+                    site = self._site(point, f"copy of block {b} of output '{info.name}' to HBM")
+                    data = sim.read(self.output_refs[o].buffer, None, core=self.core, site=site)
+                    sim.write(self.hbm_outputs[o], info.region(b), data, core=self.core, site=site)
+                if o in self.aliased:
+                    continue
+                if last[o] == b:
+                    visits[o][b][1] = point
+                elif b in visits[o]:
+                    first, prev_last = visits[o][b]
+                    raise RevisitError(
+                        f"kernel '{launch.kernel_name}': output '{info.name}' block {b} is "
+                        f"revisited at grid point {point} on core {self.core[1]}; it was written "
+                        f"at grid points {first} through {prev_last} and already copied back to "
+                        f"HBM when the grid moved on, so that result would be lost. An output's "
+                        f"block index may only change between consecutive grid points."
+                    )
+                else:
+                    visits[o][b] = [point, point]
+                last[o] = b
+            prev, cur = cur, nxt if nxt is not None else cur

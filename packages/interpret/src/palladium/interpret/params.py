@@ -1,0 +1,147 @@
+"""``InterpretParams``: how a Pallas TPU kernel is simulated on CPU."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections.abc import Callable
+from typing import Any, Literal
+
+from palladium.race_detect import RaceReport
+
+OnRace = Literal["raise", "warn", "collect"] | Callable[[RaceReport], None]
+
+
+class LoggingMode(enum.Flag):
+    """What the interpreter logs (to the ``palladium.interpret`` logger, level DEBUG).
+
+    ``LAUNCH`` logs each kernel launch (kernel name, grid, cores); ``GRID`` each grid
+    point a core runs; ``MEMORY`` every simulated buffer allocation and block copy.
+    """
+
+    LAUNCH = enum.auto()
+    GRID = enum.auto()
+    MEMORY = enum.auto()
+
+
+_CHOICES: dict[str, tuple[Any, ...]] = {
+    "dma_execution_mode": ("on_wait", "eager"),
+    "out_of_bounds_reads": ("raise", "uninitialized"),
+    "uninitialized_memory": ("nan", "zero"),
+    "buffer_bounds": ("logical", "padded"),
+    "dma_order": ("issue", "random"),
+}
+
+# TPU generations whose tile padding we know; all use the same (8, 128) 32-bit tile.
+CHIPS = ("v4", "v5e", "v5p", "v6e", "v7x")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class InterpretParams:
+    """Run a Pallas TPU kernel on CPU with palladium's simulator.
+
+    Pass an instance as ``interpret=`` to ``pl.pallas_call`` or ``pl.core_map``::
+
+        from palladium.interpret import InterpretParams
+        out = pl.pallas_call(kernel, out_shape=..., grid=...,
+                             interpret=InterpretParams(detect_races=True))(x)
+
+    Attributes:
+      detect_races: run the happens-before race detector over every access.
+      on_race: what a detected race does: ``"raise"`` (``DataRaceError``), ``"warn"``,
+        ``"collect"`` (reports are kept, see ``last_race_reports``) or a callable taking
+        a ``RaceReport``.
+      dma_execution_mode: ``"on_wait"`` (a DMA executes when someone waits on its
+        semaphore, the default) or ``"eager"`` (at ``start``).
+      out_of_bounds_reads: ``"raise"`` (``OutOfBoundsError``) or ``"uninitialized"``
+        (the out-of-range part of a read is the uninitialised fill).
+      uninitialized_memory: fill of fresh buffers: ``"nan"`` (NaN for floats, the
+        maximum for integers, True for bool) or ``"zero"``.
+      skip_floating_point_ops: do not evaluate operations whose results are all
+        floating point; their results are ``inf``. For checking index logic fast.
+      num_cores_or_threads: TensorCores per device; the parallel sub-grid is split
+        across them (megacore). A ``core_map`` over a ``TensorCoreMesh`` uses the
+        mesh's core count instead.
+      random_seed: seeds the order of grid points along parallel dimensions, the
+        scheduling of simulated cores and DMAs, and the kernel PRNG (``None`` = 0).
+      grid_point_recorder: called as ``recorder(grid_point, core)`` (a tuple of ints
+        and an int) for each grid point, in the order the core runs them.
+      allow_hbm_allocation_in_run_scoped: allow ``pl.run_scoped`` to allocate HBM
+        (shared by the cores of the device); a real TPU does not.
+      buffer_bounds: ``"logical"`` (accesses beyond the array's shape are out of
+        bounds) or ``"padded"`` (only beyond the TPU tile-padded shape; the padding
+        reads as uninitialised and writes to it are dropped).
+      vector_clock_size: accepted for compatibility and ignored (palladium's race
+        detector sizes its clocks itself).
+      logging_mode: a ``LoggingMode`` flag, or None.
+      chip: the TPU generation whose tiling decides the padded shape.
+      dma_order: ``"issue"`` (pending DMAs complete in issue order) or ``"random"``
+        (any legal order, from ``random_seed``).
+    """
+
+    detect_races: bool = False
+    on_race: OnRace = "raise"
+    dma_execution_mode: Literal["on_wait", "eager"] = "on_wait"
+    out_of_bounds_reads: Literal["raise", "uninitialized"] = "raise"
+    uninitialized_memory: Literal["nan", "zero"] = "nan"
+    skip_floating_point_ops: bool = False
+    num_cores_or_threads: int = 1
+    random_seed: int | None = None
+    grid_point_recorder: Callable[[tuple[int, ...], int], Any] | None = None
+    allow_hbm_allocation_in_run_scoped: bool = False
+    buffer_bounds: Literal["logical", "padded"] = "logical"
+    vector_clock_size: int | None = None
+    logging_mode: LoggingMode | None = None
+    chip: str = "v5e"
+    dma_order: Literal["issue", "random"] = "issue"
+
+    def __post_init__(self) -> None:
+        for field, allowed in _CHOICES.items():
+            value = getattr(self, field)
+            if value not in allowed:
+                raise ValueError(
+                    f"InterpretParams.{field} must be one of {allowed}, got {value!r}."
+                )
+        if not (self.on_race in ("raise", "warn", "collect") or callable(self.on_race)):
+            raise ValueError(
+                "InterpretParams.on_race must be one of ('raise', 'warn', 'collect') or a "
+                f"callable taking a RaceReport, got {self.on_race!r}."
+            )
+        if not isinstance(self.num_cores_or_threads, int) or self.num_cores_or_threads < 1:
+            raise ValueError(
+                "InterpretParams.num_cores_or_threads must be an int >= 1, got "
+                f"{self.num_cores_or_threads!r}."
+            )
+        if self.random_seed is not None and not isinstance(self.random_seed, int):
+            raise ValueError(
+                f"InterpretParams.random_seed must be an int or None, got {self.random_seed!r}."
+            )
+        if self.vector_clock_size is not None and (
+            not isinstance(self.vector_clock_size, int) or self.vector_clock_size < 1
+        ):
+            raise ValueError(
+                "InterpretParams.vector_clock_size must be None or an int >= 1, got "
+                f"{self.vector_clock_size!r}."
+            )
+        if self.logging_mode is not None and not isinstance(self.logging_mode, LoggingMode):
+            raise ValueError(
+                "InterpretParams.logging_mode must be None or a palladium.interpret."
+                f"LoggingMode, got {self.logging_mode!r}."
+            )
+        if self.chip not in CHIPS:
+            raise ValueError(f"InterpretParams.chip must be one of {CHIPS}, got {self.chip!r}.")
+        if self.grid_point_recorder is not None and not callable(self.grid_point_recorder):
+            raise ValueError(
+                "InterpretParams.grid_point_recorder must be None or a callable "
+                f"(grid_point, core) -> None, got {self.grid_point_recorder!r}."
+            )
+
+    @property
+    def num_cores_per_device(self) -> int:
+        """Alias of ``num_cores_or_threads`` (the reference's name)."""
+        return self.num_cores_or_threads
+
+    @property
+    def seed(self) -> int:
+        """``random_seed``, with None meaning 0."""
+        return self.random_seed or 0

@@ -1,0 +1,44 @@
+"""Where a simulated access happened, formatted only when a message needs it."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any
+
+from palladium.interpret import _jax_compat as jc
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Site:
+    """The kernel, grid point, core and source line of one operation.
+
+    Cheap to create (no formatting happens until ``str()``); the simulator and the race
+    detector embed it in their error messages.
+    """
+
+    kernel: str
+    core: tuple[int, int]
+    grid_point: tuple[int, ...] | None = None
+    source_info: Any = None
+    what: str | None = None
+
+    @property
+    def source_line(self) -> str | None:
+        frame = jc.user_frame(self.source_info)
+        if frame is None:
+            return None
+        file, line = frame
+        return f"{os.path.basename(file)}:{line}"
+
+    def __str__(self) -> str:
+        parts = [f"kernel '{self.kernel}'"]
+        if self.what:
+            parts.append(self.what)
+        if self.grid_point is not None:
+            parts.append(f"grid point {self.grid_point}")
+        device, core = self.core
+        parts.append(f"core {core}" if device == 0 else f"device {device} core {core}")
+        text = ", ".join(parts)
+        line = self.source_line
+        return f"{text} ({line})" if line else text
