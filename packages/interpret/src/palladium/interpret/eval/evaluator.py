@@ -82,9 +82,9 @@ def _compute_rule(prim: Any) -> Rule:
                 f"register one with palladium.interpret.register_interpret_rule "
                 f"({ev.site(eqn)})"
             )
-        subfuns, bind_params = prim.get_bind_params(eqn.params)
+        bind_params = prim.get_bind_params(eqn.params)
         try:
-            out = prim.bind(*subfuns, *invals, **bind_params)
+            out = prim.bind(*invals, **bind_params)
         except NotImplementedError as e:
             raise UnsupportedPrimitiveError(
                 f"primitive '{prim}' cannot be evaluated on CPU ({e}); register an "
