@@ -118,6 +118,15 @@ def original_cpu_lowering(primitive):
     return entry.rule
 
 
+def route_direct_pallas_call_lowering(rule) -> None:
+    """Make jax code that calls ``pallas_call._pallas_call_lowering`` directly (the CPU
+    fallback lowering of ``core_map``/``mpmd_map``) go through ``rule`` too. ``rule``
+    must hand non-palladium calls to ``original_cpu_lowering(PALLAS_CALL_P)``."""
+    from jax._src.pallas import pallas_call as pallas_call_module
+
+    pallas_call_module._pallas_call_lowering = rule
+
+
 def tpu_interpret_mode_config():
     """The config option ``pl.pallas_call`` consults for a forced interpret mode."""
     return jax_config.pallas_tpu_interpret_mode_context_manager

@@ -85,6 +85,9 @@ def _pallas_call_lowering(ctx: Any, *in_nodes: Any, interpret: Any, **params: An
 def install() -> None:
     """Register palladium's CPU lowering for ``pallas_call_p`` (idempotent)."""
     jc.register_lowering(jc.PALLAS_CALL_P, _pallas_call_lowering, platform="cpu")
+    # core_map lowers through jax's mpmd fallback, which calls the pallas_call lowering
+    # function directly rather than through the registry.
+    jc.route_direct_pallas_call_lowering(_pallas_call_lowering)
 
 
 @contextlib.contextmanager

@@ -59,7 +59,8 @@ class Launch:
         self.programs = kernel.programs
         gm = kernel.grid_mapping
         self.num_cores = (
-            int(kernel.mesh.num_cores) if kernel.is_core_map else params.num_cores_or_threads
+            math.prod(kernel.mesh.shape.values()) if kernel.is_core_map
+            else params.num_cores_or_threads
         )
         self.sim = Simulation(
             1,
