@@ -1,0 +1,261 @@
+"""Every failure is a palladium exception naming the kernel, the operand, the grid point,
+the core and the source line; a failed kernel leaves nothing behind."""
+
+import logging
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+from palladium.interpret import (
+    DataRaceError,
+    DeadlockError,
+    InterpretParams,
+    KernelError,
+    OutOfBoundsError,
+    RevisitError,
+    SemaphoreLeakError,
+    UnsupportedPrimitiveError,
+    errors_as_raised,
+)
+
+P = InterpretParams()
+X = jnp.ones((16, 128), jnp.float32)
+
+
+@pytest.fixture(autouse=True)
+def _quiet_callback_logger():
+    # jax logs every failing host callback with its traceback; the tests expect failures.
+    logger = logging.getLogger("jax._src.callback")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    yield
+    logger.setLevel(level)
+
+
+def _dynamic_oob_call(params=P):
+    def oob_kernel(start_ref, x_ref, o_ref):
+        o_ref[...] = x_ref[pl.ds(start_ref[0], 8), :]
+
+    return pl.pallas_call(
+        oob_kernel,
+        out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32),
+        grid_spec=pltpu.PrefetchScalarGridSpec(
+            num_scalar_prefetch=1,
+            grid=(2,),
+            in_specs=[pl.BlockSpec((8, 128), lambda i, s: (0, 0))],
+            out_specs=pl.BlockSpec((8, 128), lambda i, s: (0, 0)),
+        ),
+        interpret=params,
+    )
+
+
+def test_out_of_bounds_read_names_operand_kernel_grid_point_core_and_line():
+    with pytest.raises(OutOfBoundsError) as info, errors_as_raised():
+        _dynamic_oob_call()(jnp.array([4], jnp.int32), X)
+    msg = str(info.value)
+    for part in ("'x_ref'", "kernel 'oob_kernel'", "grid point (0,)", "core 0", "test_errors.py:"):
+        assert part in msg, (part, msg)
+
+
+def test_out_of_bounds_under_jit_is_wrapped_without_the_context_manager():
+    f = jax.jit(_dynamic_oob_call())
+    with pytest.raises(jax.errors.JaxRuntimeError, match="out-of-bounds read of 'x_ref'"):
+        f(jnp.array([4], jnp.int32), X)
+    with pytest.raises(OutOfBoundsError), errors_as_raised():
+        f(jnp.array([4], jnp.int32), X)
+
+
+def test_out_of_bounds_reads_uninitialized_policy():
+    out = _dynamic_oob_call(InterpretParams(out_of_bounds_reads="uninitialized"))(
+        jnp.array([4], jnp.int32), jnp.ones((8, 128), jnp.float32)
+    )
+    np.testing.assert_array_equal(out[:4], 1.0)
+    assert np.isnan(np.asarray(out[4:])).all()
+
+
+def test_out_of_bounds_block_index_names_the_input():
+    def kernel(x_ref, o_ref):
+        o_ref[...] = x_ref[...]
+
+    f = pl.pallas_call(
+        kernel,
+        out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32),
+        grid=(1,),
+        in_specs=[pl.BlockSpec((8, 128), lambda i: (5, 0))],
+        out_specs=pl.BlockSpec((8, 128), lambda i: (0, 0)),
+        interpret=P,
+    )
+    with pytest.raises(OutOfBoundsError) as info, errors_as_raised():
+        f(X)
+    msg = str(info.value)
+    assert "x_ref" in msg and "block (5, 0)" in msg and "kernel 'kernel'" in msg
+
+
+def test_failing_kernel_then_a_good_one():
+    with pytest.raises(OutOfBoundsError), errors_as_raised():
+        _dynamic_oob_call()(jnp.array([12], jnp.int32), X)
+    out = _dynamic_oob_call()(jnp.array([0], jnp.int32), X * 3)
+    np.testing.assert_array_equal(out, 3.0)
+
+
+def test_revisited_output_block():
+    def revisit_kernel(x_ref, o_ref):
+        o_ref[...] = x_ref[...]
+
+    f = pl.pallas_call(
+        revisit_kernel,
+        out_shape=jax.ShapeDtypeStruct((16, 128), jnp.float32),
+        grid=(2, 2),
+        in_specs=[pl.BlockSpec((8, 128), lambda i, j: (j, 0))],
+        out_specs=pl.BlockSpec((8, 128), lambda i, j: (j, 0)),
+        interpret=P,
+    )
+    with pytest.raises(RevisitError) as info, errors_as_raised():
+        f(X)
+    msg = str(info.value)
+    assert "output 'o_ref'" in msg and "block (0, 0)" in msg
+    assert "grid point (1, 0)" in msg and "(0, 0) through (0, 0)" in msg
+    assert "kernel 'revisit_kernel'" in msg and "core 0" in msg
+
+
+def test_deadlock_names_semaphore_and_line():
+    def deadlock_kernel(x_ref, o_ref, sem):
+        pl.semaphore_wait(sem, 1)
+
+    f = pl.pallas_call(
+        deadlock_kernel,
+        out_shape=jax.ShapeDtypeStruct((16, 128), jnp.float32),
+        scratch_shapes=[pltpu.SemaphoreType.REGULAR],
+        interpret=P,
+    )
+    with pytest.raises(DeadlockError) as info, errors_as_raised():
+        f(X)
+    msg = str(info.value)
+    assert "'sem'" in msg and "kernel 'deadlock_kernel'" in msg and "test_errors.py:" in msg
+
+
+def test_semaphore_leak_at_exit():
+    def leak_kernel(x_ref, o_ref, sems):
+        pl.semaphore_signal(sems.at[1], 1)
+        o_ref[...] = x_ref[...]
+
+    f = pl.pallas_call(
+        leak_kernel,
+        out_shape=jax.ShapeDtypeStruct((16, 128), jnp.float32),
+        scratch_shapes=[pltpu.SemaphoreType.REGULAR((3,))],
+        interpret=P,
+    )
+    with pytest.raises(SemaphoreLeakError, match="sems"), errors_as_raised():
+        f(X)
+
+
+def test_race_between_megacore_halves():
+    def race_kernel(x_ref, o_hbm):
+        pltpu.sync_copy(x_ref, o_hbm)
+
+    f = pl.pallas_call(
+        race_kernel,
+        out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32),
+        grid=(2,),
+        in_specs=[pl.BlockSpec((8, 128), lambda i: (0, 0))],
+        out_specs=pl.BlockSpec(memory_space=pl.ANY),
+        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel",)),
+        interpret=InterpretParams(num_cores_or_threads=2, detect_races=True),
+    )
+    with pytest.raises(DataRaceError) as info, errors_as_raised():
+        f(X[:8])
+    msg = str(info.value)
+    assert "o_hbm" in msg and "kernel 'race_kernel'" in msg and "core 1" in msg
+
+
+def test_race_collect_policy_still_returns_result():
+    seen = []
+
+    def race_kernel(x_ref, o_hbm):
+        pltpu.sync_copy(x_ref, o_hbm)
+
+    out = pl.pallas_call(
+        race_kernel,
+        out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32),
+        grid=(2,),
+        in_specs=[pl.BlockSpec((8, 128), lambda i: (0, 0))],
+        out_specs=pl.BlockSpec(memory_space=pl.ANY),
+        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel",)),
+        interpret=InterpretParams(num_cores_or_threads=2, detect_races=True, on_race=seen.append),
+    )(X[:8])
+    np.testing.assert_array_equal(out, 1.0)
+    assert seen and "o_hbm" in str(seen[0])
+
+
+def test_reading_hbm_directly_is_a_kernel_error():
+    def hbm_kernel(x_hbm, o_ref):
+        o_ref[...] = x_hbm[...]
+
+    f = pl.pallas_call(
+        hbm_kernel,
+        out_shape=jax.ShapeDtypeStruct((16, 128), jnp.float32),
+        in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
+        interpret=P,
+    )
+    with pytest.raises(KernelError, match="'x_hbm'.*HBM"), errors_as_raised():
+        f(X)
+
+
+def test_hbm_in_run_scoped_needs_permission():
+    def kernel(x_ref, o_ref):
+        def body(tmp, sem):
+            pltpu.async_copy(x_ref, tmp, sem).wait()
+            pltpu.async_copy(tmp, o_ref, sem).wait()
+
+        pl.run_scoped(body, pltpu.HBM((16, 128), jnp.float32), pltpu.SemaphoreType.DMA)
+
+    def call(params):
+        return pl.pallas_call(
+            kernel,
+            out_shape=jax.ShapeDtypeStruct((16, 128), jnp.float32),
+            in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
+            out_specs=pl.BlockSpec(memory_space=pl.ANY),
+            interpret=params,
+        )(X * 2)
+
+    with pytest.raises(KernelError, match="allow_hbm_allocation_in_run_scoped"), errors_as_raised():
+        call(P)
+    np.testing.assert_array_equal(call(InterpretParams(allow_hbm_allocation_in_run_scoped=True)), 2.0)
+
+
+def test_parallel_dimensions_must_be_a_prefix():
+    def kernel(x_ref, o_ref):
+        o_ref[...] = x_ref[...]
+
+    f = pl.pallas_call(
+        kernel,
+        out_shape=jax.ShapeDtypeStruct((16, 128), jnp.float32),
+        grid=(2, 1),
+        in_specs=[pl.BlockSpec((8, 128), lambda i, j: (i, 0))],
+        out_specs=pl.BlockSpec((8, 128), lambda i, j: (i, 0)),
+        compiler_params=pltpu.CompilerParams(dimension_semantics=("arbitrary", "parallel")),
+        interpret=P,
+    )
+    with pytest.raises(KernelError, match="prefix"), errors_as_raised():
+        f(X)
+
+
+def test_primitive_without_rule_or_cpu_lowering():
+    from jax.extend.core import Primitive
+
+    opaque_p = Primitive("opaque_tpu_op")
+    opaque_p.def_abstract_eval(lambda x: x)
+
+    def kernel(x_ref, o_ref):
+        o_ref[...] = opaque_p.bind(x_ref[...])
+
+    f = pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((16, 128), jnp.float32), interpret=P)
+    with pytest.raises(UnsupportedPrimitiveError, match="opaque_tpu_op") as info, errors_as_raised():
+        f(X)
+    assert "register_interpret_rule" in str(info.value)
+    assert re.search(r"test_errors\.py:\d+", str(info.value))
