@@ -150,7 +150,7 @@ _STATIC_FIELDS = (
 )
 _DATA_FIELDS = (
     "window_ref", "copy_in_slot", "wait_in_slot", "copy_out_slot", "wait_out_slot",
-    "next_fetch", "sem_recvs", "sem_sends", "sem_writes",
+    "next_fetch", "sem_recvs", "sem_sends",
 )
 
 
@@ -164,7 +164,10 @@ class BufferedRef(BufferedRefBase):
       copy_in_slot / wait_in_slot / copy_out_slot / wait_out_slot: DMA counters.
       next_fetch: the grid indices the lookahead fetcher looks at next.
       sem_recvs / sem_sends: one DMA semaphore per slot for input / output copies.
-      sem_writes: with ``output_wait_read_only``, the semaphore output writes signal.
+      output_wait_read_only: await output copies for the read of their slot only. On
+        a TensorCore with jax 0.10.x, Mosaic accepts a source (read) semaphore only on
+        remote DMAs, so the wait covers the whole copy (a stronger wait: the slot is
+        free and the write has landed) and no fence is needed at the end.
       tiling: the tiling to round ragged blocks to (None: from the TPU generation).
     """
 
@@ -187,7 +190,6 @@ class BufferedRef(BufferedRefBase):
     prefetched_count: int = 0  # type: ignore[misc]
     await_prefetch: bool = False  # type: ignore[misc]
     output_wait_read_only: bool = False
-    sem_writes: Any = None
 
     # -- configuration --------------------------------------------------------------
     @property
@@ -454,6 +456,17 @@ class BufferedRef(BufferedRefBase):
             return self
         return self._advanced("wait_out_slot", predicate)
 
+    def loop_state(self) -> tuple:
+        """The values that change from step to step (carried by the grid loop)."""
+        return (self.copy_in_slot, self.wait_in_slot, self.copy_out_slot,
+                self.wait_out_slot, self.next_fetch)
+
+    def with_loop_state(self, state: tuple) -> BufferedRef:
+        copy_in, wait_in, copy_out, wait_out, next_fetch = state
+        return dataclasses.replace(self, copy_in_slot=copy_in, wait_in_slot=wait_in,
+                                   copy_out_slot=copy_out, wait_out_slot=wait_out,
+                                   next_fetch=next_fetch)
+
     def advance_next_fetch(self, grid) -> BufferedRef:
         if self.next_fetch is None:
             raise PipelineConfigError("next_fetch is None")
@@ -504,17 +517,11 @@ class BufferedRef(BufferedRefBase):
         assert self.sem_sends is not None
         dst_slice = self.get_dma_slice(ref_value_aval(dst_ref), grid_indices)
         window = self._window_ref_at(slot, self._to_window_slice(dst_slice))
-        if self.output_wait_read_only:
-            # The slot semaphore tracks the read of the window; writes are fenced later.
-            return LocalCopy(window, dst_ref.at[dst_slice], self.sem_writes,
-                             read_sem=self.sem_sends.at[slot])
         return LocalCopy(window, dst_ref.at[dst_slice], self.sem_sends.at[slot])
 
     def _await_out(self, copy: LocalCopy) -> None:
-        if self.output_wait_read_only:
-            copy.wait_read()
-        else:
-            copy.wait()
+        # A full wait also covers output_wait_read_only (see the class docstring).
+        copy.wait()
 
     def copy_in(self, src_ref, grid_indices) -> None:
         """Start the DMA of the block at ``grid_indices`` into the copy-in slot."""
@@ -552,8 +559,8 @@ class BufferedRef(BufferedRefBase):
         """Wait for the *write* of one output copy (``output_wait_read_only`` fence)."""
         if not self.is_buffered or self.is_trivial_windowing:
             return
-        copy = self._out_copy(self.current_wait_out_slot, dst_ref, grid_indices)
-        LocalCopy(copy.src, copy.dst, copy.sem).wait()
+        # Every output wait already covered the write (see the class docstring).
+        del dst_ref, grid_indices
 
 
 jax.tree_util.register_dataclass(

@@ -26,7 +26,6 @@ from palladium.pipeline.buffered_ref import (
     ref_value_aval,
 )
 from palladium.pipeline.buffering import BufferType, PipelineMode
-from palladium.pipeline.dma import LocalCopy
 from palladium.pipeline.errors import PipelineConfigError, PipelineNotImplementedError
 from palladium.pipeline.grid import (
     core_info,
@@ -194,34 +193,6 @@ def _fori_loop(upper, body, init):
     return lax.fori_loop(jnp.int32(0), jnp.asarray(upper, jnp.int32), body, init)
 
 
-def _write_fence(bref, dst_ref, grid, grid_offsets):
-    """Wait for the write of every output copy (``output_wait_read_only``).
-
-    Replays the copy-out predicate over the grid, so each wait matches the size of one
-    issued copy and the write semaphore ends at zero.
-    """
-    steps = grid_num_steps(grid)
-
-    def body(step, indices):
-        indices = zero_unit_dims(indices, grid)
-        sched = Scheduler(step, indices, grid, grid_offsets, num_stages=2, trace_scopes=False)
-        predicate = sched.will_change_current(bref) | sched.last_step
-
-        @jc.when(predicate)
-        def _():
-            dst_slice = bref.get_dma_slice(ref_value_aval(dst_ref), sched.indices)
-            window = bref._window_ref_at(jnp.uint32(0), bref._to_window_slice(dst_slice))
-            LocalCopy(window, dst_ref.at[dst_slice], bref.sem_writes).wait()
-
-        return next_index(indices, grid)
-
-    _fori_loop(steps, body, (jnp.int32(0),) * len(grid))
-
-
-def _needs_write_fence(bref) -> bool:
-    return bref.is_output and bref.is_buffered and not bref.is_trivial_windowing
-
-
 def _emit_pipeline(body, *, grid, in_specs=(), out_specs=(), tiling=None,
                    dimension_semantics=None, trace_scopes=True, no_pipelining=False,
                    output_wait_read_only=False, num_cores=None, core_id=None,
@@ -259,20 +230,8 @@ def _emit_pipeline(body, *, grid, in_specs=(), out_specs=(), tiling=None,
                                                out_specs=out_specs, grid=grid, tiling=tiling),
                 )
         if output_wait_read_only:
-            flat, tree = jax.tree.flatten(allocations, is_leaf=_is_bref)
-            fenced = [i for i, b in enumerate(flat) if b is not None and _needs_write_fence(b)]
-
-            def with_write_sems(write_sems):
-                marked = list(flat)
-                for i, b in enumerate(marked):
-                    if b is not None:
-                        marked[i] = dataclasses.replace(b, output_wait_read_only=True)
-                for i, sem in zip(fenced, write_sems, strict=True):
-                    marked[i] = dataclasses.replace(marked[i], sem_writes=sem)
-                return _run(refs, scratches, jax.tree.unflatten(tree, marked))
-
-            return jc.run_scoped(with_write_sems,
-                                 [jc.SemaphoreType.DMA(()) for _ in fenced])
+            allocations = map_brefs(
+                lambda b: dataclasses.replace(b, output_wait_read_only=True), allocations)
         return _run(refs, scratches, allocations)
 
     def _run(refs, scratches, allocations):
@@ -299,19 +258,23 @@ def _emit_pipeline(body, *, grid, in_specs=(), out_specs=(), tiling=None,
             return None
 
         def loop_body(step, carry):
-            unaliased, indices = carry
+            state, indices = carry
             indices = zero_unit_dims(indices, grid)
             sched = scheduler(step, indices)
             with sched.grid_env():
-                brefs = map_brefs(sched.alias_local_refs, unaliased, refs)
+                brefs = _with_state(template, state)
+                brefs = map_brefs(sched.alias_local_refs, brefs, refs)
                 brefs = map_brefs(sched.copy_in, brefs, refs)
                 brefs = map_brefs(sched.wait_in, brefs, refs)
                 run_body(sched, brefs)
                 brefs = map_brefs(sched.copy_out, brefs, refs)
                 brefs = map_brefs(sched.wait_out, brefs, refs)
                 brefs = map_brefs(sched.advance_slots, brefs)
-                brefs = map_brefs(sched.unalias_local_refs, brefs)
-            return brefs, next_index(indices, grid)
+            return _state(brefs), next_index(indices, grid)
+
+        # Only the counters are carried by the loop; the refs (window buffers,
+        # semaphores) are closed over, so no ref ever crosses a loop boundary.
+        template = map_brefs(lambda b: b.unbind_refs(), allocations)
 
         @jc.when(steps > 0)
         def _():
@@ -331,7 +294,8 @@ def _emit_pipeline(body, *, grid, in_specs=(), out_specs=(), tiling=None,
                     brefs = map_brefs(functools.partial(sched.initialize_step, step=ahead),
                                       brefs, refs)
             with jc.mutable_array_checks(False):
-                brefs, after = _fori_loop(steps, loop_body, (brefs, start))
+                state, after = _fori_loop(steps, loop_body, (_state(brefs), start))
+            brefs = _with_state(brefs, state)
             last = prev_index(after, grid)
             sched = scheduler(steps - 1, last)
             with sched.grid_env():
@@ -345,34 +309,34 @@ def _emit_pipeline(body, *, grid, in_specs=(), out_specs=(), tiling=None,
 
             map_outputs(copy_trivial_out, brefs, refs)
 
-            def fence(bref, ref):
-                if bref.sem_writes is not None:
-                    _write_fence(bref, ref, grid, grid_offsets)
-
-            if output_wait_read_only:
-                map_outputs(fence, brefs, refs)
-
         return None
 
     def _run_unpipelined(refs, allocations, scheduler, run_body):
         # Debug mode: every copy is synchronous, at the step that needs it.
         def step_body(step, carry):
-            brefs, indices = carry
+            state, indices = carry
             indices = zero_unit_dims(indices, grid)
             sched = scheduler(step, indices)
             with sched.grid_env():
-                brefs = map_brefs(sched.alias_local_refs, brefs, refs)
+                brefs = map_brefs(sched.alias_local_refs, _with_state(template, state), refs)
                 map_inputs(lambda b, r: _sync_if_buffered(r, b, sched.indices), brefs, refs)
                 run_body(sched, brefs)
                 map_outputs(lambda b, r: _sync_if_buffered(b, r, sched.indices), brefs, refs)
-            brefs = map_brefs(sched.unalias_local_refs, brefs)
-            return brefs, next_index(indices, grid)
+            return _state(brefs), next_index(indices, grid)
 
-        brefs = map_brefs(lambda b: b.initialize_slots(), allocations)
+        template = map_brefs(lambda b: b.initialize_slots(), allocations)
         with jc.mutable_array_checks(False):
-            _fori_loop(steps, step_body, (brefs, (jnp.int32(0),) * len(grid)))
+            _fori_loop(steps, step_body, (_state(template), (jnp.int32(0),) * len(grid)))
 
     return pipeline
+
+
+def _state(brefs):
+    return map_brefs(lambda b: b.loop_state(), brefs)
+
+
+def _with_state(brefs, state):
+    return map_brefs(lambda b, s: b.with_loop_state(s), brefs, state)
 
 
 def _sync_if_buffered(src, dst, indices):
