@@ -369,7 +369,6 @@ def emit_pipeline(
     trace_scopes: bool = True,
     no_pipelining: bool = False,
     output_wait_read_only: bool = False,
-    use_primitive: bool = False,
     _explicit_indices: bool = False,
 ):
     """A function that runs ``body`` over ``grid`` as a pipeline, inside a TPU kernel.
@@ -393,9 +392,6 @@ def emit_pipeline(
       no_pipelining: debug mode; every copy is synchronous.
       output_wait_read_only: await output copies only for the read of their slot and
         fence all writes once at the end.
-      use_primitive: stage the pipeline as one ``palladium_emit_pipeline`` primitive
-        (lowered to Mosaic, batched under ``vmap``, discharged under
-        ``interpret=True``) instead of inlining it.
       _explicit_indices: ``body`` receives a :class:`PipelineStep` first.
 
     Example::
@@ -430,13 +426,6 @@ def emit_pipeline(
         else:
             ins, in_refs = _filter_specs_and_refs(in_specs, args[:len(in_specs)])
             outs, out_refs = _filter_specs_and_refs(out_specs, args[len(in_specs):])
-        if use_primitive:
-            from palladium.pipeline.primitive import bind_emit_pipeline
-
-            return bind_emit_pipeline(body, grid=tuple(grid), in_specs=ins, out_specs=outs,
-                                      in_refs=in_refs, out_refs=out_refs,
-                                      num_cores=num_cores, core_id=core_id,
-                                      allocations=allocations, kwargs=kwargs, **options)
         pipeline = _emit_pipeline(body, grid=grid, in_specs=ins, out_specs=outs,
                                   num_cores=num_cores, core_id=core_id, **options)
         return pipeline(*in_refs, *out_refs, allocations=allocations, **kwargs)
