@@ -259,3 +259,26 @@ def test_primitive_without_rule_or_cpu_lowering():
         f(X)
     assert "register_interpret_rule" in str(info.value)
     assert re.search(r"test_errors\.py:\d+", str(info.value))
+
+
+def test_race_collect_policy_keeps_reports_until_collected():
+    from palladium.interpret import collected_race_reports
+
+    collected_race_reports()
+
+    def race_kernel(x_ref, o_hbm):
+        pltpu.sync_copy(x_ref, o_hbm)
+
+    out = pl.pallas_call(
+        race_kernel,
+        out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32),
+        grid=(2,),
+        in_specs=[pl.BlockSpec((8, 128), lambda i: (0, 0))],
+        out_specs=pl.BlockSpec(memory_space=pl.ANY),
+        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel",)),
+        interpret=InterpretParams(num_cores_or_threads=2, detect_races=True, on_race="collect"),
+    )(X[:8])
+    np.testing.assert_array_equal(out, 1.0)
+    reports = collected_race_reports()
+    assert reports and "o_hbm" in str(reports[0])
+    assert collected_race_reports() == []

@@ -27,6 +27,7 @@ from palladium.interpret.eval import (  # noqa: F401  (registers the rules)
 )
 from palladium.interpret.eval.registry import register_interpret_rule
 from palladium.interpret.jax_hook import (
+    collected_race_reports,
     errors_as_raised,
     force_tpu_interpret_mode,
     install,
@@ -50,6 +51,7 @@ __all__ = [
     "UnsupportedFeatureError",
     "UnsupportedPrimitiveError",
     "__version__",
+    "collected_race_reports",
     "errors_as_raised",
     "force_tpu_interpret_mode",
     "register_interpret_rule",

@@ -24,6 +24,7 @@ from palladium.interpret import _jax_compat as jc
 from palladium.interpret.kernel import PreparedKernel
 from palladium.interpret.launch import Launch
 from palladium.interpret.params import InterpretParams
+from palladium.race_detect import RaceReport
 
 _ORIGINAL_RULE = jc.original_cpu_lowering(jc.PALLAS_CALL_P)
 
@@ -61,12 +62,43 @@ class _FailureLog:
 _FAILURES = _FailureLog()
 
 
+class _RaceLog:
+    """Race reports of launches run with ``on_race="collect"``, until collected."""
+
+    def __init__(self) -> None:
+        self._reports: list[RaceReport] = []
+        self._lock = threading.Lock()
+
+    def extend(self, reports: list[RaceReport]) -> None:
+        with self._lock:
+            self._reports.extend(reports)
+
+    def drain(self) -> list[RaceReport]:
+        with self._lock:
+            out, self._reports = self._reports, []
+        return out
+
+
+_RACES = _RaceLog()
+
+
+def collected_race_reports() -> list[RaceReport]:
+    """Return (and forget) the race reports of the launches run with
+    ``InterpretParams(detect_races=True, on_race="collect")`` since the last call."""
+    return _RACES.drain()
+
+
 def _run_launch(kernel: PreparedKernel, params: InterpretParams, *args: Any) -> list[np.ndarray]:
+    launch = Launch(kernel, params)
     try:
-        return Launch(kernel, params).execute([np.asarray(a) for a in args])
+        return launch.execute([np.asarray(a) for a in args])
     except BaseException as e:
         _FAILURES.record(e)
         raise
+    finally:
+        detector = launch.sim.race_detector
+        if params.on_race == "collect" and detector is not None:
+            _RACES.extend(list(detector.reports))
 
 
 def _pallas_call_lowering(ctx: Any, *in_nodes: Any, interpret: Any, **params: Any) -> Any:

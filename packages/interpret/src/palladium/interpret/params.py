@@ -49,7 +49,7 @@ class InterpretParams:
     Attributes:
       detect_races: run the happens-before race detector over every access.
       on_race: what a detected race does: ``"raise"`` (``DataRaceError``), ``"warn"``,
-        ``"collect"`` (reports are kept, see ``last_race_reports``) or a callable taking
+        ``"collect"`` (reports are kept, see ``collected_race_reports()``) or a callable taking
         a ``RaceReport``.
       dma_execution_mode: ``"on_wait"`` (a DMA executes when someone waits on its
         semaphore, the default) or ``"eager"`` (at ``start``).
