@@ -4,6 +4,7 @@ grid and compiled jaxprs. Built once per lowering and reused by every launch."""
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any
 
 from palladium.interpret import _jax_compat as jc
@@ -42,6 +43,14 @@ class PreparedKernel:
     outputs: tuple[BlockSpecInfo, ...]
     scratch: tuple[ScratchInfo, ...]
     programs: ProgramCache
+
+    @property
+    def location(self) -> str | None:
+        """``file.py:line`` of the kernel function's definition."""
+        info = getattr(self.jaxpr.debug_info, "func_src_info", None) if self.jaxpr.debug_info else None
+        if not info or " at " not in str(info):
+            return None
+        return os.path.basename(str(info).rsplit(" at ", 1)[1])
 
     @classmethod
     def from_params(cls, *, jaxpr: Any, grid_mapping: Any, mesh: Any, compiler_params: Any,

@@ -362,7 +362,8 @@ class _CoreRun:
         return out
 
     def _site(self, point: tuple[int, ...], what: str) -> Site:
-        return Site(kernel=self.launch.kernel_name, core=self.core, grid_point=point, what=what)
+        return Site(kernel=self.launch.kernel_name, core=self.core, grid_point=point, what=what,
+                    source_info=self.launch.kernel.location)
 
     def run(self) -> None:
         launch, sim, k = self.launch, self.launch.sim, self.launch.kernel
@@ -404,12 +405,14 @@ class _CoreRun:
                     visits[o][b][1] = point
                 elif b in visits[o]:
                     first, prev_last = visits[o][b]
+                    line = self._site(point, "").source_line
                     raise RevisitError(
                         f"kernel '{launch.kernel_name}': output '{info.name}' block {b} is "
                         f"revisited at grid point {point} on core {self.core[1]}; it was written "
                         f"at grid points {first} through {prev_last} and already copied back to "
                         f"HBM when the grid moved on, so that result would be lost. An output's "
-                        f"block index may only change between consecutive grid points."
+                        f"block index may only change between consecutive grid points"
+                        + (f" ({line})." if line else ".")
                     )
                 else:
                     visits[o][b] = [point, point]

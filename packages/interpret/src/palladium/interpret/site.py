@@ -25,6 +25,8 @@ class Site:
 
     @property
     def source_line(self) -> str | None:
+        if isinstance(self.source_info, str):  # already "file.py:line"
+            return self.source_info
         frame = jc.user_frame(self.source_info)
         if frame is None:
             return None
