@@ -120,7 +120,7 @@ def test_revisited_output_block():
     msg = str(info.value)
     assert "output 'o_ref'" in msg and "block (0, 0)" in msg
     assert "grid point (1, 0)" in msg and "(0, 0) through (0, 0)" in msg
-    assert "kernel 'revisit_kernel'" in msg and "core 0" in msg
+    assert "kernel 'revisit_kernel'" in msg and "core 0" in msg and "test_errors.py:" in msg
 
 
 def test_deadlock_names_semaphore_and_line():
