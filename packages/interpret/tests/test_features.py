@@ -391,3 +391,32 @@ def test_uninitialized_memory_zero_and_nan():
 
     assert np.isnan(np.asarray(run("nan"))).all()
     np.testing.assert_array_equal(run("zero"), 0.0)
+
+
+def test_transposed_ref_read_and_write():
+    x = _iota((8, 128))
+
+    def kernel(x_ref, o_ref):
+        o_ref.T[...] = x_ref.T[...] * 2
+
+    out = pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), interpret=P)(x)
+    np.testing.assert_array_equal(out, x * 2)
+
+
+def test_logging_mode_logs_launch_and_grid(caplog):
+    from palladium.interpret import LoggingMode
+
+    params = InterpretParams(logging_mode=LoggingMode.LAUNCH | LoggingMode.GRID)
+    x = _iota((16, 128))
+    with caplog.at_level("DEBUG", logger="palladium.interpret"):
+        pl.pallas_call(
+            copy_kernel,
+            out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+            grid=(2,),
+            in_specs=[pl.BlockSpec((8, 128), lambda i: (i, 0))],
+            out_specs=pl.BlockSpec((8, 128), lambda i: (i, 0)),
+            interpret=params,
+        )(x)
+    text = caplog.text
+    assert "launch copy_kernel: grid (2,)" in text
+    assert "grid point (1,)" in text
