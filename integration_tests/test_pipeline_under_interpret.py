@@ -1,0 +1,192 @@
+"""palladium.pipeline kernels run by palladium.interpret with race detection on.
+
+A correct pipeline reports no race whatever its buffering, DMA execution mode or core
+split; a kernel that reuses a buffer the pipeline still owns is reported.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+import palladium.interpret as pi
+import palladium.pipeline as pp
+
+ROWS, COLS, BLOCK = 64, 256, (8, 128)
+
+
+def _grid():
+    return (ROWS // BLOCK[0], COLS // BLOCK[1])
+
+
+def _spec(buffers=None):
+    mode = {} if buffers is None else {"pipeline_mode": pp.Buffered(buffers)}
+    return pl.BlockSpec(BLOCK, lambda i, j: (i, j), **mode)
+
+
+def _call(kernel, *args, params, n_out=1):
+    shape = jax.ShapeDtypeStruct((ROWS, COLS), jnp.float32)
+    return pl.pallas_call(
+        kernel,
+        out_shape=shape if n_out == 1 else [shape] * n_out,
+        in_specs=[pl.BlockSpec(memory_space=pl.ANY)] * len(args),
+        out_specs=pl.BlockSpec(memory_space=pl.ANY)
+        if n_out == 1
+        else [pl.BlockSpec(memory_space=pl.ANY)] * n_out,
+        interpret=params,
+    )(*args)
+
+
+@pytest.fixture(scope="module")
+def xy():
+    x = jax.random.normal(jax.random.key(0), (ROWS, COLS), jnp.float32)
+    y = jax.random.normal(jax.random.key(1), (ROWS, COLS), jnp.float32)
+    return x, y
+
+
+@pytest.mark.parametrize("mode", ["on_wait", "eager"])
+@pytest.mark.parametrize("in_buffers,out_buffers", [(1, 1), (2, 2), (3, 2), (2, 1)])
+def test_correct_pipeline_has_no_race(xy, mode, in_buffers, out_buffers):
+    x, y = xy
+
+    def kernel(x_hbm, y_hbm, o_hbm):
+        def body(x, y, o):
+            o[...] = x[...] * y[...] + 1.0
+
+        pp.emit_pipeline(
+            body,
+            grid=_grid(),
+            in_specs=[_spec(in_buffers), _spec(in_buffers)],
+            out_specs=[_spec(out_buffers)],
+        )(x_hbm, y_hbm, o_hbm)
+
+    params = pi.InterpretParams(detect_races=True, dma_execution_mode=mode)
+    with pi.errors_as_raised():
+        out = _call(kernel, x, y, params=params)
+    np.testing.assert_allclose(out, x * y + 1.0, rtol=1e-6)
+
+
+def test_accumulating_output_has_no_race(xy):
+    """An output block revisited over the last grid axis (a reduction) is not a race."""
+    x, _ = xy
+
+    def kernel(x_hbm, o_hbm):
+        def body(x, o):
+            @pl.when(pl.program_id(1) == 0)  # noqa: B023
+            def _():
+                o[...] = jnp.zeros_like(o)
+
+            o[...] += x[...]
+
+        pp.emit_pipeline(
+            body,
+            grid=(ROWS // 8, COLS // 128),
+            in_specs=[pl.BlockSpec((8, 128), lambda i, j: (i, j))],
+            out_specs=[pl.BlockSpec((8, 128), lambda i, j: (i, 0))],
+        )(x_hbm, o_hbm)
+
+    out_shape = jax.ShapeDtypeStruct((ROWS, 128), jnp.float32)
+    params = pi.InterpretParams(detect_races=True)
+    with pi.errors_as_raised():
+        out = pl.pallas_call(
+            kernel,
+            out_shape=out_shape,
+            in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
+            out_specs=pl.BlockSpec(memory_space=pl.ANY),
+            interpret=params,
+        )(x)
+    expected = x[:, :128] + x[:, 128:]
+    np.testing.assert_allclose(out, expected, rtol=1e-6)
+
+
+def test_megacore_pipeline_has_no_race(xy):
+    """Two simulated cores split the pipeline's parallel axis (core_map + core_axis_name)."""
+    x, y = xy
+    mesh = pltpu.create_tensorcore_mesh("core", num_cores=2)
+
+    def run(x, y):
+        @functools.partial(
+            pl.run_state, )
+        def stateful(refs):
+            x_hbm, y_hbm, o_hbm = refs
+
+            @pl.core_map(mesh, interpret=pi.InterpretParams(detect_races=True))
+            def _():
+                def body(x, y, o):
+                    o[...] = x[...] - y[...]
+
+                pp.emit_pipeline(
+                    body,
+                    grid=_grid(),
+                    in_specs=[_spec(), _spec()],
+                    out_specs=[_spec()],
+                    core_axis_name="core",
+                    dimension_semantics=(pp.PARALLEL, pp.ARBITRARY),
+                )(x_hbm, y_hbm, o_hbm)
+
+        _, _, out = stateful((x, y, jnp.zeros_like(x)))
+        return out
+
+    with pi.errors_as_raised():
+        out = jax.jit(run)(x, y)
+    np.testing.assert_allclose(out, x - y, rtol=1e-6)
+
+
+def _reads_previous_output_block(out_buffers):
+    """A kernel that copies the previous step's output block back from HBM.
+
+    With a double-buffered output, the write-back DMA of the previous step is waited for
+    only after this step's body: the copy reads HBM that a DMA may still be writing. With
+    a single-buffered (synchronous) output the write-back completed within the previous
+    step: no race.
+    """
+    rows = ROWS // 8
+    spec = pl.BlockSpec((rows, COLS), lambda i: (i, 0))
+    out_spec = pl.BlockSpec((rows, COLS), lambda i: (i, 0), pipeline_mode=pp.Buffered(out_buffers))
+
+    def kernel(x_hbm, o_hbm, prev_hbm):
+        def outer(scratch, sem):
+            def body(x, o, prev):
+                o[...] = x[...] * 2.0
+                prev[...] = jnp.zeros_like(prev)
+
+                @pl.when(pl.program_id(0) > 0)
+                def _():
+                    block = pl.ds((pl.program_id(0) - 1) * rows, rows)
+                    copy = pltpu.make_async_copy(o_hbm.at[block], scratch, sem)
+                    copy.start()
+                    copy.wait()
+                    prev[...] = scratch[...]
+
+            pp.emit_pipeline(
+                body, grid=(8,), in_specs=[spec], out_specs=[out_spec, out_spec]
+            )(x_hbm, o_hbm, prev_hbm)
+
+        pl.run_scoped(outer, pltpu.VMEM((rows, COLS), jnp.float32), pltpu.SemaphoreType.DMA)
+
+    return kernel
+
+
+def test_reading_an_output_block_still_being_written_is_a_race(xy):
+    x, _ = xy
+    kernel = _reads_previous_output_block(out_buffers=2)
+    with pytest.raises(pi.DataRaceError) as info, pi.errors_as_raised():
+        _call(kernel, x, params=pi.InterpretParams(detect_races=True), n_out=2)
+    message = str(info.value)
+    assert "o_hbm" in message
+    assert "test_pipeline_under_interpret.py" in message
+
+
+def test_same_read_after_a_synchronous_output_is_not_a_race(xy):
+    x, _ = xy
+    kernel = _reads_previous_output_block(out_buffers=1)
+    with pi.errors_as_raised():
+        out, prev = _call(kernel, x, params=pi.InterpretParams(detect_races=True), n_out=2)
+    np.testing.assert_allclose(out, x * 2.0, rtol=1e-6)
+    expected_prev = np.zeros((ROWS, COLS), np.float32)
+    expected_prev[ROWS // 8:] = np.asarray(x[:-ROWS // 8]) * 2.0
+    np.testing.assert_allclose(prev, expected_prev, rtol=1e-6)
