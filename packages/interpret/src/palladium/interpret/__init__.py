@@ -10,8 +10,10 @@ from palladium.interpret._version import __version__
 from palladium.interpret.errors import (
     DataRaceError,
     DeadlockError,
+    DmaOrderDependenceError,
     KernelError,
     OutOfBoundsError,
+    RendezvousTimeoutError,
     RevisitError,
     SemaphoreLeakError,
     SimulationError,
@@ -41,10 +43,12 @@ install()
 __all__ = [
     "DataRaceError",
     "DeadlockError",
+    "DmaOrderDependenceError",
     "InterpretParams",
     "KernelError",
     "LoggingMode",
     "OutOfBoundsError",
+    "RendezvousTimeoutError",
     "RevisitError",
     "SemaphoreLeakError",
     "SimulationError",

@@ -147,3 +147,8 @@ def trace_to_closed_jaxpr(fn, avals, name: str):
     dbg = api_util.debug_info(name, fn, tuple(avals), {})
     jaxpr, _, consts = pe.trace_to_jaxpr_dynamic(lu.wrap_init(fn, debug_info=dbg), list(avals))
     return jax_core.ClosedJaxpr(jaxpr, consts)
+
+
+def axis_sizes() -> dict:
+    """``{axis name: size}`` of the named axes in scope (a ``shard_map``'s mesh axes)."""
+    return dict(jax_core.get_axis_env().axis_sizes)

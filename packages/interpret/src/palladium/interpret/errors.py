@@ -19,8 +19,10 @@ from palladium.shared_memory import (
 __all__ = [
     "DataRaceError",
     "DeadlockError",
+    "DmaOrderDependenceError",
     "KernelError",
     "OutOfBoundsError",
+    "RendezvousTimeoutError",
     "RevisitError",
     "SemaphoreLeakError",
     "SimulationError",
@@ -50,4 +52,21 @@ class KernelError(SimulationError):
 
     For example parallel dimensions that are not a prefix of the grid, an HBM operand
     read directly with ``ref[...]``, or an HBM allocation in ``run_scoped``.
+    """
+
+
+class RendezvousTimeoutError(SimulationError):
+    """Some device of a multi-device launch never reached the launch.
+
+    The devices of a launch under ``shard_map`` are simulated together; each device's
+    host callback waits for the others (``InterpretParams.rendezvous_timeout``).
+    """
+
+
+class DmaOrderDependenceError(SimulationError):
+    """The kernel's outputs differ between two legal DMA completion orders.
+
+    Raised with ``InterpretParams(dma_order="random", dma_order_trials=k)``; the message
+    names the outputs and devices that differ and the conflicting accesses (DMAs and
+    source lines) the race detector found in the run that disagreed.
     """

@@ -12,18 +12,23 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import functools
+import dataclasses
 import threading
 from collections.abc import Iterator
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from palladium.interpret import _jax_compat as jc
+from palladium.interpret.blas import single_threaded_blas
+from palladium.interpret.devices import DeviceMesh
 from palladium.interpret.kernel import PreparedKernel
 from palladium.interpret.launch import Launch
+from palladium.interpret.order_check import check_dma_order
 from palladium.interpret.params import InterpretParams
+from palladium.interpret.rendezvous import RendezvousRegistry
 from palladium.race_detect import RaceReport
 
 _ORIGINAL_RULE = jc.original_cpu_lowering(jc.PALLAS_CALL_P)
@@ -88,17 +93,90 @@ def collected_race_reports() -> list[RaceReport]:
     return _RACES.drain()
 
 
-def _run_launch(kernel: PreparedKernel, params: InterpretParams, *args: Any) -> list[np.ndarray]:
-    launch = Launch(kernel, params)
+_RENDEZVOUS = RendezvousRegistry()
+
+
+def in_flight_rendezvous() -> int:
+    """How many multi-device launches are waiting for devices (0 when idle)."""
+    return len(_RENDEZVOUS)
+
+
+def _execute(kernel: PreparedKernel, params: InterpretParams, mesh: DeviceMesh,
+             device_args: list[list[np.ndarray]]) -> list[list[np.ndarray]]:
+    """Run one launch on every device; with ``dma_order_trials``, check other orders."""
     try:
-        return launch.execute([np.asarray(a) for a in args])
+        with single_threaded_blas():
+            results = _attempt(kernel, params, mesh, device_args).results
+            if params.dma_order_trials:
+                check_dma_order(
+                    lambda p: _attempt(kernel, p, mesh, device_args).results,
+                    lambda p: _race_reports(kernel, p, mesh, device_args),
+                    params, results, kernel.name, [o.name for o in kernel.outputs],
+                )
+        return results
     except BaseException as e:
         _FAILURES.record(e)
         raise
+
+
+@dataclasses.dataclass
+class _Attempt:
+    launch: Launch
+    results: list[list[np.ndarray]]
+
+
+def _attempt(kernel: PreparedKernel, params: InterpretParams, mesh: DeviceMesh,
+             device_args: list[list[np.ndarray]]) -> _Attempt:
+    launch = Launch(kernel, params, mesh)
+    try:
+        return _Attempt(launch, launch.execute_devices(device_args))
     finally:
         detector = launch.sim.race_detector
         if params.on_race == "collect" and detector is not None:
             _RACES.extend(list(detector.reports))
+
+
+def _race_reports(kernel: PreparedKernel, params: InterpretParams, mesh: DeviceMesh,
+                  device_args: list[list[np.ndarray]]) -> list[RaceReport]:
+    launch = Launch(kernel, dataclasses.replace(params, detect_races=True, on_race="collect"),
+                    mesh)
+    try:
+        launch.execute_devices(device_args)
+    finally:
+        detector = launch.sim.race_detector
+        reports = list(detector.reports) if detector is not None else []
+    return reports
+
+
+class _LaunchSite:
+    """One lowered ``pallas_call``: the host callback of each of its launches.
+
+    Under ``shard_map`` every device calls ``run_device``; the k-th call of device d
+    belongs to launch k, so (site, k) keys the rendezvous where the devices meet.
+    """
+
+    def __init__(self, kernel: PreparedKernel, params: InterpretParams, mesh: DeviceMesh):
+        self.kernel = kernel
+        self.params = params
+        self.mesh = mesh
+        self._lock = threading.Lock()
+        self._launches = [0] * max(mesh.num_devices, 1)
+
+    def run(self, *args: Any) -> list[np.ndarray]:
+        return _execute(self.kernel, self.params, self.mesh, [[np.asarray(a) for a in args]])[0]
+
+    def run_device(self, device: Any, *args: Any) -> list[np.ndarray]:
+        d = int(np.asarray(device))
+        with self._lock:
+            seq = self._launches[d]
+            self._launches[d] += 1
+        n = self.mesh.num_devices
+        return _RENDEZVOUS.join(
+            (self, seq), n, d, [np.asarray(a) for a in args],
+            lambda device_args: _execute(self.kernel, self.params, self.mesh, device_args),
+            timeout=self.params.rendezvous_timeout,
+            describe=lambda: f"kernel '{self.kernel.name}' launch #{seq} on {n} devices",
+        )
 
 
 def _pallas_call_lowering(ctx: Any, *in_nodes: Any, interpret: Any, **params: Any) -> Any:
@@ -106,10 +184,19 @@ def _pallas_call_lowering(ctx: Any, *in_nodes: Any, interpret: Any, **params: An
         return _ORIGINAL_RULE(ctx, *in_nodes, interpret=interpret, **params)
     kernel = PreparedKernel.from_params(**params)
     out_shapes = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in ctx.avals_out]
-    host = functools.partial(_run_launch, kernel, interpret)
+    mesh = DeviceMesh.from_axis_env(
+        {k: v for k, v in jc.axis_sizes().items() if k not in kernel.core_axis_names}
+    )
+    site = _LaunchSite(kernel, interpret, mesh)
 
     def impl(*args: Any) -> Any:
-        return jax.pure_callback(host, out_shapes, *args, vmap_method="sequential")
+        if mesh.num_devices <= 1:
+            return jax.pure_callback(site.run, out_shapes, *args, vmap_method="sequential")
+        device = jnp.int32(0)
+        for name, size in zip(mesh.axis_names, mesh.axis_sizes):
+            device = device * size + jax.lax.axis_index(name)
+        return jax.pure_callback(site.run_device, out_shapes, device, *args,
+                                 vmap_method="sequential")
 
     return jc.lower_fun(impl, multiple_results=True)(ctx, *in_nodes)
 

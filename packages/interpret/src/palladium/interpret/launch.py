@@ -11,6 +11,7 @@ import numpy as np
 
 from palladium.interpret import _jax_compat as jc
 from palladium.interpret.blocks import BlockSpecInfo, memory_space_of
+from palladium.interpret.devices import DeviceMesh
 from palladium.interpret.errors import KernelError, RevisitError, UnsupportedFeatureError
 from palladium.interpret.eval.evaluator import CoreEvaluator
 from palladium.interpret.eval.refs import MemRef, SemaphoreRef
@@ -52,9 +53,12 @@ def _is_parallel(semantic: Any) -> bool:
 class Launch:
     """The state of one kernel launch, shared by the cores that run it."""
 
-    def __init__(self, kernel: PreparedKernel, params: InterpretParams) -> None:
+    def __init__(self, kernel: PreparedKernel, params: InterpretParams,
+                 mesh: DeviceMesh | None = None) -> None:
         self.kernel = kernel
         self.params = params
+        self.mesh = mesh if mesh is not None else DeviceMesh()
+        self.num_devices = max(self.mesh.num_devices, 1)
         self.kernel_name = kernel.name
         self.programs = kernel.programs
         gm = kernel.grid_mapping
@@ -63,7 +67,7 @@ class Launch:
             else params.num_cores_or_threads
         )
         self.sim = Simulation(
-            1,
+            self.num_devices,
             self.num_cores,
             seed=params.seed,
             detect_races=params.detect_races,
@@ -83,6 +87,9 @@ class Launch:
         self._core_buffers: dict[CoreId, list[Any]] = {}
         self._position: dict[Any, int] = {}
         self._shared_hbm: dict[tuple[int, int], Any] = {}
+        # HBM buffers of each device in allocation order: a remote DMA into HBM targets
+        # "the buffer the other device allocated at the same position".
+        self._device_hbm: dict[int, list[Any]] = {}
         self._hbm_seq: dict[CoreId, int] = {}
 
     # --- helpers used by the rules --------------------------------------------------------
@@ -102,9 +109,12 @@ class Launch:
         if name in self.grid_names:
             d = self.grid_names.index(name)
             return (ev.grid_point or ())[d], self.grid[d]
+        position = self.mesh.axis_position(ev.core[0], name)
+        if position is not None:
+            return position
         raise UnsupportedFeatureError(
-            f"lax.axis_index('{name}'): the axis is neither a grid axis nor a core axis of "
-            f"this kernel; device axes of a surrounding shard_map are not simulated "
+            f"lax.axis_index('{name}'): the axis is neither a grid axis, a core axis of "
+            f"this kernel, nor a mesh axis of the surrounding shard_map {self.mesh.axis_names} "
             f"({ev.site(eqn)})"
         )
 
@@ -113,21 +123,19 @@ class Launch:
     ) -> CoreId | None:
         if device_id is None and core_index is None:
             return None
-        core = ev.core[1]
+        device, core = ev.core
         if device_id is not None:
-            items = (
-                device_id.items()
-                if isinstance(device_id, dict)
-                else [(None, v) for v in (device_id if isinstance(device_id, tuple | list) else (device_id,))]
+            device, axis_core = self.mesh.resolve(
+                device_id, id_type, ev.core[0], self.kernel.core_axis_names,
+                lambda: str(ev.site(eqn)),
             )
-            for axis, value in items:
-                if axis is not None and axis in self.kernel.core_axis_names:
-                    core = int(np.asarray(value))
-                elif int(np.asarray(value)) != 0:
-                    raise UnsupportedFeatureError(
-                        f"remote operation to device {value} (axis {axis}): this interpreter "
-                        f"simulates one device per launch ({ev.site(eqn)})"
+            if axis_core is not None:
+                if core_index is not None:
+                    raise KernelError(
+                        f"both core_index and a core axis in device_id name the target core "
+                        f"({ev.site(eqn)})"
                     )
+                core = axis_core
         if core_index is not None:
             core = int(np.asarray(core_index))
         if not 0 <= core < self.num_cores:
@@ -135,15 +143,21 @@ class Launch:
                 f"remote operation targets core {core}, but the kernel runs on "
                 f"{self.num_cores} core(s) ({ev.site(eqn)})"
             )
-        return (0, core)
+        return (device, core)
 
     def peer_buffer(self, buf: Any, target: CoreId) -> Any:
+        """The buffer on ``target`` that corresponds to ``buf`` (same allocation position)."""
         if buf.space == MemorySpace.HBM:
-            return buf
+            if target[0] == buf.device:
+                return buf
+            peers = self._device_hbm.get(target[0], [])
+        else:
+            peers = self._core_buffers.get(target, [])
         pos = self._position.get(buf.key)
-        peers = self._core_buffers.get(target, [])
         if pos is None or pos >= len(peers):
-            raise KernelError(f"no buffer corresponding to '{buf.name}' on core {target[1]}")
+            raise KernelError(
+                f"no buffer corresponding to '{buf.name}' on device {target[0]} core {target[1]}"
+            )
         return peers[pos]
 
     def _allocate(self, core: CoreId, space: Any, name: str, shape: Any, dtype: Any,
@@ -154,10 +168,10 @@ class Launch:
             dtype=None if value is not None else np.dtype(dtype),
             value=value,
         )
-        if space != MemorySpace.HBM:
-            lst = self._core_buffers.setdefault(core, [])
-            self._position[buf.key] = len(lst)
-            lst.append(buf)
+        lst = (self._device_hbm.setdefault(core[0], []) if space == MemorySpace.HBM
+               else self._core_buffers.setdefault(core, []))
+        self._position[buf.key] = len(lst)
+        lst.append(buf)
         if self.params.logging_mode and LoggingMode.MEMORY in self.params.logging_mode:
             logger.debug("%s: allocate %s %s %s on core %s", self.kernel_name, space, name,
                          buf.shape, core[1])
@@ -197,54 +211,83 @@ class Launch:
 
     # --- the launch itself ------------------------------------------------------------------
     def execute(self, args: list[np.ndarray]) -> list[np.ndarray]:
+        """Run the launch on one device with the callback's operands; its outputs."""
+        return self.execute_devices([args])[0]
+
+    def execute_devices(self, device_args: list[list[np.ndarray]]) -> list[list[np.ndarray]]:
+        """Run the launch on every device at once (``device_args[d]``: device ``d``'s
+        operands) in one simulation; each device's outputs."""
         k = self.kernel
         gm = k.grid_mapping
         n_dyn, n_idx = gm.num_dynamic_grid_bounds, gm.num_index_operands
-        dyn, scalars, inputs = args[:n_dyn], args[n_dyn : n_dyn + n_idx], args[n_dyn + n_idx :]
-        dyn_iter = iter(dyn)
-        self.grid = tuple(
-            int(np.asarray(next(dyn_iter))) if isinstance(g, jc.DynamicGridDim) or g is None
-            else int(g)
-            for g in gm.grid
-        )
+        grids = {self._grid(args[:n_dyn]) for args in device_args}
+        if len(grids) != 1:
+            raise KernelError(
+                f"kernel '{self.kernel_name}': the devices' dynamic grids differ {sorted(grids)}; "
+                f"every device of a launch must run the same grid"
+            )
+        self.grid = grids.pop()
         if self.params.logging_mode and LoggingMode.LAUNCH in self.params.logging_mode:
-            logger.debug("launch %s: grid %s on %d core(s)", self.kernel_name, self.grid,
-                         self.num_cores)
-        hbm_inputs = [self._hbm_operand(info, np.asarray(x)) for info, x in zip(k.inputs, inputs)]
+            logger.debug("launch %s: grid %s on %d device(s) x %d core(s)", self.kernel_name,
+                         self.grid, len(device_args), self.num_cores)
         aliases = {o: i - n_idx for i, o in k.input_output_aliases}
         if any(i < 0 for i in aliases.values()):
             raise UnsupportedFeatureError("aliasing a scalar-prefetch operand to an output")
-        hbm_outputs = []
-        for o, info in enumerate(k.outputs):
-            if o in aliases:
-                hbm_outputs.append(hbm_inputs[aliases[o]])
-            else:
-                hbm_outputs.append(self._allocate(
-                    (0, 0), MemorySpace.HBM, _hbm_name(info), info.padded_shape, info.dtype))
-        cores = [(0, c) for c in range(self.num_cores)]
-        kernel_args = {core: self._core_operands(core, scalars, hbm_inputs, hbm_outputs)
-                       for core in cores}
         schedule = self._schedule()
-        bodies = {
-            core: _CoreRun(self, core, kernel_args[core], schedule[core[1]], hbm_inputs,
-                           hbm_outputs, set(aliases)).run
-            for core in cores
-        }
+        bodies = {}
+        device_outputs = []
+        for device, args in enumerate(device_args):
+            scalars, inputs = args[n_dyn : n_dyn + n_idx], args[n_dyn + n_idx :]
+            hbm_inputs = [self._hbm_operand(device, info, np.asarray(x))
+                          for info, x in zip(k.inputs, inputs)]
+            hbm_outputs = []
+            for o, info in enumerate(k.outputs):
+                if o in aliases:
+                    hbm_outputs.append(hbm_inputs[aliases[o]])
+                else:
+                    hbm_outputs.append(self._allocate(
+                        (device, 0), MemorySpace.HBM, _hbm_name(info), info.padded_shape,
+                        info.dtype))
+            device_outputs.append(hbm_outputs)
+            for c in range(self.num_cores):
+                core = (device, c)
+                operands = self._core_operands(core, scalars, hbm_inputs, hbm_outputs)
+                bodies[core] = _CoreRun(self, core, operands, schedule[c], hbm_inputs,
+                                        hbm_outputs, set(aliases)).run
         self.sim.run(bodies, check_leaks=True)
         results = []
-        for buf, aval in zip(hbm_outputs, k.out_avals):
-            value = np.asarray(self.sim.value(buf))
-            value = value[tuple(slice(0, s) for s in aval.shape)]
-            results.append(np.ascontiguousarray(value, dtype=aval.dtype))
+        for hbm_outputs in device_outputs:
+            outs = []
+            for buf, aval in zip(hbm_outputs, k.out_avals):
+                value = np.asarray(self.sim.value(buf))
+                value = value[tuple(slice(0, s) for s in aval.shape)]
+                outs.append(np.ascontiguousarray(value, dtype=aval.dtype))
+            results.append(outs)
         return results
 
-    def _hbm_operand(self, info: BlockSpecInfo, x: np.ndarray) -> Any:
+    def _grid(self, dyn: list[Any]) -> tuple[int, ...]:
+        dyn_iter = iter(dyn)
+        return tuple(
+            int(np.asarray(next(dyn_iter))) if isinstance(g, jc.DynamicGridDim) or g is None
+            else int(g)
+            for g in self.kernel.grid_mapping.grid
+        )
+
+    @property
+    def needs_initial_barrier(self) -> bool:
+        """A multi-device kernel without a ``collective_id`` starts with a barrier of all
+        devices (it cannot synchronise through the barrier semaphore itself)."""
+        cp = self.kernel.compiler_params
+        return self.num_devices > 1 and getattr(cp, "collective_id", None) is None
+
+    def _hbm_operand(self, device: int, info: BlockSpecInfo, x: np.ndarray) -> Any:
         padded = info.padded_shape
         if padded != tuple(x.shape):
             full = np.full(padded, self.fill_value(x.dtype), dtype=x.dtype)
             full[tuple(slice(0, s) for s in x.shape)] = x
             x = full
-        return self._allocate((0, 0), MemorySpace.HBM, _hbm_name(info), None, None, value=x)
+        return self._allocate((device, 0), MemorySpace.HBM, _hbm_name(info), None, None,
+                              value=x)
 
     def _core_operands(self, core: CoreId, scalars: list[Any], hbm_inputs: list[Any],
                        hbm_outputs: list[Any]) -> list[Any]:
@@ -371,6 +414,8 @@ class _CoreRun:
         n_in = len(k.inputs)
         visits: list[dict[tuple[int, ...], list[Any]]] = [{} for _ in k.outputs]
         last: list[tuple[int, ...] | None] = [None] * len(k.outputs)
+        if launch.needs_initial_barrier:
+            sim.barrier(self.core, site=self._site((), "initial barrier of all devices"))
         if not self.points:
             return
         cur = self._block_indices(self.points[0])

@@ -77,6 +77,12 @@ class InterpretParams:
       chip: the TPU generation whose tiling decides the padded shape.
       dma_order: ``"issue"`` (pending DMAs complete in issue order) or ``"random"``
         (any legal order, from ``random_seed``).
+      dma_order_trials: with ``dma_order="random"``, run each launch this many extra
+        times with other seeds (other legal DMA completion orders) and raise
+        ``DmaOrderDependenceError`` if any outputs differ; the error names the outputs,
+        the devices and the conflicting accesses (DMAs, source lines). 0 = off.
+      rendezvous_timeout: seconds the devices of a multi-device launch (``shard_map``)
+        wait for each other before ``RendezvousTimeoutError``.
     """
 
     detect_races: bool = False
@@ -94,6 +100,8 @@ class InterpretParams:
     logging_mode: LoggingMode | None = None
     chip: str = "v5e"
     dma_order: Literal["issue", "random"] = "issue"
+    dma_order_trials: int = 0
+    rendezvous_timeout: float = 120.0
 
     def __post_init__(self) -> None:
         for field, allowed in _CHOICES.items():
@@ -127,6 +135,21 @@ class InterpretParams:
             raise ValueError(
                 "InterpretParams.logging_mode must be None or a palladium.interpret."
                 f"LoggingMode, got {self.logging_mode!r}."
+            )
+        if not isinstance(self.dma_order_trials, int) or self.dma_order_trials < 0:
+            raise ValueError(
+                "InterpretParams.dma_order_trials must be an int >= 0, got "
+                f"{self.dma_order_trials!r}."
+            )
+        if self.dma_order_trials and self.dma_order != "random":
+            raise ValueError(
+                "InterpretParams.dma_order_trials needs dma_order='random' (with 'issue' every "
+                "trial runs the same order)."
+            )
+        if not isinstance(self.rendezvous_timeout, int | float) or self.rendezvous_timeout <= 0:
+            raise ValueError(
+                "InterpretParams.rendezvous_timeout must be a number of seconds > 0, got "
+                f"{self.rendezvous_timeout!r}."
             )
         if self.chip not in CHIPS:
             raise ValueError(f"InterpretParams.chip must be one of {CHIPS}, got {self.chip!r}.")

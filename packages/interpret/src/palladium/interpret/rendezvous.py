@@ -1,0 +1,102 @@
+"""Where the devices of one multi-device launch meet.
+
+Under ``shard_map`` over N devices XLA calls the launch's host callback once per device,
+concurrently, each on its own thread. Every callback deposits its operands in the
+launch's ``Rendezvous``; the last to arrive runs all devices' cores in ONE simulation
+(one scheduler, one seed), then every callback takes its own device's outputs, or
+raises the simulation's error. If some device never arrives, the ones waiting give up
+after a timeout with ``RendezvousTimeoutError`` instead of hanging.
+
+The registry of rendezvous still waiting for devices is the only process-wide state: an
+entry is removed as soon as its last device arrived or its wait timed out.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Hashable
+from typing import Any
+
+from palladium.interpret.errors import KernelError, RendezvousTimeoutError
+
+Run = Callable[[list[Any]], list[Any]]
+
+
+class Rendezvous:
+    """One launch being assembled from its devices' callbacks."""
+
+    def __init__(self, num_devices: int) -> None:
+        self.num_devices = num_devices
+        self.operands: dict[int, Any] = {}
+        self.all_arrived = threading.Event()
+        self.finished = threading.Event()
+        self.results: list[Any] | None = None
+        self.error: BaseException | None = None
+
+
+class RendezvousRegistry:
+    """The rendezvous still waiting for devices, by launch key."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._waiting: dict[Hashable, Rendezvous] = {}
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._waiting)
+
+    def join(
+        self,
+        key: Hashable,
+        num_devices: int,
+        device: int,
+        operands: Any,
+        run: Run,
+        *,
+        timeout: float,
+        describe: Callable[[], str],
+    ) -> Any:
+        """Deposit ``device``'s operands; return its share of ``run(all operands)``.
+
+        The last device to arrive calls ``run`` with the operands in device order; its
+        result (a list, one entry per device) is shared out. An exception of ``run`` is
+        raised on every device. ``describe()`` names the launch in a timeout message.
+        """
+        with self._lock:
+            rv = self._waiting.get(key)
+            if rv is None:
+                rv = self._waiting[key] = Rendezvous(num_devices)
+            if device in rv.operands:
+                raise KernelError(f"{describe()}: device {device} arrived twice")
+            rv.operands[device] = operands
+            last = len(rv.operands) == num_devices
+            if last:
+                del self._waiting[key]
+                rv.all_arrived.set()
+        if last:
+            try:
+                rv.results = run([rv.operands[d] for d in range(num_devices)])
+            except BaseException as e:
+                rv.error = e
+            finally:
+                rv.finished.set()
+        elif not rv.all_arrived.wait(timeout):
+            with self._lock:
+                if not rv.all_arrived.is_set() and rv.error is None:
+                    if self._waiting.get(key) is rv:
+                        del self._waiting[key]
+                    arrived = sorted(rv.operands)
+                    missing = sorted(set(range(num_devices)) - set(arrived))
+                    rv.error = RendezvousTimeoutError(
+                        f"{describe()}: waited {timeout:g} s for all {num_devices} devices; "
+                        f"devices {missing} never arrived (arrived: {arrived}). XLA must run "
+                        f"every device's host callback concurrently (one thread per device); "
+                        f"a launch whose devices run one after another cannot meet. Raise "
+                        f"InterpretParams(rendezvous_timeout=...) if a device is merely slow."
+                    )
+                    rv.finished.set()
+        rv.finished.wait()
+        if rv.error is not None:
+            raise rv.error
+        assert rv.results is not None
+        return rv.results[device]
