@@ -8,15 +8,18 @@ Nothing here implements the pipeline: that is palladium's own code.
 
 from __future__ import annotations
 
+from jax._src import api_util as _api_util
 from jax._src import config as _config
 from jax._src import core as jax_core
 from jax._src import effects as jax_effects
+from jax._src import linear_util as _lu
 from jax._src import mesh as _mesh_lib
 from jax._src import state as _state
 from jax._src.interpreters import batching, mlir
 from jax._src.interpreters import partial_eval as pe
 from jax._src.pallas import core as _pallas_core
 from jax._src.pallas import helpers as _pallas_helpers
+from jax._src.pallas import hlo_interpreter as _hlo_interpreter
 from jax._src.pallas import primitives as _pallas_primitives
 from jax._src.pallas.mosaic import core as _tpu_core
 from jax._src.pallas.mosaic import helpers as _tpu_helpers
@@ -115,3 +118,16 @@ fancy_primitive_batchers = batching.fancy_primitive_batchers
 primitive_batchers = batching.primitive_batchers
 register_lowering = mlir.register_lowering
 lower_fun = mlir.lower_fun
+register_partial_discharge_rule = state_discharge.register_partial_discharge_rule
+transform_array = state_discharge.transform_array
+transform_swap_array = state_discharge.transform_swap_array
+mosaic_lower_fun = _tpu_lowering.lower_fun
+mosaic_transform_ref = _tpu_lowering._transform_ref
+enable_checks = _config.enable_checks
+#: jax's switch for the emit_pipeline primitive path (``jax_use_emit_pipeline_primitive``);
+#: None on a jax without it.
+use_emit_pipeline_primitive = getattr(_config, "use_emit_pipeline_primitive", None)
+wrap_init = _lu.wrap_init
+debug_info = _api_util.debug_info
+ref_tree_flatten = _tpu_primitives._dma_flatten
+resolve_physical_types = _hlo_interpreter.resolve_physical_types

@@ -18,6 +18,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from palladium.pipeline import _jax_compat as jc
+from palladium.pipeline import primitive
 from palladium.pipeline.blocks import has_trivial_windowing
 from palladium.pipeline.buffered_ref import (
     BufferedRef,
@@ -369,6 +370,7 @@ def emit_pipeline(
     trace_scopes: bool = True,
     no_pipelining: bool = False,
     output_wait_read_only: bool = False,
+    use_primitive: bool | None = None,
     _explicit_indices: bool = False,
 ):
     """A function that runs ``body`` over ``grid`` as a pipeline, inside a TPU kernel.
@@ -392,6 +394,11 @@ def emit_pipeline(
       no_pipelining: debug mode; every copy is synchronous.
       output_wait_read_only: await output copies only for the read of their slot and
         fence all writes once at the end.
+      use_primitive: trace the pipeline into one ``palladium_emit_pipeline`` jaxpr
+        equation (body and index maps as jaxprs) that is expanded when lowered to
+        Mosaic or discharged, instead of inlining it while tracing (see
+        :mod:`palladium.pipeline.primitive`). None follows jax's switch
+        ``jax_use_emit_pipeline_primitive`` (the name the reference uses).
       _explicit_indices: ``body`` receives a :class:`PipelineStep` first.
 
     Example::
@@ -426,11 +433,36 @@ def emit_pipeline(
         else:
             ins, in_refs = _filter_specs_and_refs(in_specs, args[:len(in_specs)])
             outs, out_refs = _filter_specs_and_refs(out_specs, args[len(in_specs):])
+        if _primitive_enabled(use_primitive):
+            return _bind_primitive(ins, in_refs, outs, out_refs, num_cores, core_id,
+                                   allocations, **kwargs)
         pipeline = _emit_pipeline(body, grid=grid, in_specs=ins, out_specs=outs,
                                   num_cores=num_cores, core_id=core_id, **options)
         return pipeline(*in_refs, *out_refs, allocations=allocations, **kwargs)
 
+    def _bind_primitive(ins, in_refs, outs, out_refs, num_cores, core_id, allocations,
+                        scratches=None):
+        primitive.check_primitive_support(allocations)
+        inline_options = {k: v for k, v in options.items() if k != "_explicit_indices"}
+
+        def make_allocations(in_refs_, out_refs_, core_grid):
+            return _make_pipeline_allocations(*in_refs_, *out_refs_, in_specs=ins,
+                                              out_specs=outs, grid=core_grid, tiling=tiling)
+
+        primitive.bind_pipeline(
+            body, grid=tuple(grid), in_specs=ins, in_refs=tuple(in_refs), out_specs=outs,
+            out_refs=tuple(out_refs), scratches=() if scratches is None else tuple(scratches),
+            num_cores=num_cores, core_id=core_id, options=inline_options,
+            explicit_indices=_explicit_indices, make_allocations=make_allocations)
+
     return wrapped
+
+
+def _primitive_enabled(use_primitive: bool | None) -> bool:
+    if use_primitive is not None:
+        return use_primitive
+    flag = jc.use_emit_pipeline_primitive
+    return bool(flag is not None and flag.value)
 
 
 def emit_pipeline_with_allocations(body, *, grid, in_specs=(), out_specs=(), **kwargs):
