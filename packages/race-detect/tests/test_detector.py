@@ -184,3 +184,14 @@ def test_only_the_last_write_is_checked(det):
     det.acquire(a, clock)
     det.read(a, "v", (0,), site="a reads")  # ordered after b's write, the last one
     assert pairs(det) == [("write", "core 0", "a", "write", "core 1", "b")]
+
+
+def test_a_read_ordered_after_another_actors_read_replaces_it(det):
+    # r1 -> r2 (release/acquire); the write races with r2 only: r1 was pruned, since
+    # whatever is unordered with r1 is unordered with r2 too.
+    a, b, c = (det.new_actor(f"core {i}") for i in range(3))
+    det.read(a, "v", (0,), site="r1")
+    det.acquire(b, det.release(a))
+    det.read(b, "v", (0,), site="r2")
+    det.write(c, "v", (0,), site="w")
+    assert pairs(det) == [("read", "core 1", "r2", "write", "core 2", "w")]

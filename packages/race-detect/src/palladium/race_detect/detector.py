@@ -204,6 +204,11 @@ class RaceDetector:
             self._reports.extend(reports)
         self._deliver(reports)
 
+    def live_records(self) -> int:
+        """Write records plus read sets held by all buffers' shadow state (bounded by size)."""
+        with self._lock:
+            return sum(sum(b.live_records()) for b in self._buffers.values())
+
     @property
     def reports(self) -> list[RaceReport]:
         """Every race seen so far, whatever the policy (a copy)."""

@@ -137,13 +137,27 @@ class BruteForceDetector:
         """Forget a buffer."""
         self._buffers.pop(key, None)
 
-    def read(self, actor: OracleActor, key: Hashable, region: Any = None,
-             site: object = None, *, mask: Any = None) -> None:
+    def read(
+        self,
+        actor: OracleActor,
+        key: Hashable,
+        region: Any = None,
+        site: object = None,
+        *,
+        mask: Any = None,
+    ) -> None:
         """Record a read."""
         self._access(actor, key, region, site, mask, False)
 
-    def write(self, actor: OracleActor, key: Hashable, region: Any = None,
-              site: object = None, *, mask: Any = None) -> None:
+    def write(
+        self,
+        actor: OracleActor,
+        key: Hashable,
+        region: Any = None,
+        site: object = None,
+        *,
+        mask: Any = None,
+    ) -> None:
         """Record a write."""
         self._access(actor, key, region, site, mask, True)
 
@@ -158,19 +172,26 @@ class BruteForceDetector:
 
     def _races(self, history: list[_Event], x: _Event) -> list[_Event]:
         last_write = max((i for i, e in enumerate(history) if e.is_write), default=-1)
-        reads = history[last_write + 1:]
+        reads = history[last_write + 1 :]
         racing = []
         if last_write >= 0 and not _before(history[last_write], x):
             racing.append(history[last_write])
         if x.is_write:
             recorded = [
-                r for i, r in enumerate(reads) if not any(_before(r, s) for s in reads[i + 1:])
+                r for i, r in enumerate(reads) if not any(_before(r, s) for s in reads[i + 1 :])
             ]
             racing.extend(r for r in recorded if not _before(r, x))
         return racing
 
-    def _access(self, actor: OracleActor, key: Hashable, region: Any, site: object,
-                mask: Any, is_write: bool) -> None:
+    def _access(
+        self,
+        actor: OracleActor,
+        key: Hashable,
+        region: Any,
+        site: object,
+        mask: Any,
+        is_write: bool,
+    ) -> None:
         if key not in self._buffers:
             raise UnknownBufferError(f"no buffer with key {key!r} is registered")
         if actor.number in self._finished:
@@ -182,8 +203,15 @@ class BruteForceDetector:
         entries = tuple(
             (self._names[k], t) for k, t in sorted(clock.items(), key=lambda kv: kv[0]) if t
         )
-        access = Access(actor.name, "write" if is_write else "read", name, full, site,
-                        entries, bool_mask is not None)
+        access = Access(
+            actor.name,
+            "write" if is_write else "read",
+            name,
+            full,
+            site,
+            entries,
+            bool_mask is not None,
+        )
         x = _Event(len(self._events) + 1, actor.number, clock, is_write, access)
         self._events.append(x)
         elements = flat_elements(full, shape, bool_mask)

@@ -29,14 +29,11 @@ def normalise(region: Any, shape: tuple[int, ...], buffer: str) -> Region:
     for axis, (index, dim) in enumerate(zip(region, shape)):
         if isinstance(index, slice):
             if index.step == 0:
-                raise RegionError(
-                    f"buffer {buffer!r}: slice step cannot be zero (axis {axis})"
-                )
+                raise RegionError(f"buffer {buffer!r}: slice step cannot be zero (axis {axis})")
             continue
         if isinstance(index, bool | np.bool_) or not isinstance(index, int | np.integer):
             raise RegionError(
-                f"buffer {buffer!r}: region index {index!r} on axis {axis} is not an "
-                "int or a slice"
+                f"buffer {buffer!r}: region index {index!r} on axis {axis} is not an int or a slice"
             )
         if not -dim <= index < dim:
             raise RegionError(

@@ -1,6 +1,7 @@
 """Shadow state of one buffer: per element, the last write and the unordered reads since.
 
-Representation: two lazily allocated int32 arrays over the buffer's elements,
+Representation: one lazily allocated int64 array over the buffer's elements holding a
+pair of ids per element, ``w << 32 | r``:
 
 - ``w``: an id into the write table (an ``Event``: slot, time, the ``Access``), 0 = never
   written;
@@ -10,8 +11,9 @@ Representation: two lazily allocated int32 arrays over the buffer's elements,
   holds at most one read per slot. The one-read set is FastTrack's read epoch; more
   entries are its read vector clock.
 
-An access gathers the ids in its region, tests happens-before once per *distinct* id (a
-region written by one DMA holds one id, whatever its size), then stores new ids.
+An access gathers the pairs in its region (one min and one max decide whether they are
+all equal, the common case), tests happens-before once per *distinct* id (a region
+written by one DMA holds one id, whatever its size), then stores new pairs.
 Tables are reference counted exactly (how many elements hold each id) and freed ids are
 reused, so their size is bounded by the buffer's size and an access costs O(region)
 numpy work plus O(distinct ids) Python work, independent of how many accesses ran before.
@@ -19,7 +21,6 @@ numpy work plus O(distinct ids) Python work, independent of how many accesses ra
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -47,15 +48,6 @@ def _precedes(event: Event, times: list[int]) -> bool:
     """Whether ``event`` happens-before an access whose clock is ``times``."""
     slot = event.slot
     return slot < len(times) and event.time <= times[slot]
-
-
-def _distinct(ids: np.ndarray) -> Iterable[tuple[int, int]]:
-    """(id, how many elements hold it) for each distinct id; one numpy pass when uniform."""
-    low = int(ids.min())
-    if low == int(ids.max()):
-        return ((low, ids.size),)
-    values, counts = np.unique(ids, return_counts=True)
-    return zip(values.tolist(), counts.tolist())
 
 
 class _Table:
@@ -92,14 +84,18 @@ class _Table:
         return len(self.items) - 1 - len(self.free)
 
 
+_R_MASK = (1 << 32) - 1
+_min = np.minimum.reduce
+_max = np.maximum.reduce
+
+
 class BufferShadow:
     """The shadow state of one buffer (see the module docstring)."""
 
     def __init__(self, shape: tuple[int, ...], name: str) -> None:
         self.shape = shape
         self.name = name
-        self._w: np.ndarray | None = None
-        self._r: np.ndarray | None = None
+        self._state: np.ndarray | None = None
         self._writes = _Table(None)
         self._reads = _Table(())
         self._read_ids: dict[tuple[int, ...], int] = {}
@@ -108,17 +104,11 @@ class BufferShadow:
         """(live write records, live read sets): bounded by the number of elements."""
         return self._writes.live(), self._reads.live()
 
-    def _arrays(self) -> tuple[np.ndarray, np.ndarray]:
-        if self._w is None or self._r is None:
-            self._w = np.zeros(self.shape, np.int32)
-            self._r = np.zeros(self.shape, np.int32)
-        return self._w, self._r
-
     def _element(
-        self, region: Region, mask: np.ndarray | None, ids: np.ndarray, wanted: int
+        self, region: Region, mask: np.ndarray | None, hits: np.ndarray
     ) -> tuple[int, ...]:
-        """A buffer index in the region whose gathered id is ``wanted`` (only on a race)."""
-        position = int(np.flatnonzero(np.ravel(ids) == wanted)[0])
+        """The buffer index of the first True of ``hits`` (laid out like the region)."""
+        position = int(np.flatnonzero(np.ravel(hits))[0])
         flat = int(flat_elements(region, self.shape, mask)[position])
         return tuple(int(i) for i in np.unravel_index(flat, self.shape))
 
@@ -135,79 +125,78 @@ class BufferShadow:
         ``times`` is the accessing actor's clock. ``region`` is normalised (one index per
         dimension).
         """
-        w, r = self._arrays()
+        if self._state is None:
+            self._state = np.zeros(self.shape, np.int64)
         # A trailing None keeps even a single element a (1-element) view, not a copy.
-        index = region + (None,)
-        w_view = w[index]
-        r_view = r[index]
-        if mask is None:
-            old_w, old_r = w_view, r_view
-        else:
-            old_w, old_r = w_view[mask], r_view[mask]
-        if old_w.size == 0:
+        view = self._state[region + (None,)]
+        old = view if mask is None else view[mask]
+        if old.size == 0:
             return []
+        low = int(_min(old, axis=None))
+        inverse = None
+        if low == int(_max(old, axis=None)):
+            pairs = [low]
+            counts = [old.size]
+        else:
+            values, inverse, count_array = np.unique(old, return_inverse=True, return_counts=True)
+            pairs = values.tolist()
+            counts = count_array.tolist()
+        write_counts: dict[int, int] = {}
+        read_counts: dict[int, int] = {}
+        for pair, count in zip(pairs, counts):
+            wid, rid = pair >> 32, pair & _R_MASK
+            write_counts[wid] = write_counts.get(wid, 0) + count
+            read_counts[rid] = read_counts.get(rid, 0) + count
         races: list[Race] = []
         writes = self._writes
-        for wid, count in _distinct(old_w):
-            if not wid:
-                continue
-            earlier = writes.items[wid]
-            if not _precedes(earlier, times):
-                races.append((earlier, self._element(region, mask, old_w, wid)))
-            if is_write:
-                writes.release(wid, count)
+        for wid in write_counts:
+            if wid:
+                earlier = writes.items[wid]
+                if not _precedes(earlier, times):
+                    hits = (old >> 32) == wid
+                    races.append((earlier, self._element(region, mask, hits)))
         if is_write:
-            self._write_reads(times, region, mask, old_r, races)
-            new_w = writes.add(event, old_w.size)
-            if mask is None:
-                w_view[...] = new_w
-                r_view[...] = 0
-            else:
-                w_view[mask] = new_w
-                r_view[mask] = 0
+            self._check_reads(times, region, mask, old, read_counts, races)
+            for wid, count in write_counts.items():
+                if wid:
+                    writes.release(wid, count)
+            for rid, count in read_counts.items():
+                self._drop_read_set(rid, count)
+            new: Any = writes.add(event, old.size) << 32
         else:
-            new_r = self._read_reads(event, times, old_r)
-            if mask is None:
-                r_view[...] = new_r
+            new_read = {
+                rid: self._with_read(rid, event, times, count) for rid, count in read_counts.items()
+            }
+            for rid, count in read_counts.items():
+                self._drop_read_set(rid, count)
+            new_pairs = [(pair >> 32) << 32 | new_read[pair & _R_MASK] for pair in pairs]
+            if inverse is None:
+                new = new_pairs[0]
             else:
-                r_view[mask] = new_r
+                new = np.asarray(new_pairs, np.int64)[np.reshape(inverse, old.shape)]
+        if mask is None:
+            view[...] = new
+        else:
+            view[mask] = new
         return races
 
-    def _write_reads(
+    def _check_reads(
         self,
         times: list[int],
         region: Region,
         mask: np.ndarray | None,
-        old_r: np.ndarray,
+        old: np.ndarray,
+        read_counts: dict[int, int],
         races: list[Race],
     ) -> None:
-        """A write: report every recorded read not before it, then drop all of them."""
-        reads = self._reads
+        """A write: report every recorded read not before it (once per read)."""
         seen: set[int] = set()
-        for rid, count in _distinct(old_r):
-            if not rid:
-                continue
-            for earlier in reads.items[rid]:
+        for rid in read_counts:
+            for earlier in self._reads.items[rid]:
                 if earlier.serial not in seen and not _precedes(earlier, times):
                     seen.add(earlier.serial)
-                    races.append((earlier, self._element(region, mask, old_r, rid)))
-            self._drop_read_set(rid, count)
-
-    def _read_reads(self, event: Event, times: list[int], old_r: np.ndarray) -> Any:
-        """A read: each read set loses the reads before ``event`` and gains ``event``."""
-        low = int(old_r.min())
-        if low == int(old_r.max()):
-            new = self._with_read(low, event, times, old_r.size)
-            self._drop_read_set(low, old_r.size)
-            return new
-        values, inverse, counts = np.unique(old_r, return_inverse=True, return_counts=True)
-        new_ids = [
-            self._with_read(rid, event, times, count)
-            for rid, count in zip(values.tolist(), counts.tolist())
-        ]
-        for rid, count in zip(values.tolist(), counts.tolist()):
-            self._drop_read_set(rid, count)
-        return np.asarray(new_ids, np.int32)[np.reshape(inverse, old_r.shape)]
+                    hits = (old & _R_MASK) == rid
+                    races.append((earlier, self._element(region, mask, hits)))
 
     def _with_read(self, rid: int, event: Event, times: list[int], count: int) -> int:
         """The id of (read set ``rid`` minus reads before ``event``) plus ``event``; +count refs."""
