@@ -76,6 +76,27 @@ def flat_elements(region: Region, shape: tuple[int, ...], mask: np.ndarray | Non
     return np.ravel(selected)
 
 
+def element_at(
+    region: Region, shape: tuple[int, ...], mask: np.ndarray | None, position: int
+) -> tuple[int, ...]:
+    """The buffer index of the ``position``-th element of ``buffer[region][mask]``.
+
+    Costs O(number of dimensions) (plus O(mask) with a mask), not O(buffer size).
+    """
+    if mask is not None:
+        position = int(np.flatnonzero(mask)[position])
+    inner = np.unravel_index(position, region_shape(region, shape)) if shape else ()
+    axes = iter(int(i) for i in inner)
+    index = []
+    for item, dim in zip(region, shape):
+        if isinstance(item, slice):
+            start, _, step = item.indices(dim)
+            index.append(start + next(axes) * step)
+        else:
+            index.append(int(item) % dim)
+    return tuple(index)
+
+
 def _format_index(index: Any) -> str:
     if not isinstance(index, slice):
         return str(int(index)) if isinstance(index, int | np.integer) else repr(index)

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from palladium.race_detect.regions import Region, flat_elements
+from palladium.race_detect.regions import Region, element_at
 from palladium.race_detect.report import Access
 
 
@@ -109,8 +109,7 @@ class BufferShadow:
     ) -> tuple[int, ...]:
         """The buffer index of the first True of ``hits`` (laid out like the region)."""
         position = int(np.flatnonzero(np.ravel(hits))[0])
-        flat = int(flat_elements(region, self.shape, mask)[position])
-        return tuple(int(i) for i in np.unravel_index(flat, self.shape))
+        return element_at(region, self.shape, mask, position)
 
     def access(
         self,
