@@ -18,6 +18,7 @@ SCRIPTS = [
     "race_detect_scaling.py",
     "interpret_vs_jax.py",
     "pipeline_trace.py",
+    "interpret_multi_device.py",
 ]
 
 

@@ -468,3 +468,26 @@ def test_jax_shipped_all_gather_kernel():
     with force_tpu_interpret_mode(InterpretParams(detect_races=True)):
         out = jax_all_gather.all_gather(_sharded(x, mesh), mesh=mesh, axis_name="x")
     np.testing.assert_array_equal(out, x)
+
+
+def test_launches_in_a_loop_and_random_dma_order_with_races():
+    """One lowered kernel launched 3 times inside a fori_loop: the k-th call of every
+    device meets the k-th of the others; random completion orders find no race."""
+    params = InterpretParams(dma_order="random", detect_races=True, random_seed=7)
+
+    def f(x, n):
+        return jax.lax.fori_loop(0, 3, lambda i, y: right_permute(y, n=n, params=params), x)
+
+    x = _iota((32, 128))
+    out = _run(f, 4, x)
+    blocks = np.asarray(x).reshape(4, 8, 128)
+    np.testing.assert_array_equal(out, np.concatenate([blocks[(d - 3) % 4] for d in range(4)]))
+    assert in_flight_rendezvous() == 0
+
+
+def test_eager_shard_map():
+    mesh = _mesh(4)
+    x = _inputs("all_gather", 4)
+    f = jax.shard_map(functools.partial(all_gather, n=4, params=InterpretParams()), mesh=mesh,
+                      in_specs=P("x"), out_specs=P("x"), check_vma=False)
+    np.testing.assert_array_equal(f(_sharded(x, mesh)), _reference("all_gather", x, 4))
