@@ -2,6 +2,7 @@
 devices, simulated together in one palladium simulation (remote DMAs, remote semaphore
 signals, barrier semaphores, the initial barrier), each compared with a jnp reference."""
 
+import dataclasses
 import functools
 import os
 import subprocess
@@ -491,3 +492,32 @@ def test_eager_shard_map():
     f = jax.shard_map(functools.partial(all_gather, n=4, params=InterpretParams()), mesh=mesh,
                       in_specs=P("x"), out_specs=P("x"), check_vma=False)
     np.testing.assert_array_equal(f(_sharded(x, mesh)), _reference("all_gather", x, 4))
+
+
+def test_megacore_pallas_call_inside_shard_map():
+    """num_cores_or_threads=2: the parallel grid is split across 2 cores per device; each
+    core sends its block to the same core of the next device (default target core)."""
+    params = InterpretParams(num_cores_or_threads=2, detect_races=True)
+    seen = []
+
+    def f(x, n):
+        def kernel(x_ref, o_ref, send, recv):
+            i = pl.program_id(0)
+            right = jax.lax.rem(jax.lax.axis_index("x") + 1, n)
+            copy = pltpu.make_async_remote_copy(x_ref.at[i], o_ref.at[i], send, recv,
+                                                device_id=(right,), device_id_type=MESH_ID)
+            copy.start()
+            copy.wait()
+
+        return pl.pallas_call(
+            kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), grid=(4,),
+            in_specs=[ANY], out_specs=ANY, scratch_shapes=[pltpu.SemaphoreType.DMA] * 2,
+            compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel",)),
+            interpret=dataclasses.replace(params, grid_point_recorder=lambda p, c: seen.append(c)),
+        )(x)
+
+    x = _iota((2 * 4, 8, 128))
+    out = _run(f, 2, x)
+    blocks = np.asarray(x).reshape(2, 4, 8, 128)
+    np.testing.assert_array_equal(out.reshape(2, 4, 8, 128), blocks[::-1])
+    assert sorted(seen) == [0] * 4 + [1] * 4  # 2 grid points per core on each device
