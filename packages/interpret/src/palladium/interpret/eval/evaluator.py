@@ -29,30 +29,36 @@ except ImportError:  # the numpy fast paths land separately; bind covers everyth
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Step:
+    """One equation, ready to run: its rule and where its operands live in the env."""
+
     rule: Rule
     eqn: Any
-    inputs: tuple[Any, ...]  # a Var, or a _Const holding a literal's value
-    outvars: tuple[Any, ...]
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class _Const:
-    value: Any
+    in_slots: tuple[int, ...]
+    out_slots: tuple[int, ...]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Program:
-    """A jaxpr pre-processed for evaluation: each equation's rule resolved once."""
+    """A jaxpr compiled for evaluation.
+
+    Every variable and literal has a slot in a flat list (the env); literals are stored
+    in ``template`` once, so running the program is: copy the template, store the
+    arguments, then per step gather the operands by slot, call the pre-resolved rule and
+    store the results. No dict lookups, no per-equation dispatch.
+    """
 
     jaxpr: Any
     steps: tuple[Step, ...]
-    outputs: tuple[Any, ...]
+    template: tuple[Any, ...]
+    const_slots: tuple[int, ...]
+    in_slots: tuple[int, ...]
+    out_slots: tuple[int, ...]
     version: int
 
 
-def _literal(atom: Any) -> _Const:
+def _literal_value(atom: Any) -> Any:
     aval = atom.aval
-    return _Const(np.asarray(atom.val, dtype=aval.dtype) if hasattr(aval, "dtype") else atom.val)
+    return np.asarray(atom.val, dtype=aval.dtype) if hasattr(aval, "dtype") else atom.val
 
 
 def _is_float(aval: Any) -> bool:
@@ -63,52 +69,95 @@ def _is_float(aval: Any) -> bool:
         return False
 
 
-def _compute_rule(prim: Any) -> Rule:
+def _bind(ev: CoreEvaluator, eqn: Any, invals: list[Any]) -> list[Any]:
+    prim = eqn.primitive
+    if any(isinstance(x, MemRef | SemaphoreRef) for x in invals):
+        raise UnsupportedPrimitiveError(
+            f"primitive '{prim}' takes a ref and the interpreter has no rule for it; "
+            f"register one with palladium.interpret.register_interpret_rule "
+            f"({ev.site(eqn)})"
+        )
+    bind_params = prim.get_bind_params(eqn.params)
+    try:
+        out = prim.bind(*invals, **bind_params)
+    except NotImplementedError as e:
+        raise UnsupportedPrimitiveError(
+            f"primitive '{prim}' cannot be evaluated on CPU ({e}); register an "
+            f"interpreter rule with palladium.interpret.register_interpret_rule "
+            f"({ev.site(eqn)})"
+        ) from e
+    return [np.asarray(o) for o in out] if prim.multiple_results else [np.asarray(out)]
+
+
+def _compute_rule(eqn: Any) -> Rule:
+    """The rule of one compute equation: numpy fast path, else ``bind``."""
+    prim = eqn.primitive
     np_rule = NUMPY_RULES.get(prim)
     multiple = prim.multiple_results
+    params = dict(eqn.params)
+    float_outs = bool(eqn.outvars) and all(_is_float(v.aval) for v in eqn.outvars)
 
     def rule(ev: CoreEvaluator, eqn: Any, invals: list[Any]) -> list[Any]:
-        if ev.launch.params.skip_floating_point_ops and eqn.outvars and all(
-            _is_float(v.aval) for v in eqn.outvars
-        ):
+        if float_outs and ev.skip_floating_point_ops:
             return [np.full(v.aval.shape, np.inf, v.aval.dtype) for v in eqn.outvars]
         if np_rule is not None:
-            out = np_rule(*invals, **eqn.params)
+            out = np_rule(*invals, **params)
             if out is not NotImplemented:
                 return list(out) if multiple else [out]
-        if any(isinstance(x, MemRef | SemaphoreRef) for x in invals):
-            raise UnsupportedPrimitiveError(
-                f"primitive '{prim}' takes a ref and the interpreter has no rule for it; "
-                f"register one with palladium.interpret.register_interpret_rule "
-                f"({ev.site(eqn)})"
-            )
-        bind_params = prim.get_bind_params(eqn.params)
-        try:
-            out = prim.bind(*invals, **bind_params)
-        except NotImplementedError as e:
-            raise UnsupportedPrimitiveError(
-                f"primitive '{prim}' cannot be evaluated on CPU ({e}); register an "
-                f"interpreter rule with palladium.interpret.register_interpret_rule "
-                f"({ev.site(eqn)})"
-            ) from e
-        return [np.asarray(o) for o in out] if multiple else [np.asarray(out)]
+        return _bind(ev, eqn, invals)
 
     return rule
 
 
-def resolve_rule(prim: Any) -> Rule:
-    """The rule for ``prim``: ours, else numpy fast path then bind."""
-    own = RULES.get(prim)
-    return own if own is not None else _compute_rule(prim)
+def resolve_rule(eqn: Any, used: frozenset[Any] = frozenset()) -> Rule:
+    """The rule for one equation: a specialised one from a registered rule compiler,
+    else the primitive's rule, else numpy fast path then bind. ``used``: the variables
+    some later equation (or the jaxpr's result) reads."""
+    compiler = RULES.compiler(eqn.primitive)
+    if compiler is not None:
+        return compiler(eqn, used)
+    own = RULES.get(eqn.primitive)
+    return own if own is not None else _compute_rule(eqn)
+
+
+def used_vars(jaxpr: Any) -> frozenset[Any]:
+    """The variables of ``jaxpr`` that an equation or the result reads."""
+    used = {a for eqn in jaxpr.eqns for a in eqn.invars if not isinstance(a, jc.Literal)}
+    used.update(a for a in jaxpr.outvars if not isinstance(a, jc.Literal))
+    return frozenset(used)
 
 
 def compile_jaxpr(jaxpr: Any) -> Program:
+    slots: dict[Any, int] = {}
+    template: list[Any] = []
+
+    def slot_of(atom: Any) -> int:
+        if isinstance(atom, jc.Literal):
+            template.append(_literal_value(atom))
+            return len(template) - 1
+        s = slots.get(atom)
+        if s is None:
+            s = slots[atom] = len(template)
+            template.append(None)
+        return s
+
+    def fresh(var: Any) -> int:
+        # Every definition gets its own slot (dropped outputs included).
+        template.append(None)
+        s = slots[var] = len(template) - 1
+        return s
+
+    const_slots = tuple(fresh(v) for v in jaxpr.constvars)
+    in_slots = tuple(fresh(v) for v in jaxpr.invars)
+    used = used_vars(jaxpr)
     steps = []
     for eqn in jaxpr.eqns:
-        inputs = tuple(_literal(a) if isinstance(a, jc.Literal) else a for a in eqn.invars)
-        steps.append(Step(resolve_rule(eqn.primitive), eqn, inputs, tuple(eqn.outvars)))
-    outputs = tuple(_literal(a) if isinstance(a, jc.Literal) else a for a in jaxpr.outvars)
-    return Program(jaxpr, tuple(steps), outputs, RULES.version)
+        ins = tuple(slot_of(a) for a in eqn.invars)
+        outs = tuple(fresh(v) for v in eqn.outvars)
+        steps.append(Step(resolve_rule(eqn, used), eqn, ins, outs))
+    out_slots = tuple(slot_of(a) for a in jaxpr.outvars)
+    return Program(jaxpr, tuple(steps), tuple(template), const_slots, in_slots, out_slots,
+                   RULES.version)
 
 
 class ProgramCache:
@@ -135,23 +184,27 @@ class CoreEvaluator:
     core: tuple[int, int]
     grid_point: tuple[int, ...] | None = None
     prng: np.random.Generator | None = None
+    skip_floating_point_ops: bool = dataclasses.field(init=False, default=False)
+
+    def __post_init__(self) -> None:
+        params = getattr(self.launch, "params", None)
+        self.skip_floating_point_ops = bool(getattr(params, "skip_floating_point_ops", False))
 
     def eval_jaxpr(self, jaxpr: Any, consts: list[Any], args: list[Any]) -> list[Any]:
         if isinstance(jaxpr, jc.ClosedJaxpr):
-            consts = list(jaxpr.consts) + list(consts)
+            consts = [*jaxpr.consts, *consts]
             jaxpr = jaxpr.jaxpr
         prog = self.launch.programs.get(jaxpr)
-        env: dict[Any, Any] = {}
-        for v, x in zip(jaxpr.constvars, consts):
-            env[v] = x
-        for v, x in zip(jaxpr.invars, args):
-            env[v] = x
+        env = list(prog.template)
+        for s, x in zip(prog.const_slots, consts):
+            env[s] = x
+        for s, x in zip(prog.in_slots, args):
+            env[s] = x
         for step in prog.steps:
-            invals = [a.value if isinstance(a, _Const) else env[a] for a in step.inputs]
-            outs = step.rule(self, step.eqn, invals)
-            for v, o in zip(step.outvars, outs):
-                env[v] = o
-        return [a.value if isinstance(a, _Const) else env[a] for a in prog.outputs]
+            outs = step.rule(self, step.eqn, [env[i] for i in step.in_slots])
+            for s, o in zip(step.out_slots, outs):
+                env[s] = o
+        return [env[i] for i in prog.out_slots]
 
     def eval_closed(self, closed: Any, args: list[Any]) -> list[Any]:
         """Evaluate a ClosedJaxpr (consts bound) on ``args``."""

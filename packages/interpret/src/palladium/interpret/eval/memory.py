@@ -30,10 +30,13 @@ def access_of(ref: MemRef, transforms: Any) -> Access:
 
 def read(ev: Any, ref: Any, transforms: Any, eqn: Any, op: str = "read") -> np.ndarray:
     ref = _checked(ev, ref, eqn, op)
-    acc = access_of(ref, transforms)
-    sim = ev.launch.sim
-    data = sim.read(ref.buffer, acc.region, core=ev.core, site=ev.site(eqn))
-    return acc.apply(np.asarray(data))
+    return read_access(ev, ref, access_of(ref, transforms), eqn)
+
+
+def read_access(ev: Any, ref: MemRef, acc: Access, eqn: Any) -> np.ndarray:
+    """Read a resolved access of a checked ref."""
+    data = ev.launch.sim.read(ref.buffer, acc.region, core=ev.core, site=ev.site(eqn))
+    return acc.apply(np.asarray(data)) if acc.post else data
 
 
 def write(

@@ -10,23 +10,43 @@ from palladium.interpret import _jax_compat as jc
 
 # rule(core_evaluator, eqn, invals) -> list of output values
 Rule = Callable[[Any, Any, list[Any]], list[Any]]
+# compiler(eqn, used variables) -> a rule specialised to that one equation
+RuleCompiler = Callable[[Any, frozenset[Any]], Rule]
 
 
 class RuleRegistry:
-    """Primitive -> rule. ``version`` changes whenever a rule is (re)registered."""
+    """Primitive -> rule. ``version`` changes whenever a rule is (re)registered.
+
+    A primitive may also have a *rule compiler*, which the evaluator calls once per
+    equation (when it compiles the jaxpr) to get a rule specialised to that equation:
+    static operands resolved, a per-equation cache. Registering a plain rule for the
+    primitive later replaces its compiler.
+    """
 
     def __init__(self) -> None:
         self._rules: dict[Any, Rule] = {}
+        self._compilers: dict[Any, RuleCompiler] = {}
         self._lock = threading.Lock()
         self.version = 0
 
     def register(self, primitive: Any, rule: Rule) -> None:
         with self._lock:
             self._rules[primitive] = rule
+            self._compilers.pop(primitive, None)
+            self.version += 1
+
+    def register_compiler(self, primitive: Any, compiler: RuleCompiler) -> None:
+        """Specialise ``primitive``'s equations with ``compiler`` (its rule stays the
+        reference behaviour, registered alongside)."""
+        with self._lock:
+            self._compilers[primitive] = compiler
             self.version += 1
 
     def get(self, primitive: Any) -> Rule | None:
         return self._rules.get(primitive)
+
+    def compiler(self, primitive: Any) -> RuleCompiler | None:
+        return self._compilers.get(primitive)
 
     def __contains__(self, primitive: Any) -> bool:
         return primitive in self._rules
@@ -42,6 +62,18 @@ def rule(*primitives: Any) -> Callable[[Rule], Rule]:
         for p in primitives:
             if p is not None:
                 RULES.register(p, fn)
+        return fn
+
+    return decorator
+
+
+def rule_compiler(*primitives: Any) -> Callable[[RuleCompiler], RuleCompiler]:
+    """Decorator: register the function as the rule compiler of ``primitives``."""
+
+    def decorator(fn: RuleCompiler) -> RuleCompiler:
+        for p in primitives:
+            if p is not None:
+                RULES.register_compiler(p, fn)
         return fn
 
     return decorator

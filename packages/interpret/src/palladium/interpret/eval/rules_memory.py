@@ -8,8 +8,8 @@ import numpy as np
 
 from palladium.interpret import _jax_compat as jc
 from palladium.interpret.eval import memory
-from palladium.interpret.eval.refs import split_transformed
-from palladium.interpret.eval.registry import rule
+from palladium.interpret.eval.refs import Access, MemRef, split_transformed
+from palladium.interpret.eval.registry import rule, rule_compiler
 
 
 @rule(jc.get_p)
@@ -33,6 +33,101 @@ def _addupdate(ev: Any, eqn: Any, invals: list[Any]) -> list[Any]:
     old = memory.read(ev, ref, transforms, eqn)
     memory.write(ev, ref, transforms, (old + val).astype(old.dtype), eqn)
     return []
+
+
+# --- specialised get/swap: the common loads and stores of a kernel body -----------------
+# A kernel reads and writes its refs at the same few places on every grid step. Per
+# equation, the resolved ``Access`` (region + post ops) is cached by the buffer's shape
+# and dtype and the integer values of the dynamic indices, so a step pays one dict
+# lookup instead of unflattening the indexer tree and composing the transforms.
+_CACHE_LIMIT = 4096
+
+
+def _index_key(values: list[Any]) -> tuple[int, ...] | None:
+    """The index operands as ints, or None if one is array-valued (a gather)."""
+    key = []
+    for x in values:
+        if type(x) is np.ndarray and x.ndim:
+            return None
+        key.append(int(x))
+    return tuple(key)
+
+
+def _in_bounds(acc: Access, shape: tuple[int, ...]) -> bool:
+    """Whether ``acc.region`` lies inside a buffer of ``shape`` (a plain, full access)."""
+    for r, n in zip(acc.region, shape):
+        if isinstance(r, slice):
+            if r.step < 1 or r.start < 0 or r.stop > n:
+                return False
+        elif not 0 <= r < n:
+            return False
+    return True
+
+
+class _AccessCache:
+    """The resolved accesses of one equation."""
+
+    def __init__(self, tree: Any) -> None:
+        self.tree = tree
+        self.entries: dict[Any, tuple[Access, bool]] = {}
+
+    def lookup(self, ref: MemRef, index: list[Any]) -> tuple[Access, bool] | None:
+        """(access, in bounds) of ``ref`` indexed by ``index``, or None for the slow path."""
+        key = _index_key(index)
+        if key is None:
+            return None
+        buf = ref.buffer
+        full_key = (buf.shape, buf.dtype, key)
+        hit = self.entries.get(full_key)
+        if hit is None:
+            acc = memory.access_of(ref, self.tree.unflatten(index))
+            hit = (acc, _in_bounds(acc, tuple(buf.shape)))
+            if len(self.entries) >= _CACHE_LIMIT:
+                self.entries.clear()
+            self.entries[full_key] = hit
+        return hit
+
+
+@rule_compiler(jc.get_p)
+def _compile_get(eqn: Any, used: frozenset[Any]) -> Any:
+    cache = _AccessCache(eqn.params["tree"])
+    out_dtype = eqn.outvars[0].aval.dtype
+
+    def run(ev: Any, eqn: Any, invals: list[Any]) -> list[Any]:
+        ref = memory._checked(ev, invals[0], eqn, "read")
+        hit = cache.lookup(ref, invals[1:])
+        if hit is None:
+            return _get(ev, eqn, invals)
+        data = memory.read_access(ev, ref, hit[0], eqn)
+        return [data.astype(out_dtype, copy=False)]
+
+    return run
+
+
+@rule_compiler(jc.swap_p)
+def _compile_swap(eqn: Any, used: frozenset[Any]) -> Any:
+    cache = _AccessCache(eqn.params["tree"])
+    # Most stores discard the old value (`ref[...] = x`): then a plain write does the
+    # same (same race-detector event, same checks for an in-bounds region) without
+    # copying the old contents out.
+    old_used = eqn.outvars[0] in used
+
+    def run(ev: Any, eqn: Any, invals: list[Any]) -> list[Any]:
+        ref, val, *idx = invals
+        checked = memory._checked(ev, ref, eqn, "swap")
+        hit = cache.lookup(checked, idx)
+        if hit is None or hit[0].post:
+            return _swap(ev, eqn, invals)
+        acc, in_bounds = hit
+        buf = checked.buffer
+        value = np.broadcast_to(np.asarray(val, dtype=buf.dtype), acc.region_shape)
+        sim = ev.launch.sim
+        if in_bounds and not old_used:
+            sim.write(buf, acc.region, value, core=ev.core, site=ev.site(eqn))
+            return [None]
+        return [np.asarray(sim.swap(buf, acc.region, value, core=ev.core, site=ev.site(eqn)))]
+
+    return run
 
 
 @rule(jc.load_p)
