@@ -8,12 +8,18 @@ kernel closure per measurement defeats jax's tracing caches.
     python benchmarks/pipeline_trace.py [--repeats N]
 
 Target: ratio (palladium / jax) <= 1 and flat in the number of steps (the grid loop is
-a scan, not unrolled).
+a scan, not unrolled). Robustness on a shared machine: the two implementations are
+interleaved (alternating which goes first) so that load drifts hit both alike, the
+garbage collector is paused while timing, and each cell is the minimum of N runs
+(the run least disturbed by other processes); the median is printed too.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
+import gc
+import statistics
 import time
 
 import jax
@@ -53,20 +59,40 @@ def _trace_and_lower(emit, steps: int) -> float:
     return time.perf_counter() - start
 
 
+def _measure(emitters: dict, steps: int, repeats: int) -> dict[str, list[float]]:
+    times: dict[str, list[float]] = {name: [] for name in emitters}
+    names = list(emitters)
+    for r in range(repeats):
+        for name in names if r % 2 == 0 else reversed(names):
+            gc.collect()
+            gc.disable()
+            try:
+                times[name].append(_trace_and_lower(emitters[name], steps))
+            finally:
+                gc.enable()
+    return times
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--primitive", action="store_true",
+                        help="also time palladium's use_primitive=True path")
     args = parser.parse_args()
     emitters = {"palladium": pp.emit_pipeline, "jax": pltpu.emit_pipeline}
+    if args.primitive:
+        emitters["primitive"] = functools.partial(pp.emit_pipeline, use_primitive=True)
     for emit in emitters.values():  # warm up jax's own caches (lowering rules, MLIR)
-        _trace_and_lower(emit, 8)
-    print(f"{'steps':>6} {'palladium ms':>13} {'jax ms':>9} {'ratio':>6}")
+        for _ in range(3):
+            _trace_and_lower(emit, 8)
+    header = "".join(f" {name + ' min':>15} {'median':>7}" for name in emitters)
+    print(f"{'steps':>6}{header} {'ratio(min)':>10}")
     for steps in GRIDS:
-        best = {name: min(_trace_and_lower(emit, steps) for _ in range(args.repeats))
-                for name, emit in emitters.items()}
-        ratio = best["palladium"] / best["jax"]
-        print(f"{steps:>6} {best['palladium'] * 1e3:>13.1f} {best['jax'] * 1e3:>9.1f} "
-              f"{ratio:>6.2f}")
+        times = _measure(emitters, steps, args.repeats)
+        cells = "".join(f" {min(t) * 1e3:>15.1f} {statistics.median(t) * 1e3:>7.1f}"
+                        for t in times.values())
+        ratio = min(times["palladium"]) / min(times["jax"])
+        print(f"{steps:>6}{cells} {ratio:>10.2f}", flush=True)
 
 
 if __name__ == "__main__":

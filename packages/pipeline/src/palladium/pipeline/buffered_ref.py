@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import jax
-import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from palladium.pipeline import _jax_compat as jc
@@ -369,7 +369,7 @@ class BufferedRef(BufferedRefBase):
         return self._window_ref_at(slot)
 
     def _slot(self, counter):
-        return lax.rem(counter, jnp.uint32(self.buffer_count))
+        return lax.rem(counter, np.uint32(self.buffer_count))
 
     @property
     def cumulative_copy_in(self):
@@ -418,13 +418,13 @@ class BufferedRef(BufferedRefBase):
         """All counters at zero (and the lookahead cursor at the first grid step)."""
         if self.window_ref is None and self.prefetched_count > 0:
             raise self._missing_window_error()
-        zero_in = jnp.uint32(0) if self.buffer_type.is_input else None
-        zero_out = jnp.uint32(0) if self.buffer_type.is_output else None
+        zero_in = np.uint32(0) if self.buffer_type.is_input else None
+        zero_out = np.uint32(0) if self.buffer_type.is_output else None
         return dataclasses.replace(
             self, copy_in_slot=zero_in, wait_in_slot=zero_in, copy_out_slot=zero_out,
             wait_out_slot=zero_out,
             next_fetch=None if self._grid_rank is None
-            else tuple(jnp.int32(0) for _ in range(self._grid_rank)),
+            else tuple(np.int32(0) for _ in range(self._grid_rank)),
         )
 
     def _advanced(self, name: str, predicate) -> BufferedRef:

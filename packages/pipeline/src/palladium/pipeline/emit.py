@@ -15,6 +15,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from palladium.pipeline import _jax_compat as jc
@@ -279,7 +280,7 @@ def _emit_pipeline(body, *, grid, in_specs=(), out_specs=(), tiling=None,
 
         @jc.when(steps > 0)
         def _():
-            start = (jnp.int32(0),) * len(grid)
+            start = (np.int32(0),) * len(grid)
             sched = scheduler(0, start)
             brefs = map_brefs(lambda b: b.initialize_slots(), allocations)
 
@@ -327,7 +328,7 @@ def _emit_pipeline(body, *, grid, in_specs=(), out_specs=(), tiling=None,
 
         template = map_brefs(lambda b: b.initialize_slots(), allocations)
         with jc.mutable_array_checks(False):
-            _fori_loop(steps, step_body, (_state(template), (jnp.int32(0),) * len(grid)))
+            _fori_loop(steps, step_body, (_state(template), (np.int32(0),) * len(grid)))
 
     return pipeline
 

@@ -13,6 +13,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from palladium.pipeline import _jax_compat as jc
@@ -34,10 +35,24 @@ def align_to(x, multiple: int):
     return cdiv(x, multiple) * multiple
 
 
+def i32(x):
+    """``x`` as an int32 scalar without adding an op when it already is one.
+
+    Python ints become numpy scalars (literals in the jaxpr), int32 jax values pass
+    through; only other dtypes are converted. Tracing cost is per op, so the grid
+    arithmetic below avoids every op it can decide statically.
+    """
+    if isinstance(x, (int, np.integer)) and not isinstance(x, bool):
+        return np.int32(x)
+    if getattr(x, "dtype", None) == np.int32 and getattr(x, "shape", None) == ():
+        return x
+    return lax.convert_element_type(x, np.int32)
+
+
 def zero_unit_dims(indices: Sequence[Index], grid: Grid) -> tuple[Index, ...]:
     """int32 indices, with a literal 0 on every size-1 dimension (a constant for XLA)."""
     return tuple(
-        jnp.int32(0) if isinstance(g, int) and g == 1 else jnp.int32(i)
+        np.int32(0) if isinstance(g, int) and g == 1 else i32(i)
         for i, g in zip(indices, grid, strict=True)
     )
 
@@ -52,9 +67,9 @@ def next_index(indices: Sequence[Index], grid: Grid, *, overflow: bool = False) 
     carry: Any = True
     rank = len(grid)
     for depth, (i, g) in enumerate(reversed(list(zip(indices, grid, strict=True)))):
-        bumped = lax.select(carry, jnp.int32(i + 1), jnp.int32(i))
+        bumped = i32(i + 1) if carry is True else lax.select(carry, i32(i + 1), i32(i))
         carry = False if (overflow and depth == rank - 1) else bumped == g
-        out.append(lax.select(carry, jnp.int32(0), bumped))
+        out.append(bumped if carry is False else lax.select(carry, np.int32(0), bumped))
     result = tuple(reversed(out))
     return result if overflow else zero_unit_dims(result, grid)
 
@@ -64,9 +79,9 @@ def prev_index(indices: Sequence[Index], grid: Grid) -> tuple:
     out: list[Index] = []
     borrow: Any = True
     for i, g in reversed(list(zip(indices, grid, strict=True))):
-        lowered = lax.select(borrow, jnp.int32(i - 1), jnp.int32(i))
+        lowered = i32(i - 1) if borrow is True else lax.select(borrow, i32(i - 1), i32(i))
         borrow = lowered == -1
-        out.append(lax.select(borrow, jnp.int32(g - 1), lowered))
+        out.append(lax.select(borrow, i32(g - 1), lowered))
     return zero_unit_dims(tuple(reversed(out)), grid)
 
 

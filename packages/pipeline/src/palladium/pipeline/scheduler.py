@@ -29,7 +29,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from palladium.pipeline import _jax_compat as jc
-from palladium.pipeline.grid import all_less, indices_differ, next_index, prev_index
+from palladium.pipeline.grid import all_less, i32, indices_differ, next_index, prev_index
 
 when = jc.when
 
@@ -107,7 +107,8 @@ class Scheduler:
         self.first_step = step == 0
         self.last_step = step == self.num_steps - 1
         self.add_offset = lambda idx: tuple(  # noqa: E731
-            jnp.int32(i + o) for i, o in zip(idx, grid_offsets, strict=True))
+            i32(i) if isinstance(o, int) and o == 0 else i32(i + o)
+            for i, o in zip(idx, grid_offsets, strict=True))
         self.indices = self.add_offset(indices)
         upcoming = next_index(indices, grid)
         self.next_indices = self.add_offset(upcoming)
