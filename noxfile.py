@@ -44,23 +44,32 @@ def tests(session: nox.Session) -> None:
     )
 
 
+def _works(exe: str) -> bool:
+    try:
+        return subprocess.run([exe, "-c", "import sys"], capture_output=True).returncode == 0
+    except OSError:
+        return False
+
+
 def _find_python(version: str) -> str | None:
-    """A python<version> on PATH, or under $(pyenv root)/versions."""
+    """A working python<version>: on PATH, or under $(pyenv root)/versions.
+
+    pyenv's shims are on PATH for every version but fail unless that version is
+    selected, so every candidate is tried before it is used.
+    """
+    candidates = []
     found = shutil.which(f"python{version}")
     if found:
-        return found
+        candidates.append(found)
     try:
         root = subprocess.run(
             ["pyenv", "root"], capture_output=True, text=True, check=True
         ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         root = os.path.expanduser("~/.pyenv")
-    candidates = sorted(Path(root, "versions").glob(f"{version}.*"), reverse=True)
-    for cand in candidates:
-        exe = cand / "bin" / f"python{version}"
-        if exe.exists():
-            return str(exe)
-    return None
+    for cand in sorted(Path(root, "versions").glob(f"{version}.*"), reverse=True):
+        candidates.append(str(cand / "bin" / f"python{version}"))
+    return next((exe for exe in candidates if _works(exe)), None)
 
 
 @nox.session(python=False)
