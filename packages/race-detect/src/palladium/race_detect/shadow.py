@@ -96,6 +96,12 @@ class BufferShadow:
         self.shape = shape
         self.name = name
         self._state: np.ndarray | None = None
+        # When not None, every element holds this pair and ``_state`` is stale: an
+        # access of the whole buffer (a block copy, a kernel's ``ref[...]``) then costs
+        # O(1) instead of a scan and a fill of the buffer.
+        self._uniform: int | None = 0
+        self._size = int(np.prod(shape, dtype=np.int64))
+        self._whole: Region | None = None  # the last region seen to cover the buffer
         self._writes = _Table(None)
         self._reads = _Table(())
         self._read_ids: dict[tuple[int, ...], int] = {}
@@ -124,8 +130,14 @@ class BufferShadow:
         ``times`` is the accessing actor's clock. ``region`` is normalised (one index per
         dimension).
         """
+        whole = mask is None and self._size > 0 and self._covers(region)
+        if whole and self._uniform is not None and self._access_uniform(event, times, is_write):
+            return []
         if self._state is None:
             self._state = np.zeros(self.shape, np.int64)
+        if self._uniform is not None:
+            self._state[...] = self._uniform
+            self._uniform = None
         # A trailing None keeps even a single element a (1-element) view, not a copy.
         view = self._state[region + (None,)]
         old = view if mask is None else view[mask]
@@ -173,11 +185,49 @@ class BufferShadow:
                 new = new_pairs[0]
             else:
                 new = np.asarray(new_pairs, np.int64)[np.reshape(inverse, old.shape)]
-        if mask is None:
+        if whole and not isinstance(new, np.ndarray):
+            self._uniform = new
+        elif mask is None:
             view[...] = new
         else:
             view[mask] = new
         return races
+
+    def _covers(self, region: Region) -> bool:
+        """Whether the normalised ``region`` is every element of the buffer."""
+        if region is self._whole:
+            return True
+        for index, n in zip(region, self.shape):
+            if index.__class__ is slice:
+                if index.step not in (None, 1) or index.start not in (None, 0):
+                    return False
+                if index.stop is not None and index.stop < n:
+                    return False
+            elif n != 1 or index not in (0, -1):
+                return False
+        self._whole = region
+        return True
+
+    def _access_uniform(self, event: Event, times: list[int], is_write: bool) -> bool:
+        """The whole-buffer access of a uniform buffer, if it races with nothing (True);
+        False (nothing changed) when it races: the general path then reports it."""
+        assert self._uniform is not None
+        pair, size = self._uniform, self._size
+        wid, rid = pair >> 32, pair & _R_MASK
+        if wid and not _precedes(self._writes.items[wid], times):
+            return False
+        if is_write:
+            if rid and any(not _precedes(e, times) for e in self._reads.items[rid]):
+                return False
+            if wid:
+                self._writes.release(wid, size)
+            self._drop_read_set(rid, size)
+            self._uniform = self._writes.add(event, size) << 32
+        else:
+            new_rid = self._with_read(rid, event, times, size)
+            self._drop_read_set(rid, size)
+            self._uniform = wid << 32 | new_rid
+        return True
 
     def _check_reads(
         self,
