@@ -85,6 +85,37 @@ class _Table:
 
 
 _R_MASK = (1 << 32) - 1
+_MAX_BOXES = 1024  # beyond this many uniform boxes, fall back to the dense state
+
+Box = tuple[tuple[int, int], ...]  # per dimension [start, stop)
+
+
+def _size(box: Box) -> int:
+    n = 1
+    for lo, hi in box:
+        n *= hi - lo
+    return n
+
+
+def _contains(outer: Box, inner: Box) -> bool:
+    return all(a <= c and d <= b for (a, b), (c, d) in zip(outer, inner))
+
+
+def _overlaps(a: Box, b: Box) -> bool:
+    return all(lo1 < hi2 and lo2 < hi1 for (lo1, hi1), (lo2, hi2) in zip(a, b))
+
+
+def _subtract(outer: Box, inner: Box) -> list[Box]:
+    """``outer`` minus ``inner`` (inside it) as disjoint boxes."""
+    pieces = []
+    rest = list(outer)
+    for axis, ((lo, hi), (ilo, ihi)) in enumerate(zip(outer, inner)):
+        if lo < ilo:
+            pieces.append(tuple(rest[:axis] + [(lo, ilo)] + rest[axis + 1 :]))
+        if ihi < hi:
+            pieces.append(tuple(rest[:axis] + [(ihi, hi)] + rest[axis + 1 :]))
+        rest[axis] = (ilo, ihi)
+    return pieces
 _min = np.minimum.reduce
 _max = np.maximum.reduce
 
@@ -96,12 +127,16 @@ class BufferShadow:
         self.shape = shape
         self.name = name
         self._state: np.ndarray | None = None
-        # When not None, every element holds this pair and ``_state`` is stale: an
-        # access of the whole buffer (a block copy, a kernel's ``ref[...]``) then costs
-        # O(1) instead of a scan and a fill of the buffer.
-        self._uniform: int | None = 0
-        self._size = int(np.prod(shape, dtype=np.int64))
-        self._whole: Region | None = None  # the last region seen to cover the buffer
+        # Uniform boxes: disjoint rectangular parts of the buffer whose elements all
+        # hold one pair; ``_state`` is stale there. An access of exactly such a box, or
+        # of a box inside one (a block copy, a kernel's ``ref[...]``), costs O(1)
+        # instead of a scan and a fill of the region. Initially the whole buffer is one
+        # box holding pair 0 (never written, no reads).
+        full = tuple((0, int(n)) for n in shape)
+        self._boxes: dict[Box, int] = {full: 0} if all(shape) else {}
+        self._state_fresh = True  # _state is still all zeros where no box covers it
+        self._last_region: Region | None = None  # identity cache of _box_of
+        self._last_box: Box | None = None
         self._writes = _Table(None)
         self._reads = _Table(())
         self._read_ids: dict[tuple[int, ...], int] = {}
@@ -130,14 +165,11 @@ class BufferShadow:
         ``times`` is the accessing actor's clock. ``region`` is normalised (one index per
         dimension).
         """
-        whole = mask is None and self._size > 0 and self._covers(region)
-        if whole and self._uniform is not None and self._access_uniform(event, times, is_write):
+        box = self._box_of(region)
+        if mask is None and box is not None and self._access_box(box, event, times, is_write):
             return []
-        if self._state is None:
-            self._state = np.zeros(self.shape, np.int64)
-        if self._uniform is not None:
-            self._state[...] = self._uniform
-            self._uniform = None
+        self._materialize(box)
+        assert self._state is not None
         # A trailing None keeps even a single element a (1-element) view, not a copy.
         view = self._state[region + (None,)]
         old = view if mask is None else view[mask]
@@ -185,49 +217,86 @@ class BufferShadow:
                 new = new_pairs[0]
             else:
                 new = np.asarray(new_pairs, np.int64)[np.reshape(inverse, old.shape)]
-        if whole and not isinstance(new, np.ndarray):
-            self._uniform = new
+        if mask is None and box is not None and not isinstance(new, np.ndarray):
+            self._add_box(box, new)
         elif mask is None:
             view[...] = new
         else:
             view[mask] = new
         return races
 
-    def _covers(self, region: Region) -> bool:
-        """Whether the normalised ``region`` is every element of the buffer."""
-        if region is self._whole:
-            return True
+    # ----------------------------------------------------------------- uniform boxes
+    def _box_of(self, region: Region) -> Box | None:
+        """The normalised ``region`` as a box, or None (strided, or empty)."""
+        if region is self._last_region:
+            return self._last_box
+        box = []
         for index, n in zip(region, self.shape):
             if index.__class__ is slice:
-                if index.step not in (None, 1) or index.start not in (None, 0):
-                    return False
-                if index.stop is not None and index.stop < n:
-                    return False
-            elif n != 1 or index not in (0, -1):
-                return False
-        self._whole = region
-        return True
+                start, stop, step = index.indices(n)
+                if step != 1 or stop <= start:
+                    return None
+                box.append((start, stop))
+            else:
+                i = int(index)
+                i = i + n if i < 0 else i
+                box.append((i, i + 1))
+        result = tuple(box)
+        self._last_region, self._last_box = region, result
+        return result
 
-    def _access_uniform(self, event: Event, times: list[int], is_write: bool) -> bool:
-        """The whole-buffer access of a uniform buffer, if it races with nothing (True);
-        False (nothing changed) when it races: the general path then reports it."""
-        assert self._uniform is not None
-        pair, size = self._uniform, self._size
+    def _access_box(self, box: Box, event: Event, times: list[int], is_write: bool) -> bool:
+        """Access ``box`` in O(1) if it is (inside) a uniform box and races with
+        nothing: True. Otherwise change nothing and return False (the general path
+        then reports the race, or scans the region)."""
+        boxes = self._boxes
+        outer = box if box in boxes else None
+        if outer is None:
+            outer = next((b for b in boxes if _contains(b, box)), None)
+            if outer is None:
+                return False
+        pair = boxes[outer]
+        size = _size(box)
         wid, rid = pair >> 32, pair & _R_MASK
         if wid and not _precedes(self._writes.items[wid], times):
             return False
+        # The same table operations, in the same order, as the general path on a
+        # region holding one pair: ids (and so reports) do not depend on the path.
         if is_write:
             if rid and any(not _precedes(e, times) for e in self._reads.items[rid]):
                 return False
             if wid:
                 self._writes.release(wid, size)
             self._drop_read_set(rid, size)
-            self._uniform = self._writes.add(event, size) << 32
+            new = self._writes.add(event, size) << 32
         else:
             new_rid = self._with_read(rid, event, times, size)
             self._drop_read_set(rid, size)
-            self._uniform = wid << 32 | new_rid
+            new = wid << 32 | new_rid
+        if outer is not box:
+            del boxes[outer]
+            for piece in _subtract(outer, box):
+                boxes[piece] = pair
+        boxes[box] = new
         return True
+
+    def _add_box(self, box: Box, pair: int) -> None:
+        if len(self._boxes) >= _MAX_BOXES:
+            self._materialize(None)
+        self._boxes[box] = pair
+
+    def _materialize(self, box: Box | None) -> None:
+        """Write the uniform boxes overlapping ``box`` (None: all) into ``_state``."""
+        if self._state is None:
+            self._state = np.zeros(self.shape, np.int64)
+        boxes = self._boxes
+        hit = list(boxes) if box is None else [b for b in boxes if _overlaps(b, box)]
+        for b in hit:
+            pair = boxes.pop(b)
+            if pair or not self._state_fresh:
+                self._state[tuple(slice(lo, hi) for lo, hi in b)] = pair
+        if hit or box is None:
+            self._state_fresh = False
 
     def _check_reads(
         self,
