@@ -74,6 +74,33 @@ def test_allocate_with_value_copies():
 )
 def test_padded_shape(shape, dtype, expected):
     assert padded_shape(shape, dtype) == expected
+    assert padded_shape(shape, dtype, generation=4) == expected
+
+
+@pytest.mark.parametrize(
+    ("shape", "dtype", "expected"),
+    [
+        ((5,), np.float32, (256,)),
+        ((5,), BF16, (512,)),
+        ((1, 5), np.float32, (2, 128)),
+        ((3, 5), BF16, (4, 128)),
+        ((1, 5), BF16, (4, 128)),
+        ((20, 130), np.float32, (24, 256)),
+    ],
+)
+def test_padded_shape_before_tpu_v4(shape, dtype, expected):
+    # Mosaic's tiling factor starts at 2 * packing on TPU v2/v3.
+    assert padded_shape(shape, dtype, generation=3) == expected
+
+
+def test_simulation_pads_for_its_tpu_generation():
+    for generation, rows in ((5, 1), (3, 2)):
+        sim = Simulation(bounds="padded", tpu_generation=generation)
+        buf = sim.allocate(MemorySpace.VMEM, 0, 0, name="x", value=np.ones((1, 128), np.float32))
+        got = sim.read(buf, (slice(0, rows),), core=CORE)
+        assert got.shape == (rows, 128)
+        with pytest.raises(OutOfBoundsError):
+            sim.read(buf, (slice(0, rows + 1),), core=CORE)
 
 
 @pytest.mark.parametrize(

@@ -15,11 +15,17 @@ from palladium.shared_memory.errors import (
     SemaphoreLeakError,
     SimulationError,
 )
-from palladium.shared_memory.padding import TILING_DEFAULT, padded_shape, uninitialized_value
+from palladium.shared_memory.padding import (
+    GENERATION_DEFAULT,
+    TILING_DEFAULT,
+    padded_shape,
+    uninitialized_value,
+)
 from palladium.shared_memory.semaphores import SemaphoreKind
 from palladium.shared_memory.simulation import CoreId, Simulation
 
 __all__ = [
+    "GENERATION_DEFAULT",
     "TILING_DEFAULT",
     "BufferRef",
     "CoreId",

@@ -14,24 +14,34 @@ second-minor dimension, so a 16-bit array is tiled ``(16, 128)`` and an 8-bit on
   starts at ``packing`` and doubles while it is smaller than both the dimension and the
   full tile ``tiling[0] * packing``.
 
-Dtypes wider than 32 bits (float64 with x64 enabled) are tiled like 32-bit ones. This is
-a fixed, documented default: the simulator runs on CPU and has no TPU generation to ask.
+Dtypes wider than 32 bits (float64 with x64 enabled) are tiled like 32-bit ones.
+
+The TPU generation matters only before v4: TPU v2 and v3 start the second-minor tile at
+``2 * packing`` and pad rank-1 arrays to ``2 * 128 * packing`` elements. The simulator
+runs on CPU and has no TPU to ask, so callers pass ``generation`` (default
+:data:`GENERATION_DEFAULT`, any v4-or-newer TensorCore).
 
 >>> import numpy as np
 >>> padded_shape((3, 5), np.float32)
 (4, 128)
 >>> padded_shape((20, 130), np.float32)
 (24, 256)
+>>> padded_shape((1, 128), np.float32), padded_shape((1, 128), np.float32, generation=3)
+((1, 128), (2, 128))
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["TILING_DEFAULT", "padded_shape", "uninitialized_value"]
+__all__ = ["GENERATION_DEFAULT", "TILING_DEFAULT", "padded_shape", "uninitialized_value"]
 
 TILING_DEFAULT: tuple[int, int] = (8, 128)
 """The (sublane, lane) tile of 32-bit data on a TPU."""
+
+GENERATION_DEFAULT: int = 5
+"""The TPU generation padded for when the caller names none (tiles are the same for
+every generation >= 4)."""
 
 
 def _packing(dtype: np.dtype) -> int:
@@ -39,18 +49,22 @@ def _packing(dtype: np.dtype) -> int:
 
 
 def padded_shape(
-    shape: tuple[int, ...], dtype, tiling: tuple[int, int] = TILING_DEFAULT
+    shape: tuple[int, ...], dtype, tiling: tuple[int, int] = TILING_DEFAULT,
+    *, generation: int = GENERATION_DEFAULT,
 ) -> tuple[int, ...]:
-    """The tile-padded shape of an array of ``shape`` and ``dtype`` (see module docs)."""
+    """The tile-padded shape of an array of ``shape`` and ``dtype`` on a TPU of
+    ``generation`` (see module docs)."""
     shape = tuple(int(d) for d in shape)
     if not shape:
         return ()
     packing = _packing(np.dtype(dtype))
     sublanes, lanes = tiling
+    # TPU v2/v3 tiles are twice as tall at the small end (Mosaic's tiling factor).
+    min_factor = 2 if generation < 4 else 1
     if len(shape) == 1:
-        return (_round_up(shape[0], lanes * packing),)
+        return (_round_up(shape[0], min_factor * lanes * packing),)
     *leading, second, minor = shape
-    tile = packing
+    tile = min_factor * packing
     while tile < min(second, sublanes * packing):
         tile *= 2
     return (*leading, _round_up(second, tile), _round_up(minor, lanes))

@@ -31,7 +31,12 @@ from palladium.shared_memory.errors import (
     at_site,
     core_name,
 )
-from palladium.shared_memory.padding import TILING_DEFAULT, padded_shape, uninitialized_value
+from palladium.shared_memory.padding import (
+    GENERATION_DEFAULT,
+    TILING_DEFAULT,
+    padded_shape,
+    uninitialized_value,
+)
 from palladium.shared_memory.regions import describe_region, resolve
 from palladium.shared_memory.scheduler import Scheduler, Task
 from palladium.shared_memory.semaphores import (
@@ -77,6 +82,7 @@ class Simulation:
         uninitialized: str = "nan",
         bounds: str = "logical",
         tiling: tuple[int, int] = TILING_DEFAULT,
+        tpu_generation: int = GENERATION_DEFAULT,
     ):
         options = dict(
             dma_execution_mode=dma_execution_mode, dma_order=dma_order,
@@ -96,6 +102,7 @@ class Simulation:
         self.uninitialized = uninitialized
         self.bounds = bounds
         self.tiling = tiling
+        self.tpu_generation = tpu_generation
         self._eager = dma_execution_mode == "eager"
         self._oob_raise = out_of_bounds == "raise"
         self._rng = random.Random(seed)
@@ -194,7 +201,8 @@ class Simulation:
                            uninitialized_value(dtype, fill or self.uninitialized), dtype)
         bound = data.shape
         if self.bounds == "padded" and space is not MemorySpace.SMEM:
-            bound = padded_shape(data.shape, data.dtype, self.tiling)
+            bound = padded_shape(data.shape, data.dtype, self.tiling,
+                                 generation=self.tpu_generation)
         key = next(self._next_key)
         ref = BufferRef(key, space, int(device), core, name, data.shape, data.dtype)
         self._buffers[key] = Buffer(
