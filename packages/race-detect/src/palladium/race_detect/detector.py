@@ -11,7 +11,7 @@ from palladium.race_detect.clock import Clock, VectorClock
 from palladium.race_detect.errors import ActorError, RegionError, UnknownBufferError
 from palladium.race_detect.policy import OnRace, deliver_function
 from palladium.race_detect.regions import check_mask, normalise
-from palladium.race_detect.report import Access, RaceReport
+from palladium.race_detect.report import RaceReport
 from palladium.race_detect.shadow import BufferShadow, Event
 
 
@@ -183,7 +183,7 @@ class RaceDetector:
             full = normalise(region, shadow.shape, shadow.name)
             bool_mask = None if mask is None else check_mask(mask, full, shadow.shape, shadow.name)
             clock = actor._clock
-            access = Access(
+            fields = (
                 actor.name,
                 "write" if is_write else "read",
                 shadow.name,
@@ -193,13 +193,14 @@ class RaceDetector:
                 bool_mask is not None,
             )
             self._serial += 1
-            event = Event(actor.slot, clock.times[actor.slot], self._serial, access)
+            event = Event(actor.slot, clock.times[actor.slot], self._serial, fields=fields)
             try:
                 races = shadow.access(event, clock.times, is_write, full, bool_mask)
             except IndexError as error:  # numpy's own bounds message, with our names
                 raise RegionError(f"buffer {shadow.name!r}: {error}") from error
             if not races:
                 return
+            access = event.access
             reports = [RaceReport(earlier.access, access, element) for earlier, element in races]
             self._reports.extend(reports)
         self._deliver(reports)

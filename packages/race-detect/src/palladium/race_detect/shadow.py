@@ -30,15 +30,30 @@ from palladium.race_detect.report import Access
 
 
 class Event:
-    """One access at epoch ``(slot, time)``; ``serial`` numbers accesses in program order."""
+    """One access at epoch ``(slot, time)``; ``serial`` numbers accesses in program order.
 
-    __slots__ = ("slot", "time", "serial", "access")
+    Its ``Access`` record is built only when a report needs it (most accesses never
+    race): pass ``fields``, the ``Access`` constructor's arguments, instead of it.
+    """
 
-    def __init__(self, slot: int, time: int, serial: int, access: Access) -> None:
+    __slots__ = ("slot", "time", "serial", "_access", "_fields")
+
+    def __init__(
+        self, slot: int, time: int, serial: int, access: Access | None = None,
+        fields: tuple[Any, ...] | None = None,
+    ) -> None:
         self.slot = slot
         self.time = time
         self.serial = serial
-        self.access = access
+        self._access = access
+        self._fields = fields
+
+    @property
+    def access(self) -> Access:
+        if self._access is None:
+            assert self._fields is not None
+            self._access = Access(*self._fields)
+        return self._access
 
 
 Race = tuple[Event, tuple[int, ...]]  # the earlier event and one element both touch
