@@ -2,19 +2,29 @@
 
 For each kernel: the first call (trace + compile + run, after `jax.clear_caches()`) and the
 steady state (median of repeated calls), with race detection off and on, for both
-interpreters. Ratios are jax / palladium (higher is better for palladium). Then a profile
-of palladium's steady state shows where its remaining time goes.
+interpreters. Ratios are jax / palladium (higher is better for palladium). Then profiles
+of palladium's first and steady calls show where its time goes.
 
-    python benchmarks/interpret_vs_jax.py [--quick] [--no-profile]
+The interpreter runs inside a host callback, on a thread XLA owns (and simulated cores
+beyond the first on threads of their own), so a profiler enabled on the main thread
+sees none of it. The profile wraps the interpreter's entry point (every launch goes
+through it) with a profiler of its own, enables one in every thread started meanwhile
+(``threading.setprofile``), and merges them with the main thread's (tracing, lowering,
+compiling).
+
+    python benchmarks/interpret_vs_jax.py [--quick] [--no-profile] [--profile-only]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import io
 import pstats
 import statistics
+import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -27,6 +37,7 @@ from jax.experimental.pallas.ops.tpu import flash_attention as fa
 from jax.experimental.pallas.ops.tpu.matmul import matmul
 
 import palladium.interpret as pi
+from palladium.interpret import jax_hook
 
 
 @dataclass(frozen=True)
@@ -94,17 +105,7 @@ def _modes(races: bool):
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--quick", action="store_true", help="small sizes (a smoke run)")
-    parser.add_argument("--no-profile", action="store_true")
-    parser.add_argument("--repeats", type=int, default=3)
-    opts = parser.parse_args()
-    if opts.quick:
-        cases = [_matmul_case(256, 128), _flash_case(256, 128)]
-    else:
-        cases = [_matmul_case(1024, 128), _flash_case(2048, 128)]
-
+def _print_tables(cases: list[Case], repeats: int) -> None:
     print(f"jax {jax.__version__}, {len(jax.devices())} CPU device(s); times in seconds;"
           " ratio = jax / palladium")
     print()
@@ -118,7 +119,7 @@ def main() -> None:
         for races in (False, True):
             row = {}
             for name, mode in _modes(races).items():
-                first, steady, out = _time_calls(mode(), fn, args, opts.repeats)
+                first, steady, out = _time_calls(mode(), fn, args, repeats)
                 err = float(np.max(np.abs(out - expected)))
                 if err > 1e-2 * max(1.0, float(np.max(np.abs(expected)))):
                     raise AssertionError(f"{name} gave a wrong answer on {case.name}: {err}")
@@ -135,23 +136,104 @@ def main() -> None:
         on, off = steady_by[(case.name, True)], steady_by[(case.name, False)]
         print(f"| {case.name} | {on / off:.2f}x |")
 
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--quick", action="store_true", help="small sizes (a smoke run)")
+    parser.add_argument("--no-profile", action="store_true")
+    parser.add_argument("--profile-only", action="store_true", help="skip the timing tables")
+    parser.add_argument("--top", type=int, default=20, help="profile rows to print")
+    parser.add_argument("--repeats", type=int, default=3)
+    opts = parser.parse_args()
+    if opts.quick:
+        cases = [_matmul_case(256, 128), _flash_case(256, 128)]
+    else:
+        cases = [_matmul_case(1024, 128), _flash_case(2048, 128)]
+
+    if not opts.profile_only:
+        _print_tables(cases, opts.repeats)
     if not opts.no_profile:
-        case = cases[0]
-        fn, args = case.make()
-        jitted = jax.jit(fn)
-        with pi.force_tpu_interpret_mode(pi.InterpretParams()):
-            jitted(*args).block_until_ready()
-            prof = cProfile.Profile()
+        _print_profiles(cases, opts.top)
+
+
+class _Profiles:
+    """cProfile of the main thread, of each launch's host callback and of the threads
+    started while profiling (simulated cores)."""
+
+    def __init__(self) -> None:
+        self.profiles: list[cProfile.Profile] = []
+        self._lock = threading.Lock()
+
+    def _new(self) -> cProfile.Profile:
+        prof = cProfile.Profile()
+        with self._lock:
+            self.profiles.append(prof)
+        return prof
+
+    def _thread_hook(self, frame, event, arg):  # first event of a new thread
+        sys.setprofile(None)
+        self._new().enable()
+
+    @contextlib.contextmanager
+    def capture(self):
+        entry = getattr(jax_hook, "_execute", None)
+        if entry is None:
+            raise RuntimeError("palladium.interpret.jax_hook._execute (the interpreter's "
+                               "entry point) is gone: update the benchmark's profiler")
+
+        def profiled(*args, **kwargs):
+            prof = self._new()
             prof.enable()
-            jitted(*args).block_until_ready()
-            prof.disable()
+            try:
+                return entry(*args, **kwargs)
+            finally:
+                prof.disable()
+
+        main = self._new()
+        jax_hook._execute = profiled
+        threading.setprofile(self._thread_hook)
+        main.enable()
+        try:
+            yield
+        finally:
+            main.disable()
+            threading.setprofile(None)
+            jax_hook._execute = entry
+
+    def report(self, top: int) -> str:
         buf = io.StringIO()
-        pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(15)
-        print()
-        print(f"Profile of one steady-state palladium call, {case.name} (top 15 by own time):")
-        print("```")
-        print(buf.getvalue().strip())
-        print("```")
+        stats = pstats.Stats(*self.profiles, stream=buf)
+        for func in [f for f in stats.stats if "_lsprof.Profiler" in f[2]]:
+            del stats.stats[func]  # the profilers' own enable calls (time spent waiting)
+        stats.sort_stats("tottime").print_stats(top)
+        text = buf.getvalue().strip()
+        return text.replace(str(_site_packages()), "<site-packages>")
+
+
+def _site_packages() -> str:
+    return jax.__file__.rsplit("/jax/", 1)[0]
+
+
+def _print_profiles(cases: list[Case], top: int) -> None:
+    for case in cases:
+        fn, args = case.make()
+        for races in (False, True):
+            jax.clear_caches()
+            jitted = jax.jit(fn)
+            first, steady = _Profiles(), _Profiles()
+            with pi.force_tpu_interpret_mode(pi.InterpretParams(detect_races=races)):
+                with first.capture():
+                    jitted(*args).block_until_ready()
+                with steady.capture():
+                    jitted(*args).block_until_ready()
+            for what, prof in (("first call (trace + lower + compile + run)", first),
+                               ("steady-state call", steady)):
+                print()
+                print(f"Profile of palladium's {what}, {case.name}, races "
+                      f"{'on' if races else 'off'} (top {top} by own time):")
+                print("```")
+                print(prof.report(top))
+                print("```", flush=True)
 
 
 if __name__ == "__main__":
