@@ -8,9 +8,12 @@ jax's ``emit_pipeline``.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import inspect
 
 import jax
 import numpy as np
+import pytest
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 from jax.sharding import AbstractDevice, AbstractMesh, use_abstract_mesh
@@ -21,7 +24,10 @@ TPU_KINDS = {"v5e": "TPU v5 lite", "v6e": "TPU v6 lite", "v7x": "TPU7x"}
 
 def tpu_mesh(kind: str = "TPU v5 lite"):
     """An abstract mesh whose abstract device is the TPU ``kind``."""
-    device = AbstractDevice(device_kind=kind, num_cores=1, platform="tpu")
+    # jax 0.10.0's AbstractDevice has no ``platform`` (the kind alone names the TPU).
+    has_platform = "platform" in inspect.signature(AbstractDevice).parameters
+    platform = {"platform": "tpu"} if has_platform else {}
+    device = AbstractDevice(device_kind=kind, num_cores=1, **platform)
     return AbstractMesh((1,), ("x",), abstract_device=device)
 
 
@@ -60,6 +66,12 @@ def hbm_call(kernel, out_shape, *, interpret=False, grid=(), scratch_shapes=(),
     return call
 
 
+#: jax 0.10.0's ``pltpu.InterpretParams`` has no ``buffer_bounds`` (no padded buffers).
+needs_padded_buffer_bounds = pytest.mark.skipif(
+    "buffer_bounds" not in {f.name for f in dataclasses.fields(pltpu.InterpretParams)},
+    reason="jax 0.10.0: pltpu.InterpretParams has no buffer_bounds='padded'",
+)
+
 #: The two interpreters every feature is checked under.
 MODES = ("tpu_interpret", "interpret_true")
 
@@ -67,10 +79,8 @@ MODES = ("tpu_interpret", "interpret_true")
 def run(make_call, mode: str, *args, padded: bool = False, num_cores: int = 1):
     """Run ``make_call(interpret=...)(*args)`` under one of :data:`MODES`."""
     if mode == "tpu_interpret":
-        params = pltpu.InterpretParams(
-            buffer_bounds="padded" if padded else "logical",
-            num_cores_or_threads=num_cores,
-        )
+        bounds = {"buffer_bounds": "padded"} if padded else {}
+        params = pltpu.InterpretParams(num_cores_or_threads=num_cores, **bounds)
         # jax 0.10.2's interpreter asks the TPU generation for padded buffers and
         # crashes on a CPU device kind; an abstract TPU device answers it.
         with on_tpu():

@@ -4,7 +4,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from _pipeline_harness import MODES, assert_exports, count_dma_starts, hbm_call, run
+from _pipeline_harness import (
+    MODES,
+    assert_exports,
+    count_dma_starts,
+    hbm_call,
+    needs_padded_buffer_bounds,
+    run,
+)
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from jax.experimental import pallas as pl
@@ -63,6 +70,7 @@ def test_elementwise_matches_jnp(rows, cols, br, bc, in_count, out_count, order,
     np.testing.assert_allclose(run(make_call, mode, x), x * 2 + 1, rtol=1e-6)
 
 
+@needs_padded_buffer_bounds
 @settings(max_examples=8, deadline=None)
 @given(rows=st.integers(2, 4), extra=st.integers(1, 7), in_count=st.integers(1, 3),
        out_count=st.integers(1, 2))

@@ -26,4 +26,4 @@ class LocalCopy:
 
     def wait(self) -> None:
         """Block until the destination has been written."""
-        self._bind(jc.dma_wait_p, insert_dummy_device=False)
+        self._bind(jc.dma_wait_p, **jc.DMA_WAIT_PARAMS)

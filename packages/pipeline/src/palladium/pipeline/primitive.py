@@ -278,15 +278,15 @@ def _is_ref_like(x) -> bool:
 
 
 def _map_body_effects(jaxpr, position_of_invar: Sequence[int | None]) -> set:
-    index = {v: i for i, v in enumerate(jaxpr.invars)}
+    num_constvars = len(jaxpr.constvars)
     out = set()
     for effect in jaxpr.effects:
         if not isinstance(effect, jc.JaxprInputEffect):
             out.add(effect)
             continue
-        position = position_of_invar[index[effect.input]]
+        position = position_of_invar[jc.input_effect_position(effect, jaxpr) - num_constvars]
         if position is not None:
-            out.add(effect.replace(position))
+            out.add(jc.input_effect_at(effect, position))
     return out
 
 

@@ -50,9 +50,9 @@ def _generation_of_kind(device_kind: str) -> int | None:
 
 def tpu_generation() -> int:
     """The TPU generation to tile for (see the module docstring for the order)."""
-    device = jc.abstract_device()
-    if device is not None and device.platform == "tpu":
-        found = _generation_of_kind(device.device_kind)
+    kind = jc.abstract_tpu_device_kind()
+    if kind is not None:
+        found = _generation_of_kind(kind)
         if found is not None:
             return found
     default = jax.devices()[0]
