@@ -150,8 +150,8 @@ class BufferShadow:
         full = tuple((0, int(n)) for n in shape)
         self._boxes: dict[Box, int] = {full: 0} if all(shape) else {}
         self._state_fresh = True  # _state is still all zeros where no box covers it
-        self._last_region: Region | None = None  # identity cache of _box_of
-        self._last_box: Box | None = None
+        # _box_of by region identity (callers reuse the same few region tuples).
+        self._box_cache: dict[int, tuple[Region, Box | None]] = {}
         self._writes = _Table(None)
         self._reads = _Table(())
         self._read_ids: dict[tuple[int, ...], int] = {}
@@ -243,21 +243,32 @@ class BufferShadow:
     # ----------------------------------------------------------------- uniform boxes
     def _box_of(self, region: Region) -> Box | None:
         """The normalised ``region`` as a box, or None (strided, or empty)."""
-        if region is self._last_region:
-            return self._last_box
-        box = []
+        hit = self._box_cache.get(id(region))
+        if hit is not None and hit[0] is region:
+            return hit[1]
+        box: list[tuple[int, int]] = []
+        boxed = True
+        cacheable = True
         for index, n in zip(region, self.shape):
             if index.__class__ is slice:
+                cacheable = cacheable and all(
+                    v is None or v.__class__ is int for v in (index.start, index.stop, index.step)
+                )
                 start, stop, step = index.indices(n)
                 if step != 1 or stop <= start:
-                    return None
+                    boxed = False
+                    break
                 box.append((start, stop))
             else:
+                cacheable = cacheable and index.__class__ is int
                 i = int(index)
                 i = i + n if i < 0 else i
                 box.append((i, i + 1))
-        result = tuple(box)
-        self._last_region, self._last_box = region, result
+        result = tuple(box) if boxed else None
+        if cacheable:  # only ints and slices of ints: the region cannot change
+            if len(self._box_cache) >= 64:
+                self._box_cache.clear()
+            self._box_cache[id(region)] = (region, result)
         return result
 
     def _access_box(self, box: Box, event: Event, times: list[int], is_write: bool) -> bool:

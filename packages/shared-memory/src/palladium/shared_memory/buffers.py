@@ -21,6 +21,21 @@ from palladium.shared_memory.regions import AccessPlan, describe_region, resolve
 __all__ = ["Buffer", "BufferRef", "MemorySpace"]
 
 _ELLIPSIS = (Ellipsis,)
+_PLAN_CACHE_SIZE = 64
+
+
+def _immutable(region: tuple) -> bool:
+    """Whether ``region`` holds only ints and slices of ints/None (no arrays that could
+    change under a cached plan)."""
+    for r in region:
+        cls = r.__class__
+        if cls is slice:
+            for v in (r.start, r.stop, r.step):
+                if v is not None and v.__class__ is not int:
+                    return False
+        elif cls is not int:
+            return False
+    return True
 
 
 class MemorySpace(enum.Enum):
@@ -59,7 +74,7 @@ class BufferRef:
 class Buffer:
     """The storage and bounds of one allocation (owned by a ``Simulation``)."""
 
-    __slots__ = ("bound", "data", "fill", "logical", "ref", "refcount")
+    __slots__ = ("bound", "data", "fill", "logical", "plans", "ref", "refcount")
 
     def __init__(self, ref: BufferRef, data: np.ndarray, bound: tuple[int, ...], fill):
         self.ref = ref
@@ -68,9 +83,22 @@ class Buffer:
         self.bound = bound
         self.fill = fill
         self.refcount = 1
+        # Plans of recently used region tuples, by identity: an interpreter accesses a
+        # buffer through the same few region objects on every step.
+        self.plans: dict[int, tuple[tuple, AccessPlan]] = {}
 
     def plan(self, region) -> AccessPlan:
         """Resolve ``region`` against this buffer's logical and bound shapes."""
+        if region.__class__ is tuple:
+            hit = self.plans.get(id(region))
+            if hit is not None and hit[0] is region:
+                return hit[1]
+            plan = resolve(region, self.logical, self.bound)
+            if _immutable(region):
+                if len(self.plans) >= _PLAN_CACHE_SIZE:
+                    self.plans.clear()
+                self.plans[id(region)] = (region, plan)  # holds region: its id stays unique
+            return plan
         return resolve(region, self.logical, self.bound)
 
     # -- reads -------------------------------------------------------------------------

@@ -37,7 +37,7 @@ from palladium.shared_memory.padding import (
     padded_shape,
     uninitialized_value,
 )
-from palladium.shared_memory.regions import describe_region, resolve
+from palladium.shared_memory.regions import describe_region
 from palladium.shared_memory.scheduler import Scheduler, Task
 from palladium.shared_memory.semaphores import (
     BARRIER_SEMAPHORE_ID,
@@ -238,7 +238,7 @@ class Simulation:
     def read(self, buf: BufferRef, region, *, core: CoreId, site=None) -> np.ndarray:
         """A copy of ``buf[region]`` as read by ``core``."""
         b = self._buffers.get(buf.key) or self._buffer(buf)
-        plan = resolve(region, b.logical, b.bound)
+        plan = b.plan(region)
         if plan.full:  # the common case, inlined: the interpreter reads on every load
             out = b.data[plan.index + _ELLIPSIS].copy()
         else:
