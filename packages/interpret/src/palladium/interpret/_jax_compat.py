@@ -152,3 +152,25 @@ def trace_to_closed_jaxpr(fn, avals, name: str):
 def axis_sizes() -> dict:
     """``{axis name: size}`` of the named axes in scope (a ``shard_map``'s mesh axes)."""
     return dict(jax_core.get_axis_env().axis_sizes)
+
+
+def lowering_call_site(ctx) -> tuple[str, int] | None:
+    """(file, line) of the user code that traced the equation a lowering rule lowers
+    (the ``pl.pallas_call(...)(x)`` line), or None."""
+    traceback = getattr(ctx, "traceback", None)
+    if traceback is None:
+        return None
+    frame = source_info_util.user_frame(traceback)
+    if frame is None:
+        return None
+    return frame.file_name, frame.start_line
+
+
+def callback_logger():
+    """The logger on which jax reports a failing host callback ("jax.pure_callback
+    failed", with the traceback)."""
+    import logging
+
+    from jax._src import callback as jax_callback
+
+    return getattr(jax_callback, "logger", None) or logging.getLogger(jax_callback.__name__)

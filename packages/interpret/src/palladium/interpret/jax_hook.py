@@ -13,6 +13,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import logging
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -23,7 +24,9 @@ import numpy as np
 
 from palladium.interpret import _jax_compat as jc
 from palladium.interpret.blas import single_threaded_blas
+from palladium.interpret.chip import resolve_chip
 from palladium.interpret.devices import DeviceMesh
+from palladium.interpret.errors import SimulationError
 from palladium.interpret.kernel import PreparedKernel
 from palladium.interpret.launch import Launch
 from palladium.interpret.order_check import check_dma_order
@@ -182,7 +185,9 @@ class _LaunchSite:
 def _pallas_call_lowering(ctx: Any, *in_nodes: Any, interpret: Any, **params: Any) -> Any:
     if not isinstance(interpret, InterpretParams):
         return _ORIGINAL_RULE(ctx, *in_nodes, interpret=interpret, **params)
-    kernel = PreparedKernel.from_params(**params)
+    kernel = PreparedKernel.from_params(call_site=jc.lowering_call_site(ctx), **params)
+    if interpret.chip is None:  # the abstract mesh of the tracing context decides
+        interpret = dataclasses.replace(interpret, chip=resolve_chip(None))
     out_shapes = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in ctx.avals_out]
     mesh = DeviceMesh.from_axis_env(
         {k: v for k, v in jc.axis_sizes().items() if k not in kernel.core_axis_names}
@@ -201,8 +206,24 @@ def _pallas_call_lowering(ctx: Any, *in_nodes: Any, interpret: Any, **params: An
     return jc.lower_fun(impl, multiple_results=True)(ctx, *in_nodes)
 
 
+class _PalladiumFailureFilter(logging.Filter):
+    """Drops jax's "jax.pure_callback failed" record (with its full traceback) when the
+    callback failed with a palladium exception: that exception reaches the caller with
+    the whole message anyway. Other callback failures are still logged."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        return not isinstance(exc, SimulationError)
+
+
+_FAILURE_FILTER = _PalladiumFailureFilter()
+
+
 def install() -> None:
     """Register palladium's CPU lowering for ``pallas_call_p`` (idempotent)."""
+    logger = jc.callback_logger()
+    if _FAILURE_FILTER not in logger.filters:
+        logger.addFilter(_FAILURE_FILTER)
     jc.register_lowering(jc.PALLAS_CALL_P, _pallas_call_lowering, platform="cpu")
     # core_map lowers through jax's mpmd fallback, which calls the pallas_call lowering
     # function directly rather than through the registry.

@@ -43,6 +43,17 @@ class PreparedKernel:
     outputs: tuple[BlockSpecInfo, ...]
     scratch: tuple[ScratchInfo, ...]
     programs: ProgramCache
+    call_site: str | None = None  # "file.py:line" of the pallas_call / core_map call
+    # id(eqn) -> the source info to report for an equation of a nested jaxpr that has
+    # no user frame of its own (e.g. the DMA inside ``pltpu.sync_copy``'s run_scoped):
+    # that of the innermost enclosing equation that has one.
+    inherited_sources: dict[int, Any] = dataclasses.field(default_factory=dict)
+
+    @property
+    def launch_location(self) -> str | None:
+        """Where block copies and revisits are reported: the ``pallas_call`` line when
+        jax kept it, else the kernel function's definition."""
+        return self.call_site or self.location
 
     @property
     def location(self) -> str | None:
@@ -55,7 +66,7 @@ class PreparedKernel:
     @classmethod
     def from_params(cls, *, jaxpr: Any, grid_mapping: Any, mesh: Any, compiler_params: Any,
                     input_output_aliases: Any, out_avals: Any, name: Any = None,
-                    **_: Any) -> PreparedKernel:
+                    call_site: tuple[str, int] | None = None, **_: Any) -> PreparedKernel:
         gm = grid_mapping
         arg_names = getattr(jaxpr.debug_info, "arg_names", None) if jaxpr.debug_info else None
         n_idx, n_in, n_out = gm.num_index_operands, gm.num_inputs, gm.num_outputs
@@ -97,6 +108,9 @@ class PreparedKernel:
             outputs=outputs,
             scratch=scratch,
             programs=ProgramCache(),
+            call_site=(f"{os.path.basename(call_site[0])}:{call_site[1]}"
+                       if call_site is not None else None),
+            inherited_sources=_inherited_sources(jaxpr),
         )
 
     @property
@@ -114,3 +128,37 @@ class PreparedKernel:
 def _origin(bm: Any, fallback: str) -> str:
     origin = getattr(bm, "origin", None)
     return str(origin) if origin else fallback
+
+
+def _sub_jaxprs(value: Any) -> list[Any]:
+    if isinstance(value, jc.ClosedJaxpr):
+        return [value.jaxpr]
+    if isinstance(value, jc.Jaxpr):
+        return [value]
+    if isinstance(value, tuple | list):
+        return [j for v in value for j in _sub_jaxprs(v)]
+    return []
+
+
+def _inherited_sources(jaxpr: Any) -> dict[int, Any]:
+    """For every equation of ``jaxpr``'s nested jaxprs whose traceback has no user frame,
+    the source info of its innermost enclosing equation that has one (computed once per
+    kernel, so error sites cost a dict lookup)."""
+    out: dict[int, Any] = {}
+    seen: set[int] = set()
+
+    def walk(jx: Any, outer: Any) -> None:
+        if id(jx) in seen:
+            return
+        seen.add(id(jx))
+        for eqn in jx.eqns:
+            own = eqn.source_info
+            if jc.user_frame(own) is None and outer is not None:
+                out[id(eqn)] = outer
+                own = outer
+            for value in eqn.params.values():
+                for sub in _sub_jaxprs(value):
+                    walk(sub, own)
+
+    walk(jaxpr, None)
+    return out

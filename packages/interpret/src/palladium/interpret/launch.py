@@ -11,11 +11,11 @@ import numpy as np
 
 from palladium.interpret import _jax_compat as jc
 from palladium.interpret.blocks import BlockSpecInfo, memory_space_of
+from palladium.interpret.chip import CHIP_GENERATIONS, DEFAULT_CHIP
 from palladium.interpret.devices import DeviceMesh
 from palladium.interpret.errors import KernelError, RevisitError, UnsupportedFeatureError
 from palladium.interpret.eval.evaluator import CoreEvaluator
 from palladium.interpret.eval.refs import MemRef, SemaphoreRef
-from palladium.interpret.grid_blocks import GridBlocks
 from palladium.interpret.kernel import PreparedKernel
 from palladium.interpret.params import InterpretParams, LoggingMode
 from palladium.interpret.site import Site
@@ -63,6 +63,7 @@ class Launch:
         self.kernel_name = kernel.name
         self.programs = kernel.programs
         gm = kernel.grid_mapping
+        self.chip = params.chip or DEFAULT_CHIP
         self.num_cores = (
             math.prod(kernel.mesh.shape.values()) if kernel.is_core_map
             else params.num_cores_or_threads
@@ -79,6 +80,7 @@ class Launch:
             uninitialized=params.uninitialized_memory,
             bounds=params.buffer_bounds,
             tiling=TILING_DEFAULT,
+            tpu_generation=CHIP_GENERATIONS[self.chip],
         )
         self.vmapped_dims = tuple(gm.vmapped_dims)
         self.grid_names = tuple(gm.grid_names) if gm.grid_names is not None else ()
@@ -229,8 +231,9 @@ class Launch:
             )
         self.grid = grids.pop()
         if self.params.logging_mode and LoggingMode.LAUNCH in self.params.logging_mode:
-            logger.debug("launch %s: grid %s on %d device(s) x %d core(s)", self.kernel_name,
-                         self.grid, len(device_args), self.num_cores)
+            logger.debug("launch %s: grid %s on %d device(s) x %d core(s), chip %s",
+                         self.kernel_name, self.grid, len(device_args), self.num_cores,
+                         self.chip)
         aliases = {o: i - n_idx for i, o in k.input_output_aliases}
         if any(i < 0 for i in aliases.values()):
             raise UnsupportedFeatureError("aliasing a scalar-prefetch operand to an output")
@@ -392,12 +395,8 @@ class _CoreRun:
         self.input_refs = operands[n_idx : n_idx + len(k.inputs)]
         self.output_refs = operands[n_idx + len(k.inputs) : n_idx + len(k.inputs) + len(k.outputs)]
         self.ev = CoreEvaluator(launch, core)
-        self.blocks = GridBlocks((*k.inputs, *k.outputs), len(k.grid_mapping.grid))
 
     def _block_indices(self, point: tuple[int, ...]) -> list[tuple[int, ...]]:
-        fast = self.blocks.indices(point)
-        if fast is not None:
-            return fast
         ev = self.ev
         saved = ev.grid_point
         ev.grid_point = point
@@ -411,7 +410,7 @@ class _CoreRun:
 
     def _site(self, point: tuple[int, ...], what: str) -> Site:
         return Site(kernel=self.launch.kernel_name, core=self.core, grid_point=point, what=what,
-                    source_info=self.launch.kernel.location)
+                    source_info=self.launch.kernel.launch_location)
 
     def run(self) -> None:
         launch, sim, k = self.launch, self.launch.sim, self.launch.kernel
@@ -426,10 +425,13 @@ class _CoreRun:
         cur = self._block_indices(self.points[0])
         prev: list[tuple[int, ...]] | None = None
         log_grid = params.logging_mode is not None and LoggingMode.GRID in params.logging_mode
+        log_copies = (params.logging_mode is not None
+                      and LoggingMode.MEMORY in params.logging_mode)
+        record = params.grid_point_recorder_call()
         for step, point in enumerate(self.points):
             self.ev.grid_point = point
-            if params.grid_point_recorder is not None:
-                params.grid_point_recorder(point, self.core[1])
+            if record is not None:
+                record(point, self.core[1])
             if log_grid:
                 logger.debug("%s: core %d grid point %s", launch.kernel_name, self.core[1], point)
             for i, info in enumerate(k.inputs):
@@ -437,9 +439,12 @@ class _CoreRun:
                     continue
                 site = self._site(point, f"copy of block {cur[i]} of input '{info.name}' into "
                                          f"{info.space.name}")
-                data = sim.read(self.hbm_inputs[i], self.blocks.region(i, cur[i]), core=self.core,
-                                site=site)
+                data = sim.read(self.hbm_inputs[i], info.region(cur[i]), core=self.core, site=site)
                 sim.write(self.input_refs[i].buffer, None, data, core=self.core, site=site)
+                if log_copies:
+                    logger.debug("%s: core %d grid point %s: copy block %s of input '%s' "
+                                 "HBM -> %s", launch.kernel_name, self.core[1], point, cur[i],
+                                 info.name, info.space.name)
             self.ev.eval_jaxpr(k.jaxpr, [], self.operands)
             nxt = self._block_indices(self.points[step + 1]) if step + 1 < len(self.points) else None
             for o, info in enumerate(k.outputs):
@@ -449,8 +454,11 @@ class _CoreRun:
                 if nxt is None or nxt[n_in + o] != b:
                     site = self._site(point, f"copy of block {b} of output '{info.name}' to HBM")
                     data = sim.read(self.output_refs[o].buffer, None, core=self.core, site=site)
-                    sim.write(self.hbm_outputs[o], self.blocks.region(n_in + o, b), data,
-                              core=self.core, site=site)
+                    sim.write(self.hbm_outputs[o], info.region(b), data, core=self.core, site=site)
+                    if log_copies:
+                        logger.debug("%s: core %d grid point %s: copy block %s of output '%s' "
+                                     "%s -> HBM", launch.kernel_name, self.core[1], point, b,
+                                     info.name, info.space.name)
                 if o in self.aliased:
                     continue
                 if last[o] == b:

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import inspect
 from collections.abc import Callable
 from typing import Any, Literal
 
+import numpy as np
+
+from palladium.interpret.chip import CHIP_GENERATIONS
 from palladium.race_detect import RaceReport
 
 OnRace = Literal["raise", "warn", "collect"] | Callable[[RaceReport], None]
@@ -15,7 +19,7 @@ OnRace = Literal["raise", "warn", "collect"] | Callable[[RaceReport], None]
 class LoggingMode(enum.Flag):
     """What the interpreter logs (to the ``palladium.interpret`` logger, level DEBUG).
 
-    ``LAUNCH`` logs each kernel launch (kernel name, grid, cores); ``GRID`` each grid
+    ``LAUNCH`` logs each kernel launch (kernel name, grid, cores, chip); ``GRID`` each grid
     point a core runs; ``MEMORY`` every simulated buffer allocation and block copy.
     """
 
@@ -32,8 +36,10 @@ _CHOICES: dict[str, tuple[Any, ...]] = {
     "dma_order": ("issue", "random"),
 }
 
-# TPU generations whose tile padding we know; all use the same (8, 128) 32-bit tile.
-CHIPS = ("v4", "v5e", "v5p", "v6e", "v7x")
+_BOOLS = ("detect_races", "skip_floating_point_ops", "allow_hbm_allocation_in_run_scoped")
+
+# TPU chips whose tile padding we know (v2/v3 pad small arrays more than v4 and newer).
+CHIPS = tuple(CHIP_GENERATIONS)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -64,17 +70,27 @@ class InterpretParams:
         mesh's core count instead.
       random_seed: seeds the order of grid points along parallel dimensions, the
         scheduling of simulated cores and DMAs, and the kernel PRNG (``None`` = 0).
-      grid_point_recorder: called as ``recorder(grid_point, core)`` (a tuple of ints
-        and an int) for each grid point, in the order the core runs them.
+      grid_point_recorder: called for each grid point, in the order each core runs
+        them, with jax 0.10.2's signature when it accepts three positional arguments:
+        ``recorder(token, grid_point, core_id)`` (an int32 scalar token, an int32 array
+        of the grid coordinates and an int32 scalar core id; the return value, which jax
+        requires to be the token, is ignored); otherwise as ``recorder(grid_point,
+        core_id)`` (a tuple of ints and an int), the two-argument form jax's docstring
+        describes. ``core_id`` is the core within its device.
       allow_hbm_allocation_in_run_scoped: allow ``pl.run_scoped`` to allocate HBM
         (shared by the cores of the device); a real TPU does not.
       buffer_bounds: ``"logical"`` (accesses beyond the array's shape are out of
-        bounds) or ``"padded"`` (only beyond the TPU tile-padded shape; the padding
-        reads as uninitialised and writes to it are dropped).
+        bounds) or ``"padded"`` (only beyond the TPU tile-padded shape of the simulated
+        ``chip``; the padding reads as uninitialised and writes to it are dropped). SMEM
+        is never padded.
       vector_clock_size: accepted for compatibility and ignored (palladium's race
         detector sizes its clocks itself).
       logging_mode: a ``LoggingMode`` flag, or None.
-      chip: the TPU generation whose tiling decides the padded shape.
+      chip: the TPU chip (``"v2"``, ``"v3"``, ``"v4"``, ``"v4i"``, ``"v5e"``, ``"v5p"``,
+        ``"v6e"``, ``"v7"``, ``"v7x"``) whose tiling decides the padded shape. None (the
+        default): the TPU of the current abstract mesh's abstract device
+        (``jax.sharding.use_abstract_mesh``) when the ``pallas_call`` is traced, else the
+        default device if it is a TPU, else ``"v5e"``. Generations >= 4 pad alike.
       dma_order: ``"issue"`` (pending DMAs complete in issue order) or ``"random"``
         (any legal order, from ``random_seed``).
       dma_order_trials: with ``dma_order="random"``, run each launch this many extra
@@ -98,12 +114,18 @@ class InterpretParams:
     buffer_bounds: Literal["logical", "padded"] = "logical"
     vector_clock_size: int | None = None
     logging_mode: LoggingMode | None = None
-    chip: str = "v5e"
+    chip: str | None = None
     dma_order: Literal["issue", "random"] = "issue"
     dma_order_trials: int = 0
     rendezvous_timeout: float = 120.0
 
     def __post_init__(self) -> None:
+        for field in _BOOLS:
+            if not isinstance(getattr(self, field), bool):
+                raise ValueError(
+                    f"InterpretParams.{field} must be True or False, got "
+                    f"{getattr(self, field)!r}."
+                )
         for field, allowed in _CHOICES.items():
             value = getattr(self, field)
             if value not in allowed:
@@ -151,13 +173,25 @@ class InterpretParams:
                 "InterpretParams.rendezvous_timeout must be a number of seconds > 0, got "
                 f"{self.rendezvous_timeout!r}."
             )
-        if self.chip not in CHIPS:
+        if self.chip is not None and self.chip not in CHIPS:
             raise ValueError(f"InterpretParams.chip must be one of {CHIPS}, got {self.chip!r}.")
         if self.grid_point_recorder is not None and not callable(self.grid_point_recorder):
             raise ValueError(
                 "InterpretParams.grid_point_recorder must be None or a callable "
                 f"(grid_point, core) -> None, got {self.grid_point_recorder!r}."
             )
+
+    def grid_point_recorder_call(self) -> Callable[[tuple[int, ...], int], None] | None:
+        """``grid_point_recorder`` as a ``(grid_point, core)`` callable, calling the
+        recorder in the form it accepts (see the class docstring); None without one."""
+        recorder = self.grid_point_recorder
+        if recorder is None:
+            return None
+        if _takes_token(recorder):
+            return lambda point, core: recorder(
+                np.int32(0), np.asarray(point, np.int32), np.int32(core)
+            )
+        return lambda point, core: recorder(tuple(point), core)
 
     @property
     def num_cores_per_device(self) -> int:
@@ -168,3 +202,14 @@ class InterpretParams:
     def seed(self) -> int:
         """``random_seed``, with None meaning 0."""
         return self.random_seed or 0
+
+
+def _takes_token(recorder: Callable[..., Any]) -> bool:
+    """Whether ``recorder`` accepts jax 0.10.2's ``(token, grid_point, core_id)``."""
+    try:
+        inspect.signature(recorder).bind(0, (), 0)
+    except TypeError:
+        return False
+    except ValueError:  # no signature (some builtins): assume jax's form
+        return True
+    return True

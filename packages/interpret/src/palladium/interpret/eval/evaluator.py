@@ -189,6 +189,8 @@ class CoreEvaluator:
     def __post_init__(self) -> None:
         params = getattr(self.launch, "params", None)
         self.skip_floating_point_ops = bool(getattr(params, "skip_floating_point_ops", False))
+        kernel = getattr(self.launch, "kernel", None)
+        self._inherited: dict[int, Any] = getattr(kernel, "inherited_sources", {})
 
     def eval_jaxpr(self, jaxpr: Any, consts: list[Any], args: list[Any]) -> list[Any]:
         if isinstance(jaxpr, jc.ClosedJaxpr):
@@ -215,6 +217,6 @@ class CoreEvaluator:
             kernel=self.launch.kernel_name,
             core=self.core,
             grid_point=self.grid_point,
-            source_info=None if eqn is None else eqn.source_info,
+            source_info=None if eqn is None else self._inherited.get(id(eqn), eqn.source_info),
             what=what,
         )
