@@ -155,15 +155,34 @@ def axis_sizes() -> dict:
 
 
 def lowering_call_site(ctx) -> tuple[str, int] | None:
-    """(file, line) of the user code that traced the equation a lowering rule lowers
-    (the ``pl.pallas_call(...)(x)`` line), or None."""
-    traceback = getattr(ctx, "traceback", None)
-    if traceback is None:
-        return None
-    frame = source_info_util.user_frame(traceback)
-    if frame is None:
-        return None
-    return frame.file_name, frame.start_line
+    """(file, line) of the user code that called ``pl.pallas_call(...)(x)`` whose
+    equation a lowering rule lowers, or None.
+
+    jax lowers without the equation's traceback in ``ctx`` (lowerings are cached), but
+    under ``jit`` the equation's traceback is the current source-info context. An eager
+    call binds the primitive inside jax's own wrapper, so there the live stack holds the
+    user's call (jax reuses the executable for identical eager calls: the first call's
+    line).
+    """
+    import os
+    import sys
+
+    own = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+    def ours(file_name: str) -> bool:
+        return os.path.abspath(file_name).startswith(own)
+
+    for traceback in (getattr(ctx, "traceback", None), source_info_util.current().traceback):
+        for frame in source_info_util.user_frames(traceback):
+            if not ours(frame.file_name):
+                return frame.file_name, frame.start_line
+    live = sys._getframe(1)
+    while live is not None:
+        file_name = live.f_code.co_filename
+        if source_info_util.is_user_filename(file_name) and not ours(file_name):
+            return file_name, live.f_lineno
+        live = live.f_back
+    return None
 
 
 def callback_logger():
