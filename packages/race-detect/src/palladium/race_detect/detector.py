@@ -10,7 +10,7 @@ from palladium.race_detect.actor import Actor
 from palladium.race_detect.clock import Clock, VectorClock
 from palladium.race_detect.errors import ActorError, RegionError, UnknownBufferError
 from palladium.race_detect.policy import OnRace, deliver_function
-from palladium.race_detect.regions import check_mask, normalise
+from palladium.race_detect.regions import check_mask
 from palladium.race_detect.report import RaceReport
 from palladium.race_detect.shadow import BufferShadow, Event
 
@@ -180,7 +180,7 @@ class RaceDetector:
                 raise ActorError(
                     f"{actor.name!r} accessed {shadow.name!r} at {site} after it finished"
                 )
-            full = normalise(region, shadow.shape, shadow.name)
+            full, box, size = shadow.prepare(region)
             bool_mask = None if mask is None else check_mask(mask, full, shadow.shape, shadow.name)
             clock = actor._clock
             fields = (
@@ -195,7 +195,7 @@ class RaceDetector:
             self._serial += 1
             event = Event(actor.slot, clock.times[actor.slot], self._serial, fields=fields)
             try:
-                races = shadow.access(event, clock.times, is_write, full, bool_mask)
+                races = shadow.access(event, clock.times, is_write, full, bool_mask, box, size)
             except IndexError as error:  # numpy's own bounds message, with our names
                 raise RegionError(f"buffer {shadow.name!r}: {error}") from error
             if not races:

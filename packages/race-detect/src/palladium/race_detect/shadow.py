@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from palladium.race_detect.regions import Region, element_at
+from palladium.race_detect.regions import Region, element_at, normalise
 from palladium.race_detect.report import Access
 
 
@@ -112,6 +112,37 @@ def _size(box: Box) -> int:
     return n
 
 
+def _box_of(region: Region, shape: tuple[int, ...]) -> Box | None:
+    """The normalised ``region`` as a box, or None (strided, or empty)."""
+    box = []
+    for index, n in zip(region, shape):
+        if index.__class__ is slice:
+            start, stop, step = index.indices(n)
+            if step != 1 or stop <= start:
+                return None
+            box.append((start, stop))
+        else:
+            i = int(index)
+            i = i + n if i < 0 else i
+            box.append((i, i + 1))
+    return tuple(box)
+
+
+def _frozen(region: Any) -> bool:
+    """Whether ``region`` is None or made of ints and slices of ints/None only."""
+    if region is None:
+        return True
+    for r in region if region.__class__ is tuple else (region,):
+        cls = r.__class__
+        if cls is slice:
+            for v in (r.start, r.stop, r.step):
+                if v is not None and v.__class__ is not int:
+                    return False
+        elif cls is not int:
+            return False
+    return True
+
+
 def _contains(outer: Box, inner: Box) -> bool:
     return all(a <= c and d <= b for (a, b), (c, d) in zip(outer, inner))
 
@@ -150,8 +181,7 @@ class BufferShadow:
         full = tuple((0, int(n)) for n in shape)
         self._boxes: dict[Box, int] = {full: 0} if all(shape) else {}
         self._state_fresh = True  # _state is still all zeros where no box covers it
-        # _box_of by region identity (callers reuse the same few region tuples).
-        self._box_cache: dict[int, tuple[Region, Box | None]] = {}
+        self._prepared: dict[int, tuple[Any, tuple[Region, Box | None, int]]] = {}
         self._writes = _Table(None)
         self._reads = _Table(())
         self._read_ids: dict[tuple[int, ...], int] = {}
@@ -174,14 +204,20 @@ class BufferShadow:
         is_write: bool,
         region: Region,
         mask: np.ndarray | None,
+        box: Box | None = None,
+        size: int = 0,
     ) -> list[Race]:
         """Record ``event`` on ``buffer[region][mask]``; return the earlier events it races with.
 
         ``times`` is the accessing actor's clock. ``region`` is normalised (one index per
-        dimension).
+        dimension); ``box`` and ``size`` are its box as ``prepare`` gives them (computed
+        here when not given).
         """
-        box = self._box_of(region)
-        if mask is None and box is not None and self._access_box(box, event, times, is_write):
+        if box is None:
+            box = _box_of(region, self.shape)
+            size = _size(box) if box is not None else 0
+        if mask is None and box is not None and self._access_box(box, size, event, times,
+                                                                 is_write):
             return []
         self._materialize(box)
         assert self._state is not None
@@ -241,37 +277,26 @@ class BufferShadow:
         return races
 
     # ----------------------------------------------------------------- uniform boxes
-    def _box_of(self, region: Region) -> Box | None:
-        """The normalised ``region`` as a box, or None (strided, or empty)."""
-        hit = self._box_cache.get(id(region))
+    def prepare(self, region: Any) -> tuple[Region, Box | None, int]:
+        """``region`` normalised (validated against the shape), its box (None if
+        strided or empty) and the box's size. Cached by identity for regions made of
+        ints and slices of ints (they cannot change); callers reuse a few region
+        objects, so most accesses skip the validation."""
+        hit = self._prepared.get(id(region))
         if hit is not None and hit[0] is region:
             return hit[1]
-        box: list[tuple[int, int]] = []
-        boxed = True
-        cacheable = True
-        for index, n in zip(region, self.shape):
-            if index.__class__ is slice:
-                cacheable = cacheable and all(
-                    v is None or v.__class__ is int for v in (index.start, index.stop, index.step)
-                )
-                start, stop, step = index.indices(n)
-                if step != 1 or stop <= start:
-                    boxed = False
-                    break
-                box.append((start, stop))
-            else:
-                cacheable = cacheable and index.__class__ is int
-                i = int(index)
-                i = i + n if i < 0 else i
-                box.append((i, i + 1))
-        result = tuple(box) if boxed else None
-        if cacheable:  # only ints and slices of ints: the region cannot change
-            if len(self._box_cache) >= 64:
-                self._box_cache.clear()
-            self._box_cache[id(region)] = (region, result)
+        full = normalise(region, self.shape, self.name)
+        box = _box_of(full, self.shape)
+        result = (full, box, _size(box) if box is not None else 0)
+        if _frozen(region):
+            if len(self._prepared) >= 64:
+                self._prepared.clear()
+            self._prepared[id(region)] = (region, result)  # holds region: its id stays unique
         return result
 
-    def _access_box(self, box: Box, event: Event, times: list[int], is_write: bool) -> bool:
+    def _access_box(
+        self, box: Box, size: int, event: Event, times: list[int], is_write: bool
+    ) -> bool:
         """Access ``box`` in O(1) if it is (inside) a uniform box and races with
         nothing: True. Otherwise change nothing and return False (the general path
         then reports the race, or scans the region)."""
@@ -282,7 +307,6 @@ class BufferShadow:
             if outer is None:
                 return False
         pair = boxes[outer]
-        size = _size(box)
         wid, rid = pair >> 32, pair & _R_MASK
         if wid and not _precedes(self._writes.items[wid], times):
             return False

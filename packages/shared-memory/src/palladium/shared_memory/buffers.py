@@ -85,16 +85,16 @@ class Buffer:
         self.refcount = 1
         # Plans of recently used region tuples, by identity: an interpreter accesses a
         # buffer through the same few region objects on every step.
-        self.plans: dict[int, tuple[tuple, AccessPlan]] = {}
+        self.plans: dict[int, tuple[tuple | None, AccessPlan]] = {}
 
     def plan(self, region) -> AccessPlan:
         """Resolve ``region`` against this buffer's logical and bound shapes."""
-        if region.__class__ is tuple:
+        if region is None or region.__class__ is tuple:
             hit = self.plans.get(id(region))
             if hit is not None and hit[0] is region:
                 return hit[1]
             plan = resolve(region, self.logical, self.bound)
-            if _immutable(region):
+            if region is None or _immutable(region):
                 if len(self.plans) >= _PLAN_CACHE_SIZE:
                     self.plans.clear()
                 self.plans[id(region)] = (region, plan)  # holds region: its id stays unique
