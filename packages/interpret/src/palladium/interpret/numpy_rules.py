@@ -49,6 +49,7 @@ every product rounded). Classes, verified by ``tests/test_numpy_rules.py`` again
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -901,7 +902,7 @@ def _dot_general(
     rf = [d for d in range(rhs.ndim) if d not in rc and d not in rb]
 
     def size(a: np.ndarray, dims: Sequence[int]) -> int:
-        return int(np.prod([a.shape[d] for d in dims], dtype=np.int64))
+        return math.prod(a.shape[d] for d in dims)  # np.prod costs ~5 us per call
 
     batch = size(lhs, lb)
     a = np.transpose(lhs, (*lb, *lf, *lc)).reshape(batch, size(lhs, lf), size(lhs, lc))

@@ -15,7 +15,7 @@ from palladium.interpret.eval.registry import rule
 def _cond(ev: Any, eqn: Any, invals: list[Any]) -> list[Any]:
     index, *args = invals
     branches = eqn.params["branches"]
-    i = int(np.clip(int(np.asarray(index)), 0, len(branches) - 1))
+    i = min(max(int(np.asarray(index)), 0), len(branches) - 1)  # lax.cond clamps
     return ev.eval_closed(branches[i], args)
 
 
