@@ -26,7 +26,7 @@ from palladium.interpret import _jax_compat as jc
 from palladium.interpret.blas import single_threaded_blas
 from palladium.interpret.chip import resolve_chip
 from palladium.interpret.devices import DeviceMesh
-from palladium.interpret.errors import SimulationError
+from palladium.interpret.errors import DataRaceError, SimulationError
 from palladium.interpret.kernel import PreparedKernel
 from palladium.interpret.launch import Launch
 from palladium.interpret.order_check import check_dma_order
@@ -213,7 +213,7 @@ class _PalladiumFailureFilter(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         exc = record.exc_info[1] if record.exc_info else None
-        return not isinstance(exc, SimulationError)
+        return not isinstance(exc, (SimulationError, DataRaceError))
 
 
 _FAILURE_FILTER = _PalladiumFailureFilter()

@@ -19,7 +19,13 @@ from palladium.interpret.eval.refs import MemRef, SemaphoreRef
 from palladium.interpret.kernel import PreparedKernel
 from palladium.interpret.params import InterpretParams, LoggingMode
 from palladium.interpret.site import Site
-from palladium.shared_memory import TILING_DEFAULT, MemorySpace, SemaphoreKind, Simulation
+from palladium.shared_memory import (
+    TILING_DEFAULT,
+    MemorySpace,
+    SemaphoreKind,
+    SemaphoreLeakError,
+    Simulation,
+)
 
 logger = logging.getLogger("palladium.interpret")
 
@@ -208,7 +214,10 @@ class Launch:
 
     def free_scoped(self, ev: CoreEvaluator, alloc: Any, eqn: Any) -> None:
         if isinstance(alloc, SemaphoreRef):
-            self.sim.free_semaphores(alloc.ids, device=ev.core[0], core=ev.core[1])
+            try:
+                self.sim.free_semaphores(alloc.ids, device=ev.core[0], core=ev.core[1])
+            except SemaphoreLeakError as e:
+                raise SemaphoreLeakError(f"{ev.site(eqn)}: {e}") from e
         else:
             self.sim.free(alloc.buffer)
 
@@ -258,7 +267,15 @@ class Launch:
                 operands = self._core_operands(core, scalars, hbm_inputs, hbm_outputs)
                 bodies[core] = _CoreRun(self, core, operands, schedule[c], hbm_inputs,
                                         hbm_outputs, set(aliases)).run
-        self.sim.run(bodies, check_leaks=True)
+        try:
+            self.sim.run(bodies, check_leaks=True)
+        except SemaphoreLeakError as e:
+            if f"kernel '{self.kernel_name}'" in str(e):
+                raise
+            where = self.kernel.launch_location
+            raise SemaphoreLeakError(
+                f"kernel '{self.kernel_name}'" + (f" ({where})" if where else "") + f": {e}"
+            ) from e
         results = []
         for hbm_outputs in device_outputs:
             outs = []
