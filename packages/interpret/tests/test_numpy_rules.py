@@ -135,6 +135,18 @@ NO_PARAMS: dict[str, Any] = {}
 ACC = {"accuracy": None}
 
 # primitive, arity, dtypes, params
+#: jax 0.10.0 has no ``lax.mulhi_p``: its case is skipped there.
+MULHI_P = getattr(lax, "mulhi_p", None)
+
+
+def _case(i: int, case: tuple) -> Any:
+    prim = case[0]
+    if prim is None:
+        return pytest.param(*case, id=f"mulhi-{i}",
+                            marks=pytest.mark.skip(reason="jax 0.10.0 has no lax.mulhi_p"))
+    return pytest.param(*case, id=f"{prim.name}-{i}")
+
+
 EXACT_ELEMENTWISE = [
     (lax.add_p, 2, FLOATS + INTS, NO_PARAMS),
     (lax.sub_p, 2, FLOATS + INTS, NO_PARAMS),
@@ -169,7 +181,7 @@ EXACT_ELEMENTWISE = [
     (lax.shift_right_arithmetic_p, 2, INTS, NO_PARAMS),
     (lax.population_count_p, 1, INTS, NO_PARAMS),
     (lax.clz_p, 1, INTS, NO_PARAMS),
-    (lax.mulhi_p, 2, INTS, NO_PARAMS),
+    (MULHI_P, 2, INTS, NO_PARAMS),
     (lax.clamp_p, 3, FLOATS + INTS, NO_PARAMS),
 ]
 
@@ -182,8 +194,7 @@ def _operand_shapes(data: Any, arity: int) -> list[tuple[int, ...]]:
 
 @pytest.mark.parametrize(
     "prim,arity,dtypes,params",
-    EXACT_ELEMENTWISE,
-    ids=[f"{p.name}-{i}" for i, (p, *_) in enumerate(EXACT_ELEMENTWISE)],
+    [_case(i, case) for i, case in enumerate(EXACT_ELEMENTWISE)],
 )
 @PER_PRIMITIVE
 @given(data=st.data())

@@ -7,6 +7,11 @@ jax upgrade a one-file change. Nothing here is jax's own TPU interpreter.
 
 from __future__ import annotations
 
+import functools
+import inspect
+
+import numpy as np
+from jax import lax
 from jax._src import api_util, source_info_util
 from jax._src import config as jax_config
 from jax._src import core as jax_core
@@ -42,7 +47,8 @@ PARALLEL = getattr(mosaic_core, "PARALLEL", None)
 
 # --- memory spaces and semaphore dtypes -------------------------------------------------
 ANY = pallas_core.MemorySpace.ANY
-DEFAULT = pallas_core.MemorySpace.DEFAULT
+# jax 0.10.0 has no MemorySpace.DEFAULT (a block without a memory space keeps None).
+DEFAULT = getattr(pallas_core.MemorySpace, "DEFAULT", None)
 HBM = mosaic_core.MemorySpace.HBM
 VMEM = mosaic_core.MemorySpace.VMEM
 SMEM = mosaic_core.MemorySpace.SMEM
@@ -89,6 +95,41 @@ trace_value_p = mosaic_primitives.trace_value_p
 touch_p = mosaic_primitives.touch_p
 tpu_bitcast_p = mosaic_primitives.bitcast_p
 
+
+# jax 0.10.0's DMA primitives carry every ref split from its transforms: operands
+# (src, src_transforms, dst, dst_transforms, dst_sem, dst_sem_transforms, src_sem,
+# src_sem_transforms, device_id); later ones (src, dst, dst_sem, src_sem, device_id)
+# with transformed refs as pytree nodes.
+_DMA_SPLITS_TRANSFORMS = (
+    "src_transforms" in inspect.signature(mosaic_primitives._dma_flatten).parameters)
+
+
+def dma_operands(tree, invals) -> tuple:
+    """``(src, dst, dst_sem, src_sem, device_id)`` of a ``dma_start``/``dma_wait``
+    equation's operands; a ref with transforms comes back as a ``TransformedRef``."""
+    if not _DMA_SPLITS_TRANSFORMS:
+        return tuple(tree.unflatten(invals))
+    (src, src_t, dst, dst_t, dst_sem, dst_sem_t, src_sem, src_sem_t,
+     device_id) = mosaic_primitives._dma_unflatten(tree, invals)
+
+    def join(ref, transforms):
+        return state_types.TransformedRef(ref, tuple(transforms)) if transforms else ref
+
+    return (join(src, src_t), join(dst, dst_t), join(dst_sem, dst_sem_t),
+            join(src_sem, src_sem_t), device_id)
+
+
+@functools.cache
+def xla_divides_by_scalar_reciprocal() -> bool:
+    """Whether XLA on CPU computes ``x / s`` (an array by a rank-0 divisor) as
+    ``x * (1 / s)``; the numpy rule of ``div`` must round the same way."""
+    # jaxlib 0.10.0's XLA divides exactly; 0.10.2's multiplies by the reciprocal.
+    x, divisor = np.arange(1, 65, dtype=np.float32), np.float32(3.0)
+    return not np.array_equal(np.asarray(lax.div_p.bind(x, divisor)), x / divisor)
+
+
+# jax 0.10.0 has no lax.mulhi_p (None there: no numpy rule is registered for it).
+mulhi_p = getattr(lax, "mulhi_p", None)
 cond_p = cond_p
 while_p = while_p
 scan_p = scan_p

@@ -58,6 +58,8 @@ import numpy as np
 from jax import lax
 from jax.extend.core import Primitive
 
+from palladium.interpret import _jax_compat as jc
+
 Rule = Callable[..., Any]
 
 NUMPY_RULES: dict[Primitive, Rule] = {}
@@ -80,11 +82,17 @@ _ONE = np.float32(1.0)
 _HALF = np.float32(0.5)
 
 
-def _register(*primitives: Primitive) -> Callable[[Rule], Rule]:
-    """Registers a rule for ``primitives``; makes 0-d results arrays, not scalars."""
+def _register(*primitives: Primitive | None) -> Callable[[Rule], Rule]:
+    """Registers a rule for ``primitives``; makes 0-d results arrays, not scalars.
+
+    A ``None`` primitive (absent from the installed jax, see ``_jax_compat``) is skipped.
+    """
+    present = tuple(p for p in primitives if p is not None)
 
     def wrap(fn: Rule) -> Rule:
-        multiple = primitives[0].multiple_results
+        if not present:
+            return fn
+        multiple = present[0].multiple_results
 
         @functools.wraps(fn)
         def rule(*args: Any, **params: Any) -> Any:
@@ -95,7 +103,7 @@ def _register(*primitives: Primitive) -> Callable[[Rule], Rule]:
                 return [np.asarray(o) for o in out]
             return np.asarray(out)
 
-        for p in primitives:
+        for p in present:
             NUMPY_RULES[p] = rule
         return fn
 
@@ -311,7 +319,7 @@ def _div(x: Any, y: Any) -> Any:
         return NotImplemented
     with np.errstate(all="ignore"):
         fx, fy = _f32(x), _f32(y)
-        if y.ndim == 0 and x.ndim > 0:
+        if y.ndim == 0 and x.ndim > 0 and jc.xla_divides_by_scalar_reciprocal():
             # XLA rewrites a division by a broadcast scalar into a multiplication by its
             # reciprocal; for f16 the reciprocal is rounded to f16 first.
             recip = _flush(_ONE / fy)
@@ -511,7 +519,7 @@ def _clz(x: Any) -> Any:
     return (x.dtype.itemsize * 8 - bit_length).astype(x.dtype)
 
 
-@_register(lax.mulhi_p)
+@_register(jc.mulhi_p)
 def _mulhi(x: Any, y: Any) -> Any:
     x, y = _arr(x), _arr(y)
     dt = _same_dtype([x, y])

@@ -39,7 +39,7 @@ def sem_id(ev: Any, value: Any, eqn: Any, transforms: Any = ()) -> int:
 def _dma_start(ev: Any, eqn: Any, invals: list[Any]) -> list[Any]:
     if eqn.params.get("add", False):
         raise UnsupportedFeatureError(f"DMA with add=True ({ev.site(eqn)})")
-    src, dst, dst_sem, src_sem, device_id = eqn.params["tree"].unflatten(invals)
+    src, dst, dst_sem, src_sem, device_id = jc.dma_operands(eqn.params["tree"], invals)
     src_ref, src_acc = _mem(ev, src, eqn, "source")
     dst_ref, dst_acc = _mem(ev, dst, eqn, "destination")
     target = ev.launch.remote_core(ev, device_id, None, eqn.params["device_id_type"], eqn)
@@ -63,7 +63,7 @@ def _dma_start(ev: Any, eqn: Any, invals: list[Any]) -> list[Any]:
 
 @rule(jc.dma_wait_p)
 def _dma_wait(ev: Any, eqn: Any, invals: list[Any]) -> list[Any]:
-    src, _dst, sem, _src_sem, _device_id = eqn.params["tree"].unflatten(invals)
+    src, _dst, sem, _src_sem, _device_id = jc.dma_operands(eqn.params["tree"], invals)
     src_ref, src_acc = _mem(ev, src, eqn, "source")
     nbytes = math.prod(src_acc.region_shape) * np.dtype(src_ref.buffer.dtype).itemsize
     ev.launch.sim.dma_wait(sem_id(ev, sem, eqn), nbytes, core=ev.core, site=ev.site(eqn))
