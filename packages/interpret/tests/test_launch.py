@@ -129,3 +129,36 @@ def test_parallel_grid_points_split_across_cores_in_seeded_order():
     for c in (0, 1):
         i = by_core[c][0][0]
         assert by_core[c] == [(i, j) for j in range(3)]
+
+
+def test_kernel_preprocessing_is_cached_across_launches(monkeypatch):
+    from palladium.interpret.eval import evaluator
+
+    compiled = []
+    original = evaluator.compile_jaxpr
+    monkeypatch.setattr(evaluator, "compile_jaxpr",
+                        lambda jaxpr: compiled.append(jaxpr) or original(jaxpr))
+    f = jax.jit(lambda a, b, c: _abc_call(a, b, c))
+    np.testing.assert_array_equal(f(A, B, C), _expected_abc())
+    first = len(compiled)
+    assert first >= 1
+    for scale in (2.0, 3.0):
+        np.testing.assert_array_equal(f(A * scale, B, C), _expected_abc(scale))
+    assert len(compiled) == first  # later launches reuse the compiled programs
+
+
+def _abc_call(a, b, c):
+    return pl.pallas_call(
+        abc_kernel,
+        out_shape=jax.ShapeDtypeStruct((16, 128), jnp.float32),
+        grid=(2,),
+        in_specs=[pl.BlockSpec((8, 128), lambda i: (i, 0)),
+                  pl.BlockSpec((8, 128), lambda i: (0, 0)),
+                  pl.BlockSpec((8, 128), lambda i: (0, 0))],
+        out_specs=pl.BlockSpec((8, 128), lambda i: (i, 0)),
+        interpret=InterpretParams(),
+    )(a, b[:, :128], c)
+
+
+def _expected_abc(scale=1.0):
+    return A * scale + np.concatenate([B[:, :128]] * 2) * 3.0
