@@ -119,7 +119,13 @@ def _arr(x: Any) -> np.ndarray:
 
 def _flush(x: np.ndarray) -> np.ndarray:
     """Subnormal f32 values -> zeros of the same sign (XLA CPU's DAZ/FTZ)."""
-    small = np.abs(x) < _TINY
+    if x.size == 0:
+        return x
+    a = np.abs(x)
+    if a.min() >= _TINY:  # the common case, one reduction (a NaN fails it: checked below)
+        return x
+    small = a < _TINY
+    small &= a != 0  # zeros (common: initialised accumulators) need no rewrite
     if small.any():
         return np.where(small, np.copysign(_ZERO, x), x)
     return x
