@@ -127,11 +127,9 @@ def test_other_callback_failures_are_still_logged(caplog):
     def fails(x):
         raise ZeroDivisionError("not palladium's")
 
-    with caplog.at_level(logging.DEBUG, logger=CALLBACK_LOGGER):
-        with pytest.raises(Exception, match="not palladium's"):
-            jax.block_until_ready(
-                jax.pure_callback(fails, jax.ShapeDtypeStruct((), jnp.float32), 1.0)
-            )
+    with (caplog.at_level(logging.DEBUG, logger=CALLBACK_LOGGER),
+          pytest.raises(Exception, match="not palladium's")):
+        jax.block_until_ready(jax.pure_callback(fails, jax.ShapeDtypeStruct((), jnp.float32), 1.0))
     messages = [r.getMessage() for r in caplog.records if r.name == CALLBACK_LOGGER]
     assert messages == ["jax.pure_callback failed"]
 

@@ -207,6 +207,7 @@ def lowering_call_site(ctx) -> tuple[str, int] | None:
     """
     import os
     import sys
+    import types
 
     own = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
@@ -217,7 +218,7 @@ def lowering_call_site(ctx) -> tuple[str, int] | None:
         for frame in source_info_util.user_frames(traceback):
             if not ours(frame.file_name):
                 return frame.file_name, frame.start_line
-    live = sys._getframe(1)
+    live: types.FrameType | None = sys._getframe(1)
     while live is not None:
         file_name = live.f_code.co_filename
         if source_info_util.is_user_filename(file_name) and not ours(file_name):

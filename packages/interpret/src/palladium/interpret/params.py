@@ -109,7 +109,7 @@ class InterpretParams:
     skip_floating_point_ops: bool = False
     num_cores_or_threads: int = 1
     random_seed: int | None = None
-    grid_point_recorder: Callable[[tuple[int, ...], int], Any] | None = None
+    grid_point_recorder: Callable[..., Any] | None = None
     allow_hbm_allocation_in_run_scoped: bool = False
     buffer_bounds: Literal["logical", "padded"] = "logical"
     vector_clock_size: int | None = None
