@@ -21,6 +21,7 @@ import argparse
 import contextlib
 import cProfile
 import io
+import os
 import pstats
 import statistics
 import sys
@@ -105,9 +106,10 @@ def _modes(races: bool):
     }
 
 
-def _print_tables(cases: list[Case], repeats: int) -> None:
-    print(f"jax {jax.__version__}, {len(jax.devices())} CPU device(s); times in seconds;"
-          " ratio = jax / palladium")
+def _print_tables(cases: list[Case], repeats: dict[str, int]) -> None:
+    print(f"jax {jax.__version__}, {len(jax.devices())} CPU device(s), {os.cpu_count()} cores;"
+          f" times in seconds (steady: median of {repeats['jax']} jax / "
+          f"{repeats['palladium']} palladium calls); ratio = jax / palladium")
     print()
     print("| kernel | races | jax first | palladium first | ratio | jax steady |"
           " palladium steady | ratio |")
@@ -119,7 +121,7 @@ def _print_tables(cases: list[Case], repeats: int) -> None:
         for races in (False, True):
             row = {}
             for name, mode in _modes(races).items():
-                first, steady, out = _time_calls(mode(), fn, args, repeats)
+                first, steady, out = _time_calls(mode(), fn, args, repeats[name])
                 err = float(np.max(np.abs(out - expected)))
                 if err > 1e-2 * max(1.0, float(np.max(np.abs(expected)))):
                     raise AssertionError(f"{name} gave a wrong answer on {case.name}: {err}")
@@ -143,7 +145,11 @@ def main() -> None:
     parser.add_argument("--no-profile", action="store_true")
     parser.add_argument("--profile-only", action="store_true", help="skip the timing tables")
     parser.add_argument("--top", type=int, default=20, help="profile rows to print")
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="steady-state calls of jax's interpreter (each takes seconds)")
+    parser.add_argument("--palladium-repeats", type=int, default=7,
+                        help="steady-state calls of palladium (more: its calls are short, "
+                             "so a busy machine's noise needs more samples)")
     opts = parser.parse_args()
     if opts.quick:
         cases = [_matmul_case(256, 128), _flash_case(256, 128)]
@@ -151,7 +157,7 @@ def main() -> None:
         cases = [_matmul_case(1024, 128), _flash_case(2048, 128)]
 
     if not opts.profile_only:
-        _print_tables(cases, opts.repeats)
+        _print_tables(cases, {"jax": opts.repeats, "palladium": opts.palladium_repeats})
     if not opts.no_profile:
         _print_profiles(cases, opts.top)
 
