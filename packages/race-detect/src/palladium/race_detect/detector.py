@@ -193,7 +193,7 @@ class RaceDetector:
                 bool_mask is not None,
             )
             self._serial += 1
-            event = Event(actor.slot, clock.times[actor.slot], self._serial, fields=fields)
+            event = Event(actor.slot, clock.times[actor.slot], self._serial, None, fields)
             try:
                 races = shadow.access(event, clock.times, is_write, full, bool_mask, box, size)
             except IndexError as error:  # numpy's own bounds message, with our names

@@ -185,6 +185,7 @@ class BufferShadow:
         self._writes = _Table(None)
         self._reads = _Table(())
         self._read_ids: dict[tuple[int, ...], int] = {}
+        self._read_keys: dict[int, tuple[int, ...]] = {}  # read-set id -> its key
 
     def live_records(self) -> tuple[int, int]:
         """(live write records, live read sets): bounded by the number of elements."""
@@ -301,15 +302,19 @@ class BufferShadow:
         nothing: True. Otherwise change nothing and return False (the general path
         then reports the race, or scans the region)."""
         boxes = self._boxes
-        outer = box if box in boxes else None
-        if outer is None:
-            outer = next((b for b in boxes if _contains(b, box)), None)
-            if outer is None:
+        outer = box
+        pair = boxes.get(box)
+        if pair is None:
+            found = next((b for b in boxes if _contains(b, box)), None)
+            if found is None:
                 return False
-        pair = boxes[outer]
+            outer, pair = found, boxes[found]
         wid, rid = pair >> 32, pair & _R_MASK
-        if wid and not _precedes(self._writes.items[wid], times):
-            return False
+        if wid:
+            last = self._writes.items[wid]
+            slot = last.slot
+            if slot >= len(times) or last.time > times[slot]:  # not _precedes(last, times)
+                return False
         # The same table operations, in the same order, as the general path on a
         # region holding one pair: ids (and so reports) do not depend on the path.
         if is_write:
@@ -377,11 +382,9 @@ class BufferShadow:
             return found
         new = self._reads.add(tuple(kept), count)
         self._read_ids[key] = new
+        self._read_keys[new] = key
         return new
 
     def _drop_read_set(self, rid: int, count: int) -> None:
-        if not rid:
-            return
-        items = self._reads.items[rid]
-        if self._reads.release(rid, count):
-            del self._read_ids[tuple(e.serial for e in items)]
+        if rid and self._reads.release(rid, count):
+            del self._read_ids[self._read_keys.pop(rid)]
