@@ -38,6 +38,11 @@ def _immutable(region: tuple) -> bool:
     return True
 
 
+# The advice appended to an out-of-bounds read error; a client (the interpreter) passes
+# its own wording, naming its own option.
+OUT_OF_BOUNDS_HINT = "Pass out_of_bounds='uninitialized' to read uninitialised values there."
+
+
 class MemorySpace(enum.Enum):
     """Where a buffer lives: HBM (per device, shared by its cores), VMEM or SMEM (per core)."""
 
@@ -76,8 +81,10 @@ class Buffer:
 
     __slots__ = ("bound", "data", "fill", "logical", "plans", "ref", "refcount")
 
-    def __init__(self, ref: BufferRef, data: np.ndarray, bound: tuple[int, ...], fill):
+    def __init__(self, ref: BufferRef, data: np.ndarray, bound: tuple[int, ...], fill,
+                 oob_hint: str = OUT_OF_BOUNDS_HINT):
         self.ref = ref
+        self.oob_hint = oob_hint
         self.data = data
         self.logical = data.shape
         self.bound = bound
@@ -177,5 +184,5 @@ class Buffer:
             f"{at_site(site)}."
         )
         if hint:
-            text += " Pass out_of_bounds='uninitialized' to read uninitialised values there."
+            text += " " + self.oob_hint
         return OutOfBoundsError(text)

@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from palladium.race_detect import RaceDetector
-from palladium.shared_memory.buffers import Buffer, BufferRef, MemorySpace
+from palladium.shared_memory.buffers import OUT_OF_BOUNDS_HINT, Buffer, BufferRef, MemorySpace
 from palladium.shared_memory.dma import Dma, DmaState
 from palladium.shared_memory.errors import (
     SemaphoreLeakError,
@@ -83,6 +83,7 @@ class Simulation:
         bounds: str = "logical",
         tiling: tuple[int, int] = TILING_DEFAULT,
         tpu_generation: int = GENERATION_DEFAULT,
+        out_of_bounds_hint: str = OUT_OF_BOUNDS_HINT,
     ):
         options = dict(
             dma_execution_mode=dma_execution_mode, dma_order=dma_order,
@@ -103,6 +104,7 @@ class Simulation:
         self.bounds = bounds
         self.tiling = tiling
         self.tpu_generation = tpu_generation
+        self.out_of_bounds_hint = out_of_bounds_hint
         self._eager = dma_execution_mode == "eager"
         self._oob_raise = out_of_bounds == "raise"
         self._rng = random.Random(seed)
@@ -206,7 +208,8 @@ class Simulation:
         key = next(self._next_key)
         ref = BufferRef(key, space, int(device), core, name, data.shape, data.dtype)
         self._buffers[key] = Buffer(
-            ref, data, bound, uninitialized_value(data.dtype, fill or self.uninitialized)
+            ref, data, bound, uninitialized_value(data.dtype, fill or self.uninitialized),
+            self.out_of_bounds_hint,
         )
         if self._det is not None:
             self._det.register_buffer(key, data.shape, f"{name} ({ref.where})")
