@@ -79,7 +79,7 @@ class BufferRef:
 class Buffer:
     """The storage and bounds of one allocation (owned by a ``Simulation``)."""
 
-    __slots__ = ("bound", "data", "fill", "logical", "plans", "ref", "refcount")
+    __slots__ = ("bound", "data", "fill", "logical", "oob_hint", "plans", "ref", "refcount")
 
     def __init__(self, ref: BufferRef, data: np.ndarray, bound: tuple[int, ...], fill,
                  oob_hint: str = OUT_OF_BOUNDS_HINT):
