@@ -1,9 +1,10 @@
 """TPU tile padding of buffer shapes.
 
 A TPU stores the two minor dimensions of a VMEM/HBM array in tiles of ``(8, 128)``
-32-bit words. Narrower dtypes pack several elements into one 32-bit word along the
-second-minor dimension, so a 16-bit array is tiled ``(16, 128)`` and an 8-bit one
-``(32, 128)``. The rules implemented by :func:`padded_shape`:
+32-bit words; narrower dtypes pack several elements into one 32-bit word. The rules
+implemented by :func:`padded_shape` are those of Mosaic's tiling inference as the TPU
+interpreter's ``buffer_bounds="padded"`` applies them (``tpu_info.infer_tiling``; the
+integration tests check the two agree):
 
 * scalars (rank 0) are not padded;
 * rank 1: the only dimension is rounded up to ``128 * packing`` elements
@@ -11,8 +12,8 @@ second-minor dimension, so a 16-bit array is tiled ``(16, 128)`` and an 8-bit on
 * rank >= 2: leading dimensions are not padded; the minor dimension is rounded up to
   ``tiling[1]`` (128) and the second-minor one to the sublane tile. Like Mosaic's
   tiling-factor inference, a small second-minor dimension gets a smaller tile: the tile
-  starts at ``packing`` and doubles while it is smaller than both the dimension and the
-  full tile ``tiling[0] * packing``.
+  starts at ``packing`` and doubles while it is smaller than both the dimension and
+  ``tiling[0]`` (8). So a (20, 130) bfloat16 array pads to (24, 256), like a float32 one.
 
 Dtypes wider than 32 bits (float64 with x64 enabled) are tiled like 32-bit ones.
 
@@ -65,7 +66,7 @@ def padded_shape(
         return (_round_up(shape[0], min_factor * lanes * packing),)
     *leading, second, minor = shape
     tile = min_factor * packing
-    while tile < min(second, sublanes * packing):
+    while tile < min(second, sublanes):
         tile *= 2
     return (*leading, _round_up(second, tile), _round_up(minor, lanes))
 
