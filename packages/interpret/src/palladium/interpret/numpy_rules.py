@@ -122,7 +122,7 @@ def _flush(x: np.ndarray) -> np.ndarray:
     if x.size == 0:
         return x
     a = np.abs(x)
-    if a.min() >= _TINY:  # the common case, one reduction (a NaN fails it: checked below)
+    if np.fmin.reduce(a, axis=None) >= _TINY:  # the common case: one reduction (NaN ignored)
         return x
     small = a < _TINY
     small &= a != 0  # zeros (common: initialised accumulators) need no rewrite
@@ -157,11 +157,21 @@ def _same_dtype(xs: Sequence[np.ndarray]) -> np.dtype:
 
 def _xla_max(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """max with NaN propagation and -0 < +0 (f32, already flushed)."""
-    return np.where(a == b, np.where(np.signbit(a), b, a), np.maximum(a, b))
+    r = np.maximum(a, b)
+    # np.maximum differs from XLA only on ties of zeros of opposite signs (equal nonzero
+    # values have equal bits): fix those, when there are zeros at all.
+    zero = r == 0
+    if zero.any():
+        r = np.where(zero & (a == b), np.where(np.signbit(a), b, a), r)
+    return r
 
 
 def _xla_min(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    return np.where(a == b, np.where(np.signbit(a), a, b), np.minimum(a, b))
+    r = np.minimum(a, b)
+    zero = r == 0
+    if zero.any():
+        r = np.where(zero & (a == b), np.where(np.signbit(a), a, b), r)
+    return r
 
 
 def _elementwise(
