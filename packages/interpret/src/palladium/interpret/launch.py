@@ -16,6 +16,7 @@ from palladium.interpret.devices import DeviceMesh
 from palladium.interpret.errors import KernelError, RevisitError, UnsupportedFeatureError
 from palladium.interpret.eval.evaluator import CoreEvaluator
 from palladium.interpret.eval.refs import MemRef, SemaphoreRef
+from palladium.interpret.grid_blocks import GridBlocks
 from palladium.interpret.kernel import PreparedKernel
 from palladium.interpret.params import InterpretParams, LoggingMode
 from palladium.interpret.site import Site
@@ -412,8 +413,12 @@ class _CoreRun:
         self.input_refs = operands[n_idx : n_idx + len(k.inputs)]
         self.output_refs = operands[n_idx + len(k.inputs) : n_idx + len(k.inputs) + len(k.outputs)]
         self.ev = CoreEvaluator(launch, core)
+        self.blocks = GridBlocks((*k.inputs, *k.outputs), len(k.grid_mapping.grid))
 
     def _block_indices(self, point: tuple[int, ...]) -> list[tuple[int, ...]]:
+        fast = self.blocks.indices(point)
+        if fast is not None:
+            return fast
         ev = self.ev
         saved = ev.grid_point
         ev.grid_point = point
@@ -456,7 +461,8 @@ class _CoreRun:
                     continue
                 site = self._site(point, f"copy of block {cur[i]} of input '{info.name}' into "
                                          f"{info.space.name}")
-                data = sim.read(self.hbm_inputs[i], info.region(cur[i]), core=self.core, site=site)
+                data = sim.read(self.hbm_inputs[i], self.blocks.region(i, cur[i]), core=self.core,
+                                site=site)
                 sim.write(self.input_refs[i].buffer, None, data, core=self.core, site=site)
                 if log_copies:
                     logger.debug("%s: core %d grid point %s: copy block %s of input '%s' "
@@ -471,7 +477,8 @@ class _CoreRun:
                 if nxt is None or nxt[n_in + o] != b:
                     site = self._site(point, f"copy of block {b} of output '{info.name}' to HBM")
                     data = sim.read(self.output_refs[o].buffer, None, core=self.core, site=site)
-                    sim.write(self.hbm_outputs[o], info.region(b), data, core=self.core, site=site)
+                    sim.write(self.hbm_outputs[o], self.blocks.region(n_in + o, b), data,
+                              core=self.core, site=site)
                     if log_copies:
                         logger.debug("%s: core %d grid point %s: copy block %s of output '%s' "
                                      "%s -> HBM", launch.kernel_name, self.core[1], point, b,
