@@ -59,6 +59,9 @@ def test_out_of_bounds_read_names_operand_kernel_grid_point_core_and_line():
     msg = str(info.value)
     for part in ("'x_ref'", "kernel 'oob_kernel'", "grid point (0,)", "core 0", "test_errors.py:"):
         assert part in msg, (part, msg)
+    # The advice names the interpreter's own options, not the simulator's.
+    assert "InterpretParams(out_of_bounds_reads='uninitialized')" in msg
+    assert "buffer_bounds='padded'" in msg
 
 
 def test_out_of_bounds_under_jit_is_wrapped_without_the_context_manager():

@@ -58,6 +58,12 @@ def _is_parallel(semantic: Any) -> bool:
     return text in ("parallel", "core_parallel", "subcore_parallel")
 
 
+_OUT_OF_BOUNDS_HINT = (
+    "Pass InterpretParams(out_of_bounds_reads='uninitialized') to read uninitialised values "
+    "there, or buffer_bounds='padded' to allow reads into TPU tile padding."
+)
+
+
 class Launch:
     """The state of one kernel launch, shared by the cores that run it."""
 
@@ -88,6 +94,7 @@ class Launch:
             bounds=params.buffer_bounds,
             tiling=TILING_DEFAULT,
             tpu_generation=CHIP_GENERATIONS[self.chip],
+            out_of_bounds_hint=_OUT_OF_BOUNDS_HINT,
         )
         self.vmapped_dims = tuple(gm.vmapped_dims)
         self.grid_names = tuple(gm.grid_names) if gm.grid_names is not None else ()
