@@ -190,3 +190,50 @@ def test_same_read_after_a_synchronous_output_is_not_a_race(xy):
     expected_prev = np.zeros((ROWS, COLS), np.float32)
     expected_prev[ROWS // 8:] = np.asarray(x[:-ROWS // 8]) * 2.0
     np.testing.assert_allclose(prev, expected_prev, rtol=1e-6)
+
+
+def _ragged_pipeline(rows, cols):
+    def kernel(x_hbm, o_hbm):
+        def body(x, o):
+            o[...] = x[...] * 3.0
+
+        pp.emit_pipeline(  # the line errors must name
+            body,
+            grid=(pl.cdiv(rows, 16), pl.cdiv(cols, 128)),
+            in_specs=[pl.BlockSpec((16, 128), lambda i, j: (i, j))],
+            out_specs=[pl.BlockSpec((16, 128), lambda i, j: (i, j))],
+        )(x_hbm, o_hbm)
+
+    return kernel
+
+
+def _run_ragged(bounds):
+    rows, cols = 60, 200
+    x = jnp.arange(rows * cols, dtype=jnp.float32).reshape(rows, cols)
+    out = pl.pallas_call(
+        _ragged_pipeline(rows, cols),
+        out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+        in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
+        out_specs=pl.BlockSpec(memory_space=pl.ANY),
+        interpret=pi.InterpretParams(detect_races=True, buffer_bounds=bounds),
+    )(x)
+    return x, out
+
+
+def test_ragged_last_blocks_with_padded_bounds():
+    """Tile-rounded DMAs of ragged last blocks read into tile padding: fine with padded
+    bounds (jax 0.10.2's interpret=True cannot run these DMAs at all)."""
+    with pi.errors_as_raised():
+        x, out = _run_ragged("padded")
+    np.testing.assert_array_equal(out, x * 3.0)
+
+
+def test_ragged_last_blocks_with_logical_bounds_name_the_pipeline_line():
+    with pytest.raises(pi.OutOfBoundsError) as info, pi.errors_as_raised():
+        _run_ragged("logical")
+    message = str(info.value)
+    assert "'x_hbm'" in message and "kernel 'kernel'" in message, message
+    # The DMA is attributed to the user's emit_pipeline call, not palladium.pipeline's code.
+    line = _ragged_pipeline.__code__.co_firstlineno + 5
+    assert f"test_pipeline_under_interpret.py:{line}" in message, message
+    assert "buffer_bounds='padded'" in message

@@ -7,6 +7,9 @@ partitioning, ``PipelineStep`` indices, ``output_wait_read_only``, and a tiling 
 on CPU hosts. It depends on jax only and lowers to Mosaic like jax's own emitter.
 """
 
+import os as _os
+
+from palladium.pipeline import _jax_compat
 from palladium.pipeline._jax_compat import (
     ARBITRARY,
     PARALLEL,
@@ -32,6 +35,10 @@ from palladium.pipeline.errors import (
 )
 from palladium.pipeline.scheduler import Scheduler, fetch_with_lookahead
 from palladium.pipeline.tiling import DEFAULT_TPU_GENERATION, Tiling, infer_tiling
+
+# The DMAs and loops this package emits are attributed to the user's emit_pipeline call,
+# not to palladium.pipeline's own lines, in jax's and interpreters' error messages.
+_jax_compat.exclude_from_user_frames(_os.path.dirname(_os.path.abspath(__file__)) + _os.sep)
 
 __all__ = [
     "ARBITRARY",

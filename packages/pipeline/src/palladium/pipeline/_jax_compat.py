@@ -218,3 +218,11 @@ def ref_tree_flatten(*trees):
     """``(leaves, treedef)`` of ``trees`` with transformed refs as internal nodes."""
     return _tree_util.tracing_registry.flatten(trees)
 resolve_physical_types = _hlo_interpreter.resolve_physical_types
+
+
+def exclude_from_user_frames(path: str) -> None:
+    """Treat source files under ``path`` as library code, like jax's own, when jax (and
+    interpreters reading equations' source info) look for the user's line."""
+    from jax._src import source_info_util
+
+    source_info_util.register_exclusion(path)
