@@ -1,7 +1,7 @@
 """Multi-device collectives: palladium.interpret vs jax's own TPU interpret mode.
 
-Four collectives written with remote DMAs (right permute, ring all-gather, all-reduce with
-a barrier-semaphore handshake, reduce-scatter) and jax's shipped
+The four collectives of examples/collectives.py, written with remote DMAs (right permute,
+ring all-gather, all-reduce with a barrier-semaphore handshake, reduce-scatter), and jax's shipped
 ``jax.experimental.pallas.ops.tpu.all_gather`` run under ``jit(shard_map)`` over a mesh of
 N CPU devices. Every result is checked against numpy ("(WRONG)" marks a wrong one). Every measurement runs in its own subprocess whose process has N+1 host
 devices (jax's interpreter hangs when the mesh uses every host device) and a timeout;
@@ -27,135 +27,15 @@ import time
 COLLECTIVES = ("right_permute", "all_gather", "all_reduce", "reduce_scatter", "jax_all_gather")
 
 
-# --- the kernels (worker side; jax is imported only in the worker) ------------------------
+# --- the worker (jax is imported only here) -----------------------------------------------
 
-
-def _kernels():
-    import jax
-    import jax.numpy as jnp
-    from jax.experimental import pallas as pl
-    from jax.experimental.pallas import tpu as pltpu
-
-    mesh_id = pl.DeviceIdType.MESH
-    any_spec = pl.BlockSpec(memory_space=pl.ANY)
-
-    def right_permute(x, *, n, interpret):
-        def kernel(x_ref, o_ref, send, recv):
-            right = jax.lax.rem(jax.lax.axis_index("x") + 1, n)
-            copy = pltpu.make_async_remote_copy(x_ref, o_ref, send, recv, device_id=(right,),
-                                                device_id_type=mesh_id)
-            copy.start()
-            copy.wait()
-
-        return pl.pallas_call(
-            kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), in_specs=[any_spec],
-            out_specs=any_spec, scratch_shapes=[pltpu.SemaphoreType.DMA] * 2,
-            interpret=interpret)(x)
-
-    def all_gather(x, *, n, interpret):
-        def kernel(x_ref, o_ref, local_sem, send_sems, recv_sems):
-            me = jax.lax.axis_index("x")
-            right = jax.lax.rem(me + 1, n)
-            pltpu.make_async_copy(x_ref, o_ref.at[me], local_sem).start()
-            pltpu.make_async_copy(x_ref, o_ref.at[me], local_sem).wait()
-            for step in range(n - 1):
-                slot = jax.lax.rem(me - step + n, n)
-                copy = pltpu.make_async_remote_copy(
-                    o_ref.at[slot], o_ref.at[slot], send_sems.at[step], recv_sems.at[step],
-                    device_id=(right,), device_id_type=mesh_id)
-                copy.start()
-                copy.wait()
-
-        return pl.pallas_call(
-            kernel, out_shape=jax.ShapeDtypeStruct((n, *x.shape), x.dtype),
-            in_specs=[any_spec], out_specs=any_spec,
-            scratch_shapes=[pltpu.SemaphoreType.DMA, pltpu.SemaphoreType.DMA((n - 1,)),
-                            pltpu.SemaphoreType.DMA((n - 1,))],
-            interpret=interpret)(x).reshape(n * x.shape[0], *x.shape[1:])
-
-    def all_reduce(x, *, n, interpret):
-        def kernel(x_ref, o_ref, buf, send_sems, recv_sems):
-            me = jax.lax.axis_index("x")
-            right = jax.lax.rem(me + 1, n)
-            left = jax.lax.rem(me - 1 + n, n)
-            barrier = pltpu.get_barrier_semaphore()
-            pl.semaphore_signal(barrier, 1, device_id=(left,), device_id_type=mesh_id)
-            pl.semaphore_signal(barrier, 1, device_id=(right,), device_id_type=mesh_id)
-            pl.semaphore_wait(barrier, 2)
-            buf[me] = x_ref[...]
-            for step in range(n - 1):
-                slot = jax.lax.rem(me - step + n, n)
-                copy = pltpu.make_async_remote_copy(
-                    buf.at[slot], buf.at[slot], send_sems.at[step], recv_sems.at[step],
-                    device_id=(right,), device_id_type=mesh_id)
-                copy.start()
-                copy.wait()
-            total = buf[0]
-            for i in range(1, n):
-                total = total + buf[i]
-            o_ref[...] = total
-
-        return pl.pallas_call(
-            kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
-            scratch_shapes=[pltpu.VMEM((n, *x.shape), x.dtype),
-                            pltpu.SemaphoreType.DMA((n - 1,)), pltpu.SemaphoreType.DMA((n - 1,))],
-            compiler_params=pltpu.CompilerParams(collective_id=0),
-            interpret=interpret)(x)
-
-    def reduce_scatter(x, *, n, interpret):
-        def kernel(x_ref, o_ref, buf, send_sem, recv_sem):
-            me = jax.lax.axis_index("x")
-            buf[me] = x_ref[me]
-            copies = []
-            for k in range(1, n):
-                target = jax.lax.rem(me + k, n)
-                copy = pltpu.make_async_remote_copy(
-                    x_ref.at[target], buf.at[me], send_sem, recv_sem, device_id=(target,),
-                    device_id_type=mesh_id)
-                copy.start()
-                copies.append(copy)
-            for copy in copies:
-                copy.wait_send()
-            for copy in copies:
-                copy.wait_recv()
-            total = buf[0]
-            for i in range(1, n):
-                total = total + buf[i]
-            o_ref[...] = total
-
-        return pl.pallas_call(
-            kernel, out_shape=jax.ShapeDtypeStruct(x.shape[1:], x.dtype),
-            scratch_shapes=[pltpu.VMEM(x.shape, x.dtype), pltpu.SemaphoreType.DMA,
-                            pltpu.SemaphoreType.DMA],
-            interpret=interpret)(x)
-
-    del jnp
-    return {"right_permute": right_permute, "all_gather": all_gather,
-            "all_reduce": all_reduce, "reduce_scatter": reduce_scatter}
-
-
-def _reference(name, x, n):
-    import numpy as np
-
-    x = np.asarray(x)
-    if name == "reduce_scatter":
-        return x.reshape(n, n, *x.shape[1:]).sum(0).reshape(-1, *x.shape[2:])
-    blocks = x.reshape(n, -1, *x.shape[1:])
-    if name == "right_permute":
-        return np.concatenate([blocks[(d - 1) % n] for d in range(n)])
-    if name == "all_gather":
-        return np.concatenate([x] * n)
-    if name == "jax_all_gather":
-        return x
-    return np.concatenate([blocks.sum(0)] * n)
+EXAMPLES = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "examples")
 
 
 def worker(impl: str, name: str, n: int, repeats: int) -> dict:
     import jax
-    import jax.numpy as jnp
     import numpy as np
     from jax.experimental.pallas import tpu as pltpu
-    from jax.sharding import NamedSharding
     from jax.sharding import PartitionSpec as P
 
     if impl == "jax":
@@ -164,10 +44,14 @@ def worker(impl: str, name: str, n: int, repeats: int) -> dict:
         import palladium.interpret as pi
 
         interpret = pi.InterpretParams()
-    mesh = jax.make_mesh((n,), ("x",), devices=jax.devices()[:n])
-    shape = (n * n, 8, 128) if name == "reduce_scatter" else (n * 8, 128)
-    x = jnp.arange(np.prod(shape), dtype=jnp.float32).reshape(shape) % 97
-    x = jax.device_put(x, NamedSharding(mesh, P("x")))
+    # The kernels, inputs and numpy references of examples/collectives.py.
+    sys.path.insert(0, EXAMPLES)
+    import collectives
+
+    mesh = collectives.mesh(n)
+    # jax's shipped all-gather takes the same input as ours.
+    inputs = collectives.inputs("all_gather" if name == "jax_all_gather" else name, n)
+    x = collectives.sharded(inputs, mesh)
     if name == "jax_all_gather":
         # jax's shipped kernel: a bidirectional ring that reuses one receive semaphore
         # per direction at every step.
@@ -179,13 +63,14 @@ def worker(impl: str, name: str, n: int, repeats: int) -> dict:
             with force(interpret):
                 return shipped.all_gather(x, mesh=mesh, axis_name="x")
     else:
-        fn = functools.partial(_kernels()[name], n=n, interpret=interpret)
+        fn = functools.partial(collectives.COLLECTIVES[name], n=n, interpret=interpret)
         f = jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=P("x"), out_specs=P("x"),
                                   check_vma=False))
     t0 = time.perf_counter()
     out = np.asarray(f(x))
     first = time.perf_counter() - t0
-    correct = bool(np.array_equal(out, _reference(name, x, n)))
+    expected = np.asarray(x) if name == "jax_all_gather" else collectives.reference(name, x, n)
+    correct = bool(np.array_equal(out, expected))
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
