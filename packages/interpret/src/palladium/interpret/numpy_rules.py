@@ -65,6 +65,12 @@ Rule = Callable[..., Any]
 NUMPY_RULES: dict[Primitive, Rule] = {}
 """The registry: primitive -> numpy rule (see the module docstring for the contract)."""
 
+PREFLUSHED_RULES: dict[Primitive, Rule] = {}
+"""Variants of rules for when every floating operand is f32 and known to hold no
+subnormals (the evaluator knows it of the results of ``FLUSHING`` and ``PRESERVING``
+primitives): they skip flushing their operands. On such operands each gives the same
+result as its ``NUMPY_RULES`` rule."""
+
 _F32 = np.dtype(np.float32)
 _BF16 = np.dtype(ml_dtypes.bfloat16)
 _F16 = np.dtype(np.float16)
@@ -82,8 +88,10 @@ _ONE = np.float32(1.0)
 _HALF = np.float32(0.5)
 
 
-def _register(*primitives: Primitive | None) -> Callable[[Rule], Rule]:
-    """Registers a rule for ``primitives``; makes 0-d results arrays, not scalars.
+def _register(
+    *primitives: Primitive | None, table: dict[Primitive, Rule] = NUMPY_RULES
+) -> Callable[[Rule], Rule]:
+    """Registers a rule for ``primitives`` in ``table``; makes 0-d results arrays, not scalars.
 
     A ``None`` primitive (absent from the installed jax, see ``_jax_compat``) is skipped.
     """
@@ -104,7 +112,7 @@ def _register(*primitives: Primitive | None) -> Callable[[Rule], Rule]:
             return np.asarray(out)
 
         for p in present:
-            NUMPY_RULES[p] = rule
+            table[p] = rule
         return fn
 
     return wrap
@@ -174,13 +182,32 @@ def _xla_min(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return r
 
 
+def _f32_flushed(x: np.ndarray) -> np.ndarray:
+    """``_f32`` of an operand known to hold no subnormals when it is f32."""
+    return x if x.dtype == _F32 else _f32(x)
+
+
+def _back_flushed(r: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """``_back`` of a result that cannot hold subnormals (max/min of flushed values)."""
+    return r if dtype == _F32 else _back(r, dtype)
+
+
 def _elementwise(
     float_fn: Callable[..., np.ndarray] | None,
     int_fn: Callable[..., np.ndarray] | None,
     *,
     bools: bool = False,
+    flushed_inputs: bool = False,
+    exact_output: bool = False,
 ) -> Rule:
-    """An n-ary rule: floats in f32 with flushing, integers (and bools) with ``int_fn``."""
+    """An n-ary rule: floats in f32 with flushing, integers (and bools) with ``int_fn``.
+
+    ``flushed_inputs``: the variant for f32 operands known to hold no subnormals (their
+    flush is skipped); ``exact_output``: with those, ``float_fn`` returns one of its
+    operands' values (max, min), so its result needs no flush either.
+    """
+    widen = _f32_flushed if flushed_inputs else _f32
+    back = _back_flushed if flushed_inputs and exact_output else _back
 
     def rule(*args: Any, accuracy: Any = None, out_dtype: Any = None) -> Any:
         if accuracy is not None:
@@ -192,7 +219,7 @@ def _elementwise(
             dt = np.dtype(out_dtype)
         if dt in _FLOATS and float_fn is not None:
             with np.errstate(all="ignore"):
-                return _back(float_fn(*[_f32(x) for x in xs]), dt)
+                return back(float_fn(*[widen(x) for x in xs]), dt)
         if int_fn is not None and (dt in _INTS or (bools and dt == _BOOL)):
             return int_fn(*xs)
         return NotImplemented
@@ -221,6 +248,12 @@ def _int_rem(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     if x.dtype.kind == "i":
         safe = np.where(safe == -1, np.ones((), y.dtype), safe)
     return np.where(zero, x, np.fmod(x, safe))
+
+
+def has_subnormal_f32(x: np.ndarray) -> bool:
+    """Whether the f32 array ``x`` holds a subnormal value (that ``_flush`` rewrites)."""
+    a = np.abs(x)
+    return bool(((a < _TINY) & (a > 0)).any())
 
 
 def _has_subnormal(x: np.ndarray) -> bool:
@@ -325,8 +358,16 @@ def _mul_rounded(a: np.ndarray, b: np.ndarray, *, dtype: np.dtype) -> np.ndarray
     return _f32(_back(np.multiply(a, b), dtype))
 
 
-@_register(lax.div_p)
-def _div(x: Any, y: Any) -> Any:
+def _div_rule(flushed_inputs: bool) -> Rule:
+    widen = _f32_flushed if flushed_inputs else _f32
+
+    def rule(x: Any, y: Any) -> Any:
+        return _div(x, y, widen)
+
+    return rule
+
+
+def _div(x: Any, y: Any, widen: Callable[[np.ndarray], np.ndarray]) -> Any:
     x, y = _arr(x), _arr(y)
     dt = _same_dtype([x, y])
     if dt in _INTS:
@@ -334,7 +375,7 @@ def _div(x: Any, y: Any) -> Any:
     if dt not in _FLOATS:
         return NotImplemented
     with np.errstate(all="ignore"):
-        fx, fy = _f32(x), _f32(y)
+        fx, fy = widen(x), widen(y)
         if y.ndim == 0 and x.ndim > 0 and jc.xla_divides_by_scalar_reciprocal():
             # XLA rewrites a division by a broadcast scalar into a multiplication by its
             # reciprocal; for f16 the reciprocal is rounded to f16 first.
@@ -344,6 +385,9 @@ def _div(x: Any, y: Any) -> Any:
             return _back(np.multiply(fx, recip), dt)
         return _back(np.divide(fx, fy), dt)
 
+
+_register(lax.div_p)(_div_rule(flushed_inputs=False))
+_register(lax.div_p, table=PREFLUSHED_RULES)(_div_rule(flushed_inputs=True))
 
 _ARITH: dict[Primitive, tuple[Any, Any]] = {
     lax.add_p: (np.add, np.add),
@@ -366,6 +410,9 @@ _ARITH: dict[Primitive, tuple[Any, Any]] = {
 }
 for _prim, (_ffn, _ifn) in _ARITH.items():
     _register(_prim)(_elementwise(_ffn, _ifn))
+    _register(_prim, table=PREFLUSHED_RULES)(
+        _elementwise(_ffn, _ifn, flushed_inputs=True, exact_output=_prim in (lax.max_p, lax.min_p))
+    )
 
 _BITWISE: dict[Primitive, Any] = {
     lax.and_p: np.bitwise_and,
@@ -456,12 +503,16 @@ def _integer_pow(x: Any, *, y: int) -> Any:
 # ----------------------------------------------------------------------------- comparisons
 
 
-def _comparison(np_fn: Callable[[np.ndarray, np.ndarray], np.ndarray]) -> Rule:
+def _comparison(
+    np_fn: Callable[[np.ndarray, np.ndarray], np.ndarray], flushed_inputs: bool = False
+) -> Rule:
+    widen = _f32_flushed if flushed_inputs else _f32
+
     def rule(x: Any, y: Any) -> Any:
         x, y = _arr(x), _arr(y)
         dt = _same_dtype([x, y])
         if dt in _FLOATS:
-            return np_fn(_f32(x), _f32(y))
+            return np_fn(widen(x), widen(y))
         if dt in _INTS_BOOL:
             return np_fn(x, y)
         return NotImplemented
@@ -478,6 +529,7 @@ for _prim, _fn in {
     lax.ge_p: np.greater_equal,
 }.items():
     _register(_prim)(_comparison(_fn))
+    _register(_prim, table=PREFLUSHED_RULES)(_comparison(_fn, flushed_inputs=True))
 
 
 # ----------------------------------------------------------------------------- integer bits
@@ -771,7 +823,9 @@ def _optimization_barrier(*xs: Any) -> Any:
 # ----------------------------------------------------------------------------- reductions
 
 
-def _reduce_extreme(is_max: bool) -> Rule:
+def _reduce_extreme(is_max: bool, flushed_inputs: bool = False) -> Rule:
+    widen = _f32_flushed if flushed_inputs else _f32
+
     def rule(x: Any, *, axes: Sequence[int], out_sharding: Any = None) -> Any:
         x = _arr(x)
         axes = tuple(axes)
@@ -781,7 +835,7 @@ def _reduce_extreme(is_max: bool) -> Rule:
             return np.max(x, axis=axes) if is_max else np.min(x, axis=axes)
         if x.dtype not in _FLOATS:
             return NotImplemented
-        f = _f32(x)
+        f = widen(x)
         r = np.max(f, axis=axes) if is_max else np.min(f, axis=axes)
         zero = np.asarray(r == 0)
         if zero.any():
@@ -799,9 +853,13 @@ def _reduce_extreme(is_max: bool) -> Rule:
 
 _register(lax.reduce_max_p)(_reduce_extreme(True))
 _register(lax.reduce_min_p)(_reduce_extreme(False))
+_register(lax.reduce_max_p, table=PREFLUSHED_RULES)(_reduce_extreme(True, flushed_inputs=True))
+_register(lax.reduce_min_p, table=PREFLUSHED_RULES)(_reduce_extreme(False, flushed_inputs=True))
 
 
-def _reduce_arith(np_fn: Callable[..., np.ndarray]) -> Rule:
+def _reduce_arith(np_fn: Callable[..., np.ndarray], flushed_inputs: bool = False) -> Rule:
+    widen = _f32_flushed if flushed_inputs else _f32
+
     def rule(x: Any, *, axes: Sequence[int], out_sharding: Any = None) -> Any:
         x = _arr(x)
         axes = tuple(axes)
@@ -809,7 +867,7 @@ def _reduce_arith(np_fn: Callable[..., np.ndarray]) -> Rule:
             return np_fn(x, axis=axes, dtype=x.dtype)
         if x.dtype in _FLOATS:
             with np.errstate(all="ignore"):
-                return _back(np_fn(_f32(x), axis=axes, dtype=_F32), x.dtype)
+                return _back(np_fn(widen(x), axis=axes, dtype=_F32), x.dtype)
         return NotImplemented
 
     return rule
@@ -817,6 +875,8 @@ def _reduce_arith(np_fn: Callable[..., np.ndarray]) -> Rule:
 
 _register(lax.reduce_sum_p)(_reduce_arith(np.sum))
 _register(lax.reduce_prod_p)(_reduce_arith(np.prod))
+_register(lax.reduce_sum_p, table=PREFLUSHED_RULES)(_reduce_arith(np.sum, flushed_inputs=True))
+_register(lax.reduce_prod_p, table=PREFLUSHED_RULES)(_reduce_arith(np.prod, flushed_inputs=True))
 
 
 def _reduce_bits(ufunc: np.ufunc) -> Rule:
@@ -900,15 +960,29 @@ _register(lax.cummin_p)(_cumulative("min"))
 # ----------------------------------------------------------------------------- dot_general
 
 
-@_register(lax.dot_general_p)
+def _dot_general_rule(flushed_inputs: bool) -> Rule:
+    widen = _f32_flushed if flushed_inputs else _f32
+
+    def rule(
+        lhs: Any,
+        rhs: Any,
+        *,
+        dimension_numbers: Any,
+        precision: Any = None,
+        preferred_element_type: Any = None,
+        out_sharding: Any = None,
+    ) -> Any:
+        return _dot_general(lhs, rhs, dimension_numbers, preferred_element_type, widen)
+
+    return rule
+
+
 def _dot_general(
     lhs: Any,
     rhs: Any,
-    *,
     dimension_numbers: Any,
-    precision: Any = None,
-    preferred_element_type: Any = None,
-    out_sharding: Any = None,
+    preferred_element_type: Any,
+    widen: Callable[[np.ndarray], np.ndarray],
 ) -> Any:
     lhs, rhs = _arr(lhs), _arr(rhs)
     (lc, rc), (lb, rb) = dimension_numbers
@@ -932,7 +1006,7 @@ def _dot_general(
     a = np.transpose(lhs, (*lb, *lf, *lc)).reshape(batch, size(lhs, lf), size(lhs, lc))
     b = np.transpose(rhs, (*rb, *rc, *rf)).reshape(batch, size(rhs, rc), size(rhs, rf))
     if compute == _F32:
-        a, b = _f32(a), _f32(b)
+        a, b = widen(a), widen(b)
     else:
         a, b = a.astype(compute), b.astype(compute)
     with np.errstate(all="ignore"):
@@ -940,3 +1014,23 @@ def _dot_general(
     shape = (*(lhs.shape[d] for d in lb), *(lhs.shape[d] for d in lf), *(rhs.shape[d] for d in rf))
     r = r.reshape(shape)
     return _back(r, out_dt) if compute == _F32 else r.astype(out_dt)
+
+
+_register(lax.dot_general_p)(_dot_general_rule(flushed_inputs=False))
+_register(lax.dot_general_p, table=PREFLUSHED_RULES)(_dot_general_rule(flushed_inputs=True))
+
+
+# ----------------------------------------------------------------------------- known-flushed values
+
+FLUSHING: frozenset[Primitive] = frozenset({*_ARITH, lax.div_p, lax.dot_general_p,
+                                            lax.reduce_sum_p, lax.reduce_prod_p})
+"""Primitives whose rule flushes every f32 result, whenever all operands are f32 and no
+``accuracy`` is asked for (their rules then never return ``NotImplemented``)."""
+
+PRESERVING: frozenset[Primitive] = frozenset({
+    lax.broadcast_in_dim_p, lax.reshape_p, lax.squeeze_p, lax.transpose_p, lax.rev_p,
+    lax.concatenate_p, lax.slice_p, lax.dynamic_slice_p, lax.tile_p, lax.copy_p,
+    lax.neg_p, lax.abs_p, lax.select_n_p, lax.reduce_max_p, lax.reduce_min_p,
+})
+"""Primitives whose f32 results hold only values (or negated values) of their operands:
+subnormal-free when every floating operand is an f32 value free of subnormals."""

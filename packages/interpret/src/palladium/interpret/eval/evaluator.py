@@ -19,12 +19,16 @@ from palladium.interpret import _jax_compat as jc
 from palladium.interpret.errors import UnsupportedPrimitiveError
 from palladium.interpret.eval.refs import MemRef, SemaphoreRef
 from palladium.interpret.eval.registry import RULES, Rule
+from palladium.interpret.numpy_rules import (
+    FLUSHING,
+    NUMPY_RULES,
+    PREFLUSHED_RULES,
+    PRESERVING,
+    has_subnormal_f32,
+)
 from palladium.interpret.site import Site
 
-try:
-    from palladium.interpret.numpy_rules import NUMPY_RULES
-except ImportError:  # the numpy fast paths land separately; bind covers everything meanwhile
-    NUMPY_RULES = {}
+_F32 = np.dtype(np.float32)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -89,10 +93,14 @@ def _bind(ev: CoreEvaluator, eqn: Any, invals: list[Any]) -> list[Any]:
     return [np.asarray(o) for o in out] if prim.multiple_results else [np.asarray(out)]
 
 
-def _compute_rule(eqn: Any) -> Rule:
-    """The rule of one compute equation: numpy fast path, else ``bind``."""
+def _compute_rule(eqn: Any, operands_flushed: bool = False) -> Rule:
+    """The rule of one compute equation: numpy fast path, else ``bind``.
+
+    ``operands_flushed``: every f32 operand is known to hold no subnormals, so the
+    numpy rule's variant that skips flushing them (``PREFLUSHED_RULES``) serves.
+    """
     prim = eqn.primitive
-    np_rule = NUMPY_RULES.get(prim)
+    np_rule = (PREFLUSHED_RULES.get(prim) if operands_flushed else None) or NUMPY_RULES.get(prim)
     multiple = prim.multiple_results
     params = dict(eqn.params)
     float_outs = bool(eqn.outvars) and all(_is_float(v.aval) for v in eqn.outvars)
@@ -109,15 +117,35 @@ def _compute_rule(eqn: Any) -> Rule:
     return rule
 
 
-def resolve_rule(eqn: Any, used: frozenset[Any] = frozenset()) -> Rule:
+def resolve_rule(
+    eqn: Any, used: frozenset[Any] = frozenset(), operands_flushed: bool = False
+) -> Rule:
     """The rule for one equation: a specialised one from a registered rule compiler,
     else the primitive's rule, else numpy fast path then bind. ``used``: the variables
-    some later equation (or the jaxpr's result) reads."""
+    some later equation (or the jaxpr's result) reads; ``operands_flushed``: every f32
+    operand is known to hold no subnormals (see ``_flushed_outputs``)."""
     compiler = RULES.compiler(eqn.primitive)
     if compiler is not None:
         return compiler(eqn, used)
     own = RULES.get(eqn.primitive)
-    return own if own is not None else _compute_rule(eqn)
+    return own if own is not None else _compute_rule(eqn, operands_flushed)
+
+
+def _dtype(atom: Any) -> Any:
+    return getattr(atom.aval, "dtype", None)
+
+
+def _flushed_outputs(eqn: Any, operands_flushed: bool) -> bool:
+    """Whether the f32 results of ``eqn`` are known to hold no subnormals: results of a
+    flushing numpy rule that surely runs (all operands f32, no ``accuracy``), or of a
+    rule that only moves values of operands that hold none."""
+    prim = eqn.primitive
+    if RULES.compiler(prim) is not None or RULES.get(prim) is not None:
+        return False  # a registered rule owns this primitive: nothing is known of it
+    if prim in FLUSHING:
+        return (eqn.params.get("accuracy") is None
+                and all(_dtype(a) == _F32 for a in eqn.invars))
+    return prim in PRESERVING and operands_flushed
 
 
 def used_vars(jaxpr: Any) -> frozenset[Any]:
@@ -150,11 +178,25 @@ def compile_jaxpr(jaxpr: Any) -> Program:
     const_slots = tuple(fresh(v) for v in jaxpr.constvars)
     in_slots = tuple(fresh(v) for v in jaxpr.invars)
     used = used_vars(jaxpr)
+    # Variables whose f32 value is known to hold no subnormals (the numpy rules' flush
+    # of them would rewrite nothing): their consumers skip that flush.
+    flushed: set[Any] = set()
+
+    def is_flushed(atom: Any) -> bool:
+        if _dtype(atom) != _F32:
+            return True  # only f32 operands are concerned
+        if isinstance(atom, jc.Literal):
+            return not has_subnormal_f32(np.asarray(atom.val, _F32))
+        return atom in flushed
+
     steps = []
     for eqn in jaxpr.eqns:
         ins = tuple(slot_of(a) for a in eqn.invars)
         outs = tuple(fresh(v) for v in eqn.outvars)
-        steps.append(Step(resolve_rule(eqn, used), eqn, ins, outs))
+        operands_flushed = all(is_flushed(a) for a in eqn.invars)
+        if _flushed_outputs(eqn, operands_flushed):
+            flushed.update(v for v in eqn.outvars if _dtype(v) == _F32)
+        steps.append(Step(resolve_rule(eqn, used, operands_flushed), eqn, ins, outs))
     out_slots = tuple(slot_of(a) for a in jaxpr.outvars)
     return Program(jaxpr, tuple(steps), tuple(template), const_slots, in_slots, out_slots,
                    RULES.version)
