@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _launch_harness import blocked_call, out_of_bounds_block_call, revisit_call
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
@@ -84,14 +85,7 @@ def test_out_of_bounds_block_index_names_the_input():
     def kernel(x_ref, o_ref):
         o_ref[...] = x_ref[...]
 
-    f = pl.pallas_call(
-        kernel,
-        out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32),
-        grid=(1,),
-        in_specs=[pl.BlockSpec((8, 128), lambda i: (5, 0))],
-        out_specs=pl.BlockSpec((8, 128), lambda i: (0, 0)),
-        interpret=P,
-    )
+    f = out_of_bounds_block_call(kernel, P)
     with pytest.raises(OutOfBoundsError) as info, errors_as_raised():
         f(X)
     msg = str(info.value)
@@ -109,14 +103,7 @@ def test_revisited_output_block():
     def revisit_kernel(x_ref, o_ref):
         o_ref[...] = x_ref[...]
 
-    f = pl.pallas_call(
-        revisit_kernel,
-        out_shape=jax.ShapeDtypeStruct((16, 128), jnp.float32),
-        grid=(2, 2),
-        in_specs=[pl.BlockSpec((8, 128), lambda i, j: (j, 0))],
-        out_specs=pl.BlockSpec((8, 128), lambda i, j: (j, 0)),
-        interpret=P,
-    )
+    f = revisit_call(revisit_kernel, P)
     with pytest.raises(RevisitError) as info, errors_as_raised():
         f(X)
     msg = str(info.value)
@@ -168,14 +155,8 @@ def test_semaphore_leak_at_the_end_of_run_scoped_names_the_grid_point_and_line()
         pl.run_scoped(body, pltpu.SemaphoreType.REGULAR)
         o_ref[...] = x_ref[...]
 
-    f = pl.pallas_call(
-        scoped_leak,
-        out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32),
-        grid=(2,),
-        in_specs=[pl.BlockSpec((8, 128), lambda i: (0, 0))],
-        out_specs=pl.BlockSpec((8, 128), lambda i: (0, 0)),
-        interpret=P,
-    )
+    f = blocked_call(scoped_leak, rows=8, grid=(2,), in_map=lambda i: (0, 0),
+                     out_map=lambda i: (0, 0), interpret=P)
     with pytest.raises(SemaphoreLeakError) as info, errors_as_raised():
         f(X[:8])
     msg = str(info.value)
@@ -184,19 +165,25 @@ def test_semaphore_leak_at_the_end_of_run_scoped_names_the_grid_point_and_line()
         assert part in msg, (part, msg)
 
 
-def test_race_between_megacore_halves():
-    def race_kernel(x_ref, o_hbm):
-        pltpu.sync_copy(x_ref, o_hbm)
+def race_kernel(x_ref, o_hbm):
+    pltpu.sync_copy(x_ref, o_hbm)
 
-    f = pl.pallas_call(
+
+def _megacore_race_call(params):
+    """Both halves of a parallel grid split over 2 cores copy the same block to HBM."""
+    return pl.pallas_call(
         race_kernel,
         out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32),
         grid=(2,),
         in_specs=[pl.BlockSpec((8, 128), lambda i: (0, 0))],
         out_specs=pl.BlockSpec(memory_space=pl.ANY),
         compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel",)),
-        interpret=InterpretParams(num_cores_or_threads=2, detect_races=True),
+        interpret=params,
     )
+
+
+def test_race_between_megacore_halves():
+    f = _megacore_race_call(InterpretParams(num_cores_or_threads=2, detect_races=True))
     with pytest.raises(DataRaceError) as info, errors_as_raised():
         f(X[:8])
     msg = str(info.value)
@@ -208,18 +195,8 @@ def test_race_between_megacore_halves():
 def test_race_collect_policy_still_returns_result():
     seen = []
 
-    def race_kernel(x_ref, o_hbm):
-        pltpu.sync_copy(x_ref, o_hbm)
-
-    out = pl.pallas_call(
-        race_kernel,
-        out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32),
-        grid=(2,),
-        in_specs=[pl.BlockSpec((8, 128), lambda i: (0, 0))],
-        out_specs=pl.BlockSpec(memory_space=pl.ANY),
-        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel",)),
-        interpret=InterpretParams(num_cores_or_threads=2, detect_races=True, on_race=seen.append),
-    )(X[:8])
+    out = _megacore_race_call(
+        InterpretParams(num_cores_or_threads=2, detect_races=True, on_race=seen.append))(X[:8])
     np.testing.assert_array_equal(out, 1.0)
     assert seen and "o_hbm" in str(seen[0])
 
@@ -264,15 +241,9 @@ def test_parallel_dimensions_must_be_a_prefix():
     def kernel(x_ref, o_ref):
         o_ref[...] = x_ref[...]
 
-    f = pl.pallas_call(
-        kernel,
-        out_shape=jax.ShapeDtypeStruct((16, 128), jnp.float32),
-        grid=(2, 1),
-        in_specs=[pl.BlockSpec((8, 128), lambda i, j: (i, 0))],
-        out_specs=pl.BlockSpec((8, 128), lambda i, j: (i, 0)),
-        compiler_params=pltpu.CompilerParams(dimension_semantics=("arbitrary", "parallel")),
-        interpret=P,
-    )
+    f = blocked_call(kernel, rows=16, grid=(2, 1), in_map=lambda i, j: (i, 0),
+                     out_map=lambda i, j: (i, 0), semantics=("arbitrary", "parallel"),
+                     interpret=P)
     with pytest.raises(KernelError, match="prefix"), errors_as_raised():
         f(X)
 
@@ -298,18 +269,8 @@ def test_race_collect_policy_keeps_reports_until_collected():
 
     collected_race_reports()
 
-    def race_kernel(x_ref, o_hbm):
-        pltpu.sync_copy(x_ref, o_hbm)
-
-    out = pl.pallas_call(
-        race_kernel,
-        out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32),
-        grid=(2,),
-        in_specs=[pl.BlockSpec((8, 128), lambda i: (0, 0))],
-        out_specs=pl.BlockSpec(memory_space=pl.ANY),
-        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel",)),
-        interpret=InterpretParams(num_cores_or_threads=2, detect_races=True, on_race="collect"),
-    )(X[:8])
+    out = _megacore_race_call(
+        InterpretParams(num_cores_or_threads=2, detect_races=True, on_race="collect"))(X[:8])
     np.testing.assert_array_equal(out, 1.0)
     reports = collected_race_reports()
     assert reports and "o_hbm" in str(reports[0])

@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _launch_harness import out_of_bounds_block_call, revisit_call
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
@@ -77,14 +78,7 @@ def test_block_copy_errors_name_the_pallas_call_line():
     def kernel(x_ref, o_ref):
         o_ref[...] = x_ref[...]
 
-    f = pl.pallas_call(
-        kernel,
-        out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32),
-        grid=(1,),
-        in_specs=[pl.BlockSpec((8, 128), lambda i: (5, 0))],
-        out_specs=pl.BlockSpec((8, 128), lambda i: (0, 0)),
-        interpret=InterpretParams(),
-    )
+    f = out_of_bounds_block_call(kernel, InterpretParams())
     with pytest.raises(OutOfBoundsError) as info, errors_as_raised():
         line = inspect.currentframe().f_lineno + 1
         f(A)
@@ -101,14 +95,7 @@ def test_revisit_error_names_the_pallas_call_line_under_jit():
 
     @jax.jit
     def f(x):
-        return pl.pallas_call(  # the line the error names
-            revisit_kernel,
-            out_shape=jax.ShapeDtypeStruct((16, 128), jnp.float32),
-            grid=(2, 2),
-            in_specs=[pl.BlockSpec((8, 128), lambda i, j: (j, 0))],
-            out_specs=pl.BlockSpec((8, 128), lambda i, j: (j, 0)),
-            interpret=InterpretParams(),
-        )(x)
+        return revisit_call(revisit_kernel, InterpretParams())(x)  # the line the error names
 
     line = inspect.getsourcelines(f.__wrapped__)[1] + 2
     with pytest.raises(RevisitError) as info, errors_as_raised():

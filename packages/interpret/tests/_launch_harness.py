@@ -1,0 +1,42 @@
+"""Shared helpers of palladium.interpret's tests: the ``pallas_call`` set-ups that several
+tests launch with different kernels, index maps and parameters.
+
+The kernels stay in the tests: their names (and their source lines) are what the error
+messages under test must name.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+BLOCK = (8, 128)
+
+
+def blocked_call(kernel, *, rows, grid, in_map, out_map, interpret, semantics=None):
+    """``pallas_call(kernel)`` of one float32 ``(rows, 128)`` input to one output of that
+    shape, both in ``(8, 128)`` blocks chosen by ``in_map`` / ``out_map``."""
+    params = None if semantics is None else pltpu.CompilerParams(dimension_semantics=semantics)
+    return pl.pallas_call(
+        kernel,
+        out_shape=jax.ShapeDtypeStruct((rows, 128), jnp.float32),
+        grid=grid,
+        in_specs=[pl.BlockSpec(BLOCK, in_map)],
+        out_specs=pl.BlockSpec(BLOCK, out_map),
+        compiler_params=params,
+        interpret=interpret,
+    )
+
+
+def out_of_bounds_block_call(kernel, interpret):
+    """One grid point whose input block index (5, 0) is past the (8, 128) input."""
+    return blocked_call(kernel, rows=8, grid=(1,), in_map=lambda i: (5, 0),
+                        out_map=lambda i: (0, 0), interpret=interpret)
+
+
+def revisit_call(kernel, interpret):
+    """A (2, 2) grid whose output block (j, 0) is left at i = 0 and revisited at i = 1."""
+    return blocked_call(kernel, rows=16, grid=(2, 2), in_map=lambda i, j: (j, 0),
+                        out_map=lambda i, j: (j, 0), interpret=interpret)
