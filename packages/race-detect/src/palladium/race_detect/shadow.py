@@ -184,8 +184,6 @@ class BufferShadow:
         self._prepared: dict[int, tuple[Any, tuple[Region, Box | None, int]]] = {}
         self._writes = _Table(None)
         self._reads = _Table(())
-        self._read_ids: dict[tuple[int, ...], int] = {}
-        self._read_keys: dict[int, tuple[int, ...]] = {}  # read-set id -> its key
 
     def live_records(self) -> tuple[int, int]:
         """(live write records, live read sets): bounded by the number of elements."""
@@ -259,8 +257,12 @@ class BufferShadow:
                 self._drop_read_set(rid, count)
             new: Any = writes.add(event, old.size) << 32
         else:
+            # Read sets of different ids may keep the same reads: they merge into one id.
+            # Only sets made by this access can match (each ends with its serial).
+            merged: dict[tuple[int, ...], int] = {}
             new_read = {
-                rid: self._with_read(rid, event, times, count) for rid, count in read_counts.items()
+                rid: self._with_read(rid, event, times, count, merged)
+                for rid, count in read_counts.items()
             }
             for rid, count in read_counts.items():
                 self._drop_read_set(rid, count)
@@ -318,8 +320,11 @@ class BufferShadow:
         # The same table operations, in the same order, as the general path on a
         # region holding one pair: ids (and so reports) do not depend on the path.
         if is_write:
-            if rid and any(not _precedes(e, times) for e in self._reads.items[rid]):
-                return False
+            if rid:
+                n = len(times)
+                for e in self._reads.items[rid]:
+                    if e.slot >= n or e.time > times[e.slot]:  # not _precedes(e, times)
+                        return False
             if wid:
                 self._writes.release(wid, size)
             self._drop_read_set(rid, size)
@@ -371,20 +376,31 @@ class BufferShadow:
                     hits = (old & _R_MASK) == rid
                     races.append((earlier, self._element(region, mask, hits)))
 
-    def _with_read(self, rid: int, event: Event, times: list[int], count: int) -> int:
-        """The id of (read set ``rid`` minus reads before ``event``) plus ``event``; +count refs."""
-        kept = [e for e in self._reads.items[rid] if not _precedes(e, times)]
+    def _with_read(
+        self,
+        rid: int,
+        event: Event,
+        times: list[int],
+        count: int,
+        merged: dict[tuple[int, ...], int] | None = None,
+    ) -> int:
+        """The id of (read set ``rid`` minus reads before ``event``) plus ``event``; +count
+        refs. ``merged``: the sets this access made so far, by their serials (an access
+        of one uniform box makes one set, and passes None)."""
+        n = len(times)
+        # not _precedes(e, times), inlined: this runs on every read
+        kept = [e for e in self._reads.items[rid] if e.slot >= n or e.time > times[e.slot]]
         kept.append(event)  # serials grow in program order: the tuple stays sorted
+        if merged is None:
+            return self._reads.add(tuple(kept), count)
         key = tuple(e.serial for e in kept)
-        found = self._read_ids.get(key)
+        found = merged.get(key)
         if found is not None:
             self._reads.counts[found] += count
             return found
-        new = self._reads.add(tuple(kept), count)
-        self._read_ids[key] = new
-        self._read_keys[new] = key
+        new = merged[key] = self._reads.add(tuple(kept), count)
         return new
 
     def _drop_read_set(self, rid: int, count: int) -> None:
-        if rid and self._reads.release(rid, count):
-            del self._read_ids[self._read_keys.pop(rid)]
+        if rid:
+            self._reads.release(rid, count)
