@@ -12,6 +12,7 @@ import dataclasses
 import inspect
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.experimental import pallas as pl
@@ -108,3 +109,25 @@ def count_dma_starts(make_call, *args, kind: str = "TPU v5 lite") -> int:
     with on_tpu(kind):
         jaxpr = jax.make_jaxpr(make_call(interpret=False))(*args)
     return str(jaxpr).count("dma_start[")
+
+
+def call_maker(kernel, shape, **hbm_kwargs):
+    """``make_call(interpret)``: :func:`hbm_call` of ``kernel`` with one float32 output of
+    ``shape`` (``hbm_kwargs`` as for :func:`hbm_call`), the form :func:`run`,
+    :func:`assert_exports` and :func:`count_dma_starts` take."""
+
+    def make_call(interpret):
+        return hbm_call(kernel, jax.ShapeDtypeStruct(shape, jnp.float32), interpret=interpret,
+                        **hbm_kwargs)
+
+    return make_call
+
+
+def accumulating_matmul_body(x, y, o):
+    """``o += x @ y`` over the k axis (grid axis 2), zeroing ``o`` at the first k step."""
+
+    @pl.when(pl.program_id(2) == 0)
+    def _():
+        o[...] = jnp.zeros_like(o)
+
+    o[...] += jnp.dot(x[...], y[...], preferred_element_type=jnp.float32)

@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from _pipeline_harness import hbm_call, on_tpu, run
+from _pipeline_harness import call_maker, on_tpu, run
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
@@ -75,11 +75,7 @@ def input_output_call(counts, emit, buffered_ref_cls):
             buffered_ref_cls.input_output(spec, jnp.float32, buffer_count=counts),
         ])
 
-    def make_call(interpret):
-        return hbm_call(kernel, jax.ShapeDtypeStruct((40, 128), jnp.float32),
-                        interpret=interpret, input_output_aliases={1: 0})
-
-    return make_call
+    return call_maker(kernel, (40, 128), input_output_aliases={1: 0})
 
 
 @pytest.mark.parametrize("counts", [1, 2])
@@ -106,11 +102,7 @@ def no_pipelining_call(emit, grid=(4, 2)):
         emit(lambda x, o: o.__setitem__(..., x[...] * 3.0), grid=grid, in_specs=[spec],
              out_specs=[spec], no_pipelining=True)(x_hbm, o_hbm)
 
-    def make_call(interpret):
-        return hbm_call(kernel, jax.ShapeDtypeStruct((32, 256), jnp.float32),
-                        interpret=interpret)
-
-    return make_call
+    return call_maker(kernel, (32, 256))
 
 
 def test_no_pipelining_dma_count_equals_jax():
@@ -153,10 +145,7 @@ def prefetch_call(prefetched, await_prefetch, steps=4):
         x_bref = dataclasses.replace(x_bref, window_ref=None)
         pl.run_scoped(with_buffers, pltpu.VMEM((2, 8, 128), jnp.float32), [x_bref])
 
-    def make_call(interpret):
-        return hbm_call(kernel, jax.ShapeDtypeStruct(shape, jnp.float32), interpret=interpret)
-
-    return make_call
+    return call_maker(kernel, shape)
 
 
 def _walk(jaxpr, name: str) -> int:

@@ -1,10 +1,16 @@
 """Operand kinds: accumulating outputs, input-output refs, trivial windows, aliasing."""
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from _pipeline_harness import MODES, assert_exports, count_dma_starts, hbm_call, run
+from _pipeline_harness import (
+    MODES,
+    accumulating_matmul_body,
+    assert_exports,
+    call_maker,
+    count_dma_starts,
+    run,
+)
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from jax.experimental import pallas as pl
@@ -15,24 +21,14 @@ import palladium.pipeline as pp
 
 def matmul_call(m, n, k, bm, bn, bk, *, emit=pp.emit_pipeline, x_count=2, o_count=2):
     def kernel(x_hbm, y_hbm, o_hbm):
-        def body(x, y, o):
-            @pl.when(pl.program_id(2) == 0)
-            def _():
-                o[...] = jnp.zeros_like(o)
-
-            o[...] += jnp.dot(x[...], y[...], preferred_element_type=jnp.float32)
-
-        emit(body, grid=(m // bm, n // bn, k // bk),
+        emit(accumulating_matmul_body, grid=(m // bm, n // bn, k // bk),
              in_specs=[pl.BlockSpec((bm, bk), lambda i, j, kk: (i, kk),
                                     pipeline_mode=pl.Buffered(x_count)),
                        pl.BlockSpec((bk, bn), lambda i, j, kk: (kk, j))],
              out_specs=[pl.BlockSpec((bm, bn), lambda i, j, kk: (i, j),
                                      pipeline_mode=pl.Buffered(o_count))])(x_hbm, y_hbm, o_hbm)
 
-    def make_call(interpret):
-        return hbm_call(kernel, jax.ShapeDtypeStruct((m, n), jnp.float32), interpret=interpret)
-
-    return make_call
+    return call_maker(kernel, (m, n))
 
 
 @settings(max_examples=8, deadline=None)
@@ -73,11 +69,7 @@ def input_output_call(shape, block, grid, counts):
             pp.BufferedRef.input_output(spec, jnp.float32, buffer_count=counts),
         ])
 
-    def make_call(interpret):
-        return hbm_call(kernel, jax.ShapeDtypeStruct(shape, jnp.float32),
-                        interpret=interpret, input_output_aliases={1: 0})
-
-    return make_call
+    return call_maker(kernel, shape, input_output_aliases={1: 0})
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -110,10 +102,7 @@ def bias_call(shape, bias_shape, emit=pp.emit_pipeline):
                        pl.BlockSpec(bias_shape, lambda i: (0, 0))],
              out_specs=[pl.BlockSpec((8, shape[1]), lambda i: (i, 0))])(x_hbm, b_hbm, o_hbm)
 
-    def make_call(interpret):
-        return hbm_call(kernel, jax.ShapeDtypeStruct(shape, jnp.float32), interpret=interpret)
-
-    return make_call
+    return call_maker(kernel, shape)
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -143,11 +132,7 @@ def vmem_source_call(shape, emit=pp.emit_pipeline):
              in_specs=[pl.BlockSpec((8, shape[1]), lambda i: (i, 0))],
              out_specs=[pl.BlockSpec((8, shape[1]), lambda i: (i, 0))])(x_vmem, o_hbm)
 
-    def make_call(interpret):
-        return hbm_call(kernel, jax.ShapeDtypeStruct(shape, jnp.float32), interpret=interpret,
-                        in_specs=[pl.BlockSpec(memory_space=pltpu.VMEM)])
-
-    return make_call
+    return call_maker(kernel, shape, in_specs=[pl.BlockSpec(memory_space=pltpu.VMEM)])
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -171,10 +156,7 @@ def hbm_block_call(shape):
         pp.emit_pipeline(body, grid=(shape[0] // 8,), in_specs=[hbm],
                          out_specs=[hbm])(x_hbm, o_hbm)
 
-    def make_call(interpret):
-        return hbm_call(kernel, jax.ShapeDtypeStruct(shape, jnp.float32), interpret=interpret)
-
-    return make_call
+    return call_maker(kernel, shape)
 
 
 @pytest.mark.parametrize("mode", MODES)

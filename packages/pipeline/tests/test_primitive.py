@@ -6,7 +6,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from _pipeline_harness import assert_exports, hbm_call, on_tpu, run
+from _pipeline_harness import (
+    accumulating_matmul_body,
+    assert_exports,
+    call_maker,
+    hbm_call,
+    on_tpu,
+    run,
+)
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
@@ -27,32 +34,19 @@ def elementwise_call(use_primitive, shape=(32, 128), counts=(2, 2), **options):
                          out_specs=[out_spec], use_primitive=use_primitive,
                          **options)(x_hbm, o_hbm)
 
-    def make_call(interpret):
-        return hbm_call(kernel, jax.ShapeDtypeStruct(shape, jnp.float32), interpret=interpret)
-
-    return make_call
+    return call_maker(kernel, shape)
 
 
 def matmul_call(use_primitive, m=16, n=256, k=384):
     def kernel(x_hbm, y_hbm, o_hbm):
-        def body(x, y, o):
-            @pl.when(pl.program_id(2) == 0)
-            def _():
-                o[...] = jnp.zeros_like(o)
-
-            o[...] += jnp.dot(x[...], y[...], preferred_element_type=jnp.float32)
-
-        pp.emit_pipeline(body, grid=(m // 8, n // 128, k // 128),
+        pp.emit_pipeline(accumulating_matmul_body, grid=(m // 8, n // 128, k // 128),
                          in_specs=[pl.BlockSpec((8, 128), lambda i, j, kk: (i, kk),
                                                 pipeline_mode=pp.Buffered(3)),
                                    pl.BlockSpec((128, 128), lambda i, j, kk: (kk, j))],
                          out_specs=[pl.BlockSpec((8, 128), lambda i, j, kk: (i, j))],
                          use_primitive=use_primitive)(x_hbm, y_hbm, o_hbm)
 
-    def make_call(interpret):
-        return hbm_call(kernel, jax.ShapeDtypeStruct((m, n), jnp.float32), interpret=interpret)
-
-    return make_call
+    return call_maker(kernel, (m, n))
 
 
 def gather_call(use_primitive):
@@ -65,11 +59,7 @@ def gather_call(use_primitive):
                          in_specs=[in_spec], out_specs=[out_spec],
                          use_primitive=use_primitive)(x_hbm, o_hbm)
 
-    def make_call(interpret):
-        return hbm_call(kernel, jax.ShapeDtypeStruct((32, 128), jnp.float32),
-                        interpret=interpret, num_scalar_prefetch=1)
-
-    return make_call
+    return call_maker(kernel, (32, 128), num_scalar_prefetch=1)
 
 
 def step_call(use_primitive, rows, core_split):
@@ -86,13 +76,9 @@ def step_call(use_primitive, rows, core_split):
                          dimension_semantics=(pp.PARALLEL,), _explicit_indices=True,
                          use_primitive=use_primitive)(x_hbm, o_hbm)
 
-    def make_call(interpret):
-        return hbm_call(kernel, jax.ShapeDtypeStruct((rows * 8, 128), jnp.float32),
-                        interpret=interpret, num_scalar_prefetch=1,
-                        grid=(2,) if core_split else (),
-                        dimension_semantics=("parallel",) if core_split else None)
-
-    return make_call
+    return call_maker(kernel, (rows * 8, 128), num_scalar_prefetch=1,
+                      grid=(2,) if core_split else (),
+                      dimension_semantics=("parallel",) if core_split else None)
 
 
 def nested_call(use_primitive):
@@ -107,11 +93,7 @@ def nested_call(use_primitive):
         pp.emit_pipeline(outer_body, grid=(3,), in_specs=[outer], out_specs=[outer],
                          use_primitive=use_primitive)(x_hbm, o_hbm)
 
-    def make_call(interpret):
-        return hbm_call(kernel, jax.ShapeDtypeStruct((48, 128), jnp.float32),
-                        interpret=interpret)
-
-    return make_call
+    return call_maker(kernel, (48, 128))
 
 
 def _x(shape, seed=0):
@@ -222,11 +204,7 @@ def vmapped_kernel_call(use_primitive, batch=3):
 
         jax.vmap(one)(x_hbm, o_hbm)
 
-    def make_call(interpret):
-        return hbm_call(kernel, jax.ShapeDtypeStruct((batch, 32, 128), jnp.float32),
-                        interpret=interpret)
-
-    return make_call
+    return call_maker(kernel, (batch, 32, 128))
 
 
 def test_vmap_inside_a_kernel_uses_the_batching_rule():

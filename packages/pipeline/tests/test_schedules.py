@@ -8,6 +8,7 @@ import pytest
 from _pipeline_harness import (
     MODES,
     assert_exports,
+    call_maker,
     count_dma_starts,
     hbm_call,
     needs_padded_buffer_bounds,
@@ -33,11 +34,7 @@ def megacore_call(rows, num_cores, semantics):
         pp.emit_pipeline(copy_body, grid=(rows, 1), in_specs=[spec], out_specs=[spec],
                          core_axis=0, dimension_semantics=semantics)(x_hbm, o_hbm)
 
-    def make_call(interpret):
-        return hbm_call(kernel, jax.ShapeDtypeStruct(shape, jnp.float32), interpret=interpret,
-                        grid=(num_cores,), dimension_semantics=("parallel",))
-
-    return make_call, shape
+    return call_maker(kernel, shape, grid=(num_cores,), dimension_semantics=("parallel",)), shape
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -77,10 +74,7 @@ def block_kind_call(shape, block_shape, index_map, grid, out_block, out_map):
                          in_specs=[pl.BlockSpec(block_shape, index_map)],
                          out_specs=[pl.BlockSpec(out_block, out_map)])(x_hbm, o_hbm)
 
-    def make_call(interpret):
-        return hbm_call(kernel, jax.ShapeDtypeStruct(shape, jnp.float32), interpret=interpret)
-
-    return make_call
+    return call_maker(kernel, shape)
 
 
 BLOCK_KINDS = {
@@ -119,9 +113,7 @@ def test_squeezed_dims(mode, squeezed):
 
         pp.emit_pipeline(body, grid=(3, 2), in_specs=[spec], out_specs=[spec])(x_hbm, o_hbm)
 
-    def make_call(interpret):
-        return hbm_call(kernel, jax.ShapeDtypeStruct((3, 16, 128), jnp.float32),
-                        interpret=interpret)
+    make_call = call_maker(kernel, (3, 16, 128))
 
     x = jnp.arange(3 * 16 * 128, dtype=jnp.float32).reshape(3, 16, 128)
     np.testing.assert_allclose(run(make_call, mode, x), x * 3.0)
@@ -150,10 +142,7 @@ def lookahead_call(shape, repeat, emit=pp.emit_pipeline, mode_cls=pp.Buffered):
                                     pipeline_mode=mode_cls(2, use_lookahead=True))],
              out_specs=[pl.BlockSpec((8, 128), lambda i: (i // repeat, 0))])(x_hbm, o_hbm)
 
-    def make_call(interpret):
-        return hbm_call(kernel, jax.ShapeDtypeStruct(shape, jnp.float32), interpret=interpret)
-
-    return make_call
+    return call_maker(kernel, shape)
 
 
 @settings(max_examples=6, deadline=None)
@@ -223,10 +212,7 @@ def prefetch_call(shape, prefetched):
         (x_bref, _) = make_allocations(x_hbm, o_hbm)
         pl.run_scoped(with_buffers, pltpu.VMEM((2, 8, 128), jnp.float32), [x_bref])
 
-    def make_call(interpret):
-        return hbm_call(kernel, jax.ShapeDtypeStruct(shape, jnp.float32), interpret=interpret)
-
-    return make_call
+    return call_maker(kernel, shape)
 
 
 # Under interpret=True, jax 0.10.2's partial discharge of the grid scan fails on the
@@ -261,10 +247,7 @@ def pipeline_step_call(grid, core_split=False):
         pp.emit_pipeline(body, grid=grid, in_specs=[spec], out_specs=[spec],
                          _explicit_indices=True)(x_hbm, o_hbm)
 
-    def make_call(interpret):
-        return hbm_call(kernel, jax.ShapeDtypeStruct(shape, jnp.float32), interpret=interpret)
-
-    return make_call, shape
+    return call_maker(kernel, shape), shape
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -288,9 +271,7 @@ def test_debug_and_read_only_modes(mode, option):
         pp.emit_pipeline(copy_body, grid=(5,), in_specs=[spec], out_specs=[out_spec],
                          **{option: True})(x_hbm, o_hbm)
 
-    def make_call(interpret):
-        return hbm_call(kernel, jax.ShapeDtypeStruct((40, 128), jnp.float32),
-                        interpret=interpret)
+    make_call = call_maker(kernel, (40, 128))
 
     x = jnp.arange(40 * 128, dtype=jnp.float32).reshape(40, 128)
     np.testing.assert_allclose(run(make_call, mode, x), x + 1.0)
@@ -310,10 +291,7 @@ def nested_call(shape):
         pp.emit_pipeline(outer_body, grid=(shape[0] // 16,), in_specs=[outer],
                          out_specs=[outer])(x_hbm, o_hbm)
 
-    def make_call(interpret):
-        return hbm_call(kernel, jax.ShapeDtypeStruct(shape, jnp.float32), interpret=interpret)
-
-    return make_call
+    return call_maker(kernel, shape)
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -331,11 +309,7 @@ def dynamic_grid_call(shape):
         pp.emit_pipeline(copy_body, grid=(n_ref[0],), in_specs=[spec],
                          out_specs=[spec])(x_hbm, o_hbm)
 
-    def make_call(interpret):
-        return hbm_call(kernel, jax.ShapeDtypeStruct(shape, jnp.float32), interpret=interpret,
-                        num_scalar_prefetch=1, input_output_aliases={1: 0})
-
-    return make_call
+    return call_maker(kernel, shape, num_scalar_prefetch=1, input_output_aliases={1: 0})
 
 
 @pytest.mark.parametrize("mode", MODES)
