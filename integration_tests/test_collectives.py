@@ -33,11 +33,9 @@ from palladium.interpret.jax_hook import in_flight_rendezvous
 
 EXAMPLES = os.path.dirname(os.path.abspath(collectives.__file__))
 
-# (devices, dma mode, races): every mode x races combination, every device count.
-CONFIGS = [(2, "eager", False), (4, "on_wait", True), (8, "on_wait", False), (8, "eager", True)]
-
-
-@pytest.mark.parametrize("devices,mode,races", CONFIGS)
+@pytest.mark.parametrize("races", [False, True])
+@pytest.mark.parametrize("mode", ["eager", "on_wait"])
+@pytest.mark.parametrize("devices", [2, 4, 8])
 @pytest.mark.parametrize("name", sorted(COLLECTIVES))
 def test_collective_matches_jnp(name, devices, mode, races):
     params = InterpretParams(dma_execution_mode=mode, detect_races=races)
