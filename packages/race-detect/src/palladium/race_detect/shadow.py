@@ -327,12 +327,15 @@ class BufferShadow:
                         return False
             if wid:
                 self._writes.release(wid, size)
-            self._drop_read_set(rid, size)
+            if rid:
+                self._reads.release(rid, size)
             new = self._writes.add(event, size) << 32
-        else:
+        elif rid:
             new_rid = self._with_read(rid, event, times, size)
-            self._drop_read_set(rid, size)
+            self._reads.release(rid, size)
             new = wid << 32 | new_rid
+        else:  # no reads yet: the new read set is this read alone
+            new = wid << 32 | self._reads.add((event,), size)
         if outer is not box:
             del boxes[outer]
             for piece in _subtract(outer, box):
