@@ -307,7 +307,10 @@ class BufferShadow:
         outer = box
         pair = boxes.get(box)
         if pair is None:
-            found = next((b for b in boxes if _contains(b, box)), None)
+            # Newest first: the pieces left by the last split (appended last) are where a
+            # block-by-block sweep goes next. Boxes are disjoint, so at most one contains
+            # ``box``: the order changes only the time it takes to find it.
+            found = next((b for b in reversed(boxes) if _contains(b, box)), None)
             if found is None:
                 return False
             outer, pair = found, boxes[found]
