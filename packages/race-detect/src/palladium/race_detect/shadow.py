@@ -328,11 +328,18 @@ class BufferShadow:
                 for e in self._reads.items[rid]:
                     if e.slot >= n or e.time > times[e.slot]:  # not _precedes(e, times)
                         return False
-            if wid:
-                self._writes.release(wid, size)
+            writes = self._writes
             if rid:
                 self._reads.release(rid, size)
-            new = self._writes.add(event, size) << 32
+            if wid and writes.counts[wid] == size:
+                # Only this box holds the last write: releasing it frees its id and the
+                # add takes that id straight back off the free list. Do both at once.
+                writes.items[wid] = event
+                new = wid << 32
+            else:
+                if wid:
+                    writes.release(wid, size)
+                new = writes.add(event, size) << 32
         elif rid:
             new_rid = self._with_read(rid, event, times, size)
             self._reads.release(rid, size)
