@@ -18,6 +18,7 @@ from palladium.race_detect.errors import (
     UnknownBufferError,
 )
 from palladium.race_detect.policy import OnRace
+from palladium.race_detect.regions import is_frozen
 from palladium.race_detect.report import Access, RaceReport
 
 __all__ = [
@@ -35,4 +36,5 @@ __all__ = [
     "UnknownBufferError",
     "VectorClock",
     "__version__",
+    "is_frozen",
 ]

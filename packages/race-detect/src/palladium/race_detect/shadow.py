@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from palladium.race_detect.regions import Region, element_at, normalise
+from palladium.race_detect.regions import Region, element_at, is_frozen, normalise
 from palladium.race_detect.report import Access
 
 
@@ -126,21 +126,6 @@ def _box_of(region: Region, shape: tuple[int, ...]) -> Box | None:
             i = i + n if i < 0 else i
             box.append((i, i + 1))
     return tuple(box)
-
-
-def _frozen(region: Any) -> bool:
-    """Whether ``region`` is None or made of ints and slices of ints/None only."""
-    if region is None:
-        return True
-    for r in region if region.__class__ is tuple else (region,):
-        cls = r.__class__
-        if cls is slice:
-            for v in (r.start, r.stop, r.step):
-                if v is not None and v.__class__ is not int:
-                    return False
-        elif cls is not int:
-            return False
-    return True
 
 
 def _contains(outer: Box, inner: Box) -> bool:
@@ -291,7 +276,7 @@ class BufferShadow:
         full = normalise(region, self.shape, self.name)
         box = _box_of(full, self.shape)
         result = (full, box, _size(box) if box is not None else 0)
-        if _frozen(region):
+        if is_frozen(region):
             if len(self._prepared) >= 64:
                 self._prepared.clear()
             self._prepared[id(region)] = (region, result)  # holds region: its id stays unique

@@ -15,6 +15,7 @@ import enum
 
 import numpy as np
 
+from palladium.race_detect import is_frozen
 from palladium.shared_memory.errors import OutOfBoundsError, at_site, core_name
 from palladium.shared_memory.regions import AccessPlan, describe_region, resolve
 
@@ -22,20 +23,6 @@ __all__ = ["Buffer", "BufferRef", "MemorySpace"]
 
 _ELLIPSIS = (Ellipsis,)
 _PLAN_CACHE_SIZE = 64
-
-
-def _immutable(region: tuple) -> bool:
-    """Whether ``region`` holds only ints and slices of ints/None (no arrays that could
-    change under a cached plan)."""
-    for r in region:
-        cls = r.__class__
-        if cls is slice:
-            for v in (r.start, r.stop, r.step):
-                if v is not None and v.__class__ is not int:
-                    return False
-        elif cls is not int:
-            return False
-    return True
 
 
 # The advice appended to an out-of-bounds read error; a client (the interpreter) passes
@@ -101,7 +88,7 @@ class Buffer:
             if hit is not None and hit[0] is region:
                 return hit[1]
             plan = resolve(region, self.logical, self.bound)
-            if region is None or _immutable(region):
+            if is_frozen(region):
                 if len(self.plans) >= _PLAN_CACHE_SIZE:
                     self.plans.clear()
                 self.plans[id(region)] = (region, plan)  # holds region: its id stays unique
