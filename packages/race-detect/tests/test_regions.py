@@ -53,3 +53,8 @@ def test_format_region():
     assert format_region(()) == "[...]"
     assert normalise(None, (2, 3), "x") == (slice(None), slice(None))
     assert normalise(1, (2, 3), "x") == (1, slice(None))
+
+
+def test_format_region_drops_unit_steps_only():
+    assert format_region((slice(0, 8, 1), slice(0, 128, 1))) == "[0:8, 0:128]"
+    assert format_region((slice(0, 8, 2), slice(1, None, 3))) == "[0:8:2, 1::3]"

@@ -118,7 +118,7 @@ def _format_index(index: Any) -> str:
         return str(int(index)) if isinstance(index, int | np.integer) else repr(index)
     text = ("" if index.start is None else str(index.start)) + ":"
     text += "" if index.stop is None else str(index.stop)
-    if index.step is not None:
+    if index.step is not None and index.step != 1:  # a unit step says nothing
         text += f":{index.step}"
     return text
 
