@@ -142,3 +142,43 @@ def test_ragged_block_with_padded_bounds_matches_jax_interpreter():
     with _tpu_mesh("TPU v5 lite"):
         theirs = _ragged_last_block(pltpu.InterpretParams(buffer_bounds="padded"))(start, X)
     np.testing.assert_array_equal(ours, theirs)  # NaN where both read padding
+
+
+def _masked_tail_load(rows_valid, *, reshape=False, detect_races=False):
+    """Loads rows 12:20 of a (16, 128) VMEM block with a mask that keeps ``rows_valid``
+    rows: rows past 16 are out of bounds but masked off when rows_valid <= 4."""
+
+    def masked_tail_kernel(x_ref, o_ref):
+        start = pl.program_id(0) + 12
+        mask = jax.lax.broadcasted_iota(jnp.int32, (8, 128), 0) < rows_valid
+        view = x_ref.at[pl.ds(start, 8)]
+        if reshape:
+            flat_mask = mask.reshape(8 * 128 // 256, 256)
+            v = pltpu.load(view.reshape(8 * 128 // 256, 256), mask=flat_mask).reshape(8, 128)
+        else:
+            v = pltpu.load(view, mask=mask)
+        o_ref[...] = jnp.where(mask, v, -1.0)
+
+    return pl.pallas_call(
+        masked_tail_kernel,
+        grid=(1,),
+        out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32),
+        interpret=InterpretParams(detect_races=detect_races),
+    )
+
+
+@pytest.mark.parametrize("reshape", [False, True])
+def test_masked_load_may_reach_out_of_bounds_where_the_mask_is_false(reshape):
+    x = X[:16]
+    out = _masked_tail_load(4, reshape=reshape, detect_races=True)(x)
+    expected = np.full((8, 128), -1.0, np.float32)
+    expected[:4] = np.asarray(x[12:16])
+    np.testing.assert_array_equal(out, expected)
+
+
+def test_masked_load_raises_when_a_true_element_is_out_of_bounds():
+    with pytest.raises(OutOfBoundsError) as info, errors_as_raised():
+        _masked_tail_load(5)(X[:16])
+    msg = str(info.value)
+    for part in ("masked read", "'x_ref'", "[12:20, 0:128]", "(16, 128)", "test_bounds.py:"):
+        assert part in msg, (part, msg)

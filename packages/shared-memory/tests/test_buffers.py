@@ -206,6 +206,18 @@ def test_masked_write_out_of_bounds_only_if_mask_true_there():
         sim.swap(buf, (slice(2, 6),), np.ones(4, np.float32), core=CORE)
 
 
+def test_masked_read_out_of_bounds_only_if_mask_true_there():
+    sim = Simulation()
+    buf = sim.allocate(MemorySpace.VMEM, 0, 0, name="x", value=np.arange(4, dtype=np.float32))
+    got = sim.read(buf, (slice(2, 6),), mask=np.array([True, True, False, False]), core=CORE)
+    np.testing.assert_array_equal(got[:2], [2, 3])  # the rest is the fill
+    assert np.isnan(got[2:]).all()
+    with pytest.raises(OutOfBoundsError, match="masked read of 'x'"):
+        sim.read(buf, (slice(2, 6),), mask=np.array([True, False, False, True]), core=CORE)
+    with pytest.raises(OutOfBoundsError, match="out-of-bounds read of 'x'"):
+        sim.read(buf, (slice(2, 6),), core=CORE)
+
+
 def test_padded_bounds_allow_padding_but_drop_writes():
     sim = Simulation(bounds="padded")
     buf = sim.allocate(MemorySpace.VMEM, 0, 0, name="x", value=np.ones((3, 5), np.float32))

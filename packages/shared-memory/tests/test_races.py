@@ -94,6 +94,27 @@ def test_masked_write_reports_only_written_elements():
     assert sim.race_detector.reports == []
 
 
+def test_masked_read_reports_only_read_elements():
+    sim = Simulation(cores_per_device=2, detect_races=True, on_race="collect")
+    buf = sim.allocate(HBM, 0, 0, name="m", value=np.zeros(4, np.float32))
+
+    def reader():
+        sim.read(buf, (slice(2, 6),), mask=np.array([1, 1, 0, 0], bool), core=(0, 0))
+
+    def writer():
+        sim.write(buf, (slice(0, 2),), np.ones(2, np.float32), core=(0, 1))
+
+    sim.run({(0, 0): reader, (0, 1): writer})
+    assert sim.race_detector.reports == []
+
+    def wide_reader():
+        sim.read(buf, (slice(0, 4),), mask=np.array([0, 1, 0, 0], bool), core=(0, 0))
+
+    sim.run({(0, 0): wide_reader, (0, 1): writer})
+    assert len(sim.race_detector.reports) == 1
+    assert "at element (1,)" in str(sim.race_detector.reports[0])
+
+
 def test_barrier_orders_accesses():
     sim = Simulation(num_devices=2, detect_races=True, on_race="collect")
     buf = sim.allocate(HBM, 0, 0, name="b", value=np.zeros(2, np.float32))

@@ -63,6 +63,20 @@ class BufferRef:
         return f"{self.space.value}, device {self.device} core {self.core}"
 
 
+def _outside(plan: AccessPlan, mask) -> np.ndarray:
+    """The True elements of ``mask`` that lie outside the bounds of ``plan``."""
+    outside = np.broadcast_to(np.asarray(mask, dtype=bool), plan.shape).copy()
+    if plan.box is not None:
+        outside[plan.box] = False
+    return outside
+
+
+def stored_mask(plan: AccessPlan, mask) -> np.ndarray:
+    """``mask`` restricted to the stored part of ``plan`` (what the race detector sees)."""
+    mask = np.broadcast_to(np.asarray(mask, dtype=bool), plan.shape)
+    return mask if plan.full else mask[plan.pos]
+
+
 class Buffer:
     """The storage and bounds of one allocation (owned by a ``Simulation``)."""
 
@@ -97,12 +111,20 @@ class Buffer:
 
     # -- reads -------------------------------------------------------------------------
 
-    def read(self, plan: AccessPlan, oob_raise: bool, what: str, core, site) -> np.ndarray:
-        """The values of the planned region (a copy); the fill where nothing is stored."""
+    def read(self, plan: AccessPlan, oob_raise: bool, what: str, core, site,
+             mask=None) -> np.ndarray:
+        """The values of the planned region (a copy); the fill where nothing is stored.
+
+        With ``mask``, only its True elements count as read: a False element outside
+        the bounds reads the fill instead of raising.
+        """
         if plan.full:
             return self.data[plan.index + _ELLIPSIS].copy()
         if plan.oob and oob_raise:
-            raise self.oob_error(what, plan, core, site, hint=True)
+            if mask is None:
+                raise self.oob_error(what, plan, core, site, hint=True)
+            if _outside(plan, mask).any():
+                raise self.oob_error(f"masked {what}", plan, core, site, hint=True)
         out = np.full(plan.shape, self.fill, self.data.dtype)
         if plan.index is not None:
             out[plan.pos] = self.data[plan.index]
@@ -141,10 +163,7 @@ class Buffer:
             return
         if mask is None:
             raise self.oob_error(what, plan, core, site, hint=False)
-        outside = np.broadcast_to(np.asarray(mask, dtype=bool), plan.shape).copy()
-        if plan.box is not None:
-            outside[plan.box] = False
-        if outside.any():
+        if _outside(plan, mask).any():
             raise self.oob_error(f"masked {what}", plan, core, site, hint=False)
 
     def swap(self, plan: AccessPlan, value, mask, core, site) -> tuple[np.ndarray, np.ndarray | None]:

@@ -23,7 +23,13 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from palladium.race_detect import RaceDetector
-from palladium.shared_memory.buffers import OUT_OF_BOUNDS_HINT, Buffer, BufferRef, MemorySpace
+from palladium.shared_memory.buffers import (
+    OUT_OF_BOUNDS_HINT,
+    Buffer,
+    BufferRef,
+    MemorySpace,
+    stored_mask,
+)
 from palladium.shared_memory.dma import Dma, DmaState
 from palladium.shared_memory.errors import (
     SemaphoreLeakError,
@@ -238,16 +244,28 @@ class Simulation:
         """Whether ``buf`` has not been freed yet."""
         return buf.key in self._buffers
 
-    def read(self, buf: BufferRef, region, *, core: CoreId, site=None) -> np.ndarray:
-        """A copy of ``buf[region]`` as read by ``core``."""
+    def read(self, buf: BufferRef, region, *, mask=None, core: CoreId, site=None) -> np.ndarray:
+        """A copy of ``buf[region]`` as read by ``core``.
+
+        With ``mask`` (broadcastable to the region's shape) only the True elements are
+        read: a False element may lie out of bounds (it reads the fill), and the race
+        detector sees only the True ones.
+        """
         b = self._buffers.get(buf.key) or self._buffer(buf)
         plan = b.plan(region)
         if plan.full:  # the common case, inlined: the interpreter reads on every load
             out = b.data[plan.index + _ELLIPSIS].copy()
         else:
-            out = b.read(plan, self._oob_raise, "read", core, site)
+            out = b.read(plan, self._oob_raise, "read", core, site, mask)
         if self._det is not None and plan.index is not None:
-            self._det.read(self._actor(core), buf.key, plan.index, site=site)
+            if mask is None:
+                self._det.read(self._actor(core), buf.key, plan.index, site=site)
+            else:
+                sub = stored_mask(plan, mask)
+                if sub.any():
+                    shape = b.data[plan.index + _ELLIPSIS].shape
+                    self._det.read(self._actor(core), buf.key, plan.index, site=site,
+                                   mask=np.broadcast_to(sub, shape))
         return out
 
     def write(self, buf: BufferRef, region, value, *, mask=None, core: CoreId, site=None) -> None:

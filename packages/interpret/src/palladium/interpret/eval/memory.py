@@ -33,6 +33,31 @@ def read(ev: Any, ref: Any, transforms: Any, eqn: Any, op: str = "read") -> np.n
     return read_access(ev, ref, access_of(ref, transforms), eqn)
 
 
+def read_masked(ev: Any, ref: Any, transforms: Any, mask: Any, eqn: Any) -> np.ndarray:
+    """Read through ``transforms`` where ``mask`` (of the view's shape) is True.
+
+    Only the True elements are read: a False one may lie out of bounds (it reads the
+    buffer's fill) and the race detector does not see it. Through a bitcast the whole
+    region counts as read.
+    """
+    ref = _checked(ev, ref, eqn, "load")
+    acc = access_of(ref, transforms)
+    if any(isinstance(op, _Bitcast) for op in acc.post):
+        return read_access(ev, ref, acc, eqn)
+    if acc.post:
+        positions = acc.positions()
+        m = np.broadcast_to(np.asarray(mask, dtype=bool), positions.shape)
+        region_mask = np.zeros(int(np.prod(acc.region_shape)), dtype=bool)
+        region_mask[positions[m]] = True
+        region_mask = region_mask.reshape(acc.region_shape)
+    else:
+        region_mask = np.broadcast_to(np.asarray(mask, dtype=bool), acc.region_shape)
+    data = ev.launch.sim.read(
+        ref.buffer, acc.region, mask=region_mask, core=ev.core, site=ev.site(eqn)
+    )
+    return acc.apply(np.asarray(data)) if acc.post else data
+
+
 def read_access(ev: Any, ref: MemRef, acc: Access, eqn: Any) -> np.ndarray:
     """Read a resolved access of a checked ref."""
     data = ev.launch.sim.read(ref.buffer, acc.region, core=ev.core, site=ev.site(eqn))

@@ -136,8 +136,10 @@ def _load(ev: Any, eqn: Any, invals: list[Any]) -> list[Any]:
     ref, ref_transforms = split_transformed(ref)
     transforms = (*ref_transforms, *transforms)
     aval = eqn.outvars[0].aval
-    data = memory.read(ev, ref, transforms, eqn, "load")
-    if mask is not None:
+    if mask is None:
+        data = memory.read(ev, ref, transforms, eqn, "load")
+    else:
+        data = memory.read_masked(ev, ref, transforms, mask, eqn)
         fill = other if other is not None else ev.launch.fill_value(aval.dtype)
         data = np.where(mask, data, fill)
     return [np.asarray(data, dtype=aval.dtype)]
