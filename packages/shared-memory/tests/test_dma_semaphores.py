@@ -4,7 +4,9 @@ import numpy as np
 import pytest
 
 from palladium.shared_memory import (
+    DmaView,
     MemorySpace,
+    OutOfBoundsError,
     SemaphoreKind,
     SemaphoreLeakError,
     Simulation,
@@ -243,3 +245,28 @@ def test_semaphore_ids_follow_program_order_per_core():
         np.testing.assert_array_equal(other, ids[0])
     assert ids[0].dtype == np.int64 and ids[0].shape == (2, 3)
     assert sim.barrier_semaphore(0) not in ids[0]
+
+
+@pytest.mark.parametrize("mode", ["eager", "on_wait"])
+def test_dma_view_maps_and_masks_both_sides(mode):
+    sim = Simulation(dma_execution_mode=mode, detect_races=True)
+    src = sim.allocate(HBM, 0, 0, name="x", value=np.arange(8, dtype=np.float32))
+    dst = sim.allocate(VMEM, 0, 0, name="y", value=np.zeros((2, 4), np.float32))
+    sems = sim.allocate_semaphores(0, 0, kind=DMA, name="s", shape=(1,))
+    # Read x[4:12] (elements past 8 masked off), write them reversed into y's row 1.
+    view = DmaView(
+        src_mask=np.arange(8) < 4,
+        dst_mask=np.array([[False] * 4, [True] * 4]),
+        convert=lambda data: np.stack([np.zeros(4, np.float32), data[:4][::-1]]),
+    )
+
+    def body():
+        sim.dma_start(src, (slice(4, 12),), dst, None, core=(0, 0), dst_sem=sems[0], view=view)
+        sim.dma_wait(sems[0], 16, core=(0, 0))  # the bytes of the 4 elements read
+
+    sim.run({(0, 0): body})
+    np.testing.assert_array_equal(sim.value(dst), [[0, 0, 0, 0], [7, 6, 5, 4]])
+    with pytest.raises(OutOfBoundsError, match="DMA read of 'x'"):
+        bad = DmaView(src_mask=np.arange(8) < 5, convert=view.convert)
+        sim.run({(0, 0): lambda: sim.dma_start(src, (slice(4, 12),), dst, None, core=(0, 0),
+                                                 dst_sem=sems[0], view=bad)})

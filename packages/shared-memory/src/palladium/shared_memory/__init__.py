@@ -9,6 +9,7 @@ contract is the package's API.md.
 from palladium.race_detect import DataRaceError
 from palladium.shared_memory._version import __version__
 from palladium.shared_memory.buffers import BufferRef, MemorySpace
+from palladium.shared_memory.dma import DmaView
 from palladium.shared_memory.errors import (
     DeadlockError,
     OutOfBoundsError,
@@ -31,6 +32,7 @@ __all__ = [
     "CoreId",
     "DataRaceError",
     "DeadlockError",
+    "DmaView",
     "MemorySpace",
     "OutOfBoundsError",
     "SemaphoreKind",

@@ -63,7 +63,7 @@ class BufferRef:
         return f"{self.space.value}, device {self.device} core {self.core}"
 
 
-def _outside(plan: AccessPlan, mask) -> np.ndarray:
+def outside_mask(plan: AccessPlan, mask) -> np.ndarray:
     """The True elements of ``mask`` that lie outside the bounds of ``plan``."""
     outside = np.broadcast_to(np.asarray(mask, dtype=bool), plan.shape).copy()
     if plan.box is not None:
@@ -123,7 +123,7 @@ class Buffer:
         if plan.oob and oob_raise:
             if mask is None:
                 raise self.oob_error(what, plan, core, site, hint=True)
-            if _outside(plan, mask).any():
+            if outside_mask(plan, mask).any():
                 raise self.oob_error(f"masked {what}", plan, core, site, hint=True)
         out = np.full(plan.shape, self.fill, self.data.dtype)
         if plan.index is not None:
@@ -163,7 +163,7 @@ class Buffer:
             return
         if mask is None:
             raise self.oob_error(what, plan, core, site, hint=False)
-        if _outside(plan, mask).any():
+        if outside_mask(plan, mask).any():
             raise self.oob_error(f"masked {what}", plan, core, site, hint=False)
 
     def swap(self, plan: AccessPlan, value, mask, core, site) -> tuple[np.ndarray, np.ndarray | None]:

@@ -5,15 +5,44 @@ actor forked from the issuing core.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
+from collections.abc import Callable
 
 import numpy as np
 
-from palladium.shared_memory.buffers import Buffer
+from palladium.shared_memory.buffers import Buffer, stored_mask
 from palladium.shared_memory.regions import AccessPlan
 from palladium.shared_memory.semaphores import Semaphore
 
-__all__ = ["Dma", "DmaState"]
+__all__ = ["Dma", "DmaState", "DmaView"]
+
+
+@dataclasses.dataclass(frozen=True)
+class DmaView:
+    """How a DMA maps its source region onto its destination region when they are not
+    the same elements in the same shape (the interpreter's reshaped or bitcast refs).
+
+    ``src_mask``: the elements of the source region read (None: all; the bytes signalled
+    are those of the True elements). ``convert``: turns the source region's data (the
+    fill where not read) into the destination region's data. ``dst_mask``: the elements
+    of the destination region written (None: all). Masks have the regions' shapes.
+    """
+
+    src_mask: np.ndarray | None = None
+    dst_mask: np.ndarray | None = None
+    convert: Callable[[np.ndarray], np.ndarray] | None = None
+
+
+def _report(event, actor, buf: Buffer, plan: AccessPlan, mask, site) -> None:
+    """Tell the race detector about the stored elements of ``plan`` (where ``mask``)."""
+    if mask is None:
+        event(actor, buf.ref.key, plan.index, site=site)
+        return
+    sub = stored_mask(plan, mask)
+    if sub.any():
+        shape = buf.data[plan.index + (Ellipsis,)].shape
+        event(actor, buf.ref.key, plan.index, site=site, mask=np.broadcast_to(sub, shape))
 
 
 class DmaState(enum.Enum):
@@ -28,13 +57,14 @@ class Dma:
     """One DMA in flight (owned by a ``Simulation``)."""
 
     __slots__ = (
-        "actor", "core", "data", "dst", "dst_plan", "dst_sem", "id", "name", "nbytes",
-        "site", "src", "src_plan", "src_sem", "state",
+        "actor", "convert", "core", "data", "dst", "dst_mask", "dst_plan", "dst_sem", "id",
+        "name", "nbytes", "site", "src", "src_mask", "src_plan", "src_sem", "state",
     )
 
     def __init__(
         self, dma_id: int, name: str, core, src: Buffer, src_plan: AccessPlan, dst: Buffer,
         dst_plan: AccessPlan, src_sem: Semaphore | None, dst_sem: Semaphore, actor, site,
+        view: DmaView | None = None,
     ):
         self.id = dma_id
         self.name = name
@@ -49,7 +79,13 @@ class Dma:
         self.site = site
         self.state = DmaState.STARTED
         self.data: np.ndarray | None = None
-        self.nbytes = int(np.prod(src_plan.shape, dtype=np.int64)) * src.data.dtype.itemsize
+        view = view or DmaView()
+        self.src_mask = view.src_mask
+        self.dst_mask = view.dst_mask
+        self.convert = view.convert
+        count = (int(np.prod(src_plan.shape, dtype=np.int64)) if view.src_mask is None
+                 else int(np.count_nonzero(view.src_mask)))
+        self.nbytes = count * src.data.dtype.itemsize
 
     def signals(self, sem: Semaphore) -> bool:
         """Whether this DMA will still signal ``sem``."""
@@ -68,11 +104,12 @@ class Dma:
         """Read the source and signal the send semaphore with the bytes read."""
         if self.state is not DmaState.STARTED:
             return
-        self.data = self.src.read(self.src_plan, False, "DMA read", self.core, self.site)
+        plan = self.src_plan
+        self.data = self.src.read(plan, False, "DMA read", self.core, self.site, self.src_mask)
         clock = None
         if det is not None:
-            if self.src_plan.index is not None:
-                det.read(self.actor, self.src.ref.key, self.src_plan.index, site=self.site)
+            if plan.index is not None:
+                _report(det.read, self.actor, self.src, plan, self.src_mask, self.site)
             clock = det.release(self.actor)
         self.state = DmaState.READ
         if self.src_sem is not None:
@@ -83,11 +120,16 @@ class Dma:
         if self.state is DmaState.DONE:
             return
         self.execute_read(det)
-        self.dst.write(self.dst_plan, self.data, None, "DMA write", self.core, self.site)
+        data = self.data
+        if self.convert is not None:
+            assert data is not None
+            data = self.convert(data)
+        plan = self.dst_plan
+        self.dst.write(plan, data, self.dst_mask, "DMA write", self.core, self.site)
         clock = None
         if det is not None:
-            if self.dst_plan.index is not None:
-                det.write(self.actor, self.dst.ref.key, self.dst_plan.index, site=self.site)
+            if plan.index is not None:
+                _report(det.write, self.actor, self.dst, plan, self.dst_mask, self.site)
             clock = det.release(self.actor)
             det.finish(self.actor)
         self.data = None

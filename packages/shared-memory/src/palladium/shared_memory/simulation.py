@@ -28,9 +28,10 @@ from palladium.shared_memory.buffers import (
     Buffer,
     BufferRef,
     MemorySpace,
+    outside_mask,
     stored_mask,
 )
-from palladium.shared_memory.dma import Dma, DmaState
+from palladium.shared_memory.dma import Dma, DmaState, DmaView
 from palladium.shared_memory.errors import (
     SemaphoreLeakError,
     SimulationError,
@@ -432,21 +433,24 @@ class Simulation:
         dst_core: CoreId | None = None,
         site=None,
         name: str | None = None,
+        view: DmaView | None = None,
     ) -> None:
         """Start copying ``src[src_region]`` into ``dst[dst_region]`` (see API.md)."""
         task = self._task()
         self._sched.check()
         sb, db = self._buffer(src), self._buffer(dst)
         sp, dp = sb.plan(src_region), db.plan(dst_region)
-        if sp.shape != dp.shape:
+        if view is None and sp.shape != dp.shape:
             raise ValueError(
                 f"{core_name(core)}: DMA from {src.label}{describe_region(src_region)} (shape "
                 f"{sp.shape}) to {dst.label}{describe_region(dst_region)} (shape {dp.shape}): "
                 f"the shapes differ{at_site(site)}"
             )
-        if sp.oob and self._oob_raise:
+        src_mask = None if view is None else view.src_mask
+        dst_mask = None if view is None else view.dst_mask
+        if sp.oob and self._oob_raise and (src_mask is None or outside_mask(sp, src_mask).any()):
             raise sb.oob_error("DMA read", sp, core, site, hint=True)
-        db.check_write_bounds(dp, None, "DMA write", core, site)
+        db.check_write_bounds(dp, dst_mask, "DMA write", core, site)
         if dst_core is None:
             # Like the reference: the same core index on the destination's device.
             dst_core = core if dst.device == core[0] else (dst.device, core[1])
@@ -459,7 +463,7 @@ class Simulation:
         actor = None
         if self._det is not None:
             actor = self._det.new_actor(name, parent=self._actor(core))
-        dma = Dma(dma_id, name, core, sb, sp, db, dp, ssem, dsem, actor, site)
+        dma = Dma(dma_id, name, core, sb, sp, db, dp, ssem, dsem, actor, site, view)
         if self._eager:
             dma.execute(self._det)
         else:
