@@ -1,4 +1,5 @@
-"""DMAs of reshaped and bitcast refs (source and destination) against numpy references."""
+"""DMAs of reshaped and bitcast refs (source and destination) and add=True DMAs, against
+numpy references."""
 
 import jax
 import jax.numpy as jnp
@@ -131,3 +132,27 @@ def test_overlapping_dmas_into_a_reshaped_destination_race():
         )(X)
     msg = str(info.value)
     assert "'x_hbm->o_ref'" in msg and "element (1, 0)" in msg, msg
+
+
+@pytest.mark.parametrize("params", PARAMS, ids=["on_wait", "eager"])
+def test_add_dma_accumulates_into_the_destination(params):
+    # numpy reference only: jax 0.10.2's interpreter ignores add=True (it overwrites).
+    def kernel(x_hbm, o_hbm, buf, sem):
+        buf[...] = jnp.full((8, 128), 100.0, jnp.float32)
+        pltpu.async_copy(x_hbm, buf, sem, add=True).wait()          # buf = 100 + x
+        pltpu.async_copy(x_hbm.at[pl.ds(0, 4)], buf.at[pl.ds(4, 4)], sem, add=True).wait()
+        pltpu.async_copy(buf, o_hbm, sem).wait()
+        pltpu.async_copy(x_hbm, o_hbm, sem, add=True).wait()        # HBM destination too
+
+    out = pl.pallas_call(
+        kernel,
+        out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32),
+        in_specs=[ANY],
+        out_specs=ANY,
+        scratch_shapes=[pltpu.VMEM((8, 128), jnp.float32), pltpu.SemaphoreType.DMA],
+        interpret=params,
+    )(X)
+    x = np.asarray(X)
+    expected = 100 + x + x
+    expected[4:] += x[:4]
+    np.testing.assert_array_equal(out, expected)

@@ -270,3 +270,18 @@ def test_dma_view_maps_and_masks_both_sides(mode):
         bad = DmaView(src_mask=np.arange(8) < 5, convert=view.convert)
         sim.run({(0, 0): lambda: sim.dma_start(src, (slice(4, 12),), dst, None, core=(0, 0),
                                                  dst_sem=sems[0], view=bad)})
+
+
+@pytest.mark.parametrize("mode", ["eager", "on_wait"])
+def test_add_dma_accumulates(mode):
+    sim, src, dst, sems = _copy_setup(mode)
+
+    def body():
+        sim.write(dst, None, np.full(4, 10, np.float32), core=(0, 0))
+        sim.dma_start(src, (slice(2, 6),), dst, None, core=(0, 0), dst_sem=sems[0], add=True)
+        sim.dma_wait(sems[0], 16, core=(0, 0))
+        sim.dma_start(src, (slice(0, 4),), dst, None, core=(0, 0), dst_sem=sems[0], add=True)
+        sim.dma_wait(sems[0], 16, core=(0, 0))
+
+    sim.run({(0, 0): body})
+    np.testing.assert_array_equal(sim.value(dst), [12, 14, 16, 18])

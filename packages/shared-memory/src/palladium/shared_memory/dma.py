@@ -57,14 +57,14 @@ class Dma:
     """One DMA in flight (owned by a ``Simulation``)."""
 
     __slots__ = (
-        "actor", "convert", "core", "data", "dst", "dst_mask", "dst_plan", "dst_sem", "id",
+        "actor", "add", "convert", "core", "data", "dst", "dst_mask", "dst_plan", "dst_sem", "id",
         "name", "nbytes", "site", "src", "src_mask", "src_plan", "src_sem", "state",
     )
 
     def __init__(
         self, dma_id: int, name: str, core, src: Buffer, src_plan: AccessPlan, dst: Buffer,
         dst_plan: AccessPlan, src_sem: Semaphore | None, dst_sem: Semaphore, actor, site,
-        view: DmaView | None = None,
+        view: DmaView | None = None, add: bool = False,
     ):
         self.id = dma_id
         self.name = name
@@ -83,6 +83,7 @@ class Dma:
         self.src_mask = view.src_mask
         self.dst_mask = view.dst_mask
         self.convert = view.convert
+        self.add = add
         count = (int(np.prod(src_plan.shape, dtype=np.int64)) if view.src_mask is None
                  else int(np.count_nonzero(view.src_mask)))
         self.nbytes = count * src.data.dtype.itemsize
@@ -125,6 +126,9 @@ class Dma:
             assert data is not None
             data = self.convert(data)
         plan = self.dst_plan
+        if self.add:  # the destination accumulates: dst += data
+            old = self.dst.read(plan, False, "DMA add", self.core, self.site, self.dst_mask)
+            data = (old + data).astype(old.dtype, copy=False)
         self.dst.write(plan, data, self.dst_mask, "DMA write", self.core, self.site)
         clock = None
         if det is not None:

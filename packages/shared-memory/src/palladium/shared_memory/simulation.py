@@ -434,8 +434,10 @@ class Simulation:
         site=None,
         name: str | None = None,
         view: DmaView | None = None,
+        add: bool = False,
     ) -> None:
-        """Start copying ``src[src_region]`` into ``dst[dst_region]`` (see API.md)."""
+        """Start copying ``src[src_region]`` into ``dst[dst_region]`` (see API.md); with
+        ``add`` the destination accumulates (``dst += src``) instead."""
         task = self._task()
         self._sched.check()
         sb, db = self._buffer(src), self._buffer(dst)
@@ -463,7 +465,7 @@ class Simulation:
         actor = None
         if self._det is not None:
             actor = self._det.new_actor(name, parent=self._actor(core))
-        dma = Dma(dma_id, name, core, sb, sp, db, dp, ssem, dsem, actor, site, view)
+        dma = Dma(dma_id, name, core, sb, sp, db, dp, ssem, dsem, actor, site, view, add)
         if self._eager:
             dma.execute(self._det)
         else:

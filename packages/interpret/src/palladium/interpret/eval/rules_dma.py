@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 
 from palladium.interpret import _jax_compat as jc
-from palladium.interpret.errors import KernelError, UnsupportedFeatureError
+from palladium.interpret.errors import KernelError
 from palladium.interpret.eval.dma_view import dma_view, view_nbytes
 from palladium.interpret.eval.memory import access_of
 from palladium.interpret.eval.refs import MemRef, SemaphoreRef, split_transformed
@@ -35,8 +35,6 @@ def sem_id(ev: Any, value: Any, eqn: Any, transforms: Any = ()) -> int:
 
 @rule(jc.dma_start_p)
 def _dma_start(ev: Any, eqn: Any, invals: list[Any]) -> list[Any]:
-    if eqn.params.get("add", False):
-        raise UnsupportedFeatureError(f"DMA with add=True ({ev.site(eqn)})")
     src, dst, dst_sem, src_sem, device_id = jc.dma_operands(eqn.params["tree"], invals)
     src_ref, src_acc = _mem(ev, src, eqn, "source")
     dst_ref, dst_acc = _mem(ev, dst, eqn, "destination")
@@ -57,6 +55,7 @@ def _dma_start(ev: Any, eqn: Any, invals: list[Any]) -> list[Any]:
         site=ev.site(eqn),
         name=f"{src_ref.name}->{dst_ref.name}",
         view=view,
+        add=bool(eqn.params.get("add", False)),
     )
     return []
 
