@@ -37,14 +37,17 @@ from palladium.interpret.jax_hook import (
     set_tpu_interpret_mode,
 )
 from palladium.interpret.params import InterpretParams, LoggingMode
+from palladium.interpret.rule_plugins import InterpretRuleWarning, load_entry_point_rules
 
 install()
+load_entry_point_rules()
 
 __all__ = [
     "DataRaceError",
     "DeadlockError",
     "DmaOrderDependenceError",
     "InterpretParams",
+    "InterpretRuleWarning",
     "KernelError",
     "LoggingMode",
     "OutOfBoundsError",
@@ -58,6 +61,7 @@ __all__ = [
     "collected_race_reports",
     "errors_as_raised",
     "force_tpu_interpret_mode",
+    "load_entry_point_rules",
     "register_interpret_rule",
     "reset_tpu_interpret_mode_state",
     "set_tpu_interpret_mode",
