@@ -420,3 +420,58 @@ def test_logging_mode_logs_launch_and_grid(caplog):
     text = caplog.text
     assert "launch copy_kernel: grid (2,)" in text
     assert "grid point (1,)" in text
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_spin_wait_with_delay_sees_the_other_cores_signal(seed):
+    mesh = pltpu.create_tensorcore_mesh("core", num_cores=2)
+    x = _iota((8, 128))
+
+    def run(params):
+        @jax.jit
+        def f(x):
+            def body(refs):
+                x_ref, o_ref = refs
+
+                @pl.core_map(mesh, interpret=params)
+                def _():
+                    c = jax.lax.axis_index("core")
+
+                    def scoped(buf, sem, flag):
+                        @pl.when(c == 0)
+                        def _():
+                            pltpu.async_copy(x_ref, buf, sem).wait()
+                            buf[...] = buf[...] * 3
+                            pltpu.async_copy(buf, o_ref, sem).wait()
+                            pl.semaphore_signal(flag, 1, core_index=1)
+
+                        @pl.when(c == 1)
+                        def _():
+                            def spin(n):
+                                pl.delay(100)
+                                return n + 1
+
+                            jax.lax.while_loop(
+                                lambda n: pltpu.semaphore_read(flag) == 0, spin, 0
+                            )
+                            pl.semaphore_wait(flag, 1)
+                            pltpu.async_copy(o_ref, buf, sem).wait()
+                            buf[...] = buf[...] + 1
+                            pltpu.async_copy(buf, o_ref, sem).wait()
+
+                    pl.run_scoped(
+                        scoped,
+                        pltpu.VMEM((8, 128), jnp.float32),
+                        pltpu.SemaphoreType.DMA,
+                        pltpu.SemaphoreType.REGULAR,
+                    )
+
+            _, out = pl.run_state(body)((x, jnp.zeros_like(x)))
+            return out
+
+        return np.asarray(f(x))
+
+    # numpy reference only: jax 0.10.2's interpreter cannot run semaphore_read in a
+    # while_loop condition ("MLIR translation rule for primitive 'semaphore_read' not found").
+    out = run(InterpretParams(detect_races=True, random_seed=seed))
+    np.testing.assert_array_equal(out, np.asarray(x) * 3 + 1)

@@ -39,8 +39,15 @@ def _multiple_of(ev: Any, eqn: Any, invals: list[Any]) -> list[Any]:
     return [invals[0]]
 
 
-@rule(jc.delay_p, jc.trace_value_p)
+@rule(jc.trace_value_p)
 def _no_op(ev: Any, eqn: Any, invals: list[Any]) -> list[Any]:
+    return []
+
+
+@rule(jc.delay_p)
+def _delay(ev: Any, eqn: Any, invals: list[Any]) -> list[Any]:
+    # A core that waits lets the others run: a spin-wait loop makes progress.
+    ev.launch.sim.yield_point()
     return []
 
 
