@@ -7,7 +7,7 @@ import pytest
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from palladium.interpret import InterpretParams
+from palladium.interpret import InterpretParams, UnsupportedFeatureError, errors_as_raised
 
 P = InterpretParams()
 
@@ -61,6 +61,74 @@ def test_element_block_dim_reads_overlapping_windows():
         interpret=P,
     )(x)
     np.testing.assert_array_equal(out, np.stack([x[4 * i : 4 * i + 8] for i in range(3)]))
+
+
+def _padded_element_calls(x):
+    """An input window of 10 rows with one row of pl.Element padding either side (a
+    halo), and an output written through pl.Element(8, (3, 5)) offsets."""
+
+    def kernel(x_ref, o_ref):
+        o_ref[...] = x_ref[...] + 1
+
+    def halo(params):
+        return pl.pallas_call(
+            kernel,
+            out_shape=jax.ShapeDtypeStruct((4, 10, 128), jnp.float32),
+            grid=(4,),
+            in_specs=[pl.BlockSpec((pl.Element(10, (1, 1)), 128), lambda i: (8 * i, 0))],
+            out_specs=pl.BlockSpec((None, 10, 128), lambda i: (i, 0, 0)),
+            interpret=params,
+        )(x)
+
+    def shifted_out(params):
+        return pl.pallas_call(
+            kernel,
+            out_shape=jax.ShapeDtypeStruct((32, 128), jnp.float32),
+            grid=(4,),
+            in_specs=[pl.BlockSpec((8, 128), lambda i: (i, 0))],
+            out_specs=pl.BlockSpec((pl.Element(8, (3, 5)), 128), lambda i: (8 * i + 3, 0)),
+            interpret=params,
+        )(x)
+
+    return halo, shifted_out
+
+
+def test_element_padding_offsets_the_index_map_into_the_padded_array():
+    # As jax's HLO interpreter (interpret=True) and Mosaic's element windows: the index
+    # map's offsets are into the array padded by (low, high) uninitialised elements.
+    # (jax 0.10.2's TPU interpreter ignores the padding.)
+    x = _iota((32, 128))
+    halo, shifted_out = _padded_element_calls(x)
+    padded = np.pad(np.asarray(x), ((1, 1), (0, 0)), constant_values=np.nan)
+    expected = np.stack([padded[8 * i : 8 * i + 10] for i in range(4)]) + 1
+    out = halo(InterpretParams(detect_races=True))
+    np.testing.assert_array_equal(out, expected)
+    np.testing.assert_array_equal(out, halo(True))
+    zero = halo(InterpretParams(uninitialized_memory="zero"))
+    np.testing.assert_array_equal(zero, np.nan_to_num(expected - 1, nan=0.0) + 1)
+    out = shifted_out(P)
+    np.testing.assert_array_equal(out, x + 1)
+    np.testing.assert_array_equal(out, shifted_out(True))
+
+
+def test_element_padding_with_aliasing_is_unsupported():
+    x = _iota((32, 128))
+
+    def kernel(x_ref, o_ref):
+        o_ref[...] = x_ref[1:9] + 1
+
+    call = pl.pallas_call(
+        kernel,
+        out_shape=jax.ShapeDtypeStruct((32, 128), jnp.float32),
+        grid=(4,),
+        in_specs=[pl.BlockSpec((pl.Element(10, (1, 1)), 128), lambda i: (8 * i, 0))],
+        out_specs=pl.BlockSpec((8, 128), lambda i: (i, 0)),
+        input_output_aliases={0: 0},
+        interpret=P,
+    )
+    with pytest.raises(UnsupportedFeatureError, match="'o_ref' aliases input 'x_ref'"), \
+            errors_as_raised():
+        call(x)
 
 
 def test_scalar_prefetch_drives_index_map():

@@ -26,10 +26,16 @@ def memory_space_of(space: Any) -> MemorySpace | str:
 
 @dataclasses.dataclass(frozen=True)
 class BlockDim:
-    """One dimension of a block: ``kind`` is "blocked", "element" or "squeezed"."""
+    """One dimension of a block: ``kind`` is "blocked", "element" or "squeezed".
+
+    ``pad``: an element dimension's ``(low, high)`` padding: the kernel sees the array
+    with ``low`` uninitialised elements before and ``high`` after it, and its index map
+    returns offsets into that padded array.
+    """
 
     kind: str
     size: int
+    pad: tuple[int, int] = (0, 0)
 
     def start(self, index: int) -> int:
         return index * self.size if self.kind == "blocked" else index
@@ -41,11 +47,8 @@ def _block_dim(bd: Any, name: str) -> BlockDim:
     if isinstance(bd, jc.Blocked):
         return BlockDim("blocked", int(bd.block_size))
     if isinstance(bd, jc.Element):
-        if tuple(bd.padding) != (0, 0):
-            raise UnsupportedFeatureError(
-                f"operand '{name}': pl.Element with padding {bd.padding} is not supported"
-            )
-        return BlockDim("element", int(bd.block_size))
+        low, high = (int(p) for p in bd.padding)
+        return BlockDim("element", int(bd.block_size), (low, high))
     raise UnsupportedFeatureError(
         f"operand '{name}': block dimension {bd!r} ({type(bd).__name__}) is not supported"
     )
@@ -84,13 +87,24 @@ class BlockSpecInfo:
 
     @property
     def padded_shape(self) -> tuple[int, ...]:
-        """The array shape rounded up to whole blocks (ragged last blocks stay in bounds)."""
+        """The array shape rounded up to whole blocks (ragged last blocks stay in bounds)
+        and widened by ``pl.Element`` padding."""
         if self.in_hbm:
             return self.array_shape
         return tuple(
-            math.ceil(n / d.size) * d.size if d.kind == "blocked" and d.size else n
+            math.ceil(n / d.size) * d.size if d.kind == "blocked" and d.size else n + sum(d.pad)
             for n, d in zip(self.array_shape, self.dims)
         )
+
+    def array_region(self, shape: tuple[int, ...]) -> tuple[slice, ...]:
+        """Where an array of ``shape`` (this operand's) lies in its padded HBM buffer."""
+        lows = [0] * len(shape) if self.in_hbm else [d.pad[0] for d in self.dims]
+        return tuple(slice(lo, lo + n) for lo, n in zip(lows, shape))
+
+    @property
+    def has_element_padding(self) -> bool:
+        """Whether a ``pl.Element`` dimension of this operand is padded."""
+        return not self.in_hbm and any(d.pad != (0, 0) for d in self.dims)
 
     def region(self, block_indices: tuple[int, ...]) -> tuple[int | slice, ...]:
         out: list[int | slice] = []

@@ -254,6 +254,12 @@ class Launch:
         aliases = {o: i - n_idx for i, o in k.input_output_aliases}
         if any(i < 0 for i in aliases.values()):
             raise UnsupportedFeatureError("aliasing a scalar-prefetch operand to an output")
+        for o, i in aliases.items():
+            if k.outputs[o].has_element_padding or k.inputs[i].has_element_padding:
+                raise UnsupportedFeatureError(
+                    f"output '{k.outputs[o].name}' aliases input '{k.inputs[i].name}' and "
+                    f"one of them has pl.Element padding"
+                )
         schedule = self._schedule()
         bodies = {}
         device_outputs = []
@@ -287,9 +293,9 @@ class Launch:
         results = []
         for hbm_outputs in device_outputs:
             outs = []
-            for buf, aval in zip(hbm_outputs, k.out_avals):
+            for buf, aval, info in zip(hbm_outputs, k.out_avals, k.outputs):
                 value = np.asarray(self.sim.value(buf))
-                value = value[tuple(slice(0, s) for s in aval.shape)]
+                value = value[info.array_region(tuple(aval.shape))]
                 outs.append(np.ascontiguousarray(value, dtype=aval.dtype))
             results.append(outs)
         return results
@@ -313,7 +319,7 @@ class Launch:
         padded = info.padded_shape
         if padded != tuple(x.shape):
             full = np.full(padded, self.fill_value(x.dtype), dtype=x.dtype)
-            full[tuple(slice(0, s) for s in x.shape)] = x
+            full[info.array_region(tuple(x.shape))] = x
             x = full
         return self._allocate((device, 0), MemorySpace.HBM, _hbm_name(info), None, None,
                               value=x)
