@@ -7,7 +7,12 @@ import pytest
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from palladium.interpret import InterpretParams, UnsupportedFeatureError, errors_as_raised
+from palladium.interpret import (
+    InterpretParams,
+    KernelError,
+    UnsupportedFeatureError,
+    errors_as_raised,
+)
 
 P = InterpretParams()
 
@@ -129,6 +134,53 @@ def test_element_padding_with_aliasing_is_unsupported():
     with pytest.raises(UnsupportedFeatureError, match="'o_ref' aliases input 'x_ref'"), \
             errors_as_raised():
         call(x)
+
+
+def test_bounded_slice_block_dims_copy_only_the_slice():
+    # numpy reference only: neither of jax 0.10.2's interpreters runs pl.BoundedSlice.
+    x = _iota((32, 128))
+
+    def kernel(x_ref, o_ref):
+        o_ref[...] = x_ref[...] + 1
+
+    # Input: block i reads rows 8i : 8i + (8 - i) into the top of an (8, 128) block.
+    read = pl.pallas_call(
+        kernel,
+        out_shape=jax.ShapeDtypeStruct((4, 8, 128), jnp.float32),
+        grid=(4,),
+        in_specs=[pl.BlockSpec((pl.BoundedSlice(8), 128), lambda i: (pl.ds(i * 8, 8 - i), 0))],
+        out_specs=pl.BlockSpec((None, 8, 128), lambda i: (i, 0, 0)),
+        interpret=InterpretParams(detect_races=True),
+    )(x)
+    for i in range(4):
+        np.testing.assert_array_equal(read[i, : 8 - i], x[8 * i : 7 * i + 8] + 1)
+    # Output: block i writes its top 8 - 2i rows at row i * (9 - i): 20 rows in all.
+    written = pl.pallas_call(
+        kernel,
+        out_shape=jax.ShapeDtypeStruct((20, 128), jnp.float32),
+        grid=(4,),
+        in_specs=[pl.BlockSpec((8, 128), lambda i: (i, 0))],
+        out_specs=pl.BlockSpec(
+            (pl.BoundedSlice(8), 128), lambda i: (pl.ds(i * (9 - i), 8 - 2 * i), 0)
+        ),
+        interpret=P,
+    )(x)
+    expected = np.concatenate([np.asarray(x)[8 * i : 6 * i + 8] + 1 for i in range(4)])
+    np.testing.assert_array_equal(written, expected)
+
+
+def test_bounded_slice_larger_than_its_block_is_a_kernel_error():
+    call = pl.pallas_call(
+        lambda x_ref, o_ref: None,
+        out_shape=jax.ShapeDtypeStruct((2, 8, 128), jnp.float32),
+        grid=(2,),
+        in_specs=[pl.BlockSpec((pl.BoundedSlice(8), 128), lambda i: (pl.ds(0, 8 + i), 0))],
+        out_specs=pl.BlockSpec((None, 8, 128), lambda i: (i, 0, 0)),
+        interpret=P,
+    )
+    with pytest.raises(KernelError, match="'x_ref'.*size 9 does not fit pl.BoundedSlice\\(8\\)"), \
+            errors_as_raised():
+        call(_iota((32, 128)))
 
 
 def test_scalar_prefetch_drives_index_map():

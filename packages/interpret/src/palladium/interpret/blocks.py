@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from palladium.interpret import _jax_compat as jc
-from palladium.interpret.errors import UnsupportedFeatureError
+from palladium.interpret.errors import KernelError, UnsupportedFeatureError
 from palladium.shared_memory import MemorySpace
 
 
@@ -26,7 +26,11 @@ def memory_space_of(space: Any) -> MemorySpace | str:
 
 @dataclasses.dataclass(frozen=True)
 class BlockDim:
-    """One dimension of a block: ``kind`` is "blocked", "element" or "squeezed".
+    """One dimension of a block: ``kind`` is "blocked", "element", "bounded" or "squeezed".
+
+    A "bounded" dimension (``pl.BoundedSlice``) takes two index-map outputs, the start
+    and the size (<= ``size``) of a ``pl.ds``: that many elements are copied, into the
+    start of the block.
 
     ``pad``: an element dimension's ``(low, high)`` padding: the kernel sees the array
     with ``low`` uninitialised elements before and ``high`` after it, and its index map
@@ -46,6 +50,8 @@ def _block_dim(bd: Any, name: str) -> BlockDim:
         return BlockDim("squeezed", 1)
     if isinstance(bd, jc.Blocked):
         return BlockDim("blocked", int(bd.block_size))
+    if jc.BoundedSlice is not None and isinstance(bd, jc.BoundedSlice):
+        return BlockDim("bounded", int(bd.block_size))
     if isinstance(bd, jc.Element):
         low, high = (int(p) for p in bd.padding)
         return BlockDim("element", int(bd.block_size), (low, high))
@@ -64,6 +70,7 @@ class BlockSpecInfo:
     dtype: np.dtype
     space: Any  # simulator MemorySpace of the kernel's ref
     index_map: Any  # ClosedJaxpr: (*grid indices, *scalar prefetch refs) -> block indices
+    index_tree: Any = None  # the index map's output tree (a pl.ds of a BoundedSlice dim)
 
     @classmethod
     def from_mapping(cls, bm: Any, name: str) -> BlockSpecInfo:
@@ -74,6 +81,7 @@ class BlockSpecInfo:
             dtype=np.dtype(bm.array_aval.dtype),
             space=memory_space_of(bm.transformed_block_aval.memory_space),
             index_map=bm.index_map_jaxpr,
+            index_tree=getattr(bm, "index_map_out_tree", None),
         )
 
     @property
@@ -107,11 +115,45 @@ class BlockSpecInfo:
         return not self.in_hbm and any(d.pad != (0, 0) for d in self.dims)
 
     def region(self, block_indices: tuple[int, ...]) -> tuple[int | slice, ...]:
+        """The region of the (padded) array that block ``block_indices`` covers."""
         out: list[int | slice] = []
-        for d, i in zip(self.dims, block_indices):
+        for d, i in zip(self.dims, self._per_dim(block_indices)):
             if d.kind == "squeezed":
-                out.append(int(i))
+                out.append(i)
+            elif d.kind == "bounded":
+                start, size = i
+                out.append(slice(start, start + self._bounded_size(size, d)))
             else:
-                start = d.start(int(i))
+                start = d.start(i)
                 out.append(slice(start, start + d.size))
         return tuple(out)
+
+    def block_region(self, block_indices: tuple[int, ...]) -> tuple[slice, ...] | None:
+        """The part of the kernel's block that block ``block_indices`` fills (None: all;
+        only ``pl.BoundedSlice`` dimensions fill less)."""
+        if all(d.kind != "bounded" for d in self.dims):
+            return None
+        out: list[slice] = []
+        for d, i in zip(self.dims, self._per_dim(block_indices)):
+            if d.kind == "bounded":
+                out.append(slice(0, self._bounded_size(i[1], d)))
+            elif d.kind != "squeezed":
+                out.append(slice(0, d.size))
+        return tuple(out)
+
+    def _per_dim(self, block_indices: tuple[int, ...]) -> list[Any]:
+        """Per dimension: the block index, or (start, size) of a bounded dimension."""
+        if all(d.kind != "bounded" for d in self.dims):
+            return [int(i) for i in block_indices]
+        out: list[Any] = []
+        for d, v in zip(self.dims, self.index_tree.unflatten(block_indices)):
+            out.append((int(v.start), int(v.size)) if d.kind == "bounded" else int(v))
+        return out
+
+    def _bounded_size(self, size: int, d: BlockDim) -> int:
+        if not 0 <= size <= d.size:
+            raise KernelError(
+                f"operand '{self.name}': the index map's pl.ds size {size} does not fit "
+                f"pl.BoundedSlice({d.size})"
+            )
+        return size

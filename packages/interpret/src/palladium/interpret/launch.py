@@ -476,7 +476,8 @@ class _CoreRun:
                                          f"{info.space.name}")
                 data = sim.read(self.hbm_inputs[i], self.blocks.region(i, cur[i]), core=self.core,
                                 site=site)
-                sim.write(self.input_refs[i].buffer, None, data, core=self.core, site=site)
+                sim.write(self.input_refs[i].buffer, info.block_region(cur[i]), data,
+                          core=self.core, site=site)
                 if log_copies:
                     logger.debug("%s: core %d grid point %s: copy block %s of input '%s' "
                                  "HBM -> %s", launch.kernel_name, self.core[1], point, cur[i],
@@ -489,7 +490,8 @@ class _CoreRun:
                 b = cur[n_in + o]
                 if nxt is None or nxt[n_in + o] != b:
                     site = self._site(point, f"copy of block {b} of output '{info.name}' to HBM")
-                    data = sim.read(self.output_refs[o].buffer, None, core=self.core, site=site)
+                    data = sim.read(self.output_refs[o].buffer, info.block_region(b),
+                                    core=self.core, site=site)
                     sim.write(self.hbm_outputs[o], self.blocks.region(n_in + o, b), data,
                               core=self.core, site=site)
                     if log_copies:
