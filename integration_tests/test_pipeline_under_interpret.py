@@ -103,36 +103,38 @@ def test_accumulating_output_has_no_race(xy):
     np.testing.assert_allclose(out, expected, rtol=1e-6)
 
 
-def test_megacore_pipeline_has_no_race(xy):
-    """Two simulated cores split the pipeline's parallel axis (core_map + core_axis_name)."""
-    x, y = xy
+def _megacore_difference(x, y, use_primitive=None):
+    """``x - y`` by a pipeline whose parallel axis two simulated cores split (core_map +
+    core_axis_name), races checked."""
     mesh = pltpu.create_tensorcore_mesh("core", num_cores=2)
 
-    def run(x, y):
-        @functools.partial(
-            pl.run_state, )
-        def stateful(refs):
-            x_hbm, y_hbm, o_hbm = refs
+    @pl.run_state
+    def stateful(refs):
+        x_hbm, y_hbm, o_hbm = refs
 
-            @pl.core_map(mesh, interpret=pi.InterpretParams(detect_races=True))
-            def _():
-                def body(x, y, o):
-                    o[...] = x[...] - y[...]
+        @pl.core_map(mesh, interpret=pi.InterpretParams(detect_races=True))
+        def _():
+            def body(x, y, o):
+                o[...] = x[...] - y[...]
 
-                pp.emit_pipeline(
-                    body,
-                    grid=_grid(),
-                    in_specs=[_spec(), _spec()],
-                    out_specs=[_spec()],
-                    core_axis_name="core",
-                    dimension_semantics=(pp.PARALLEL, pp.ARBITRARY),
-                )(x_hbm, y_hbm, o_hbm)
+            pp.emit_pipeline(
+                body,
+                grid=_grid(),
+                in_specs=[_spec(), _spec()],
+                out_specs=[_spec()],
+                core_axis_name="core",
+                dimension_semantics=(pp.PARALLEL, pp.ARBITRARY),
+                use_primitive=use_primitive,
+            )(x_hbm, y_hbm, o_hbm)
 
-        _, _, out = stateful((x, y, jnp.zeros_like(x)))
-        return out
+    _, _, out = stateful((x, y, jnp.zeros_like(x)))
+    return out
 
+
+def test_megacore_pipeline_has_no_race(xy):
+    x, y = xy
     with pi.errors_as_raised():
-        out = jax.jit(run)(x, y)
+        out = jax.jit(_megacore_difference)(x, y)
     np.testing.assert_allclose(out, x - y, rtol=1e-6)
 
 
@@ -380,31 +382,9 @@ def test_primitive_path_same_read_after_a_synchronous_output_is_not_a_race(xy):
 def test_primitive_path_megacore_pipeline_matches_inlined_path(xy):
     """Two simulated cores split the parallel axis of a use_primitive=True pipeline."""
     x, y = xy
-    mesh = pltpu.create_tensorcore_mesh("core", num_cores=2)
-
-    def run(x, y, use_primitive):
-        @pl.run_state
-        def stateful(refs):
-            x_hbm, y_hbm, o_hbm = refs
-
-            @pl.core_map(mesh, interpret=pi.InterpretParams(detect_races=True))
-            def _():
-                def body(x, y, o):
-                    o[...] = x[...] - y[...]
-
-                pp.emit_pipeline(
-                    body, grid=_grid(), in_specs=[_spec(), _spec()], out_specs=[_spec()],
-                    core_axis_name="core",
-                    dimension_semantics=(pp.PARALLEL, pp.ARBITRARY),
-                    use_primitive=use_primitive,
-                )(x_hbm, y_hbm, o_hbm)
-
-        _, _, out = stateful((x, y, jnp.zeros_like(x)))
-        return out
-
     with pi.errors_as_raised():
-        out = jax.jit(functools.partial(run, use_primitive=True))(x, y)
-        inlined = jax.jit(functools.partial(run, use_primitive=False))(x, y)
+        out = jax.jit(functools.partial(_megacore_difference, use_primitive=True))(x, y)
+        inlined = jax.jit(functools.partial(_megacore_difference, use_primitive=False))(x, y)
     np.testing.assert_allclose(out, x - y, rtol=1e-6)
     np.testing.assert_array_equal(out, inlined)
 
