@@ -4,7 +4,7 @@ paths (nothing small; only zeros) give the same bits as flushing element by elem
 import numpy as np
 import pytest
 
-from palladium.interpret.numpy_rules import _flush
+from palladium.interpret.numpy_rules import flush as _flush
 
 TINY = np.finfo(np.float32).tiny
 

@@ -1,0 +1,160 @@
+"""The numpy rules' shared machinery: the two rule tables, the registering decorator, the
+dtype sets and XLA CPU's float helpers (widen to f32, flush subnormals, round back)."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+from jax.extend.core import Primitive
+
+Rule = Callable[..., Any]
+
+NUMPY_RULES: dict[Primitive, Rule] = {}
+"""The registry: primitive -> numpy rule (see the module docstring for the contract)."""
+
+PREFLUSHED_RULES: dict[Primitive, Rule] = {}
+"""Variants of rules for when every floating operand is f32 and known to hold no
+subnormals (the evaluator knows it of the results of ``FLUSHING`` and ``PRESERVING``
+primitives): they skip flushing their operands. On such operands each gives the same
+result as its ``NUMPY_RULES`` rule."""
+
+F32 = np.dtype(np.float32)
+BF16 = np.dtype(ml_dtypes.bfloat16)
+F16 = np.dtype(np.float16)
+BOOL = np.dtype(np.bool_)
+FLOATS = frozenset({F32, BF16, F16})
+INTS = frozenset(
+    np.dtype(t)
+    for t in (np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64)
+)
+INTS_BOOL = INTS | {BOOL}
+SMALL_INTS = frozenset(t for t in INTS if t.itemsize <= 4)
+TINY = np.float32(np.finfo(np.float32).tiny)
+ZERO = np.float32(0.0)
+ONE = np.float32(1.0)
+HALF = np.float32(0.5)
+
+
+def register(
+    *primitives: Primitive | None, table: dict[Primitive, Rule] = NUMPY_RULES
+) -> Callable[[Rule], Rule]:
+    """Registers a rule for ``primitives`` in ``table``; makes 0-d results arrays, not scalars.
+
+    A ``None`` primitive (absent from the installed jax, see ``_jax_compat``) is skipped.
+    """
+    present = tuple(p for p in primitives if p is not None)
+
+    def wrap(fn: Rule) -> Rule:
+        if not present:
+            return fn
+        multiple = present[0].multiple_results
+
+        @functools.wraps(fn)
+        def rule(*args: Any, **params: Any) -> Any:
+            out = fn(*args, **params)
+            if out is NotImplemented:
+                return out
+            if multiple:
+                return [np.asarray(o) for o in out]
+            return np.asarray(out)
+
+        for p in present:
+            table[p] = rule
+        return fn
+
+    return wrap
+
+
+def arr(x: Any) -> np.ndarray:
+    """A numpy array of ``x``, keeping the dtype of typed jax literals."""
+    if type(x) is np.ndarray:
+        return x
+    return np.asarray(x, dtype=getattr(x, "dtype", None))
+
+
+def flush(x: np.ndarray) -> np.ndarray:
+    """Subnormal f32 values -> zeros of the same sign (XLA CPU's DAZ/FTZ)."""
+    if x.size == 0:
+        return x
+    a = np.abs(x)
+    if np.fmin.reduce(a, axis=None) >= TINY:  # the common case: one reduction (NaN ignored)
+        return x
+    small = a < TINY
+    small &= a != 0  # zeros (common: initialised accumulators) need no rewrite
+    if small.any():
+        return np.where(small, np.copysign(ZERO, x), x)
+    return x
+
+
+def f32(x: np.ndarray) -> np.ndarray:
+    """The f32 value XLA computes with for a float input: widened, subnormals flushed."""
+    if x.dtype != F32:
+        x = x.astype(F32)
+    return flush(x)
+
+
+def back(r: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """An f32 result flushed and rounded to ``dtype``."""
+    r = flush(np.asarray(r, F32))
+    return r if dtype == F32 else r.astype(dtype)
+
+
+MIXED = np.dtype(object)  # in none of the dtype sets: mixed operands are declined
+
+
+def same_dtype(xs: Sequence[np.ndarray]) -> np.dtype:
+    dt = xs[0].dtype
+    return dt if all(x.dtype == dt for x in xs) else MIXED
+
+
+
+def xla_max(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """max with NaN propagation and -0 < +0 (f32, already flushed)."""
+    r = np.maximum(a, b)
+    # np.maximum differs from XLA only on ties of zeros of opposite signs (equal nonzero
+    # values have equal bits): fix those, when there are zeros at all.
+    zero = r == 0
+    if zero.any():
+        r = np.where(zero & (a == b), np.where(np.signbit(a), b, a), r)
+    return r
+
+
+def xla_min(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    r = np.minimum(a, b)
+    zero = r == 0
+    if zero.any():
+        r = np.where(zero & (a == b), np.where(np.signbit(a), a, b), r)
+    return r
+
+
+def f32_flushed(x: np.ndarray) -> np.ndarray:
+    """``f32`` of an operand known to hold no subnormals when it is f32."""
+    return x if x.dtype == F32 else f32(x)
+
+
+def back_flushed(r: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """``back`` of a result that cannot hold subnormals (max/min of flushed values)."""
+    return r if dtype == F32 else back(r, dtype)
+
+
+
+def has_subnormal_f32(x: np.ndarray) -> bool:
+    """Whether the f32 array ``x`` holds a subnormal value (that ``flush`` rewrites)."""
+    a = np.abs(x)
+    return bool(((a < TINY) & (a > 0)).any())
+
+
+
+def has_subnormal(x: np.ndarray) -> bool:
+    a = np.abs(x.astype(F32))
+    return bool(((a < TINY) & (a > 0)).any())
+
+
+
+def has_bf16_subnormal(x: np.ndarray) -> bool:
+    bits = x.view(np.uint16)
+    return bool((((bits & 0x7F80) == 0) & ((bits & 0x007F) != 0)).any())
