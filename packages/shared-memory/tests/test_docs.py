@@ -4,12 +4,15 @@ import doctest
 
 import pytest
 
+import palladium.shared_memory.observer
 import palladium.shared_memory.padding
 import palladium.shared_memory.simulation
 
 
 @pytest.mark.parametrize(
-    "module", [palladium.shared_memory.padding, palladium.shared_memory.simulation]
+    "module",
+    [palladium.shared_memory.observer, palladium.shared_memory.padding,
+     palladium.shared_memory.simulation],
 )
 def test_docstring_examples(module):
     failures, tried = doctest.testmod(module)

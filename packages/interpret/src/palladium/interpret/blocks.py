@@ -71,6 +71,7 @@ class BlockSpecInfo:
     space: Any  # simulator MemorySpace of the kernel's ref
     index_map: Any  # ClosedJaxpr: (*grid indices, *scalar prefetch refs) -> block indices
     index_tree: Any = None  # the index map's output tree (a pl.ds of a BoundedSlice dim)
+    buffer_count: int = 2  # pipeline buffers on a TPU (``pipeline_mode=pl.Buffered(n)``)
 
     @classmethod
     def from_mapping(cls, bm: Any, name: str) -> BlockSpecInfo:
@@ -82,6 +83,7 @@ class BlockSpecInfo:
             space=memory_space_of(bm.transformed_block_aval.memory_space),
             index_map=bm.index_map_jaxpr,
             index_tree=getattr(bm, "index_map_out_tree", None),
+            buffer_count=_buffer_count(bm),
         )
 
     @property
@@ -157,3 +159,10 @@ class BlockSpecInfo:
                 f"pl.BoundedSlice({d.size})"
             )
         return size
+
+
+def _buffer_count(bm: Any) -> int:
+    """The operand's pipeline buffer count: ``pl.Buffered(n)``'s n, else 2 (Mosaic's
+    default double buffering)."""
+    count = getattr(getattr(bm, "pipeline_mode", None), "buffer_count", None)
+    return int(count) if isinstance(count, int) and count >= 1 else 2

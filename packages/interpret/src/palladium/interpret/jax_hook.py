@@ -112,7 +112,7 @@ def _execute(kernel: PreparedKernel, params: InterpretParams, mesh: DeviceMesh,
             results = _attempt(kernel, params, mesh, device_args).results
             if params.dma_order_trials:
                 check_dma_order(
-                    lambda p: _attempt(kernel, p, mesh, device_args).results,
+                    lambda p: _attempt(kernel, p, mesh, device_args, observe=False).results,
                     lambda p: _race_reports(kernel, p, mesh, device_args),
                     params, results, kernel.name, [o.name for o in kernel.outputs],
                 )
@@ -129,8 +129,8 @@ class _Attempt:
 
 
 def _attempt(kernel: PreparedKernel, params: InterpretParams, mesh: DeviceMesh,
-             device_args: list[list[np.ndarray]]) -> _Attempt:
-    launch = Launch(kernel, params, mesh)
+             device_args: list[list[np.ndarray]], observe: bool = True) -> _Attempt:
+    launch = Launch(kernel, params, mesh, observe=observe)
     try:
         return _Attempt(launch, launch.execute_devices(device_args))
     finally:
@@ -142,7 +142,7 @@ def _attempt(kernel: PreparedKernel, params: InterpretParams, mesh: DeviceMesh,
 def _race_reports(kernel: PreparedKernel, params: InterpretParams, mesh: DeviceMesh,
                   device_args: list[list[np.ndarray]]) -> list[RaceReport]:
     launch = Launch(kernel, dataclasses.replace(params, detect_races=True, on_race="collect"),
-                    mesh)
+                    mesh, observe=False)
     try:
         launch.execute_devices(device_args)
     finally:

@@ -3,7 +3,6 @@ the outputs. Created per host call and dropped afterwards, so a failure leaves n
 
 from __future__ import annotations
 
-import logging
 import math
 from typing import Any
 
@@ -18,17 +17,17 @@ from palladium.interpret.eval.evaluator import CoreEvaluator
 from palladium.interpret.eval.refs import MemRef, SemaphoreRef
 from palladium.interpret.grid_blocks import GridBlocks
 from palladium.interpret.kernel import PreparedKernel
-from palladium.interpret.params import InterpretParams, LoggingMode
+from palladium.interpret.observers import LaunchInfo, launch_observers
+from palladium.interpret.params import InterpretParams
 from palladium.interpret.site import Site
 from palladium.shared_memory import (
     TILING_DEFAULT,
+    BlockCopy,
     MemorySpace,
     SemaphoreKind,
     SemaphoreLeakError,
     Simulation,
 )
-
-logger = logging.getLogger("palladium.interpret")
 
 CoreId = tuple[int, int]
 
@@ -68,9 +67,10 @@ class Launch:
     """The state of one kernel launch, shared by the cores that run it."""
 
     def __init__(self, kernel: PreparedKernel, params: InterpretParams,
-                 mesh: DeviceMesh | None = None) -> None:
+                 mesh: DeviceMesh | None = None, *, observe: bool = True) -> None:
         self.kernel = kernel
         self.params = params
+        self.observe = observe  # False: a re-run (order trials), not shown to observers
         self.mesh = mesh if mesh is not None else DeviceMesh()
         self.num_devices = max(self.mesh.num_devices, 1)
         self.kernel_name = kernel.name
@@ -189,9 +189,6 @@ class Launch:
                else self._core_buffers.setdefault(core, []))
         self._position[buf.key] = len(lst)
         lst.append(buf)
-        if self.params.logging_mode and LoggingMode.MEMORY in self.params.logging_mode:
-            logger.debug("%s: allocate %s %s %s on core %s", self.kernel_name, space, name,
-                         buf.shape, core[1])
         return buf
 
     def allocate_scoped(self, ev: CoreEvaluator, aval: Any, name: str, eqn: Any) -> Any:
@@ -247,10 +244,12 @@ class Launch:
                 f"every device of a launch must run the same grid"
             )
         self.grid = grids.pop()
-        if self.params.logging_mode and LoggingMode.LAUNCH in self.params.logging_mode:
-            logger.debug("launch %s: grid %s on %d device(s) x %d core(s), chip %s",
-                         self.kernel_name, self.grid, len(device_args), self.num_cores,
-                         self.chip)
+        if self.observe:
+            launch_info = LaunchInfo(self.kernel_name, self.grid, len(device_args),
+                                     self.num_cores, self.chip, self.params, k,
+                                     k.launch_location)
+            for observer in launch_observers(launch_info):
+                self.sim.add_observer(observer)
         aliases = {o: i - n_idx for i, o in k.input_output_aliases}
         if any(i < 0 for i in aliases.values()):
             raise UnsupportedFeatureError("aliasing a scalar-prefetch operand to an output")
@@ -459,16 +458,14 @@ class _CoreRun:
             return
         cur = self._block_indices(self.points[0])
         prev: list[tuple[int, ...]] | None = None
-        log_grid = params.logging_mode is not None and LoggingMode.GRID in params.logging_mode
-        log_copies = (params.logging_mode is not None
-                      and LoggingMode.MEMORY in params.logging_mode)
+        obs = sim.observers
         record = params.grid_point_recorder_call()
         for step, point in enumerate(self.points):
             self.ev.grid_point = point
             if record is not None:
                 record(point, self.core[1])
-            if log_grid:
-                logger.debug("%s: core %d grid point %s", launch.kernel_name, self.core[1], point)
+            if obs is not None:
+                obs.grid_step_begin(self.core, step, point)
             for i, info in enumerate(k.inputs):
                 if info.in_hbm or (prev is not None and prev[i] == cur[i]):
                     continue
@@ -478,11 +475,12 @@ class _CoreRun:
                                 site=site)
                 sim.write(self.input_refs[i].buffer, info.block_region(cur[i]), data,
                           core=self.core, site=site)
-                if log_copies:
-                    logger.debug("%s: core %d grid point %s: copy block %s of input '%s' "
-                                 "HBM -> %s", launch.kernel_name, self.core[1], point, cur[i],
-                                 info.name, info.space.name)
+                if obs is not None:
+                    obs.block_copy(BlockCopy(self.core, info.name, "in", cur[i], data.nbytes,
+                                             step, point, info.buffer_count, info.space))
             self.ev.eval_jaxpr(k.jaxpr, [], self.operands)
+            if obs is not None:
+                obs.grid_step_end(self.core, step, point)
             nxt = self._block_indices(self.points[step + 1]) if step + 1 < len(self.points) else None
             for o, info in enumerate(k.outputs):
                 if info.in_hbm:
@@ -494,10 +492,9 @@ class _CoreRun:
                                     core=self.core, site=site)
                     sim.write(self.hbm_outputs[o], self.blocks.region(n_in + o, b), data,
                               core=self.core, site=site)
-                    if log_copies:
-                        logger.debug("%s: core %d grid point %s: copy block %s of output '%s' "
-                                     "%s -> HBM", launch.kernel_name, self.core[1], point, b,
-                                     info.name, info.space.name)
+                    if obs is not None:
+                        obs.block_copy(BlockCopy(self.core, info.name, "out", b, data.nbytes,
+                                                 step, point, info.buffer_count, info.space))
                 if o in self.aliased:
                     continue
                 if last[o] == b:

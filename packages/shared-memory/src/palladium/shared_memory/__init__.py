@@ -16,6 +16,13 @@ from palladium.shared_memory.errors import (
     SemaphoreLeakError,
     SimulationError,
 )
+from palladium.shared_memory.observer import (
+    BlockCopy,
+    DmaEvent,
+    Observer,
+    ObserverSet,
+    SemaphoreInfo,
+)
 from palladium.shared_memory.padding import (
     GENERATION_DEFAULT,
     TILING_DEFAULT,
@@ -28,13 +35,18 @@ from palladium.shared_memory.simulation import CoreId, Simulation
 __all__ = [
     "GENERATION_DEFAULT",
     "TILING_DEFAULT",
+    "BlockCopy",
     "BufferRef",
     "CoreId",
     "DataRaceError",
     "DeadlockError",
+    "DmaEvent",
     "DmaView",
     "MemorySpace",
+    "Observer",
+    "ObserverSet",
     "OutOfBoundsError",
+    "SemaphoreInfo",
     "SemaphoreKind",
     "SemaphoreLeakError",
     "Simulation",

@@ -58,7 +58,7 @@ class Dma:
 
     __slots__ = (
         "actor", "add", "convert", "core", "data", "dst", "dst_mask", "dst_plan", "dst_sem", "id",
-        "name", "nbytes", "site", "src", "src_mask", "src_plan", "src_sem", "state",
+        "name", "nbytes", "on_done", "site", "src", "src_mask", "src_plan", "src_sem", "state",
     )
 
     def __init__(
@@ -84,6 +84,7 @@ class Dma:
         self.dst_mask = view.dst_mask
         self.convert = view.convert
         self.add = add
+        self.on_done: Callable[[], None] | None = None  # told when the DMA completes
         count = (int(np.prod(src_plan.shape, dtype=np.int64)) if view.src_mask is None
                  else int(np.count_nonzero(view.src_mask)))
         self.nbytes = count * src.data.dtype.itemsize
@@ -139,3 +140,5 @@ class Dma:
         self.data = None
         self.state = DmaState.DONE
         self.dst_sem.signal(self.nbytes, clock)
+        if self.on_done is not None:
+            self.on_done()

@@ -24,6 +24,7 @@ import threading
 from collections.abc import Callable
 
 from palladium.shared_memory.errors import DeadlockError, core_name
+from palladium.shared_memory.observer import Observer
 
 __all__ = ["Scheduler", "Task"]
 
@@ -60,7 +61,8 @@ class Scheduler:
     debugging); ``local.task`` is the task whose body runs on the current thread.
     """
 
-    def __init__(self, rng: random.Random, local: threading.local, trace: list):
+    def __init__(self, rng: random.Random, local: threading.local, trace: list,
+                 observers: Observer | None = None):
         self.rng = rng
         self.local = local
         self.tasks: list[Task] = []
@@ -68,6 +70,7 @@ class Scheduler:
         self.error: BaseException | None = None
         self.done = threading.Event()
         self.trace = trace
+        self.observers = observers  # told of every core switch (None: nobody listens)
 
     # -- running -----------------------------------------------------------------------
 
@@ -92,7 +95,7 @@ class Scheduler:
             task.thread.start()
         first = self._pick()
         assert first is not None
-        self.trace.append(first.core)
+        self._switch(None, first)
         first.event.set()
         self.done.wait()
         for task in self.tasks:
@@ -131,7 +134,7 @@ class Scheduler:
         if nxt is None:
             self.done.set()
         else:
-            self.trace.append(nxt.core)
+            self._switch(task, nxt)
             nxt.event.set()
 
     # -- synchronisation points ----------------------------------------------------------
@@ -187,8 +190,13 @@ class Scheduler:
             return candidates[0]
         return candidates[self.rng.randrange(len(candidates))]
 
-    def _handoff(self, task: Task, nxt: Task) -> None:
+    def _switch(self, task: Task | None, nxt: Task) -> None:
         self.trace.append(nxt.core)
+        if self.observers is not None:
+            self.observers.core_switch(None if task is None else task.core, nxt.core)
+
+    def _handoff(self, task: Task, nxt: Task) -> None:
+        self._switch(task, nxt)
         task.event.clear()
         nxt.event.set()
         task.event.wait()

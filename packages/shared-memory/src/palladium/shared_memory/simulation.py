@@ -18,7 +18,7 @@ from __future__ import annotations
 import itertools
 import random
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -38,6 +38,7 @@ from palladium.shared_memory.errors import (
     at_site,
     core_name,
 )
+from palladium.shared_memory.observer import Observer, ObserverSet, dma_event, semaphore_info
 from palladium.shared_memory.padding import (
     GENERATION_DEFAULT,
     TILING_DEFAULT,
@@ -91,6 +92,7 @@ class Simulation:
         tiling: tuple[int, int] = TILING_DEFAULT,
         tpu_generation: int = GENERATION_DEFAULT,
         out_of_bounds_hint: str = OUT_OF_BOUNDS_HINT,
+        observers: Iterable[Observer] = (),
     ):
         options = dict(
             dma_execution_mode=dma_execution_mode, dma_order=dma_order,
@@ -117,7 +119,9 @@ class Simulation:
         self._rng = random.Random(seed)
         self._local = threading.local()
         self._trace: list[CoreId] = []
-        self._sched = Scheduler(self._rng, self._local, self._trace)
+        # None while no observer is registered: every hook site is one ``is not None``.
+        self._obs: ObserverSet | None = ObserverSet(observers) or None
+        self._sched = Scheduler(self._rng, self._local, self._trace, self._obs)
         self._buffers: dict[int, Buffer] = {}
         self._next_key = itertools.count()
         self._next_dma = itertools.count()
@@ -151,6 +155,27 @@ class Simulation:
     def schedule(self) -> list[CoreId]:
         """The cores handed the baton, in order, over every run so far."""
         return list(self._trace)
+
+    @property
+    def observers(self) -> ObserverSet | None:
+        """The registered observers (None when there are none): a client driving the
+        simulation reports its own events (grid steps, block copies, compute) here."""
+        return self._obs
+
+    def add_observer(self, observer: Observer) -> None:
+        """Register ``observer`` (see ``palladium.shared_memory.observer``)."""
+        obs = self._obs if self._obs is not None else ObserverSet()
+        obs.add(observer)
+        self._obs = obs
+        self._sched.observers = obs
+
+    def remove_observer(self, observer: Observer) -> None:
+        """Unregister ``observer``."""
+        if self._obs is not None:
+            self._obs.remove(observer)
+            if not self._obs:
+                self._obs = None
+                self._sched.observers = None
 
     def current_core(self) -> CoreId | None:
         """The core whose body runs on this thread (None outside ``run``)."""
@@ -220,6 +245,8 @@ class Simulation:
         )
         if self._det is not None:
             self._det.register_buffer(key, data.shape, f"{name} ({ref.where})")
+        if self._obs is not None:
+            self._obs.allocate(ref, data.nbytes, (int(device), core))
         return ref
 
     def _buffer(self, buf: BufferRef) -> Buffer:
@@ -240,6 +267,8 @@ class Simulation:
             del self._buffers[buf.key]
             if self._det is not None:
                 self._det.free_buffer(buf.key)
+            if self._obs is not None:
+                self._obs.free(buf, b.data.nbytes, (buf.device, buf.core))
 
     def is_allocated(self, buf: BufferRef) -> bool:
         """Whether ``buf`` has not been freed yet."""
@@ -348,6 +377,8 @@ class Simulation:
         sem = self._sem(core if target is None else (int(target[0]), int(target[1])), sem_id)
         clock = self._det.release(self._actor(core)) if self._det is not None else None
         sem.signal(int(inc), clock)
+        if self._obs is not None:
+            self._obs.semaphore_signal(core, semaphore_info(sem), int(inc))
         self._sched.yield_point(task)
 
     def semaphore_wait(self, sem_id, value, *, core: CoreId, site=None) -> None:
@@ -356,6 +387,8 @@ class Simulation:
         self._sched.yield_point(task)
         sem = self._sem(core, sem_id)
         value = int(value)
+        if self._obs is not None:
+            self._obs.semaphore_wait_begin(core, semaphore_info(sem), value)
         while True:
             if sem.count < value and sem.pending:
                 self._progress(sem, value)
@@ -371,6 +404,8 @@ class Simulation:
             actor = self._actor(core)
             for clock in clocks:
                 self._det.acquire(actor, clock)
+        if self._obs is not None:
+            self._obs.semaphore_wait_end(core, semaphore_info(sem), value)
 
     def _describe_wait(self, sem: Semaphore, value: int, site) -> str:
         kind = "" if sem.kind is SemaphoreKind.REGULAR else f"{sem.kind.value} "
@@ -466,6 +501,10 @@ class Simulation:
         if self._det is not None:
             actor = self._det.new_actor(name, parent=self._actor(core))
         dma = Dma(dma_id, name, core, sb, sp, db, dp, ssem, dsem, actor, site, view, add)
+        if self._obs is not None:
+            event = dma_event(dma, dst_core)
+            self._obs.dma_start(event)
+            dma.on_done = lambda obs=self._obs: obs.dma_complete(event)
         if self._eager:
             dma.execute(self._det)
         else:
@@ -517,6 +556,8 @@ class Simulation:
         task = self._task()
         self._sched.check()
         participants = self._run_cores or [core]
+        if self._obs is not None:
+            self._obs.barrier_begin(core)
         self._barrier_arrived.append(core)
         self._barrier_sites[core] = site
         generation = self._barrier_generation
@@ -525,6 +566,8 @@ class Simulation:
             self._barrier_generation += 1
             if self._det is not None:
                 self._det.barrier([self._actor(c) for c in participants])
+            if self._obs is not None:
+                self._obs.barrier_end(core)
             self._sched.yield_point(task)
             return
         self._sched.block(
@@ -535,6 +578,8 @@ class Simulation:
                 f"cores arrived){at_site(self._barrier_sites.get(core))}"
             ),
         )
+        if self._obs is not None:
+            self._obs.barrier_end(core)
 
     def run(self, bodies: dict[CoreId, Callable[[], None]], *, check_leaks: bool = True) -> None:
         """Run each body as one simulated core, one at a time, until all finish.
@@ -549,14 +594,18 @@ class Simulation:
         self._barrier_arrived = []
         if self._det is not None and self._root is not None:
             self._det.barrier([self._root, *(self._actor(c) for c in self._run_cores)])
-        self._sched = Scheduler(self._rng, self._local, self._trace)
+        self._sched = Scheduler(self._rng, self._local, self._trace, self._obs)
+        if self._obs is not None:
+            self._obs.run_begin(tuple(self._run_cores))
         try:
             self._sched.run(bodies)
         finally:
             self._run_cores = []
             # A cancelled scheduler would cancel every later call: start afresh.
-            self._sched = Scheduler(self._rng, self._local, self._trace)
+            self._sched = Scheduler(self._rng, self._local, self._trace, self._obs)
         self._flush_dmas()
+        if self._obs is not None:
+            self._obs.run_end(tuple(sorted(cores)))
         if self._det is not None and self._root is not None:
             self._det.barrier([self._root, *(self._actor(c) for c in cores)])
         if check_leaks:

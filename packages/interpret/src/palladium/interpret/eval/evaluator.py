@@ -233,6 +233,9 @@ class CoreEvaluator:
         self.skip_floating_point_ops = bool(getattr(params, "skip_floating_point_ops", False))
         kernel = getattr(self.launch, "kernel", None)
         self._inherited: dict[int, Any] = getattr(kernel, "inherited_sources", {})
+        # The launch's observers, told of every equation (None: the plain loop below).
+        obs = getattr(getattr(self.launch, "sim", None), "observers", None)
+        self._observers: Any = obs if obs is not None and obs.wants("compute") else None
 
     def eval_jaxpr(self, jaxpr: Any, consts: list[Any], args: list[Any]) -> list[Any]:
         if isinstance(jaxpr, jc.ClosedJaxpr):
@@ -244,6 +247,15 @@ class CoreEvaluator:
             env[s] = x
         for s, x in zip(prog.in_slots, args):
             env[s] = x
+        obs = self._observers
+        if obs is not None:
+            core, compute = self.core, obs.compute
+            for step in prog.steps:
+                compute(core, step.eqn)
+                outs = step.rule(self, step.eqn, [env[i] for i in step.in_slots])
+                for s, o in zip(step.out_slots, outs):
+                    env[s] = o
+            return [env[i] for i in prog.out_slots]
         for step in prog.steps:
             outs = step.rule(self, step.eqn, [env[i] for i in step.in_slots])
             for s, o in zip(step.out_slots, outs):

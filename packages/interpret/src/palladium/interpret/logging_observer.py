@@ -1,0 +1,57 @@
+"""``InterpretParams.logging_mode`` as an observer: what each mode logs, and when."""
+
+from __future__ import annotations
+
+import logging
+
+from palladium.interpret.observers import LaunchInfo
+from palladium.interpret.params import LoggingMode
+from palladium.shared_memory import BlockCopy, BufferRef, MemorySpace, Observer
+
+logger = logging.getLogger("palladium.interpret")
+
+CoreId = tuple[int, int]
+
+
+class LoggingObserver(Observer):
+    """Logs (DEBUG, logger ``palladium.interpret``) what ``mode`` asks for: ``LAUNCH``
+    the launch, ``GRID`` every grid point a core runs, ``MEMORY`` every allocation and
+    pipeline block copy."""
+
+    def __init__(self, info: LaunchInfo, mode: LoggingMode) -> None:
+        self.name = info.kernel_name
+        self.mode = mode
+        if LoggingMode.LAUNCH in mode:
+            logger.debug("launch %s: grid %s on %d device(s) x %d core(s), chip %s",
+                         info.kernel_name, info.grid, info.num_devices, info.num_cores,
+                         info.chip)
+        # A hook the mode does not ask for is the no-op again: ObserverSet skips it.
+        if LoggingMode.GRID not in mode:
+            vars(self)["grid_step_begin"] = Observer.grid_step_begin.__get__(self)
+        if LoggingMode.MEMORY not in mode:
+            vars(self)["allocate"] = Observer.allocate.__get__(self)
+            vars(self)["block_copy"] = Observer.block_copy.__get__(self)
+
+    def grid_step_begin(self, core: CoreId, step: int, grid_point: tuple[int, ...]) -> None:
+        logger.debug("%s: core %d grid point %s", self.name, core[1], grid_point)
+
+    def allocate(self, buf: BufferRef, nbytes: int, core: CoreId) -> None:
+        logger.debug("%s: allocate %s %s %s on core %s", self.name, buf.space, buf.name,
+                     buf.shape, core[1])
+
+    def block_copy(self, copy: BlockCopy) -> None:
+        space = copy.space.name if isinstance(copy.space, MemorySpace) else str(copy.space)
+        if copy.direction == "in":
+            logger.debug("%s: core %d grid point %s: copy block %s of input '%s' HBM -> %s",
+                         self.name, copy.core[1], copy.grid_point, copy.block, copy.operand,
+                         space)
+        else:
+            logger.debug("%s: core %d grid point %s: copy block %s of output '%s' %s -> HBM",
+                         self.name, copy.core[1], copy.grid_point, copy.block, copy.operand,
+                         space)
+
+
+def logging_observer(info: LaunchInfo) -> Observer | None:
+    """The logging observer of a launch, or None without a ``logging_mode``."""
+    mode = getattr(info.params, "logging_mode", None)
+    return LoggingObserver(info, mode) if mode else None
