@@ -11,7 +11,7 @@ from palladium.interpret.errors import KernelError
 from palladium.interpret.eval.dma_view import dma_view, view_nbytes
 from palladium.interpret.eval.memory import access_of
 from palladium.interpret.eval.refs import MemRef, SemaphoreRef, split_transformed
-from palladium.interpret.eval.registry import rule
+from palladium.interpret.eval.registry import rule, rule_compiler
 
 
 def _mem(ev: Any, value: Any, eqn: Any, role: str) -> tuple[MemRef, Any]:
@@ -67,3 +67,123 @@ def _dma_wait(ev: Any, eqn: Any, invals: list[Any]) -> list[Any]:
     nbytes = view_nbytes(src_acc, np.dtype(src_ref.buffer.dtype))
     ev.launch.sim.dma_wait(sem_id(ev, sem, eqn), nbytes, core=ev.core, site=ev.site(eqn))
     return []
+
+
+# --- specialised dma_start / dma_wait ------------------------------------------------------
+# A kernel starts and waits for its DMAs at the same few places on every grid step (paged
+# attention: several per step). Per equation, everything the generic rules derive from the
+# operands -- the indexer trees unflattened, both accesses resolved, the DmaView, the
+# semaphore positions, the byte count -- is cached by the operands' *structure*: the
+# shape and dtype of each memory ref, the shape of each semaphore array and the integer
+# value of every index operand. A hit does the same simulator calls with the same
+# arguments as the generic rules; a miss (or an operand the key cannot describe) runs them.
+_CACHE_LIMIT = 4096
+
+
+def _leaf_key(x: Any) -> Any:
+    if type(x) is MemRef:
+        return ("m", x.buffer.shape, x.buffer.dtype)
+    if type(x) is SemaphoreRef:
+        return ("s", x.ids.shape)
+    if isinstance(x, (int, np.integer)) or (type(x) is np.ndarray and not x.ndim):
+        return int(x)
+    raise TypeError  # an array-valued or foreign operand: no key, use the generic rule
+
+
+def _operand_key(invals: list[Any]) -> tuple[Any, ...] | None:
+    try:
+        return tuple(_leaf_key(x) for x in invals)
+    except (TypeError, ValueError):
+        return None
+
+
+def _position(invals: list[Any], ref: Any) -> int:
+    return next(i for i, x in enumerate(invals) if x is ref)
+
+
+def _sem_position(ev: Any, value: Any, eqn: Any, invals: list[Any]) -> tuple[int, int]:
+    """(operand position of the semaphore array, flat position of the one semaphore)."""
+    ref, transforms = split_transformed(value)
+    if not isinstance(ref, SemaphoreRef):
+        raise KernelError(f"expected a semaphore, got {ref!r} ({ev.site(eqn)})")
+    flat = SemaphoreRef(np.arange(ref.ids.size).reshape(ref.ids.shape), ref.kind, ref.name)
+    return _position(invals, ref), flat.index(transforms).scalar_id()
+
+
+class _DmaCache:
+    def __init__(self) -> None:
+        self.entries: dict[tuple[Any, ...], Any] = {}
+
+    def get(self, key: tuple[Any, ...], build: Any) -> Any:
+        hit = self.entries.get(key)
+        if hit is None:
+            hit = build()
+            if len(self.entries) >= _CACHE_LIMIT:
+                self.entries.clear()
+            self.entries[key] = hit
+        return hit
+
+
+def _sem(invals: list[Any], where: tuple[int, int]) -> int:
+    return int(invals[where[0]].ids.flat[where[1]])
+
+
+@rule_compiler(jc.dma_start_p)
+def _compile_dma_start(eqn: Any, used: frozenset[Any]) -> Any:
+    cache = _DmaCache()
+    tree, id_type = eqn.params["tree"], eqn.params["device_id_type"]
+    add = bool(eqn.params.get("add", False))
+
+    def build(ev: Any, invals: list[Any]) -> Any:
+        src, dst, dst_sem, src_sem, device_id = jc.dma_operands(tree, invals)
+        src_ref, src_acc = _mem(ev, src, eqn, "source")
+        dst_ref, dst_acc = _mem(ev, dst, eqn, "destination")
+        view = dma_view(_side(src_ref, src_acc), _side(dst_ref, dst_acc), ev.site(eqn))
+        return (_position(invals, src_ref), src_acc, _position(invals, dst_ref), dst_acc,
+                view, _sem_position(ev, dst_sem, eqn, invals),
+                None if src_sem is None else _sem_position(ev, src_sem, eqn, invals),
+                device_id)
+
+    def run(ev: Any, eqn: Any, invals: list[Any]) -> list[Any]:
+        key = _operand_key(invals)
+        if key is None:
+            return _dma_start(ev, eqn, invals)
+        (src_at, src_acc, dst_at, dst_acc, view, dst_sem, src_sem,
+         device_id) = cache.get(key, lambda: build(ev, invals))
+        src_ref, dst_ref = invals[src_at], invals[dst_at]
+        target = ev.launch.remote_core(ev, device_id, None, id_type, eqn)
+        dst_buffer = dst_ref.buffer
+        if target is not None and target != ev.core:
+            dst_buffer = ev.launch.peer_buffer(dst_buffer, target)
+        ev.launch.sim.dma_start(
+            src_ref.buffer, src_acc.region, dst_buffer, dst_acc.region, core=ev.core,
+            dst_sem=_sem(invals, dst_sem),
+            src_sem=None if src_sem is None else _sem(invals, src_sem),
+            dst_core=target, site=ev.site(eqn), name=f"{src_ref.name}->{dst_ref.name}",
+            view=view, add=add,
+        )
+        return []
+
+    return run
+
+
+@rule_compiler(jc.dma_wait_p)
+def _compile_dma_wait(eqn: Any, used: frozenset[Any]) -> Any:
+    cache = _DmaCache()
+    tree = eqn.params["tree"]
+
+    def build(ev: Any, invals: list[Any]) -> Any:
+        src, _dst, sem, _src_sem, _device_id = jc.dma_operands(tree, invals)
+        src_ref, src_acc = _mem(ev, src, eqn, "source")
+        nbytes = view_nbytes(src_acc, np.dtype(src_ref.buffer.dtype))
+        return nbytes, _sem_position(ev, sem, eqn, invals)
+
+    def run(ev: Any, eqn: Any, invals: list[Any]) -> list[Any]:
+        key = _operand_key(invals)
+        if key is None:
+            return _dma_wait(ev, eqn, invals)
+        nbytes, sem = cache.get(key, lambda: build(ev, invals))
+        ev.launch.sim.dma_wait(_sem(invals, sem), nbytes, core=ev.core, site=ev.site(eqn))
+        return []
+
+    return run
