@@ -660,6 +660,30 @@ def test_dot_general(data):
     _check_sum_like(ours, ref, scale, contracted)
 
 
+@SETTINGS
+@given(data=st.data())
+def test_dot_general_of_mixed_float_dtypes(data):
+    """f32 x bf16 (paged attention's scores against bf16 pages) widens both to f32."""
+    lhs_shape, rhs_shape, dims = data.draw(st.sampled_from(DOT_CASES))
+    lhs_dtype, rhs_dtype = data.draw(st.sampled_from([(F32, BF16), (BF16, F32), (F16, F32)]))
+    # No infinities or huge values: where an overflowing product meets an infinite
+    # partial sum, the NaN-or-inf outcome depends on the BLAS kernel's use of FMA.
+    lhs = make_values(data.draw(st.integers(0, 2**32)), lhs_shape, lhs_dtype, extremes=False)
+    rhs = make_values(data.draw(st.integers(0, 2**32)), rhs_shape, rhs_dtype, extremes=False)
+    params = {"dimension_numbers": dims, "precision": None, "preferred_element_type": F32,
+              "out_sharding": None}
+    ours = run_rule(lax.dot_general_p, lhs, rhs, **params)
+    ref = bind(lax.dot_general_p, lhs, rhs, **params)
+    assert ours.dtype == ref.dtype == F32 and ours.shape == ref.shape
+    scale = np.asarray(
+        bind(lax.dot_general_p, np.abs(lhs.astype(np.float32)), np.abs(rhs.astype(np.float32)),
+             **params)
+    ).astype(np.float64)
+    _check_sum_like(ours, ref, scale, int(np.prod([lhs_shape[d] for d in dims[0][0]])))
+    no_preference = {**params, "preferred_element_type": None}
+    assert NUMPY_RULES[lax.dot_general_p](lhs, rhs, **no_preference) is NotImplemented
+
+
 # ----------------------------------------------------------------------------- fallbacks
 
 

@@ -52,7 +52,10 @@ def _dot_general(
     lhs, rhs = arr(lhs), arr(rhs)
     (lc, rc), (lb, rb) = dimension_numbers
     lc, rc, lb, rb = tuple(lc), tuple(rc), tuple(lb), tuple(rb)
-    if lhs.dtype != rhs.dtype:
+    if lhs.dtype != rhs.dtype and not (
+        lhs.dtype in FLOATS and rhs.dtype in FLOATS and preferred_element_type is not None
+    ):
+        # Mixed floats (paged attention's f32 x bf16) widen both to f32 like equal ones.
         return NotImplemented
     out_dt = np.dtype(preferred_element_type) if preferred_element_type is not None else lhs.dtype
     if lhs.dtype in FLOATS and out_dt in FLOATS:
