@@ -285,3 +285,30 @@ def test_add_dma_accumulates(mode):
 
     sim.run({(0, 0): body})
     np.testing.assert_array_equal(sim.value(dst), [12, 14, 16, 18])
+
+
+@pytest.mark.timeout(60)
+def test_a_wait_on_a_semaphore_whose_dmas_all_completed_is_a_deadlock():
+    """A blocked wait is ready while some pending DMA will still signal its semaphore
+    (the semaphore's ``live`` count); once every DMA signalled, a short count deadlocks."""
+    from palladium.shared_memory import DeadlockError
+
+    sim, src, dst, sems = _copy_setup("on_wait", cores_per_device=2)
+    sim2 = {}
+
+    def body():
+        for start in (0, 4):
+            sim.dma_start(src, (slice(start, start + 4),), dst, None, core=(0, 0),
+                          dst_sem=sems[0], src_sem=sems[1])
+        table = sim._sems[(0, 0)]
+        sim2["live"] = (table[int(sems[0])].live, table[int(sems[1])].live)
+        sim.dma_wait(sems[1], 32, core=(0, 0))  # both read phases
+        sim2["after_send"] = (table[int(sems[0])].live, table[int(sems[1])].live)
+        sim.dma_wait(sems[0], 48, core=(0, 0))  # only 32 bytes will ever arrive
+
+    def other():
+        sim.yield_point()
+
+    with pytest.raises(DeadlockError, match="copy_sems"):
+        sim.run({(0, 0): body, (0, 1): other})
+    assert sim2 == {"live": (2, 2), "after_send": (2, 0)}

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import math
 from collections.abc import Callable
 
 import numpy as np
@@ -58,7 +59,8 @@ class Dma:
 
     __slots__ = (
         "actor", "add", "convert", "core", "data", "dst", "dst_mask", "dst_plan", "dst_sem", "id",
-        "name", "nbytes", "on_done", "site", "src", "src_mask", "src_plan", "src_sem", "state",
+        "name", "nbytes", "on_done", "queued", "site", "src", "src_mask", "src_plan", "src_sem",
+        "state",
     )
 
     def __init__(
@@ -78,6 +80,7 @@ class Dma:
         self.actor = actor
         self.site = site
         self.state = DmaState.STARTED
+        self.queued = False
         self.data: np.ndarray | None = None
         view = view or DmaView()
         self.src_mask = view.src_mask
@@ -85,9 +88,18 @@ class Dma:
         self.convert = view.convert
         self.add = add
         self.on_done: Callable[[], None] | None = None  # told when the DMA completes
-        count = (int(np.prod(src_plan.shape, dtype=np.int64)) if view.src_mask is None
+        count = (math.prod(src_plan.shape) if view.src_mask is None
                  else int(np.count_nonzero(view.src_mask)))
         self.nbytes = count * src.data.dtype.itemsize
+
+    def queue(self) -> None:
+        """Put this DMA on its semaphores' pending lists (it completes when waited for)."""
+        self.queued = True
+        self.dst_sem.pending.append(self)
+        self.dst_sem.live += 1
+        if self.src_sem is not None and self.src_sem is not self.dst_sem:
+            self.src_sem.pending.append(self)
+            self.src_sem.live += 1
 
     def signals(self, sem: Semaphore) -> bool:
         """Whether this DMA will still signal ``sem``."""
@@ -115,6 +127,8 @@ class Dma:
             clock = det.release(self.actor)
         self.state = DmaState.READ
         if self.src_sem is not None:
+            if self.queued and self.src_sem is not self.dst_sem:
+                self.src_sem.live -= 1
             self.src_sem.signal(self.nbytes, clock)
 
     def execute(self, det) -> None:
@@ -139,6 +153,8 @@ class Dma:
             det.finish(self.actor)
         self.data = None
         self.state = DmaState.DONE
+        if self.queued:
+            self.dst_sem.live -= 1
         self.dst_sem.signal(self.nbytes, clock)
         if self.on_done is not None:
             self.on_done()

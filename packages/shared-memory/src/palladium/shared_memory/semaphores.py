@@ -28,10 +28,12 @@ class Semaphore:
 
     ``clocks``: race-detector clocks released by signals not yet observed by a wait
     (only the owning core waits on a semaphore, so a wait observes them all and they are
-    dropped). ``pending``: DMAs in flight that will signal this semaphore.
+    dropped). ``pending``: DMAs in flight that will signal this semaphore (and maybe some
+    that already did, pruned lazily); ``live``: how many of them still will, kept by the
+    DMAs as they progress, so a blocked wait's readiness test is O(1), not a scan.
     """
 
-    __slots__ = ("clocks", "core", "count", "id", "index", "kind", "name", "pending")
+    __slots__ = ("clocks", "core", "count", "id", "index", "kind", "live", "name", "pending")
 
     def __init__(self, core, sem_id: int, kind: SemaphoreKind, name: str, index: tuple[int, ...]):
         self.core = core
@@ -42,6 +44,7 @@ class Semaphore:
         self.count = 0
         self.clocks: list = []
         self.pending: list = []
+        self.live = 0
 
     @property
     def label(self) -> str:

@@ -396,7 +396,7 @@ class Simulation:
                 break
             self._sched.block(
                 task,
-                lambda: sem.count >= value or any(d.signals(sem) for d in sem.pending),
+                lambda: sem.count >= value or sem.live > 0,
                 lambda: self._describe_wait(sem, value, site),
             )
         clocks = sem.take(value)
@@ -509,9 +509,7 @@ class Simulation:
             dma.execute(self._det)
         else:
             self._dmas.append(dma)
-            dsem.pending.append(dma)
-            if ssem is not None and ssem is not dsem:
-                ssem.pending.append(dma)
+            dma.queue()
         self._sched.yield_point(task)
 
     def dma_wait(self, sem_id, nbytes, *, core: CoreId, site=None) -> None:
