@@ -2,40 +2,57 @@
 
 Each benchmark is a script in this folder that prints a Markdown table; `nox -s bench`
 runs them all in one process tree, so palladium and jax's own implementations are
-measured in the same run on the same machine. Pass script names to run only some:
+measured in the same run on the same machine, and prints each script's wall time.
 
-    nox -s bench -- race_detect_scaling.py
+    nox -s bench                                   # everything (see README.md for the time)
+    nox -s bench -- --quick                        # every script at small sizes
+    nox -s bench -- interpret_kernels.py           # only some scripts
+    nox -s bench -- interpret_kernels.py -- -k paged --rounds 3   # arguments for them
 """
 
 from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 HERE = Path(__file__).parent
-SCRIPTS = [
-    "race_detect_scaling.py",
-    "interpret_vs_jax.py",
-    "pipeline_trace.py",
-    "interpret_multi_device.py",
-]
+# script -> its arguments for --quick
+SCRIPTS = {
+    "interpret_kernels.py": ["--quick", "--rounds", "3", "--jax-rounds", "1"],
+    "device_scaling.py": ["--max", "16", "--big", "--repeats", "3"],
+    "interpret_vs_jax.py": ["--quick", "--no-profile"],
+    "interpret_multi_device.py": ["--quick"],
+    "race_detect_scaling.py": ["--max-accesses", "10000", "--baseline-max", "1000"],
+    "pipeline_trace.py": ["--repeats", "3"],
+}
 
 
 def main(argv: list[str]) -> int:
-    chosen = argv or SCRIPTS
+    extra: list[str] = []
+    if "--" in argv:
+        at = argv.index("--")
+        argv, extra = argv[:at], argv[at + 1:]
+    quick = "--quick" in argv
+    chosen = [a for a in argv if a != "--quick"] or list(SCRIPTS)
     failed = []
+    total = time.perf_counter()
     for name in chosen:
         path = HERE / name
         if not path.exists():
             print(f"## {name}: missing", flush=True)
             failed.append(name)
             continue
-        print(f"## {name}", flush=True)
-        rc = subprocess.call([sys.executable, str(path)])
+        args = (SCRIPTS.get(name, []) if quick else []) + extra
+        print(f"## {name} {' '.join(args)}".rstrip(), flush=True)
+        t0 = time.perf_counter()
+        rc = subprocess.call([sys.executable, str(path), *args])
+        print(f"\n({name}: {time.perf_counter() - t0:.0f} s wall)", flush=True)
         if rc:
             failed.append(name)
         print(flush=True)
+    print(f"(all: {time.perf_counter() - total:.0f} s wall)")
     if failed:
         print("failed:", ", ".join(failed))
     return 1 if failed else 0

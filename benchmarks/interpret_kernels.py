@@ -1,0 +1,205 @@
+"""palladium.interpret vs both of jax's interpreters on jax's shipped TPU kernels and on
+small-op kernels (benchmarks/kernel_cases.py), all in one process.
+
+Interpreters: jax's plain HLO interpreter (``interpret=True``: no DMA, semaphore or
+core is simulated), jax's TPU interpret mode (``pltpu.InterpretParams()``) and palladium
+(``palladium.interpret.InterpretParams``), races off and on. For each kernel every
+interpreter's first call (trace + compile + run, after ``jax.clear_caches()``) is timed
+and its answer checked against numpy; then the steady state is measured in interleaved
+rounds (one call of every interpreter per round, so load drifts hit all alike) and the
+median taken. Reported ratios are other / palladium (higher is better for palladium),
+except "vs HLO", which is palladium / HLO (the issue's "within 2x" goal: lower is better).
+
+    python benchmarks/interpret_kernels.py                  # every kernel (~3-4 min)
+    python benchmarks/interpret_kernels.py --quick          # small sizes (~1 min)
+    python benchmarks/interpret_kernels.py -k paged -k gmm  # kernels whose name matches
+    python benchmarks/interpret_kernels.py --jax-races      # also jax's race detector (slow)
+    python benchmarks/interpret_kernels.py --profile paged  # cProfile palladium's steady call
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import math
+import os
+import statistics
+import sys
+import time
+
+import jax
+import numpy as np
+from jax._src import config as jax_config
+from jax.experimental.pallas import tpu as pltpu
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import kernel_cases  # noqa: E402
+
+import palladium.interpret as pi  # noqa: E402
+
+
+def _forced(value):
+    @contextlib.contextmanager
+    def ctx():
+        option = jax_config.pallas_tpu_interpret_mode_context_manager
+        prev = option.swap_local(value)
+        try:
+            yield
+        finally:
+            option.set_local(prev)
+
+    return ctx
+
+
+def modes(jax_races: bool) -> dict:
+    out = {
+        "hlo": _forced(True),
+        "jax": _forced(pltpu.InterpretParams()),
+        "palladium": _forced(pi.InterpretParams()),
+        "palladium races": _forced(pi.InterpretParams(detect_races=True)),
+    }
+    if jax_races:
+        out["jax races"] = _forced(pltpu.InterpretParams(detect_races=True))
+    return out
+
+
+def _check(name, case, out, expected):
+    err = float(np.max(np.abs(np.asarray(out, np.float64) - expected)))
+    scale = max(1.0, float(np.max(np.abs(expected))))
+    if not err <= case.tolerance * scale:
+        raise AssertionError(f"{name} gave a wrong answer on {case.name}: max error {err}")
+
+
+def measure(case, mode_ctx: dict, rounds: int, slow_rounds: int) -> dict:
+    """{mode: (first, steady)} for one case; jax's TPU interpreter gets fewer rounds."""
+    fn, args = case.make()
+    expected = np.asarray(case.reference(*args), np.float64)
+    jitted, first, results = {}, {}, {}
+    for name, ctx in mode_ctx.items():
+        jax.clear_caches()
+        jitted[name] = jax.jit(fn)
+        with ctx():
+            t0 = time.perf_counter()
+            out = jax.block_until_ready(jitted[name](*args))
+            first[name] = time.perf_counter() - t0
+        _check(name, case, out, expected)
+        results[name] = np.asarray(out)
+    for name in mode_ctx:
+        if name.startswith("palladium") and not np.array_equal(results[name],
+                                                               results["palladium"]):
+            raise AssertionError(f"{name} differs from palladium on {case.name}")
+    steady: dict[str, list[float]] = {name: [] for name in mode_ctx}
+    for r in range(rounds):
+        for name, ctx in mode_ctx.items():
+            if name.startswith("jax") and r >= slow_rounds:
+                continue
+            with ctx():
+                t0 = time.perf_counter()
+                out = jax.block_until_ready(jitted[name](*args))
+                steady[name].append(time.perf_counter() - t0)
+            if name.startswith("palladium") and not np.array_equal(np.asarray(out),
+                                                                   results[name]):
+                raise AssertionError(f"{name}: a steady call's bits differ from the first "
+                                     f"call's on {case.name}")
+    return {name: (first[name], statistics.median(steady[name])) for name in mode_ctx}
+
+
+def _ms(t: float) -> str:
+    return f"{t * 1e3:.1f}"
+
+
+def print_table(cases, mode_ctx, rounds, slow_rounds) -> None:
+    print(f"jax {jax.__version__}, {os.cpu_count()} cores; times in ms; first = trace + "
+          f"compile + run; steady = median of {rounds} interleaved rounds "
+          f"({slow_rounds} for jax's TPU interpreter)")
+    print()
+    jr = "jax races" in mode_ctx
+    head = ("| kernel | HLO first | jax TPU first | palladium first | first vs HLO | "
+            "first vs jax TPU | HLO steady | jax TPU steady | palladium steady | "
+            "steady: palladium / HLO | jax TPU / palladium | palladium races on | "
+            "race overhead |")
+    if jr:
+        head += " jax TPU races on |"
+    print(head)
+    print("|" + "---|" * (head.count("|") - 1))
+    steady_vs_hlo, races_over = [], []
+    for case in cases:
+        res = measure(case, mode_ctx, rounds, slow_rounds)
+        (hf, hs), (jf, js), (pf, ps) = res["hlo"], res["jax"], res["palladium"]
+        rs = res["palladium races"][1]
+        steady_vs_hlo.append(ps / hs)
+        races_over.append(rs / ps)
+        row = (f"| {case.name} | {_ms(hf)} | {_ms(jf)} | {_ms(pf)} | {hf / pf:.1f}x faster | "
+               f"{jf / pf:.1f}x faster | {_ms(hs)} | {_ms(js)} | {_ms(ps)} | {ps / hs:.2f}x | "
+               f"{js / ps:.1f}x | {_ms(rs)} | {rs / ps:.2f}x |")
+        if jr:
+            row += f" {_ms(res['jax races'][1])} |"
+        print(row, flush=True)
+    if cases:
+        print()
+        geo = math.exp(statistics.mean(math.log(r) for r in steady_vs_hlo))
+        print(f"Geometric mean of palladium / HLO steady: {geo:.2f}x; "
+              f"race overhead: max {max(races_over):.2f}x.")
+
+
+def profile(case, races: bool, top: int, dump: str | None = None) -> None:
+    import cProfile
+    import pstats
+
+    fn, args = case.make()
+    jitted = jax.jit(fn)
+    with _forced(pi.InterpretParams(detect_races=races))():
+        jax.block_until_ready(jitted(*args))
+        prof = cProfile.Profile()
+        # The interpreter runs on a thread XLA owns: profile its entry point there.
+        from palladium.interpret import jax_hook
+
+        entry = jax_hook._execute
+
+        def profiled(*a, **k):
+            prof.enable()
+            try:
+                return entry(*a, **k)
+            finally:
+                prof.disable()
+
+        jax_hook._execute = profiled
+        try:
+            for _ in range(3):
+                jax.block_until_ready(jitted(*args))
+        finally:
+            jax_hook._execute = entry
+    print(f"\nProfile of 3 steady calls, {case.name}, races {'on' if races else 'off'}:")
+    if dump:
+        prof.dump_stats(dump)
+    pstats.Stats(prof).sort_stats("tottime").print_stats(top)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--quick", action="store_true", help="small sizes (a smoke run)")
+    parser.add_argument("-k", action="append", default=[],
+                        help="run only kernels whose name contains this (repeatable)")
+    parser.add_argument("--rounds", type=int, default=7, help="interleaved steady rounds")
+    parser.add_argument("--jax-rounds", type=int, default=2,
+                        help="steady rounds of jax's TPU interpreter (seconds per call)")
+    parser.add_argument("--jax-races", action="store_true",
+                        help="also time jax's TPU interpreter with races on")
+    parser.add_argument("--profile", metavar="NAME", help="profile one kernel instead")
+    parser.add_argument("--races", action="store_true", help="with --profile: races on")
+    parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--dump", metavar="FILE", help="with --profile: save the pstats")
+    opts = parser.parse_args(argv)
+    cases = kernel_cases.all_cases(opts.quick)
+    if opts.k:
+        cases = [c for c in cases if any(k in c.name for k in opts.k)]
+    if opts.profile:
+        for case in [c for c in cases if opts.profile in c.name]:
+            profile(case, opts.races, opts.top, opts.dump)
+        return 0
+    print_table(cases, modes(opts.jax_races), opts.rounds, opts.jax_rounds)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
