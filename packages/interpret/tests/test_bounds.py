@@ -182,3 +182,33 @@ def test_masked_load_raises_when_a_true_element_is_out_of_bounds():
     msg = str(info.value)
     for part in ("masked read", "'x_ref'", "[12:20, 0:128]", "(16, 128)", "test_bounds.py:"):
         assert part in msg, (part, msg)
+
+
+@pytest.mark.parametrize("dtype", [jnp.int4, jnp.uint4, jnp.int8, jnp.float32])
+def test_masked_off_elements_read_the_uninitialised_fill_of_every_dtype(dtype):
+    # One fill function for the interpreter and the simulator: int4/uint4 hold their max.
+    def masked_kernel(x_ref, o_ref):
+        mask = jax.lax.broadcasted_iota(jnp.int32, (8, 128), 0) < 3
+        o_ref[...] = pltpu.load(x_ref, mask=mask)
+
+    x = (jnp.arange(8 * 128) % 5).astype(dtype).reshape(8, 128)
+    out = pl.pallas_call(masked_kernel, out_shape=jax.ShapeDtypeStruct((8, 128), dtype),
+                         interpret=InterpretParams())(x)
+    got = np.asarray(out).astype(np.float64)
+    np.testing.assert_array_equal(got[:3], np.asarray(x[:3]).astype(np.float64))
+    fill = np.nan if dtype == jnp.float32 else float(jnp.iinfo(dtype).max)
+    np.testing.assert_array_equal(got[3:], np.full((5, 128), fill))
+
+
+def test_chip_facts_come_from_jax_and_name_every_chip():
+    from palladium.interpret import CHIPS, ChipFacts, chip_facts
+
+    assert CHIPS == ("v2", "v3", "v4", "v4i", "v5e", "v5p", "v6e", "v7", "v7x")
+    v5e = chip_facts("v5e")
+    assert isinstance(v5e, ChipFacts) and v5e.generation == 5
+    assert (v5e.vmem_capacity_bytes, v5e.smem_capacity_bytes) == (128 * 2**20, 2**20)
+    assert v5e.default_scoped_vmem_limit_bytes == 16 * 2**20
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        v5e.generation = 6  # type: ignore[misc]
+    with pytest.raises(KeyError, match="v9"):
+        chip_facts("v9")

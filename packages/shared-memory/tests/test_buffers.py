@@ -12,6 +12,7 @@ from palladium.shared_memory import (
     Simulation,
     SimulationError,
     padded_shape,
+    uninitialized_value,
 )
 
 CORE = (0, 0)
@@ -354,3 +355,24 @@ def test_masked_writes_agree_with_brute_force(region, mask_bits, bounds):
         if i < n:  # writes into tile padding are dropped
             expected[i] = v
     np.testing.assert_array_equal(sim.value(buf), expected)
+
+
+@pytest.mark.parametrize(
+    ("shape", "dtype", "expected"),
+    [
+        # int4 packs 8 per 32-bit word (Mosaic counts its bits); (3, 128) -> an 8-row tile.
+        ((3, 128), ml_dtypes.int4, (8, 128)),
+        ((9, 128), ml_dtypes.int4, (16, 128)),
+        ((5,), ml_dtypes.int4, (1024,)),
+        # Mosaic's tiling inference packs uint4 by its itemsize (1 byte), like int8.
+        ((3, 128), ml_dtypes.uint4, (4, 128)),
+    ],
+)
+def test_padded_shape_of_4_bit_types(shape, dtype, expected):
+    assert padded_shape(shape, dtype) == expected
+
+
+@pytest.mark.parametrize("dtype", [ml_dtypes.int4, ml_dtypes.uint4, np.int8, np.uint16])
+def test_uninitialized_integers_hold_their_maximum(dtype):
+    assert int(uninitialized_value(dtype, "nan")) == int(ml_dtypes.iinfo(dtype).max)
+    assert int(uninitialized_value(dtype, "zero")) == 0

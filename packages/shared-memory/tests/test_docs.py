@@ -5,13 +5,13 @@ import doctest
 import pytest
 
 import palladium.shared_memory.observer
-import palladium.shared_memory.padding
 import palladium.shared_memory.simulation
+import palladium.shared_memory.tpu_facts
 
 
 @pytest.mark.parametrize(
     "module",
-    [palladium.shared_memory.observer, palladium.shared_memory.padding,
+    [palladium.shared_memory.observer, palladium.shared_memory.tpu_facts,
      palladium.shared_memory.simulation],
 )
 def test_docstring_examples(module):

@@ -7,6 +7,7 @@ race detection, deadlock detection, out-of-bounds and revisit checks.
 """
 
 from palladium.interpret._version import __version__
+from palladium.interpret.chip import CHIPS, ChipFacts, chip_facts
 from palladium.interpret.errors import (
     DataRaceError,
     DeadlockError,
@@ -43,6 +44,8 @@ install()
 load_entry_point_rules()
 
 __all__ = [
+    "CHIPS",
+    "ChipFacts",
     "DataRaceError",
     "DeadlockError",
     "DmaOrderDependenceError",
@@ -58,6 +61,7 @@ __all__ = [
     "UnsupportedFeatureError",
     "UnsupportedPrimitiveError",
     "__version__",
+    "chip_facts",
     "collected_race_reports",
     "errors_as_raised",
     "force_tpu_interpret_mode",

@@ -26,6 +26,7 @@ from jax._src.pallas import core as pallas_core
 from jax._src.pallas import primitives as pallas_primitives
 from jax._src.pallas.mosaic import core as mosaic_core
 from jax._src.pallas.mosaic import primitives as mosaic_primitives
+from jax._src.pallas.mosaic import tpu_info
 from jax._src.pallas.pallas_call import pallas_call_p
 from jax._src.pjit import jit_p
 from jax._src.state import indexing
@@ -235,3 +236,14 @@ def callback_logger():
     from jax._src import callback as jax_callback
 
     return getattr(jax_callback, "logger", None) or logging.getLogger(jax_callback.__name__)
+
+
+# --- TPU hardware facts (jax's own table; palladium.interpret.chip reads it) -------------
+TpuChipVersion = tpu_info.ChipVersion
+tpu_chip_version_from_device_kind = tpu_info.chip_version_from_device_kind
+
+
+def tpu_info_for_chip(chip_version: str) -> tpu_info.TpuInfo:
+    """jax's per-TensorCore facts of a chip (``ChipVersion`` value: "v5e", "7x", ...), one
+    TensorCore per logical device (split mode for the megacore chips)."""
+    return tpu_info.get_tpu_info_for_chip(tpu_info.ChipVersion(chip_version), 1)

@@ -1,43 +1,145 @@
-"""Which TPU chip a launch simulates: it decides the tile padding of ``buffer_bounds="padded"``.
+"""The TPU chips palladium simulates: their facts, and which one a launch simulates.
 
-In order: ``InterpretParams.chip`` when given; else the device kind of the abstract
-device of the current abstract mesh (``jax.sharding.use_abstract_mesh(AbstractMesh(...,
-abstract_device=AbstractDevice(device_kind="TPU v5e", ...)))``) when it names a TPU; else
-the default device's kind when it is a TPU; else :data:`DEFAULT_CHIP`.
+The chip table comes from jax's own ``tpu_info`` (``get_tpu_info_for_chip``, through
+``_jax_compat``), not a hand-typed copy; the one fact jax does not state there is XLA's
+default scoped-VMEM limit (see :data:`DEFAULT_SCOPED_VMEM_LIMIT_BYTES`). Every number is
+per TensorCore, as jax gives it (a megacore chip's two cores each have the stated VMEM).
+Tiles and fills are ``palladium.shared_memory.tpu_facts`` (jax-free, plain data).
+
+Which chip a launch simulates, in order: ``InterpretParams.chip`` when given; else the
+device kind of the abstract device of the current abstract mesh
+(``jax.sharding.use_abstract_mesh(AbstractMesh(..., abstract_device=AbstractDevice(
+device_kind="TPU v5e", ...)))``) when it names a TPU; else the default device's kind
+when it is a TPU; else :data:`DEFAULT_CHIP`.
 
 >>> chip_of_device_kind("TPU v5 lite"), chip_of_device_kind("cpu")
 ('v5e', None)
 >>> CHIP_GENERATIONS["v3"], CHIP_GENERATIONS[DEFAULT_CHIP]
 (3, 5)
+>>> v6e = chip_facts("v6e")
+>>> v6e.vmem_capacity_bytes // 2**20, v6e.default_scoped_vmem_limit_bytes // 2**20
+(128, 32)
+>>> chip_facts("v5p").tensor_cores_per_chip, chip_facts("v5p").megacore
+(2, True)
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+
 import jax
 
-__all__ = ["CHIP_GENERATIONS", "DEFAULT_CHIP", "chip_of_device_kind", "resolve_chip"]
+from palladium.interpret import _jax_compat as jc
 
-#: Chip name -> TPU generation. Only generations < 4 pad differently (see
-#: ``palladium.shared_memory.padding``).
-CHIP_GENERATIONS: dict[str, int] = {
-    "v2": 2, "v3": 3, "v4": 4, "v4i": 4, "v5e": 5, "v5p": 5, "v6e": 6, "v7": 7, "v7x": 7,
+__all__ = [
+    "CHIPS",
+    "CHIP_GENERATIONS",
+    "DEFAULT_CHIP",
+    "DEFAULT_SCOPED_VMEM_LIMIT_BYTES",
+    "ChipFacts",
+    "chip_facts",
+    "chip_of_device_kind",
+    "resolve_chip",
+]
+
+#: palladium's chip names -> jax's ``ChipVersion`` values.
+_JAX_CHIP_VERSIONS: dict[str, str] = {
+    "v2": "v2", "v3": "v3", "v4": "v4", "v4i": "v4i", "v5e": "v5e", "v5p": "v5p",
+    "v6e": "v6e", "v7": "7", "v7x": "7x",
 }
+
+#: The chip names palladium simulates (``InterpretParams.chip``).
+CHIPS: tuple[str, ...] = tuple(_JAX_CHIP_VERSIONS)
 
 #: The chip simulated when neither the params, the abstract mesh nor the default device
 #: name a TPU (every generation >= 4 pads alike).
 DEFAULT_CHIP = "v5e"
 
-# jax device kinds (``Device.device_kind``) of each chip.
-_DEVICE_KINDS: dict[str, str] = {
-    "TPU v2": "v2", "TPU v3": "v3", "TPU v4": "v4", "TPU v4 lite": "v4i",
-    "TPU v5e": "v5e", "TPU v5 lite": "v5e", "TPU v5": "v5p", "TPU v5p": "v5p",
-    "TPU v6e": "v6e", "TPU v6 lite": "v6e", "TPU7": "v7", "TPU7x": "v7x",
+#: XLA's default scoped-VMEM limit per TPU generation: the VMEM a Mosaic kernel may use
+#: unless ``pltpu.CompilerParams(vmem_limit_bytes=...)`` raises it (together with
+#: ``--xla_tpu_scoped_vmem_limit_kib``, as the docstring of jax's ``CompilerParams``
+#: says). The values are the defaults of that XLA flag: 16 MiB up to v5, 32 MiB from v6e.
+#: jax's ``tpu_info`` does not state them, so they are the one hand-kept fact here.
+DEFAULT_SCOPED_VMEM_LIMIT_BYTES: dict[int, int] = {
+    2: 16 * 2**20, 3: 16 * 2**20, 4: 16 * 2**20, 5: 16 * 2**20,
+    6: 32 * 2**20, 7: 32 * 2**20,
 }
+
+
+@dataclasses.dataclass(frozen=True)
+class ChipFacts:
+    """What palladium knows about one TPU chip, per TensorCore (from jax's ``tpu_info``).
+
+    ``hbm_capacity_bytes``, ``hbm_bandwidth_bytes_per_second`` and the peak rates are a
+    TensorCore's share of the chip (jax divides the chip's by its TensorCores).
+    """
+
+    name: str  #: palladium's name: "v5e", "v7x", ...
+    jax_chip_version: str  #: jax's ``ChipVersion`` value: "v5e", "7x", ...
+    generation: int
+    tensor_cores_per_chip: int
+    megacore: bool  #: the chip's TensorCores can act as one device (v4, v5p)
+    lite: bool
+    num_lanes: int
+    num_sublanes: int
+    mxu_column_size: int
+    num_mxus: int
+    vmem_capacity_bytes: int
+    smem_capacity_bytes: int
+    hbm_capacity_bytes: int
+    hbm_bandwidth_bytes_per_second: int
+    bf16_ops_per_second: int
+    int8_ops_per_second: int  #: 0 where jax states none
+    fp8_ops_per_second: int  #: 0 where jax states none
+    int4_ops_per_second: int  #: 0 where jax states none
+    default_scoped_vmem_limit_bytes: int  #: see DEFAULT_SCOPED_VMEM_LIMIT_BYTES
+
+
+@functools.cache
+def chip_facts(name: str) -> ChipFacts:
+    """The facts of chip ``name`` (one of :data:`CHIPS`); ``KeyError`` for another name."""
+    if name not in _JAX_CHIP_VERSIONS:
+        raise KeyError(f"unknown TPU chip {name!r}; palladium knows {CHIPS}")
+    version = _JAX_CHIP_VERSIONS[name]
+    info = jc.tpu_info_for_chip(version)
+    chip = jc.TpuChipVersion(version)
+    return ChipFacts(
+        name=name,
+        jax_chip_version=version,
+        generation=info.generation,
+        tensor_cores_per_chip=chip.num_physical_tensor_cores_per_chip,
+        megacore=chip.supports_megacore,
+        lite=chip.is_lite,
+        num_lanes=info.num_lanes,
+        num_sublanes=info.num_sublanes,
+        mxu_column_size=info.mxu_column_size,
+        num_mxus=info.num_mxus,
+        vmem_capacity_bytes=info.vmem_capacity_bytes,
+        smem_capacity_bytes=info.smem_capacity_bytes,
+        hbm_capacity_bytes=info.hbm_capacity_bytes,
+        hbm_bandwidth_bytes_per_second=info.mem_bw_bytes_per_second,
+        bf16_ops_per_second=info.bf16_ops_per_second,
+        int8_ops_per_second=info.int8_ops_per_second,
+        fp8_ops_per_second=info.fp8_ops_per_second,
+        int4_ops_per_second=info.int4_ops_per_second,
+        default_scoped_vmem_limit_bytes=DEFAULT_SCOPED_VMEM_LIMIT_BYTES[info.generation],
+    )
+
+
+#: Chip name -> TPU generation. Only generations < 4 pad differently (see
+#: ``palladium.shared_memory.tpu_facts``).
+CHIP_GENERATIONS: dict[str, int] = {name: chip_facts(name).generation for name in CHIPS}
+
+_NAMES_OF_JAX_VERSIONS = {version: name for name, version in _JAX_CHIP_VERSIONS.items()}
 
 
 def chip_of_device_kind(kind: str | None) -> str | None:
     """The chip name of a jax device kind, or None if it is not a TPU palladium knows."""
-    return _DEVICE_KINDS.get(kind) if kind else None
+    if not kind:
+        return None
+    version = jc.tpu_chip_version_from_device_kind(kind)
+    return None if version is None else _NAMES_OF_JAX_VERSIONS.get(version.value)
 
 
 def resolve_chip(chip: str | None) -> str:

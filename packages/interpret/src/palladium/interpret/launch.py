@@ -10,7 +10,7 @@ import numpy as np
 
 from palladium.interpret import _jax_compat as jc
 from palladium.interpret.blocks import BlockSpecInfo, memory_space_of
-from palladium.interpret.chip import CHIP_GENERATIONS, DEFAULT_CHIP
+from palladium.interpret.chip import DEFAULT_CHIP, chip_facts
 from palladium.interpret.devices import DeviceMesh
 from palladium.interpret.errors import KernelError, RevisitError, UnsupportedFeatureError
 from palladium.interpret.eval.evaluator import CoreEvaluator
@@ -27,21 +27,10 @@ from palladium.shared_memory import (
     SemaphoreKind,
     SemaphoreLeakError,
     Simulation,
+    uninitialized_value,
 )
 
 CoreId = tuple[int, int]
-
-
-def fill_value(dtype: Any, mode: str) -> Any:
-    """The value uninitialised memory of ``dtype`` holds."""
-    dtype = np.dtype(dtype)
-    if mode == "zero":
-        return dtype.type(0)
-    if dtype == np.bool_:
-        return True
-    if np.issubdtype(dtype, np.integer):
-        return np.iinfo(dtype).max
-    return dtype.type(np.nan)
 
 
 def _semaphore_kind(dtype: Any) -> SemaphoreKind:
@@ -77,6 +66,7 @@ class Launch:
         self.programs = kernel.programs
         gm = kernel.grid_mapping
         self.chip = params.chip or DEFAULT_CHIP
+        self.chip_facts = chip_facts(self.chip)
         self.num_cores = (
             math.prod(kernel.mesh.shape.values()) if kernel.is_core_map
             else params.num_cores_or_threads
@@ -93,7 +83,7 @@ class Launch:
             uninitialized=params.uninitialized_memory,
             bounds=params.buffer_bounds,
             tiling=TILING_DEFAULT,
-            tpu_generation=CHIP_GENERATIONS[self.chip],
+            tpu_generation=self.chip_facts.generation,
             out_of_bounds_hint=_OUT_OF_BOUNDS_HINT,
         )
         self.vmapped_dims = tuple(gm.vmapped_dims)
@@ -111,7 +101,7 @@ class Launch:
 
     # --- helpers used by the rules --------------------------------------------------------
     def fill_value(self, dtype: Any) -> Any:
-        return fill_value(dtype, self.params.uninitialized_memory)
+        return uninitialized_value(dtype, self.params.uninitialized_memory)
 
     def program_ids(self, ev: CoreEvaluator) -> tuple[int, ...]:
         point = ev.grid_point or ()

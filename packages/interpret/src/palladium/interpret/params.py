@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from palladium.interpret.chip import CHIP_GENERATIONS
+from palladium.interpret.chip import CHIPS
 from palladium.race_detect import RaceReport
 
 OnRace = Literal["raise", "warn", "collect"] | Callable[[RaceReport], None]
@@ -37,10 +37,6 @@ _CHOICES: dict[str, tuple[Any, ...]] = {
 }
 
 _BOOLS = ("detect_races", "skip_floating_point_ops", "allow_hbm_allocation_in_run_scoped")
-
-# TPU chips whose tile padding we know (v2/v3 pad small arrays more than v4 and newer).
-CHIPS = tuple(CHIP_GENERATIONS)
-
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class InterpretParams:

@@ -36,9 +36,9 @@ Tiling = jc.Tiling
 #: is a TPU. Tiles are identical for every generation >= 4.
 DEFAULT_TPU_GENERATION = 5
 
-_LANES = 128
-_SUBLANES = 8
-_SPARSE_CORE_TILE = 8
+# The tile shapes are jax's own (``tpu_info.Tiling``): (sublanes, lanes) of 32-bit data.
+_SUBLANES, _LANES = jc.Tiling.COMPACT.shape
+(_SPARSE_CORE_TILE,) = jc.Tiling.SPARSE_CORE.shape
 
 
 def _generation_of_kind(device_kind: str) -> int | None:
@@ -64,6 +64,10 @@ def tpu_generation() -> int:
 
 
 def _packing(dtype) -> int:
+    # Elements per 32-bit word as Mosaic's tiling inference counts them: int4 by its bit
+    # width, every other type by its itemsize. The same fact as the jax-free
+    # ``palladium.shared_memory.tpu_facts.packing`` (this package may not import it);
+    # integration_tests/test_tpu_facts_match_jax.py holds both to jax for every dtype.
     dtype = np.dtype(dtype)
     if dtype.name == "int4":
         return 8

@@ -23,14 +23,14 @@ from palladium.shared_memory.observer import (
     ObserverSet,
     SemaphoreInfo,
 )
-from palladium.shared_memory.padding import (
+from palladium.shared_memory.semaphores import SemaphoreKind
+from palladium.shared_memory.simulation import CoreId, Simulation
+from palladium.shared_memory.tpu_facts import (
     GENERATION_DEFAULT,
     TILING_DEFAULT,
     padded_shape,
     uninitialized_value,
 )
-from palladium.shared_memory.semaphores import SemaphoreKind
-from palladium.shared_memory.simulation import CoreId, Simulation
 
 __all__ = [
     "GENERATION_DEFAULT",

@@ -39,12 +39,6 @@ from palladium.shared_memory.errors import (
     core_name,
 )
 from palladium.shared_memory.observer import Observer, ObserverSet, dma_event, semaphore_info
-from palladium.shared_memory.padding import (
-    GENERATION_DEFAULT,
-    TILING_DEFAULT,
-    padded_shape,
-    uninitialized_value,
-)
 from palladium.shared_memory.regions import describe_region
 from palladium.shared_memory.scheduler import Scheduler, Task
 from palladium.shared_memory.semaphores import (
@@ -52,6 +46,12 @@ from palladium.shared_memory.semaphores import (
     Semaphore,
     SemaphoreKind,
     indices_of,
+)
+from palladium.shared_memory.tpu_facts import (
+    GENERATION_DEFAULT,
+    TILING_DEFAULT,
+    padded_shape,
+    uninitialized_value,
 )
 
 __all__ = ["CoreId", "Simulation"]
