@@ -95,6 +95,7 @@ prng_random_bits_p = mosaic_primitives.prng_random_bits_p
 trace_value_p = mosaic_primitives.trace_value_p
 touch_p = mosaic_primitives.touch_p
 tpu_bitcast_p = mosaic_primitives.bitcast_p
+tpu_roll_p = mosaic_primitives.roll_p
 
 
 # jax 0.10.0's DMA primitives carry every ref split from its transforms: operands

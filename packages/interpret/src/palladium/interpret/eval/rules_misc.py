@@ -1,4 +1,5 @@
-"""Rules for grid queries, axis indices, the hardware PRNG and no-op annotations."""
+"""Rules for grid queries, axis indices, the hardware PRNG, ``pltpu.roll`` and no-op
+annotations."""
 
 from __future__ import annotations
 
@@ -60,6 +61,32 @@ def _touch(ev: Any, eqn: Any, invals: list[Any]) -> list[Any]:
 @rule(jc.tpu_bitcast_p)
 def _bitcast(ev: Any, eqn: Any, invals: list[Any]) -> list[Any]:
     return [tpu_bitcast(np.asarray(invals[0]), eqn.outvars[0].aval.dtype)]
+
+
+def tpu_roll(x: np.ndarray, shift: int, axis: int, stride: int | None = None,
+             stride_axis: int | None = None) -> np.ndarray:
+    """``pltpu.roll``: ``np.roll(x, shift, axis)``; with ``stride``, slice ``i`` along
+    ``stride_axis`` is rolled by ``shift + i * stride`` instead (the TPU's strided
+    rotate): ``out[.., j, .., i, ..] = x[.., (j - shift - i * stride) mod n, .., i, ..]``."""
+    if stride is None or stride_axis is None:
+        return np.roll(x, shift, axis)
+    n = x.shape[axis]
+    view_j = [1] * x.ndim
+    view_j[axis] = n
+    view_i = [1] * x.ndim
+    view_i[stride_axis] = x.shape[stride_axis]
+    j = np.arange(n).reshape(view_j)
+    i = np.arange(x.shape[stride_axis]).reshape(view_i)
+    source = np.broadcast_to((j - shift - i * stride) % n, x.shape)
+    return np.take_along_axis(x, source, axis)
+
+
+@rule(jc.tpu_roll_p)
+def _roll(ev: Any, eqn: Any, invals: list[Any]) -> list[Any]:
+    x, shift = invals
+    p = eqn.params
+    return [tpu_roll(np.asarray(x), int(np.asarray(shift)), p["axis"], p["stride"],
+                     p["stride_axis"])]
 
 
 # The TPU's hardware PRNG is not reproducible bit for bit; palladium models it as a
