@@ -285,7 +285,8 @@ class Launch:
             for buf, aval, info in zip(hbm_outputs, k.out_avals, k.outputs):
                 value = np.asarray(self.sim.value(buf))
                 value = value[info.array_region(tuple(aval.shape))]
-                outs.append(np.ascontiguousarray(value, dtype=aval.dtype))
+                # np.ascontiguousarray makes a 0-d value 1-d: keep the output's shape.
+                outs.append(np.ascontiguousarray(value, dtype=aval.dtype).reshape(aval.shape))
             results.append(outs)
         return results
 
