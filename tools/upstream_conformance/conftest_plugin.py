@@ -30,11 +30,12 @@ import sys
 from pathlib import Path
 
 import jax._src.pallas as _jax_pallas
-import palladium.interpret as _pi
-import palladium.pipeline as _pp
 from jax._src.pallas import pallas_call as _pl_lib
 from jax._src.pallas.mosaic.interpret import interpret_pallas_call as _mosaic_interpret
 from jax.experimental.pallas import tpu as _pltpu
+
+import palladium.interpret as _pi
+import palladium.pipeline as _pp
 
 
 def _test_util_module():

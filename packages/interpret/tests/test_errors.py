@@ -67,7 +67,7 @@ def test_out_of_bounds_read_names_operand_kernel_grid_point_core_and_line():
 
 def test_out_of_bounds_under_jit_is_wrapped_without_the_context_manager():
     f = jax.jit(_dynamic_oob_call())
-    with pytest.raises(jax.errors.JaxRuntimeError, match="out-of-bounds read of 'x_ref'"):
+    with pytest.raises(jax.errors.JaxRuntimeError, match="Out-of-bounds read of 'x_ref'"):
         f(jnp.array([4], jnp.int32), X)
     with pytest.raises(OutOfBoundsError), errors_as_raised():
         f(jnp.array([4], jnp.int32), X)

@@ -215,7 +215,7 @@ def test_masked_read_out_of_bounds_only_if_mask_true_there():
     assert np.isnan(got[2:]).all()
     with pytest.raises(OutOfBoundsError, match="masked read of 'x'"):
         sim.read(buf, (slice(2, 6),), mask=np.array([True, False, False, True]), core=CORE)
-    with pytest.raises(OutOfBoundsError, match="out-of-bounds read of 'x'"):
+    with pytest.raises(OutOfBoundsError, match="Out-of-bounds read of 'x'"):
         sim.read(buf, (slice(2, 6),), core=CORE)
 
 

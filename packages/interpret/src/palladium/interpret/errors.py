@@ -20,6 +20,7 @@ __all__ = [
     "DataRaceError",
     "DeadlockError",
     "DmaOrderDependenceError",
+    "InvalidKernelError",
     "KernelError",
     "OutOfBoundsError",
     "RendezvousTimeoutError",
@@ -55,6 +56,14 @@ class KernelError(SimulationError):
     """
 
 
+class InvalidKernelError(KernelError, ValueError):
+    """A kernel that is wrong whatever its inputs, found when it is prepared (at trace
+    time, before any launch), as Mosaic would reject it when compiling: a direct read or
+    write of an HBM ref, an HBM allocation in ``run_scoped``.
+
+    Also a ``ValueError``, the type jax's TPU interpreter raises for these."""
+
+
 class RendezvousTimeoutError(SimulationError):
     """Some device of a multi-device launch never reached the launch.
 
@@ -70,3 +79,29 @@ class DmaOrderDependenceError(SimulationError):
     names the outputs and devices that differ and the conflicting accesses (DMAs and
     source lines) the race detector found in the run that disagreed.
     """
+
+
+# --- jax's wording --------------------------------------------------------------------
+# Tests written against jax's TPU interpreter match these phrases (``assertRaisesRegex``),
+# so palladium's messages contain them next to their own details. The out-of-bounds
+# access phrases ("Out-of-bounds read of", "... write of", "... masked swap of") are
+# palladium.shared_memory's, which words those errors.
+
+JAX_HBM_IN_RUN_SCOPED = "Cannot allocate HBM in `run_scoped`."
+
+
+def jax_hbm_reference_phrase(primitive_name: str) -> str:
+    """jax's sentence for a direct access of an HBM ref by ``primitive_name``."""
+    return (f"{primitive_name}: Buffers with a memory space of HBM or ANY cannot be "
+            f"referenced directly. Instead, use `pltpu.sync_copy` or `pltpu.async_copy`.")
+
+
+def jax_block_index_phrase(block: tuple[int, ...], kind: str, name: str,
+                           point: tuple[int, ...]) -> str:
+    """jax's phrase for a block of input/output (``kind``) ``name`` out of bounds."""
+    return f'Out-of-bounds block index {block} for {kind} "{name}" in iteration {point}'
+
+
+def jax_revisit_phrase(block: tuple[int, ...], output: int, point: tuple[int, ...]) -> str:
+    """jax's phrase for output number ``output`` revisiting ``block`` at ``point``."""
+    return f"Revisited block {block} of output {output} in iteration {point}"

@@ -28,6 +28,7 @@ from palladium.interpret.chip import resolve_chip
 from palladium.interpret.devices import DeviceMesh
 from palladium.interpret.errors import DataRaceError, SimulationError
 from palladium.interpret.kernel import PreparedKernel
+from palladium.interpret.kernel_checks import check_prepared_kernel
 from palladium.interpret.launch import Launch
 from palladium.interpret.order_check import check_dma_order
 from palladium.interpret.params import InterpretParams
@@ -186,6 +187,7 @@ def _pallas_call_lowering(ctx: Any, *in_nodes: Any, interpret: Any, **params: An
     if not isinstance(interpret, InterpretParams):
         return _ORIGINAL_RULE(ctx, *in_nodes, interpret=interpret, **params)
     kernel = PreparedKernel.from_params(call_site=jc.lowering_call_site(ctx), **params)
+    check_prepared_kernel(kernel, interpret)
     if interpret.chip is None:  # the abstract mesh of the tracing context decides
         interpret = dataclasses.replace(interpret, chip=resolve_chip(None))
     out_shapes = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in ctx.avals_out]

@@ -12,7 +12,14 @@ from palladium.interpret import _jax_compat as jc
 from palladium.interpret.blocks import BlockSpecInfo, memory_space_of
 from palladium.interpret.chip import DEFAULT_CHIP, chip_facts
 from palladium.interpret.devices import DeviceMesh
-from palladium.interpret.errors import KernelError, RevisitError, UnsupportedFeatureError
+from palladium.interpret.errors import (
+    JAX_HBM_IN_RUN_SCOPED,
+    KernelError,
+    RevisitError,
+    UnsupportedFeatureError,
+    jax_block_index_phrase,
+    jax_revisit_phrase,
+)
 from palladium.interpret.eval.evaluator import CoreEvaluator
 from palladium.interpret.eval.refs import MemRef, SemaphoreRef
 from palladium.interpret.grid_blocks import GridBlocks
@@ -193,7 +200,7 @@ class Launch:
                 raise KernelError(
                     f"run_scoped allocates '{name}' in HBM, which a TPU kernel cannot do; pass "
                     f"InterpretParams(allow_hbm_allocation_in_run_scoped=True) to simulate it "
-                    f"anyway ({ev.site(eqn)})"
+                    f"anyway ({ev.site(eqn)}). {JAX_HBM_IN_RUN_SCOPED}"
                 )
             seq = self._hbm_seq.get(ev.core, 0)
             self._hbm_seq[ev.core] = seq + 1
@@ -433,9 +440,10 @@ class _CoreRun:
         ev.grid_point = saved
         return out
 
-    def _site(self, point: tuple[int, ...], what: str) -> Site:
+    def _site(self, point: tuple[int, ...], what: str, headline: str | None = None) -> Site:
         return Site(kernel=self.launch.kernel_name, core=self.core, grid_point=point, what=what,
-                    source_info=self.launch.kernel.launch_location)
+                    source_info=self.launch.kernel.launch_location,
+                    out_of_bounds_headline=headline)
 
     def run(self) -> None:
         launch, sim, k = self.launch, self.launch.sim, self.launch.kernel
@@ -461,7 +469,8 @@ class _CoreRun:
                 if info.in_hbm or (prev is not None and prev[i] == cur[i]):
                     continue
                 site = self._site(point, f"copy of block {cur[i]} of input '{info.name}' into "
-                                         f"{info.space.name}")
+                                         f"{info.space.name}",
+                                  jax_block_index_phrase(cur[i], "input", info.name, point))
                 data = sim.read(self.hbm_inputs[i], self.blocks.region(i, cur[i]), core=self.core,
                                 site=site)
                 sim.write(self.input_refs[i].buffer, info.block_region(cur[i]), data,
@@ -478,7 +487,8 @@ class _CoreRun:
                     continue
                 b = cur[n_in + o]
                 if nxt is None or nxt[n_in + o] != b:
-                    site = self._site(point, f"copy of block {b} of output '{info.name}' to HBM")
+                    site = self._site(point, f"copy of block {b} of output '{info.name}' to HBM",
+                                      jax_block_index_phrase(b, "output", info.name, point))
                     data = sim.read(self.output_refs[o].buffer, info.block_region(b),
                                     core=self.core, site=site)
                     sim.write(self.hbm_outputs[o], self.blocks.region(n_in + o, b), data,
@@ -494,6 +504,7 @@ class _CoreRun:
                     first, prev_last = visits[o][b]
                     line = self._site(point, "").source_line
                     raise RevisitError(
+                        f"{jax_revisit_phrase(b, o, point)}: "
                         f"kernel '{launch.kernel_name}': output '{info.name}' block {b} is "
                         f"revisited at grid point {point} on core {self.core[1]}; it was written "
                         f"at grid points {first} through {prev_last} and already copied back to "

@@ -22,6 +22,9 @@ class Site:
     grid_point: tuple[int, ...] | None = None
     source_info: Any = None
     what: str | None = None
+    # How an out-of-bounds error at this site names the condition (jax's wording for a
+    # block copy); None: the simulator's own "Out-of-bounds read of ...".
+    out_of_bounds_headline: str | None = None
 
     @property
     def source_line(self) -> str | None:

@@ -184,8 +184,18 @@ class Buffer:
         if self.bound != self.logical:
             shape += f" (padded to {self.bound})"
         who = core_name(core) if core is not None else "host"
+        # "Out-of-bounds read of", "... write of", "... masked swap of": jax's interpreter's
+        # phrases, which tests written against it match. A site may name the condition
+        # its own way (a block copy: "Out-of-bounds block index ... for input ...").
+        headline = getattr(site, "out_of_bounds_headline", None)
+        if headline:
+            access = f"{headline}: {what} of {self.ref.label}"
+        else:
+            access = f"Out-of-bounds {what.replace('DMA ', '')} of {self.ref.label}"
+            if "DMA" in what:
+                access += " by a DMA"
         text = (
-            f"{who}: out-of-bounds {what} of {self.ref.label}: region "
+            f"{who}: {access}: region "
             f"{describe_region(region)} (result shape {plan.shape}) exceeds {shape}"
             f"{at_site(site)}."
         )

@@ -6,8 +6,13 @@ from typing import Any
 
 import numpy as np
 
-from palladium.interpret.errors import KernelError, UnsupportedFeatureError
+from palladium.interpret.errors import (
+    KernelError,
+    UnsupportedFeatureError,
+    jax_hbm_reference_phrase,
+)
 from palladium.interpret.eval.refs import Access, MemRef, _Bitcast, resolve, tpu_bitcast
+from palladium.interpret.kernel_checks import jax_access_name
 from palladium.shared_memory import MemorySpace
 
 
@@ -18,7 +23,8 @@ def _checked(ev: Any, ref: Any, eqn: Any, op: str) -> MemRef:
         raise KernelError(
             f"{op} of '{ref.name}', which lives in HBM (memory space ANY/HBM): a TPU kernel "
             f"cannot read or write HBM directly; copy it with pltpu.sync_copy or "
-            f"pltpu.async_copy ({ev.site(eqn)})"
+            f"pltpu.async_copy ({ev.site(eqn)}). "
+            f"{jax_hbm_reference_phrase(jax_access_name(eqn.primitive))}"
         )
     return ref
 

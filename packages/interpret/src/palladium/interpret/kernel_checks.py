@@ -1,0 +1,129 @@
+"""Checks of a kernel's jaxpr when it is prepared (at trace time), before any launch.
+
+A kernel that reads or writes an HBM ref directly, or allocates HBM in ``run_scoped``
+(unless ``InterpretParams.allow_hbm_allocation_in_run_scoped``), is wrong whatever its
+inputs: Mosaic rejects it when it compiles the kernel, and so does palladium when it
+lowers the ``pallas_call``, with an ``InvalidKernelError`` (a ``KernelError`` and a
+``ValueError``, as jax's interpreter raises). Only refs whose type names HBM or ANY are
+checked here; the evaluator still checks every access at run time.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from typing import Any
+
+from palladium.interpret import _jax_compat as jc
+from palladium.interpret import errors
+from palladium.interpret.blocks import memory_space_of
+from palladium.shared_memory import MemorySpace
+
+# The primitives that read or write a ref's contents, and the name jax's interpreter
+# gives each in its message.
+_REF_ACCESSES = {
+    jc.get_p: ("read", "get_p"),
+    jc.swap_p: ("write", "swap_p"),
+    jc.addupdate_p: ("accumulate into", "addupdate_p"),
+    jc.load_p: ("read", "load_p"),
+    jc.masked_swap_p: ("write", "swap_p"),
+}
+
+
+def jax_access_name(primitive: Any) -> str:
+    """The name jax's interpreter gives a ref access primitive in its messages."""
+    access = _REF_ACCESSES.get(primitive)
+    return access[1] if access is not None else f"{primitive}_p"
+
+
+def _in_hbm(aval: Any) -> bool:
+    space = getattr(aval, "memory_space", None)
+    return space is not None and memory_space_of(space) == MemorySpace.HBM
+
+
+def _where(kernel_name: str, eqn: Any) -> str:
+    frame = jc.user_frame(eqn.source_info)
+    line = f" ({os.path.basename(frame[0])}:{frame[1]})" if frame is not None else ""
+    return f"kernel '{kernel_name}'{line}"
+
+
+def _arg_names(jaxpr: Any) -> list[Any]:
+    names = getattr(jaxpr.debug_info, "arg_names", None) if jaxpr.debug_info else None
+    return list(names) if names is not None else []
+
+
+def _sub_jaxprs(eqn: Any) -> Iterator[tuple[Any, list[Any]]]:
+    """Each nested jaxpr of ``eqn`` with the outer operands its invars stand for (None
+    where the correspondence is not positional)."""
+    for value in eqn.params.values():
+        for jx in jc_jaxprs(value):
+            n, m = len(jx.invars), len(eqn.invars)
+            if n == m:
+                yield jx, list(eqn.invars)
+            elif n == m - 1:  # cond: the branch index is not passed on
+                yield jx, list(eqn.invars[1:])
+            else:
+                yield jx, [None] * n
+
+
+def jc_jaxprs(value: Any) -> list[Any]:
+    if isinstance(value, jc.ClosedJaxpr):
+        return [value.jaxpr]
+    if isinstance(value, jc.Jaxpr):
+        return [value]
+    if isinstance(value, tuple | list):
+        return [j for v in value for j in jc_jaxprs(v)]
+    return []
+
+
+def check_kernel(jaxpr: Any, kernel_name: str, arg_names: list[str], *,
+                 allow_hbm_allocation_in_run_scoped: bool) -> None:
+    """Raise ``InvalidKernelError`` for the first direct HBM access or (not allowed)
+    ``run_scoped`` HBM allocation in ``jaxpr`` (the kernel's, with its operands' names)."""
+    seen: set[int] = set()
+
+    def walk(jx: Any, names: dict[int, str]) -> None:
+        if id(jx) in seen:
+            return
+        seen.add(id(jx))
+        for eqn in jx.eqns:
+            access = _REF_ACCESSES.get(eqn.primitive)
+            if access is not None and eqn.invars and _in_hbm(eqn.invars[0].aval):
+                ref = names.get(id(eqn.invars[0]), "a ref")
+                raise errors.InvalidKernelError(
+                    f"{_where(kernel_name, eqn)}: {access[0]} of '{ref}', which lives in HBM "
+                    f"(memory space {eqn.invars[0].aval.memory_space}): a TPU kernel cannot "
+                    f"read or write HBM directly; copy it with pltpu.sync_copy or "
+                    f"pltpu.async_copy. {errors.jax_hbm_reference_phrase(access[1])}"
+                )
+            if eqn.primitive is jc.run_scoped_p and not allow_hbm_allocation_in_run_scoped:
+                body = eqn.params["jaxpr"]
+                scoped = _arg_names(body)
+                for i, var in enumerate(body.invars):
+                    if _in_hbm(var.aval):
+                        name = scoped[i] if i < len(scoped) and scoped[i] else f"run_scoped[{i}]"
+                        raise errors.InvalidKernelError(
+                            f"{_where(kernel_name, eqn)}: run_scoped allocates '{name}' in "
+                            f"HBM, which a TPU kernel cannot do; pass InterpretParams("
+                            f"allow_hbm_allocation_in_run_scoped=True) to simulate it anyway. "
+                            f"{errors.JAX_HBM_IN_RUN_SCOPED}"
+                        )
+            for sub, outer in _sub_jaxprs(eqn):
+                own = _arg_names(sub)
+                sub_names = {}
+                for i, var in enumerate(sub.invars):
+                    if i < len(outer) and id(outer[i]) in names:
+                        sub_names[id(var)] = names[id(outer[i])]
+                    elif i < len(own) and own[i]:
+                        sub_names[id(var)] = str(own[i])
+                walk(sub, sub_names)
+
+    walk(jaxpr, {id(v): n for v, n in zip(jaxpr.invars, arg_names) if n})
+
+
+def check_prepared_kernel(kernel: Any, params: Any) -> None:
+    """``check_kernel`` for a ``PreparedKernel`` launched with ``params``."""
+    names = [*kernel.scalar_names, *(i.name for i in kernel.inputs),
+             *(o.name for o in kernel.outputs), *(s.name for s in kernel.scratch)]
+    check_kernel(kernel.jaxpr, kernel.name, names,
+                 allow_hbm_allocation_in_run_scoped=params.allow_hbm_allocation_in_run_scoped)
