@@ -101,6 +101,7 @@ class Launch:
         self._core_buffers: dict[CoreId, list[Any]] = {}
         self._position: dict[Any, int] = {}
         self._shared_hbm: dict[tuple[int, int], Any] = {}
+        self._scoped_hbm_exits: dict[Any, int] = {}  # buffer key -> cores that left its scope
         # HBM buffers of each device in allocation order: a remote DMA into HBM targets
         # "the buffer the other device allocated at the same position".
         self._device_hbm: dict[int, list[Any]] = {}
@@ -205,12 +206,15 @@ class Launch:
             seq = self._hbm_seq.get(ev.core, 0)
             self._hbm_seq[ev.core] = seq + 1
             key = (ev.core[0], seq)
+            # HBM belongs to the device: the k-th HBM allocation of each of its cores is
+            # one buffer, allocated by the first core to enter the scope and freed when
+            # every core has left it (a core that leaves early must not free it under
+            # the others).
             buf = self._shared_hbm.get(key)
             if buf is None:
                 buf = self._allocate(ev.core, space, name, aval.shape, aval.dtype)
                 self._shared_hbm[key] = buf
-            else:
-                self.sim.incref(buf)
+                self._scoped_hbm_exits[buf.key] = 0
             return MemRef(buf)
         return MemRef(self._allocate(ev.core, space, name, aval.shape, aval.dtype))
 
@@ -220,6 +224,11 @@ class Launch:
                 self.sim.free_semaphores(alloc.ids, device=ev.core[0], core=ev.core[1])
             except SemaphoreLeakError as e:
                 raise SemaphoreLeakError(f"{ev.site(eqn)}: {e}") from e
+        elif alloc.buffer.key in self._scoped_hbm_exits:
+            exits = self._scoped_hbm_exits[alloc.buffer.key] + 1
+            self._scoped_hbm_exits[alloc.buffer.key] = exits
+            if exits == self.num_cores:
+                self.sim.free(alloc.buffer)
         else:
             self.sim.free(alloc.buffer)
 
