@@ -20,6 +20,7 @@ import argparse
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -99,27 +100,76 @@ def summarise(xml_path: Path) -> tuple[dict[str, int], list[tuple[str, str]]]:
     return counts, failures
 
 
-def run_suite(name: str, dest: Path, timeout: int, extra: list[str]) -> int:
-    file, select, devices = SUITES[name]
-    flags = [f for f in os.environ.get("XLA_FLAGS", "").split()
-             if "xla_force_host_platform_device_count" not in f]
-    env = {**os.environ,
-           "XLA_FLAGS": " ".join([*flags, f"--xla_force_host_platform_device_count={devices}"])}
-    xml = dest / f"{name}.xml"
-    cmd = [sys.executable, "-m", "pytest", file, "-q", "-p", "no:cacheprovider", "--tb=short", "-rN",
-           f"--timeout={timeout}", f"--junitxml={xml}", "-o", "junit_family=xunit1"]
+def _pytest_cmd(file: str, select: str | None, timeout: int, xml: Path,
+               extra: list[str]) -> list[str]:
+    cmd = [sys.executable, "-m", "pytest", file, "-q", "-p", "no:cacheprovider", "--tb=short",
+           "-rN", f"--timeout={timeout}", f"--junitxml={xml}", "-o", "junit_family=xunit1"]
     if select:
         cmd += ["-k", select]
-    cmd += extra
-    print("$", " ".join(cmd), flush=True)
-    proc = subprocess.run(cmd, cwd=dest, env=env)
-    if xml.exists():
+    return cmd + extra
+
+
+def _suite_env(devices: int) -> dict[str, str]:
+    flags = [f for f in os.environ.get("XLA_FLAGS", "").split()
+             if "xla_force_host_platform_device_count" not in f]
+    return {**os.environ,
+            "XLA_FLAGS": " ".join([*flags, f"--xla_force_host_platform_device_count={devices}"])}
+
+
+def _run_isolated(file: str, select: str | None, timeout: int, dest: Path, env: dict[str, str],
+                  extra: list[str]) -> tuple[dict[str, int], list[tuple[str, str]]]:
+    """One pytest process per test, killed after ``timeout`` + 60 s: a hang inside a host
+    callback (a C++ wait that no Python signal interrupts) then costs one test, not the run."""
+    listing = subprocess.run(
+        [sys.executable, "-m", "pytest", file, "-q", "--collect-only", "-p", "no:cacheprovider",
+         *(["-k", select] if select else []), *extra],
+        cwd=dest, env=env, capture_output=True, text=True).stdout
+    ids = [line for line in listing.splitlines() if "::" in line]
+    counts = {"passed": 0, "failed": 0, "skipped": 0, "hung": 0}
+    failures: list[tuple[str, str]] = []
+    for n, test_id in enumerate(ids):
+        xml = dest / f"isolated-{n}.xml"
+        cmd = _pytest_cmd(test_id, None, timeout, xml, [])
+        proc = subprocess.Popen(cmd, cwd=dest, env=env, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL, start_new_session=True)
+        try:
+            proc.wait(timeout=timeout + 60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        if not xml.exists():
+            counts["hung"] += 1
+            failures.append((test_id.split("::", 1)[1], f"hung (killed after {timeout + 60} s)"))
+            print(f"HUNG {test_id}", flush=True)
+            continue
+        one, bad = summarise(xml)
+        for key, value in one.items():
+            counts[key] += value
+        failures += bad
+        print(f"{'FAILED' if bad else 'ok'} {test_id}", flush=True)
+    return counts, failures
+
+
+def run_suite(name: str, dest: Path, timeout: int, extra: list[str], isolate: bool) -> int:
+    file, select, devices = SUITES[name]
+    env = _suite_env(devices)
+    if isolate:
+        counts, failures = _run_isolated(file, select, timeout, dest, env, extra)
+        code = int(bool(failures))
+    else:
+        xml = dest / f"{name}.xml"
+        cmd = _pytest_cmd(file, select, timeout, xml, extra)
+        print("$", " ".join(cmd), flush=True)
+        code = subprocess.run(cmd, cwd=dest, env=env).returncode
+        if not xml.exists():
+            return code
         counts, failures = summarise(xml)
-        for test, message in failures:
-            print(f"FAILED {test}: {message}")
-        print(f"== {name} ({file}): {counts['passed']} passed, {counts['failed']} failed, "
-              f"{counts['skipped']} skipped", flush=True)
-    return proc.returncode
+    for test, message in failures:
+        print(f"FAILED {test}: {message}")
+    hung = f", {counts['hung']} hung" if "hung" in counts else ""
+    print(f"== {name} ({file}): {counts['passed']} passed, {counts['failed']} failed{hung}, "
+          f"{counts['skipped']} skipped", flush=True)
+    return code
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -132,6 +182,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=int, default=120, help="per-test timeout (s)")
     parser.add_argument("--keep", type=Path, default=None,
                         help="extract into this directory (outside the repository) and keep it")
+    parser.add_argument("--isolate", choices=["auto", "yes", "no"], default="auto",
+                        help="one process per test (auto: for the distributed suite, whose "
+                             "hangs no pytest timeout interrupts)")
     parser.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
     args = parser.parse_args(argv)
 
@@ -144,7 +197,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"extracted {args.tag} suites into {dest}", flush=True)
     names = list(SUITES) if args.suite == "all" else [args.suite]
     try:
-        codes = [run_suite(name, dest, args.timeout, args.pytest_args) for name in names]
+        codes = [run_suite(name, dest, args.timeout, args.pytest_args,
+                           args.isolate == "yes" or (args.isolate == "auto"
+                                                     and name == "distributed"))
+                 for name in names]
     finally:
         if args.keep is None:
             shutil.rmtree(dest, ignore_errors=True)

@@ -8,6 +8,8 @@ as the kernel names it, the grid point, the core and the source line.
 
 from __future__ import annotations
 
+import jax
+
 from palladium.shared_memory import (
     DataRaceError,
     DeadlockError,
@@ -20,6 +22,7 @@ __all__ = [
     "DataRaceError",
     "DeadlockError",
     "DmaOrderDependenceError",
+    "DynamicParallelDimensionError",
     "InvalidKernelError",
     "KernelError",
     "OutOfBoundsError",
@@ -62,6 +65,17 @@ class InvalidKernelError(KernelError, ValueError):
     write of an HBM ref, an HBM allocation in ``run_scoped``.
 
     Also a ``ValueError``, the type jax's TPU interpreter raises for these."""
+
+
+class DynamicParallelDimensionError(KernelError, jax.errors.ConcretizationTypeError):
+    """A grid dimension with parallel semantics has a size known only at run time.
+
+    The cores split a parallel dimension when the kernel is compiled, so its size must
+    be static. Also a ``jax.errors.ConcretizationTypeError``, as jax raises."""
+
+    def __init__(self, message: str) -> None:
+        # Not ConcretizationTypeError's (tracer, context) constructor: there is no tracer.
+        Exception.__init__(self, message)
 
 
 class RendezvousTimeoutError(SimulationError):

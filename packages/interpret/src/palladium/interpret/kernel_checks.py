@@ -121,8 +121,37 @@ def check_kernel(jaxpr: Any, kernel_name: str, arg_names: list[str], *,
     walk(jaxpr, {id(v): n for v, n in zip(jaxpr.invars, arg_names) if n})
 
 
+def is_parallel(semantic: Any) -> bool:
+    """Whether a ``dimension_semantics`` entry splits its dimension over the cores."""
+    text = str(getattr(semantic, "name", semantic)).lower()
+    return text in ("parallel", "core_parallel", "subcore_parallel")
+
+
+def check_grid(kernel: Any) -> None:
+    """Raise ``DynamicParallelDimensionError`` if a parallel grid dimension is dynamic."""
+    gm = kernel.grid_mapping
+    cp = kernel.compiler_params
+    semantics = getattr(cp, "dimension_semantics", None) if cp is not None else None
+    if not semantics or kernel.is_core_map:
+        return
+    vmapped = set(gm.vmapped_dims)
+    own_dims = [d for d in range(len(gm.grid)) if d not in vmapped]
+    for d, semantic in zip(own_dims, semantics):
+        size = gm.grid[d]
+        if is_parallel(semantic) and (size is None or isinstance(size, jc.DynamicGridDim)):
+            where = f" ({kernel.launch_location})" if kernel.launch_location else ""
+            raise errors.DynamicParallelDimensionError(
+                f"kernel '{kernel.name}'{where}: grid dimension {d} has parallel semantics "
+                f"(dimension_semantics={tuple(semantics)}) but a size known only at run "
+                f"time; the cores split a parallel dimension when the kernel is compiled, so "
+                f"its size must be static: make it 'arbitrary' or pass a static size"
+            )
+
+
 def check_prepared_kernel(kernel: Any, params: Any) -> None:
-    """``check_kernel`` for a ``PreparedKernel`` launched with ``params``."""
+    """``check_grid`` and ``check_kernel`` for a ``PreparedKernel`` launched with
+    ``params``."""
+    check_grid(kernel)
     names = [*kernel.scalar_names, *(i.name for i in kernel.inputs),
              *(o.name for o in kernel.outputs), *(s.name for s in kernel.scratch)]
     check_kernel(kernel.jaxpr, kernel.name, names,

@@ -23,7 +23,9 @@ from palladium.interpret.errors import (
 from palladium.interpret.eval.evaluator import CoreEvaluator
 from palladium.interpret.eval.refs import MemRef, SemaphoreRef
 from palladium.interpret.grid_blocks import GridBlocks
+from palladium.interpret.grid_order import parallel_orders
 from palladium.interpret.kernel import PreparedKernel
+from palladium.interpret.kernel_checks import is_parallel
 from palladium.interpret.observers import LaunchInfo, launch_observers
 from palladium.interpret.params import InterpretParams
 from palladium.interpret.site import Site
@@ -46,11 +48,6 @@ def _semaphore_kind(dtype: Any) -> SemaphoreKind:
     if isinstance(dtype, jc.BarrierSemaphoreDType):
         return SemaphoreKind.BARRIER
     return SemaphoreKind.REGULAR
-
-
-def _is_parallel(semantic: Any) -> bool:
-    text = str(getattr(semantic, "name", semantic)).lower()
-    return text in ("parallel", "core_parallel", "subcore_parallel")
 
 
 _OUT_OF_BOUNDS_HINT = (
@@ -371,7 +368,7 @@ class Launch:
         if sem is None:
             own = [False] * (n - len(self.vmapped_dims))
         else:
-            own = [_is_parallel(s) for s in sem]
+            own = [is_parallel(s) for s in sem]
         # Under vmap jax prepends batch axes to the grid; Mosaic treats them as parallel.
         it = iter(own)
         flags = tuple(True if d in self.vmapped_dims else next(it, False) for d in range(n))
@@ -387,11 +384,10 @@ class Launch:
         """The grid points each core runs, in order."""
         grid = self.grid
         parallel = self._semantics()
-        rng = np.random.default_rng(self.params.seed)
-        coords = [
-            rng.permutation(n) if p and not self.kernel.is_core_map else None
-            for n, p in zip(grid, parallel)
-        ]
+        shuffled = [] if self.kernel.is_core_map else [n for n, p in zip(grid, parallel) if p]
+        orders = iter(parallel_orders(tuple(shuffled), self.params.seed))
+        coords = [next(orders) if p and not self.kernel.is_core_map else None
+                  for p in parallel]
         total = math.prod(grid)
         par_size = math.prod(n for n, p in zip(grid, parallel) if p)
         per_core = math.ceil(par_size / self.num_cores) if par_size else 0
