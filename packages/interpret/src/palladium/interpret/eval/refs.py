@@ -164,6 +164,10 @@ def resolve(shape: tuple[int, ...], dtype: np.dtype, transforms: Sequence[Any], 
     dims: list[Any] = [[0, 1, n] for n in shape]
     post: list[Any] = []
     cur_dtype = np.dtype(dtype)
+    # A bitcast to a type of the same width, before any other op, reinterprets each
+    # element in place: indexers after it still narrow the region (so the race detector
+    # and the bounds check see only the elements read), and the cast applies to the data.
+    lead_cast: np.dtype | None = None
     for t in transforms:
         if isinstance(t, jc.NDIndexer):
             index = tuple(_numpy_index(i) for i in t.indices)
@@ -192,8 +196,12 @@ def resolve(shape: tuple[int, ...], dtype: np.dtype, transforms: Sequence[Any], 
         elif isinstance(t, jc.TransposeTransform):
             post.append(_Transpose(tuple(t.permutation)))
         elif isinstance(t, jc.BitcastTransform):
+            same_width = np.dtype(t.dtype).itemsize == cur_dtype.itemsize
             cur_dtype = np.dtype(t.dtype)
-            post.append(_Bitcast(cur_dtype))
+            if not post and same_width:
+                lead_cast = cur_dtype
+            else:
+                post.append(_Bitcast(cur_dtype))
         else:
             raise UnsupportedFeatureError(
                 f"ref '{name}': transform {type(t).__name__} is not supported by the interpreter"
@@ -208,6 +216,8 @@ def resolve(shape: tuple[int, ...], dtype: np.dtype, transforms: Sequence[Any], 
             stop = start + (size - 1) * step + 1 if size else start
             region.append(slice(start, stop, step))
             region_shape.append(size)
+    if lead_cast is not None and lead_cast != np.dtype(dtype):
+        post.insert(0, _Bitcast(lead_cast))
     return Access(tuple(region), tuple(region_shape), tuple(post))
 
 
