@@ -81,8 +81,8 @@ def test_out_of_bounds_dma_write_says_out_of_bounds_write_by_a_dma():
         interpret=P)
     with pytest.raises(OutOfBoundsError) as info, errors_as_raised():
         call(jnp.array([4], jnp.int32), X)
-    assert "Out-of-bounds write of 'buf' (VMEM, device 0 core 0) by a DMA: region [4:20, " \
-        "0:128]" in str(info.value), str(info.value)
+    assert "Out-of-bounds write by a DMA: DMA write of 'buf' (VMEM, device 0 core 0): region " \
+        "[4:20, 0:128]" in str(info.value), str(info.value)
 
 
 def test_out_of_bounds_masked_store_says_out_of_bounds_masked_swap():

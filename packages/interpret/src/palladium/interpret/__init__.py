@@ -29,6 +29,7 @@ from palladium.interpret.eval import (  # noqa: F401  (registers the rules)
     rules_memory,
     rules_misc,
     rules_semaphore,
+    rules_unsupported,
 )
 from palladium.interpret.eval.registry import register_interpret_rule
 from palladium.interpret.jax_hook import (

@@ -96,6 +96,26 @@ trace_value_p = mosaic_primitives.trace_value_p
 touch_p = mosaic_primitives.touch_p
 tpu_bitcast_p = mosaic_primitives.bitcast_p
 tpu_roll_p = mosaic_primitives.roll_p
+reciprocal_p = getattr(pallas_primitives, "reciprocal_p", None)
+# Primitives the interpreter refuses by name (see eval/rules_unsupported.py); None where
+# the installed jax lacks one.
+matmul_push_rhs_p = getattr(mosaic_primitives, "matmul_push_rhs_p", None)
+matmul_acc_lhs_p = getattr(mosaic_primitives, "matmul_acc_lhs_p", None)
+matmul_pop_p = getattr(mosaic_primitives, "matmul_pop_p", None)
+pack_elementwise_p = getattr(mosaic_primitives, "pack_elementwise_p", None)
+unpack_elementwise_p = getattr(mosaic_primitives, "unpack_elementwise_p", None)
+stochastic_round_p = getattr(mosaic_primitives, "stochastic_round_p", None)
+split_key_p = getattr(mosaic_primitives, "split_key_p", None)
+join_key_p = getattr(mosaic_primitives, "join_key_p", None)
+empty_ref_p = getattr(jax_core, "empty_ref_p", None)
+
+
+def mosaic_lowering_primitives() -> set:
+    """Every primitive jax's Pallas TPU lowering has a rule for (any core type): the
+    primitives a TPU kernel can contain."""
+    from jax._src.pallas.mosaic import lowering as mosaic_lowering
+
+    return {p for table in mosaic_lowering.lowering_rules.values() for p in table}
 
 
 # jax 0.10.0's DMA primitives carry every ref split from its transforms: operands

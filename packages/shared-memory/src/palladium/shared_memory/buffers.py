@@ -190,10 +190,10 @@ class Buffer:
         headline = getattr(site, "out_of_bounds_headline", None)
         if headline:
             access = f"{headline}: {what} of {self.ref.label}"
+        elif "DMA" in what:
+            access = f"Out-of-bounds {what.replace('DMA ', '')} by a DMA: {what} of {self.ref.label}"
         else:
-            access = f"Out-of-bounds {what.replace('DMA ', '')} of {self.ref.label}"
-            if "DMA" in what:
-                access += " by a DMA"
+            access = f"Out-of-bounds {what} of {self.ref.label}"
         text = (
             f"{who}: {access}: region "
             f"{describe_region(region)} (result shape {plan.shape}) exceeds {shape}"

@@ -19,6 +19,7 @@ from palladium.interpret import _jax_compat as jc
 from palladium.interpret.errors import UnsupportedPrimitiveError
 from palladium.interpret.eval.refs import MemRef, SemaphoreRef
 from palladium.interpret.eval.registry import RULES, Rule
+from palladium.interpret.eval.rules_unsupported import UNSUPPORTED, refusal
 from palladium.interpret.numpy_rules import (
     FLUSHING,
     NUMPY_RULES,
@@ -85,6 +86,8 @@ def _bind(ev: CoreEvaluator, eqn: Any, invals: list[Any]) -> list[Any]:
     try:
         out = prim.bind(*invals, **bind_params)
     except NotImplementedError as e:
+        if str(prim) in UNSUPPORTED:
+            raise refusal(str(prim), ev.site(eqn)) from e
         raise UnsupportedPrimitiveError(
             f"primitive '{prim}' cannot be evaluated on CPU ({e}); register an "
             f"interpreter rule with palladium.interpret.register_interpret_rule "

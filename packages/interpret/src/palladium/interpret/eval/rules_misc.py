@@ -89,6 +89,17 @@ def _roll(ev: Any, eqn: Any, invals: list[Any]) -> list[Any]:
                      p["stride_axis"])]
 
 
+@rule(jc.reciprocal_p)
+def _reciprocal(ev: Any, eqn: Any, invals: list[Any]) -> list[Any]:
+    # pl.reciprocal(x, approx=...): the exact reciprocal is a valid approximation; bf16
+    # and f16 are computed in f32 and rounded once.
+    x = np.asarray(invals[0])
+    dtype = eqn.outvars[0].aval.dtype
+    with np.errstate(divide="ignore", invalid="ignore"):
+        out = np.float32(1) / x.astype(np.float32) if x.dtype.itemsize < 4 else 1 / x
+    return [np.asarray(out).astype(dtype)]
+
+
 # The TPU's hardware PRNG is not reproducible bit for bit; palladium models it as a
 # Philox stream per core, keyed by the kernel's seeds and InterpretParams.random_seed,
 # so the same seeds give the same bits on every run and every core.
