@@ -99,3 +99,32 @@ def test_block_accesses_never_allocate_dense_state():
                 det.read(core, "hbm", block, site=step)
     assert det.reports == []
     assert det._buffers["hbm"]._state is None  # O(blocks) memory, not O(elements)
+
+
+def test_a_block_written_row_by_row_then_read_whole_stays_boxes():
+    """Rows written one by one (a recurrent scan's ``o_ref[t] = h``), then the whole
+    block read (the copy-out): the read covers the row boxes exactly and runs over them,
+    without the dense state; the next step's row writes are exact box hits again. A
+    racing whole access still gets the oracle's report."""
+    det, oracle = RaceDetector(on_race="collect"), BruteForceDetector(on_race="collect")
+    for d in (det, oracle):
+        d.register_buffer("o", (4, 8), "o")
+    core = (det.new_actor("core 0"), oracle.new_actor("core 0"))
+    for step in range(2):
+        for row in range(4):
+            for d, actor in zip((det, oracle), core):
+                d.write(actor, "o", (row, slice(None)), site=f"row {row}")
+        copy = (det.new_actor(f"copy-out {step}", core[0]),
+                oracle.new_actor(f"copy-out {step}", core[1]))
+        for d, actor in zip((det, oracle), copy):
+            d.read(actor, "o", None, site="copy-out")
+        for d, actor, c in zip((det, oracle), core, copy):
+            d.join(actor, c)
+    shadow = det._buffers["o"]
+    assert shadow._state is None and len(shadow._boxes) == 4
+    assert det.reports == [] and oracle.reports == []
+    stray = (det.new_actor("stray"), oracle.new_actor("stray"))
+    for d, actor in zip((det, oracle), stray):
+        d.write(actor, "o", None, site="stray")
+    assert sorted(map(_key, det.reports)) == sorted(map(_key, oracle.reports))
+    assert det.reports

@@ -58,12 +58,13 @@ class Clock:
 class VectorClock:
     """A mutable vector clock, owned by one actor (see ``Clock`` for the snapshot)."""
 
-    __slots__ = ("times", "names", "_entries")
+    __slots__ = ("times", "names", "_entries", "_snapshot")
 
     def __init__(self, times: Sequence[int] = (), names: Sequence[str] = ()) -> None:
         self.times: list[int] = list(times)
         self.names: list[str] = list(names)
         self._entries: Entries | None = None
+        self._snapshot: Clock | None = None
 
     def time(self, slot: int) -> int:
         """The time of ``slot`` (0 if never heard of)."""
@@ -83,12 +84,12 @@ class VectorClock:
             self.names.extend([""] * grow)
         self.times[slot] = time
         self.names[slot] = name
-        self._entries = None
+        self._entries = self._snapshot = None
 
     def increment(self, slot: int) -> None:
         """Tick ``slot``: the owner's later accesses are concurrent with what it released."""
         self.times[slot] += 1
-        self._entries = None
+        self._entries = self._snapshot = None
 
     def join(self, other: VectorClock | Clock) -> None:
         """Take the element-wise maximum with ``other`` (an acquire)."""
@@ -102,15 +103,17 @@ class VectorClock:
             if t > times[slot]:
                 times[slot] = t
                 names[slot] = other_names[slot]
-        self._entries = None
+        self._entries = self._snapshot = None
 
     def copy(self) -> VectorClock:
         """An independent copy."""
         return VectorClock(self.times, self.names)
 
     def snapshot(self) -> Clock:
-        """The immutable snapshot of the current value."""
-        return Clock(tuple(self.times), tuple(self.names))
+        """The immutable snapshot of the current value (cached until the next change)."""
+        if self._snapshot is None:
+            self._snapshot = Clock(tuple(self.times), tuple(self.names))
+        return self._snapshot
 
     def entries(self) -> Entries:
         """The non-zero entries as ``(actor name, time)`` pairs (cached until the next change)."""

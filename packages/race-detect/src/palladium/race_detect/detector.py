@@ -190,7 +190,10 @@ class RaceDetector:
                 shadow.name,
                 full,
                 site,
-                clock.entries(),
+                # The clock's entries are only needed if a report is made: a snapshot
+                # (two tuple copies, shared by accesses until the clock changes) is
+                # turned into them by Event.access.
+                clock.snapshot(),
                 bool_mask is not None,
             )
             self._serial += 1

@@ -25,8 +25,20 @@ from typing import Any
 
 import numpy as np
 
+from palladium.race_detect.boxes import (
+    _R_MASK,
+    Box,
+    _box_of,
+    _contains,
+    _overlaps,
+    _precedes,
+    _size,
+    _subtract,
+)
+from palladium.race_detect.clock import Clock
 from palladium.race_detect.regions import Region, element_at, is_frozen, normalise
 from palladium.race_detect.report import Access
+from palladium.race_detect.union import access_union
 
 
 class Event:
@@ -51,18 +63,15 @@ class Event:
     @property
     def access(self) -> Access:
         if self._access is None:
-            assert self._fields is not None
-            self._access = Access(*self._fields)
+            fields = self._fields
+            assert fields is not None
+            if isinstance(fields[5], Clock):  # the clock as a snapshot: its entries
+                fields = (*fields[:5], fields[5].entries(), *fields[6:])
+            self._access = Access(*fields)
         return self._access
 
 
 Race = tuple[Event, tuple[int, ...]]  # the earlier event and one element both touch
-
-
-def _precedes(event: Event, times: list[int]) -> bool:
-    """Whether ``event`` happens-before an access whose clock is ``times``."""
-    slot = event.slot
-    return slot < len(times) and event.time <= times[slot]
 
 
 class _Table:
@@ -99,54 +108,8 @@ class _Table:
         return len(self.items) - 1 - len(self.free)
 
 
-_R_MASK = (1 << 32) - 1
 _MAX_BOXES = 1024  # beyond this many uniform boxes, fall back to the dense state
 
-Box = tuple[tuple[int, int], ...]  # per dimension [start, stop)
-
-
-def _size(box: Box) -> int:
-    n = 1
-    for lo, hi in box:
-        n *= hi - lo
-    return n
-
-
-def _box_of(region: Region, shape: tuple[int, ...]) -> Box | None:
-    """The normalised ``region`` as a box, or None (strided, or empty)."""
-    box = []
-    for index, n in zip(region, shape):
-        if index.__class__ is slice:
-            start, stop, step = index.indices(n)
-            if step != 1 or stop <= start:
-                return None
-            box.append((start, stop))
-        else:
-            i = int(index)
-            i = i + n if i < 0 else i
-            box.append((i, i + 1))
-    return tuple(box)
-
-
-def _contains(outer: Box, inner: Box) -> bool:
-    return all(a <= c and d <= b for (a, b), (c, d) in zip(outer, inner))
-
-
-def _overlaps(a: Box, b: Box) -> bool:
-    return all(lo1 < hi2 and lo2 < hi1 for (lo1, hi1), (lo2, hi2) in zip(a, b))
-
-
-def _subtract(outer: Box, inner: Box) -> list[Box]:
-    """``outer`` minus ``inner`` (inside it) as disjoint boxes."""
-    pieces = []
-    rest = list(outer)
-    for axis, ((lo, hi), (ilo, ihi)) in enumerate(zip(outer, inner)):
-        if lo < ilo:
-            pieces.append(tuple(rest[:axis] + [(lo, ilo)] + rest[axis + 1 :]))
-        if ihi < hi:
-            pieces.append(tuple(rest[:axis] + [(ihi, hi)] + rest[axis + 1 :]))
-        rest[axis] = (ilo, ihi)
-    return pieces
 _min = np.minimum.reduce
 _max = np.maximum.reduce
 
@@ -200,8 +163,10 @@ class BufferShadow:
         if box is None:
             box = _box_of(region, self.shape)
             size = _size(box) if box is not None else 0
-        if mask is None and box is not None and self._access_box(box, size, event, times,
-                                                                 is_write):
+        if mask is None and box is not None and (
+            self._access_box(box, size, event, times, is_write)
+            or access_union(self, box, size, event, times, is_write)
+        ):
             return []
         self._materialize(box)
         assert self._state is not None
