@@ -181,8 +181,10 @@ def paged_attention_case(batch: int = 4, heads: int = 4, page_size: int = 16,
             out[b] = _softmax_attention(np.asarray(q[b])[:, None], k, v)[:, 0]
         return out
 
+    # The kernel multiplies in bf16 (jax's HLO interpreter and palladium agree to the
+    # bit on these inputs; both are 0.08 from the f64 reference at |expected| <= 3.2).
     return Case(f"paged attention b{batch} h{heads} pages {pages_per_seq}x{page_size} "
-                f"(block {per_block})", make, ref)
+                f"(block {per_block})", make, ref, tolerance=5e-2)
 
 
 # --- small-op kernels written here --------------------------------------------------------
