@@ -249,6 +249,24 @@ def lowering_call_site(ctx) -> tuple[str, int] | None:
     return None
 
 
+def emit_cpu_host_callback(ctx, callback, operands):
+    """Lower a call of ``callback(*numpy views of the operands) -> tuple of arrays``.
+
+    The FFI handler hands the callback read-only numpy views of the operand buffers as
+    they are (no ``device_put`` onto CPU device 0, unlike ``jax.pure_callback``'s
+    implementation) and copies the returned arrays into the result buffers. Under a
+    fully manual ``shard_map`` the call runs once per device; else once, on device 0.
+    """
+    from jax._src import callback as jax_callback
+
+    sharding = jax_callback._callback_op_sharding(
+        ctx.module_context.axis_context, None, ctx.avals_out)
+    results, _, _ = jax_callback.emit_python_callback(
+        ctx, callback, None, list(operands), ctx.avals_in, ctx.avals_out,
+        has_side_effect=False, returns_token=False, sharding=sharding)
+    return results
+
+
 def callback_logger():
     """The logger on which jax reports a failing host callback ("jax.pure_callback
     failed", with the traceback)."""

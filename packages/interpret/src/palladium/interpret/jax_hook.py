@@ -27,6 +27,7 @@ from palladium.interpret.blas import single_threaded_blas
 from palladium.interpret.chip import resolve_chip
 from palladium.interpret.devices import DeviceMesh
 from palladium.interpret.errors import DataRaceError, SimulationError
+from palladium.interpret.host_call import host_call
 from palladium.interpret.kernel import PreparedKernel
 from palladium.interpret.kernel_checks import check_prepared_kernel
 from palladium.interpret.launch import Launch
@@ -198,12 +199,11 @@ def _pallas_call_lowering(ctx: Any, *in_nodes: Any, interpret: Any, **params: An
 
     def impl(*args: Any) -> Any:
         if mesh.num_devices <= 1:
-            return jax.pure_callback(site.run, out_shapes, *args, vmap_method="sequential")
+            return host_call(site.run, out_shapes, *args)
         device = jnp.int32(0)
         for name, size in zip(mesh.axis_names, mesh.axis_sizes):
             device = device * size + jax.lax.axis_index(name)
-        return jax.pure_callback(site.run_device, out_shapes, device, *args,
-                                 vmap_method="sequential")
+        return host_call(site.run_device, out_shapes, device, *args)
 
     return jc.lower_fun(impl, multiple_results=True)(ctx, *in_nodes)
 

@@ -1,0 +1,54 @@
+"""``host_call``: the host callback a launch lowers to, without jax's operand transfer.
+
+``jax.pure_callback`` on CPU first ``device_put``s every operand onto CPU device 0 and
+only then calls the Python function. A copy that is not zero-copy (above ~100 KiB) is
+done by XLA's CPU client on its thread pool and waited for. Under a multi-device
+``shard_map`` the device callbacks occupy those threads while they wait in palladium's
+rendezvous for each other, so the copies of the devices still arriving can starve and the
+launch deadlocks (8 devices, 256 KiB per device was enough). ``host_call`` lowers to the
+same XLA FFI host callback, but hands the function the operands as the handler received
+them: numpy views of the device's own buffers, taken on the device's own thread. They are
+valid only during the call, so they are copied before the function sees them (a launch's
+exception and its traceback may outlive the call).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from palladium.interpret import _jax_compat as jc
+
+HOST_CALL_P = jc.Primitive("palladium_host_call")
+HOST_CALL_P.multiple_results = True
+
+
+def host_call(fn: Callable[..., Sequence[np.ndarray]], out_shapes: Sequence[Any],
+              *args: Any) -> list[Any]:
+    """``fn(*numpy copies of args)`` on the host, once per device under ``shard_map``.
+
+    ``fn`` returns one array per entry of ``out_shapes`` (``jax.ShapeDtypeStruct``s).
+    Only lowerable on CPU; the interpreted kernel is pure, so no effect is declared.
+    """
+    out_avals = tuple(jc.ShapedArray(tuple(s.shape), np.dtype(s.dtype)) for s in out_shapes)
+    return HOST_CALL_P.bind(*args, fn=fn, out_avals=out_avals)
+
+
+def _abstract_eval(*avals: Any, fn: Any, out_avals: tuple[Any, ...]) -> list[Any]:
+    del avals, fn
+    return list(out_avals)
+
+
+def _lowering(ctx: Any, *operands: Any, fn: Any, out_avals: tuple[Any, ...]) -> Any:
+    del out_avals
+
+    def callback(*views: np.ndarray) -> tuple[np.ndarray, ...]:
+        return tuple(fn(*[np.array(v, copy=True) for v in views]))
+
+    return jc.emit_cpu_host_callback(ctx, callback, operands)
+
+
+HOST_CALL_P.def_abstract_eval(_abstract_eval)
+jc.register_lowering(HOST_CALL_P, _lowering, platform="cpu", cacheable=False)
