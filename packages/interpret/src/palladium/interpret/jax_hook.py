@@ -181,7 +181,14 @@ class _LaunchSite:
             lambda device_args: _execute(self.kernel, self.params, self.mesh, device_args),
             timeout=self.params.rendezvous_timeout,
             describe=lambda: f"kernel '{self.kernel.name}' launch #{seq} on {n} devices",
+            on_timeout=lambda: self._skip_launch(seq),
         )
+
+    def _skip_launch(self, seq: int) -> None:
+        """Launch ``seq`` timed out: every device's next call is launch ``seq + 1`` at
+        least (a device that never arrived at ``seq`` skipped it), so they meet again."""
+        with self._lock:
+            self._launches = [max(k, seq + 1) for k in self._launches]
 
 
 def _pallas_call_lowering(ctx: Any, *in_nodes: Any, interpret: Any, **params: Any) -> Any:

@@ -5,7 +5,9 @@ concurrently, each on its own thread. Every callback deposits its operands in th
 launch's ``Rendezvous``; the last to arrive runs all devices' cores in ONE simulation
 (one scheduler, one seed), then every callback takes its own device's outputs, or
 raises the simulation's error. If some device never arrives, the ones waiting give up
-after a timeout with ``RendezvousTimeoutError`` instead of hanging.
+after a timeout with ``RendezvousTimeoutError`` instead of hanging; ``on_timeout`` then
+lets the caller re-align the devices, so that the next launch meets again (a device that
+skipped one launch, under ``lax.cond``, must not be one launch behind forever).
 
 The registry of rendezvous still waiting for devices is the only process-wide state: an
 entry is removed as soon as its last device arrived or its wait timed out.
@@ -55,12 +57,14 @@ class RendezvousRegistry:
         *,
         timeout: float,
         describe: Callable[[], str],
+        on_timeout: Callable[[], None] | None = None,
     ) -> Any:
         """Deposit ``device``'s operands; return its share of ``run(all operands)``.
 
         The last device to arrive calls ``run`` with the operands in device order; its
         result (a list, one entry per device) is shared out. An exception of ``run`` is
-        raised on every device. ``describe()`` names the launch in a timeout message.
+        raised on every device. ``describe()`` names the launch in a timeout message;
+        ``on_timeout()`` is called once (under the registry's lock) when it times out.
         """
         with self._lock:
             rv = self._waiting.get(key)
@@ -95,6 +99,8 @@ class RendezvousRegistry:
                         f"InterpretParams(rendezvous_timeout=...) if a device is merely slow."
                     )
                     rv.finished.set()
+                    if on_timeout is not None:
+                        on_timeout()
         rv.finished.wait()
         if rv.error is not None:
             raise rv.error
