@@ -22,6 +22,7 @@ from palladium.interpret.errors import (
     SimulationError,
     UnsupportedFeatureError,
     UnsupportedPrimitiveError,
+    WatchdogError,
 )
 from palladium.interpret.eval import (  # noqa: F401  (registers the rules)
     rules_control,
@@ -65,6 +66,7 @@ __all__ = [
     "SimulationError",
     "UnsupportedFeatureError",
     "UnsupportedPrimitiveError",
+    "WatchdogError",
     "__version__",
     "chip_facts",
     "collected_race_reports",

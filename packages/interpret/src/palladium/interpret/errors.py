@@ -16,6 +16,7 @@ from palladium.shared_memory import (
     OutOfBoundsError,
     SemaphoreLeakError,
     SimulationError,
+    WatchdogError,
 )
 
 __all__ = [
@@ -32,6 +33,7 @@ __all__ = [
     "SimulationError",
     "UnsupportedPrimitiveError",
     "UnsupportedFeatureError",
+    "WatchdogError",
 ]
 
 

@@ -88,6 +88,9 @@ class Launch:
             bounds=params.buffer_bounds,
             tiling=TILING_DEFAULT,
             tpu_generation=self.chip_facts.generation,
+            watchdog=params.watchdog_timeout,
+            watchdog_hint=("Raise InterpretParams(watchdog_timeout=...) if the kernel is "
+                           "merely slow, or pass None to turn the watchdog off."),
             out_of_bounds_hint=_OUT_OF_BOUNDS_HINT,
         )
         self.vmapped_dims = tuple(gm.vmapped_dims)

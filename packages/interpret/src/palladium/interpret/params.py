@@ -95,6 +95,11 @@ class InterpretParams:
         the devices and the conflicting accesses (DMAs, source lines). 0 = off.
       rendezvous_timeout: seconds the devices of a multi-device launch (``shard_map``)
         wait for each other before ``RendezvousTimeoutError``.
+      watchdog_timeout: seconds a launch's simulation may run before it fails with
+        ``WatchdogError`` listing each core's state and source line (a core looping
+        forever, with or without ``pl.delay``, while the others wait or loop). Default
+        300 s, the default of pytest-timeout: long beyond any kernel palladium runs in
+        a test, short enough to report a stuck one. ``None``: no watchdog.
     """
 
     detect_races: bool = False
@@ -114,6 +119,7 @@ class InterpretParams:
     dma_order: Literal["issue", "random"] = "issue"
     dma_order_trials: int = 0
     rendezvous_timeout: float = 120.0
+    watchdog_timeout: float | None = 300.0
 
     def __post_init__(self) -> None:
         for field in _BOOLS:
@@ -163,6 +169,13 @@ class InterpretParams:
             raise ValueError(
                 "InterpretParams.dma_order_trials needs dma_order='random' (with 'issue' every "
                 "trial runs the same order)."
+            )
+        w = self.watchdog_timeout
+        if w is not None and (isinstance(w, bool) or not isinstance(w, int | float)
+                              or not 0 < w < 1e9):
+            raise ValueError(
+                "InterpretParams.watchdog_timeout must be a number of seconds > 0 (and "
+                f"< 1e9), or None for no watchdog, got {w!r}."
             )
         if not isinstance(self.rendezvous_timeout, int | float) or self.rendezvous_timeout <= 0:
             raise ValueError(

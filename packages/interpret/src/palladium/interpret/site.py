@@ -43,7 +43,7 @@ class Site:
         if self.grid_point is not None:
             parts.append(f"grid point {self.grid_point}")
         device, core = self.core
-        parts.append(f"core {core}" if device == 0 else f"device {device} core {core}")
+        parts.append(f"device {device} core {core}")  # both parts always, on every device
         text = ", ".join(parts)
         line = self.source_line
         return f"{text} ({line})" if line else text

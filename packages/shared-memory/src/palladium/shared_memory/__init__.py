@@ -15,6 +15,7 @@ from palladium.shared_memory.errors import (
     OutOfBoundsError,
     SemaphoreLeakError,
     SimulationError,
+    WatchdogError,
 )
 from palladium.shared_memory.observer import (
     BlockCopy,
@@ -51,6 +52,7 @@ __all__ = [
     "SemaphoreLeakError",
     "Simulation",
     "SimulationError",
+    "WatchdogError",
     "__version__",
     "padded_shape",
     "uninitialized_value",

@@ -11,6 +11,7 @@ __all__ = [
     "OutOfBoundsError",
     "SemaphoreLeakError",
     "SimulationError",
+    "WatchdogError",
     "core_name",
 ]
 
@@ -25,6 +26,12 @@ class OutOfBoundsError(SimulationError, IndexError):
 
 class DeadlockError(SimulationError):
     """Every simulated core is blocked and no pending DMA can make progress."""
+
+
+class WatchdogError(SimulationError):
+    """A run went on longer than its watchdog budget: some core loops (a spin-wait that
+    nothing will end) while the others wait or loop too. The message gives each core's
+    state and source line."""
 
 
 class SemaphoreLeakError(SimulationError):

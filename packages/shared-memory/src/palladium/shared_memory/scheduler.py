@@ -19,11 +19,13 @@ unwinds; all threads are joined and ``run`` re-raises the first exception.
 from __future__ import annotations
 
 import enum
+import math
 import random
 import threading
+import time
 from collections.abc import Callable
 
-from palladium.shared_memory.errors import DeadlockError, core_name
+from palladium.shared_memory.errors import DeadlockError, WatchdogError, at_site, core_name
 from palladium.shared_memory.observer import Observer
 
 __all__ = ["Scheduler", "Task"]
@@ -42,7 +44,7 @@ class _State(enum.Enum):
 class Task:
     """A simulated core's body and its scheduling state."""
 
-    __slots__ = ("body", "core", "describe", "event", "ready", "state", "thread")
+    __slots__ = ("body", "core", "describe", "event", "ready", "site", "state", "thread")
 
     def __init__(self, core, body: Callable[[], None]):
         self.core = core
@@ -52,6 +54,7 @@ class Task:
         self.ready: Callable[[], bool] | None = None
         self.describe: Callable[[], str] | None = None
         self.thread: threading.Thread | None = None
+        self.site: object = None  # where the body last reached a scheduling point
 
 
 class Scheduler:
@@ -62,7 +65,8 @@ class Scheduler:
     """
 
     def __init__(self, rng: random.Random, local: threading.local, trace: list,
-                 observers: Observer | None = None):
+                 observers: Observer | None = None, *, watchdog: float | None = None,
+                 watchdog_hint: str = ""):
         self.rng = rng
         self.local = local
         self.tasks: list[Task] = []
@@ -71,12 +75,18 @@ class Scheduler:
         self.done = threading.Event()
         self.trace = trace
         self.observers = observers  # told of every core switch (None: nobody listens)
+        # A run still going ``watchdog`` seconds after it started fails (None: never).
+        self.watchdog = watchdog
+        self.watchdog_hint = watchdog_hint
+        self.deadline = math.inf
 
     # -- running -----------------------------------------------------------------------
 
     def run(self, bodies: dict) -> None:
         """Run every body to completion (or the first error, re-raised here)."""
         self.tasks = [Task(core, bodies[core]) for core in sorted(bodies)]
+        if self.watchdog is not None:
+            self.deadline = time.monotonic() + self.watchdog
         if len(self.tasks) == 1:
             # One body: no other thread could ever take the baton, run it right here.
             task = self.tasks[0]
@@ -144,10 +154,20 @@ class Scheduler:
         if self.cancelled:
             raise _Cancelled
 
-    def yield_point(self, task: Task | None) -> None:
-        """A synchronisation point: maybe hand the baton to another runnable task."""
+    def tick(self, task: Task | None, site: object = None) -> None:
+        """A point a looping body passes on every iteration (``site``: where): raises
+        ``WatchdogError`` once the run outlived its watchdog budget."""
         if self.cancelled:
             raise _Cancelled
+        if task is not None and site is not None:
+            task.site = site
+        if time.monotonic() > self.deadline:
+            self.deadline = math.inf  # one report; the others are cancelled by it
+            raise WatchdogError(self.watchdog_message(task))
+
+    def yield_point(self, task: Task | None, site: object = None) -> None:
+        """A synchronisation point: maybe hand the baton to another runnable task."""
+        self.tick(task, site)
         if task is None or len(self.tasks) < 2:
             return
         nxt = self._pick()
@@ -204,6 +224,25 @@ class Scheduler:
             raise _Cancelled
 
     # -- messages ----------------------------------------------------------------------
+
+    def watchdog_message(self, running: Task | None) -> str:
+        """Every core's state and where it is, for a run that outlived its budget."""
+        lines = [f"watchdog: the run is still going after {self.watchdog:g} s (a core "
+                 f"loops and nothing ends it); each core:"]
+        for t in self.tasks:
+            if t is running:
+                lines.append(f"  {core_name(t.core)} is looping{at_site(t.site)}")
+            elif t.state is _State.BLOCKED:
+                assert t.describe is not None
+                lines.append(f"  {core_name(t.core)} is blocked: {t.describe()}")
+            elif t.state is _State.DONE:
+                lines.append(f"  {core_name(t.core)} finished")
+            else:
+                seen = "" if t.site is None else f" (last seen at {t.site})"
+                lines.append(f"  {core_name(t.core)} is runnable{seen}")
+        if self.watchdog_hint:
+            lines.append(self.watchdog_hint)
+        return "\n".join(lines)
 
     def deadlock_message(self) -> str:
         """Every blocked core with what it waits for (and which cores finished)."""

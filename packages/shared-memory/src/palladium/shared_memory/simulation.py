@@ -93,6 +93,8 @@ class Simulation:
         tpu_generation: int = GENERATION_DEFAULT,
         out_of_bounds_hint: str = OUT_OF_BOUNDS_HINT,
         observers: Iterable[Observer] = (),
+        watchdog: float | None = None,
+        watchdog_hint: str = "",
     ):
         options = dict(
             dma_execution_mode=dma_execution_mode, dma_order=dma_order,
@@ -121,7 +123,9 @@ class Simulation:
         self._trace: list[CoreId] = []
         # None while no observer is registered: every hook site is one ``is not None``.
         self._obs: ObserverSet | None = ObserverSet(observers) or None
-        self._sched = Scheduler(self._rng, self._local, self._trace, self._obs)
+        self.watchdog = watchdog  # seconds a run may take before WatchdogError (None: any)
+        self._watchdog_hint = watchdog_hint
+        self._sched = self._scheduler()
         self._buffers: dict[int, Buffer] = {}
         self._next_key = itertools.count()
         self._next_dma = itertools.count()
@@ -176,6 +180,10 @@ class Simulation:
             if not self._obs:
                 self._obs = None
                 self._sched.observers = None
+
+    def _scheduler(self) -> Scheduler:
+        return Scheduler(self._rng, self._local, self._trace, self._obs,
+                         watchdog=self.watchdog, watchdog_hint=self._watchdog_hint)
 
     def current_core(self) -> CoreId | None:
         """The core whose body runs on this thread (None outside ``run``)."""
@@ -415,8 +423,10 @@ class Simulation:
         )
 
     def semaphore_read(self, sem_id, *, core: CoreId, site=None) -> int:
-        """The current count of ``sem_id`` on ``core`` (a synchronisation point)."""
-        self._sched.yield_point(self._task())
+        """The current count of ``sem_id`` on ``core`` (a scheduling point: pending DMAs
+        may progress, another core may run)."""
+        self._let_dmas_progress()
+        self._sched.yield_point(self._task(), site)
         return self._sem(core, sem_id).count
 
     def check_semaphores(self, device: int | None = None) -> None:
@@ -545,9 +555,34 @@ class Simulation:
 
     # -- running ---------------------------------------------------------------------------
 
-    def yield_point(self) -> None:
-        """A synchronisation point where the scheduler may switch cores."""
-        self._sched.yield_point(self._task())
+    def yield_point(self, site=None) -> None:
+        """A scheduling point (``pl.delay``): pending DMAs may progress and the scheduler
+        may switch cores."""
+        self._let_dmas_progress()
+        self._sched.yield_point(self._task(), site)
+
+    def tick(self, site=None) -> None:
+        """A point a looping body passes on each iteration (a ``while`` loop): raises
+        ``WatchdogError`` once the run outlived ``watchdog`` seconds, naming every
+        core's state and where it is (``site``: this core's)."""
+        self._sched.tick(self._task(), site)
+
+    def _let_dmas_progress(self) -> None:
+        """On hardware a DMA in flight lands on its own, waited for or not, so a core
+        polling its destination or a semaphore (with ``pl.delay``, ``semaphore_read``)
+        must eventually see it. In ``on_wait`` mode, at each such point one pending DMA
+        completes with probability 1/2 (seeded): the oldest, or with
+        ``dma_order="random"`` any one."""
+        if self._eager or not self._dmas:
+            return
+        self._sched.check()
+        pending = [d for d in self._dmas if d.state is not DmaState.DONE]
+        self._dmas = pending
+        if not pending or self._rng.random() < 0.5:
+            return
+        random_order = self.dma_order == "random" and len(pending) > 1
+        dma = pending[self._rng.randrange(len(pending))] if random_order else pending[0]
+        dma.execute(self._det)
 
     def barrier(self, core: CoreId, *, site=None) -> None:
         """Wait until every core of the run (all devices) reached the barrier."""
@@ -592,7 +627,7 @@ class Simulation:
         self._barrier_arrived = []
         if self._det is not None and self._root is not None:
             self._det.barrier([self._root, *(self._actor(c) for c in self._run_cores)])
-        self._sched = Scheduler(self._rng, self._local, self._trace, self._obs)
+        self._sched = self._scheduler()
         if self._obs is not None:
             self._obs.run_begin(tuple(self._run_cores))
         try:
@@ -600,7 +635,7 @@ class Simulation:
         finally:
             self._run_cores = []
             # A cancelled scheduler would cancel every later call: start afresh.
-            self._sched = Scheduler(self._rng, self._local, self._trace, self._obs)
+            self._sched = self._scheduler()
         self._flush_dmas()
         if self._obs is not None:
             self._obs.run_end(tuple(sorted(cores)))

@@ -25,7 +25,9 @@ def _while(ev: Any, eqn: Any, invals: list[Any]) -> list[Any]:
     nc, nb = p["cond_nconsts"], p["body_nconsts"]
     cond_consts, body_consts, carry = invals[:nc], invals[nc : nc + nb], invals[nc + nb :]
     cond_jaxpr, body_jaxpr = p["cond_jaxpr"], p["body_jaxpr"]
+    tick, site = ev.launch.sim.tick, ev.site(eqn)
     while bool(np.asarray(ev.eval_closed(cond_jaxpr, [*cond_consts, *carry])[0])):
+        tick(site)  # the watchdog sees a loop that never ends
         carry = ev.eval_closed(body_jaxpr, [*body_consts, *carry])
     return carry
 

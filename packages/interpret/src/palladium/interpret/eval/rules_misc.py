@@ -48,7 +48,7 @@ def _no_op(ev: Any, eqn: Any, invals: list[Any]) -> list[Any]:
 @rule(jc.delay_p)
 def _delay(ev: Any, eqn: Any, invals: list[Any]) -> list[Any]:
     # A core that waits lets the others run: a spin-wait loop makes progress.
-    ev.launch.sim.yield_point()
+    ev.launch.sim.yield_point(ev.site(eqn))
     return []
 
 

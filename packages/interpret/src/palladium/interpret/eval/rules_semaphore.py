@@ -39,7 +39,7 @@ def _wait(ev: Any, eqn: Any, invals: list[Any]) -> list[Any]:
 def _read(ev: Any, eqn: Any, invals: list[Any]) -> list[Any]:
     sem, transforms = eqn.params["args_tree"].unflatten(invals)
     sid = sem_id(ev, sem, eqn, transforms)
-    return [np.int32(ev.launch.sim.semaphore_read(sid, core=ev.core))]
+    return [np.int32(ev.launch.sim.semaphore_read(sid, core=ev.core, site=ev.site(eqn)))]
 
 
 @rule(jc.get_barrier_semaphore_p)
