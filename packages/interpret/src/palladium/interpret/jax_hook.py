@@ -22,7 +22,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from palladium import shared_memory
 from palladium.interpret import _jax_compat as jc
+from palladium.interpret import interrupts
 from palladium.interpret.blas import single_threaded_blas
 from palladium.interpret.chip import resolve_chip
 from palladium.interpret.devices import DeviceMesh
@@ -228,8 +230,15 @@ class _PalladiumFailureFilter(logging.Filter):
 _FAILURE_FILTER = _PalladiumFailureFilter()
 
 
+def _interrupt(exc: BaseException) -> None:
+    """Ctrl-C: cancel every running simulation and every launch waiting for devices."""
+    shared_memory.interrupt_all(exc)
+    _RENDEZVOUS.interrupt_all(exc)
+
+
 def install() -> None:
     """Register palladium's CPU lowering for ``pallas_call_p`` (idempotent)."""
+    interrupts.install(_interrupt)
     logger = jc.callback_logger()
     if _FAILURE_FILTER not in logger.filters:
         logger.addFilter(_FAILURE_FILTER)

@@ -42,10 +42,25 @@ class RendezvousRegistry:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._waiting: dict[Hashable, Rendezvous] = {}
+        # Interrupted launches whose devices have not all arrived yet: {key: (exc, arrived)}
+        # so that the late ones fail at once instead of waiting for the timeout.
+        self._interrupted: dict[Hashable, tuple[BaseException, set[int]]] = {}
 
     def __len__(self) -> int:
         with self._lock:
             return len(self._waiting)
+
+    def interrupt_all(self, exc: BaseException) -> int:
+        """Fail every launch still waiting for devices with ``exc`` (Ctrl-C): the devices
+        waiting raise it now, those still to come raise it on arrival."""
+        with self._lock:
+            waiting, self._waiting = self._waiting, {}
+            for key, rv in waiting.items():
+                rv.error = exc
+                self._interrupted[key] = (exc, set(rv.operands))
+                rv.all_arrived.set()
+                rv.finished.set()
+        return len(waiting)
 
     def join(
         self,
@@ -67,6 +82,13 @@ class RendezvousRegistry:
         ``on_timeout()`` is called once (under the registry's lock) when it times out.
         """
         with self._lock:
+            gone = self._interrupted.get(key)
+            if gone is not None:
+                exc, bounced = gone
+                bounced.add(device)
+                if len(bounced) >= num_devices:
+                    del self._interrupted[key]
+                raise exc
             rv = self._waiting.get(key)
             if rv is None:
                 rv = self._waiting[key] = Rendezvous(num_devices)

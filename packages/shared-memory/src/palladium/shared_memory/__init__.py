@@ -24,6 +24,7 @@ from palladium.shared_memory.observer import (
     ObserverSet,
     SemaphoreInfo,
 )
+from palladium.shared_memory.scheduler import interrupt_all
 from palladium.shared_memory.semaphores import SemaphoreKind
 from palladium.shared_memory.simulation import CoreId, Simulation
 from palladium.shared_memory.tpu_facts import (
@@ -54,6 +55,7 @@ __all__ = [
     "SimulationError",
     "WatchdogError",
     "__version__",
+    "interrupt_all",
     "padded_shape",
     "uninitialized_value",
 ]

@@ -23,12 +23,29 @@ import math
 import random
 import threading
 import time
+import weakref
 from collections.abc import Callable
 
 from palladium.shared_memory.errors import DeadlockError, WatchdogError, at_site, core_name
 from palladium.shared_memory.observer import Observer
 
-__all__ = ["Scheduler", "Task"]
+__all__ = ["Scheduler", "Task", "interrupt_all"]
+
+# The schedulers running right now: the only process-wide state, so that an interrupt
+# (Ctrl-C seen by a thread other than the one blocked in XLA) can cancel them.
+_RUNNING: weakref.WeakSet[Scheduler] = weakref.WeakSet()
+_RUNNING_LOCK = threading.Lock()
+
+
+def interrupt_all(exc: BaseException) -> int:
+    """Cancel every running scheduler with ``exc`` (raised from its ``run``); its cores
+    unwind at their next scheduling point and their threads are joined. Returns how many
+    runs were cancelled."""
+    with _RUNNING_LOCK:
+        running = list(_RUNNING)
+    for sched in running:
+        sched.interrupt(exc)
+    return len(running)
 
 
 class _Cancelled(BaseException):
@@ -91,9 +108,17 @@ class Scheduler:
             # One body: no other thread could ever take the baton, run it right here.
             task = self.tasks[0]
             self.local.task = task
+            with _RUNNING_LOCK:
+                _RUNNING.add(self)
             try:
                 task.body()
+            except _Cancelled:
+                error, self.error = self.error, None
+                assert error is not None
+                raise error from None
             finally:
+                with _RUNNING_LOCK:
+                    _RUNNING.discard(self)
                 task.state = _State.DONE
                 self.local.task = None
             return
@@ -106,8 +131,18 @@ class Scheduler:
         first = self._pick()
         assert first is not None
         self._switch(None, first)
-        first.event.set()
-        self.done.wait()
+        with _RUNNING_LOCK:
+            _RUNNING.add(self)
+        try:
+            first.event.set()
+            try:
+                self.done.wait()
+            except BaseException as e:  # Ctrl-C on this thread: stop the cores, then raise
+                self.interrupt(e)
+                self.done.wait()
+        finally:
+            with _RUNNING_LOCK:
+                _RUNNING.discard(self)
         for task in self.tasks:
             assert task.thread is not None
             task.thread.join()
@@ -153,6 +188,13 @@ class Scheduler:
         """Raise the cancellation exception if the run was cancelled."""
         if self.cancelled:
             raise _Cancelled
+
+    def interrupt(self, exc: BaseException) -> None:
+        """Cancel the run from outside it: ``run`` raises ``exc`` once every core has
+        unwound (at its next scheduling point or loop iteration)."""
+        if self.error is None:
+            self.error = exc
+        self.cancelled = True
 
     def tick(self, task: Task | None, site: object = None) -> None:
         """A point a looping body passes on every iteration (``site``: where): raises

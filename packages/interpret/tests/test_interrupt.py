@@ -1,0 +1,82 @@
+"""Ctrl-C (SIGINT) during a multi-core or ``shard_map`` launch cancels the simulation and
+joins its threads. Before, the simulated cores kept spinning and, under ``shard_map``,
+the process could not exit without SIGKILL (the main thread is blocked inside XLA, where
+Python's ``KeyboardInterrupt`` never reaches it)."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+_CHILD = textwrap.dedent("""
+    import sys, threading
+    import jax, jax.numpy as jnp
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import tpu as pltpu
+    from jax.sharding import NamedSharding, PartitionSpec as P
+    from palladium.interpret import InterpretParams
+
+    MODE = sys.argv[1]
+    params = InterpretParams(watchdog_timeout=None, rendezvous_timeout=600,
+                             num_cores_or_threads=2 if MODE == "megacore" else 1)
+
+    def spin_kernel(x_ref, o_ref, flag):
+        def spin(n):
+            pl.delay(10)
+            return n + 1
+        flag[0] = jax.lax.while_loop(lambda n: n >= 0, spin, 0)
+        o_ref[...] = x_ref[...]
+
+    def call(x):
+        return pl.pallas_call(spin_kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+                              scratch_shapes=[pltpu.SMEM((1,), jnp.int32)],
+                              interpret=params)(x)
+
+    threading.Timer(0.5, lambda: print("running", flush=True)).start()
+    try:
+        if MODE == "megacore":
+            x = jnp.ones((16, 128))
+            out = pl.pallas_call(
+                spin_kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), grid=(2,),
+                in_specs=[pl.BlockSpec((8, 128), lambda i: (i, 0))],
+                out_specs=pl.BlockSpec((8, 128), lambda i: (i, 0)),
+                scratch_shapes=[pltpu.SMEM((1,), jnp.int32)],
+                compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel",)),
+                interpret=params)(x)
+        else:
+            mesh = jax.make_mesh((4,), ("x",), devices=jax.devices()[:4])
+            x = jax.device_put(jnp.ones((32, 128)), NamedSharding(mesh, P("x")))
+            out = jax.jit(jax.shard_map(call, mesh=mesh, in_specs=P("x"), out_specs=P("x"),
+                                        check_vma=False))(x)
+        out.block_until_ready()
+    except BaseException as e:
+        alive = [t.name for t in threading.enumerate() if t.name.startswith("palladium device")]
+        print("interrupted", type(e).__name__, "threads", alive, flush=True)
+        sys.exit(3)
+""")
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("mode", ["megacore", "shard_map"])
+def test_ctrl_c_cancels_the_launch_and_joins_its_threads(mode, tmp_path):
+    script = tmp_path / "child.py"
+    script.write_text(_CHILD)
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8")
+    child = subprocess.Popen([sys.executable, str(script), mode], stdout=subprocess.PIPE,
+                             stderr=subprocess.DEVNULL, text=True, env=env)
+    try:
+        assert child.stdout is not None
+        assert child.stdout.readline().strip() == "running"
+        time.sleep(1.0)  # the cores are spinning
+        child.send_signal(signal.SIGINT)
+        out, _ = child.communicate(timeout=60)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    assert child.returncode == 3, out
+    assert "interrupted" in out and "threads []" in out, out
