@@ -1,5 +1,7 @@
 """Blocked pallas_calls under palladium's interpreter, compared with jnp."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -38,7 +40,9 @@ def matmul(x, y, params, bm=64, bn=128, bk=64):
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "arbitrary")
         ),
-        interpret=params,
+        # (64, 64) blocks of 128-wide arrays: Mosaic rejects them; these tests are about the
+        # interpreter, so the TPU lowering check is off.
+        interpret=dataclasses.replace(params, check_lowering=False),
     )(x, y)
 
 

@@ -163,7 +163,8 @@ def _masked_tail_load(rows_valid, *, reshape=False, detect_races=False):
         masked_tail_kernel,
         grid=(1,),
         out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32),
-        interpret=InterpretParams(detect_races=detect_races),
+        # jax 0.10.2's Mosaic lowering has no masked loads: the TPU lowering check is off.
+        interpret=InterpretParams(detect_races=detect_races, check_lowering=False),
     )
 
 

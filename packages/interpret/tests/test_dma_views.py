@@ -1,6 +1,8 @@
 """DMAs of reshaped and bitcast refs (source and destination) and add=True DMAs, against
 numpy references."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -150,7 +152,8 @@ def test_add_dma_accumulates_into_the_destination(params):
         in_specs=[ANY],
         out_specs=ANY,
         scratch_shapes=[pltpu.VMEM((8, 128), jnp.float32), pltpu.SemaphoreType.DMA],
-        interpret=params,
+        # jax 0.10.2's Mosaic lowering has no add=True DMAs: the lowering check is off.
+        interpret=dataclasses.replace(params, check_lowering=False),
     )(X)
     x = np.asarray(X)
     expected = 100 + x + x

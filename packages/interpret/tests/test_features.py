@@ -15,6 +15,9 @@ from palladium.interpret import (
 )
 
 P = InterpretParams()
+# For kernels jax 0.10.2's Mosaic lowering rejects (the TPU lowering check would raise
+# first): these tests are about the interpreter's semantics of the feature.
+UNLOWERABLE = InterpretParams(check_lowering=False)
 
 
 def _iota(shape, dtype=jnp.float32):
@@ -106,10 +109,10 @@ def test_element_padding_offsets_the_index_map_into_the_padded_array():
     halo, shifted_out = _padded_element_calls(x)
     padded = np.pad(np.asarray(x), ((1, 1), (0, 0)), constant_values=np.nan)
     expected = np.stack([padded[8 * i : 8 * i + 10] for i in range(4)]) + 1
-    out = halo(InterpretParams(detect_races=True))
+    out = halo(InterpretParams(detect_races=True, check_lowering=False))
     np.testing.assert_array_equal(out, expected)
     np.testing.assert_array_equal(out, halo(True))
-    zero = halo(InterpretParams(uninitialized_memory="zero"))
+    zero = halo(InterpretParams(uninitialized_memory="zero", check_lowering=False))
     np.testing.assert_array_equal(zero, np.nan_to_num(expected - 1, nan=0.0) + 1)
     out = shifted_out(P)
     np.testing.assert_array_equal(out, x + 1)
@@ -129,7 +132,7 @@ def test_element_padding_with_aliasing_is_unsupported():
         in_specs=[pl.BlockSpec((pl.Element(10, (1, 1)), 128), lambda i: (8 * i, 0))],
         out_specs=pl.BlockSpec((8, 128), lambda i: (i, 0)),
         input_output_aliases={0: 0},
-        interpret=P,
+        interpret=UNLOWERABLE,
     )
     with pytest.raises(UnsupportedFeatureError, match="'o_ref' aliases input 'x_ref'"), \
             errors_as_raised():
@@ -301,7 +304,7 @@ def test_dma_semaphores_run_scoped_and_ref_views(mode):
                 pltpu.SemaphoreType.DMA((2,)),
             ],
         ),
-        interpret=InterpretParams(dma_execution_mode=mode),
+        interpret=InterpretParams(dma_execution_mode=mode, check_lowering=False),
     )(jnp.array([8], jnp.int32), x)
     buf = np.asarray(x[:8])
     expected = np.full((8, 128), (buf * 2).reshape(4, 2, 128)[1:3].reshape(4, 128)[:, ::2].sum())
@@ -319,7 +322,8 @@ def test_masked_load_and_store():
         v = pltpu.load(x_ref, mask=mask)
         pltpu.store(o_ref, jnp.where(mask, v * 2, -1.0), mask=mask)
 
-    out = pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), interpret=P)(x)
+    out = pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+                         interpret=UNLOWERABLE)(x)
     expected = np.where(np.arange(128) < 100, x * 2, 0.0)
     np.testing.assert_array_equal(out, expected)
 
@@ -337,7 +341,8 @@ def test_control_flow_in_kernel():
         branch = jax.lax.switch(1, [lambda: 1.0, lambda: 2.0, lambda: 3.0])
         o_ref[...] = ys + acc + n + jax.nn.relu(branch)  # relu is a custom_jvp
 
-    out = pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), interpret=P)(x)
+    out = pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+                         interpret=UNLOWERABLE)(x)
     np.testing.assert_allclose(out, x * 3 + x.sum(0, keepdims=True) + 32.0 + 2.0)
 
 
@@ -519,7 +524,8 @@ def test_transposed_ref_read_and_write():
     def kernel(x_ref, o_ref):
         o_ref.T[...] = x_ref.T[...] * 2
 
-    out = pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), interpret=P)(x)
+    out = pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+                         interpret=UNLOWERABLE)(x)
     np.testing.assert_array_equal(out, x * 2)
 
 

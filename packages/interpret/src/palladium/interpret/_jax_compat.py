@@ -181,6 +181,12 @@ def original_cpu_lowering(primitive):
     return entry.rule
 
 
+def has_cpu_lowering(primitive) -> bool:
+    """Whether jax can lower ``primitive`` for CPU (so ``bind`` evaluates it)."""
+    return (primitive in mlir._platform_specific_lowerings.get("cpu", {})
+            or primitive in mlir._lowerings)
+
+
 def route_direct_pallas_call_lowering(rule) -> None:
     """Make jax code that calls ``pallas_call._pallas_call_lowering`` directly (the CPU
     fallback lowering of ``core_map``/``mpmd_map``) go through ``rule`` too. ``rule``
@@ -286,3 +292,72 @@ def tpu_info_for_chip(chip_version: str) -> tpu_info.TpuInfo:
     """jax's per-TensorCore facts of a chip (``ChipVersion`` value: "v5e", "7x", ...), one
     TensorCore per logical device (split mode for the megacore chips)."""
     return tpu_info.get_tpu_info_for_chip(tpu_info.ChipVersion(chip_version), 1)
+
+
+# --- Mosaic (the TPU compiler's front end), for the lowering check -------------------------
+def mosaic_lower(ctx, grid_mapping, jaxpr, compiler_params, *, device_kind: str,
+                 num_cores: int):
+    """Lower a ``pallas_call``'s kernel to a Mosaic module as jax's TPU lowering rule does
+    (``lower_jaxpr_to_pipelined_module``, then the verifier the serialisation pass runs),
+    with ``tpu_info`` answering for the TPU ``device_kind``; raises what Mosaic raises.
+
+    ``ctx`` is the CPU lowering context of the ``pallas_call`` equation: it makes Mosaic
+    assume a current libtpu and no forward-compatibility mode, as ``jax.jit`` on a TPU.
+    """
+    import copy
+
+    from jax._src import mesh as mesh_lib
+    from jax._src import sharding_impls
+    from jax._src.lib.mlir import ir
+    from jax._src.pallas.mosaic import lowering as mosaic_lowering
+    from jax.experimental.mosaic.dialects import tpu as tpu_dialect
+
+    params = compiler_params if isinstance(compiler_params, TPUCompilerParams) else None
+    semantics = params.dimension_semantics if params is not None else None
+    fuse = bool(getattr(params, "fuse_transposed_lhs_in_matmul", False))
+    axis_context = ctx.module_context.axis_context
+    jax_mesh = (axis_context.mesh if isinstance(axis_context, sharding_impls.SPMDAxisContext)
+                else None)
+    current = mesh_lib.get_abstract_mesh()
+    has_platform = "platform" in inspect.signature(mesh_lib.AbstractDevice).parameters
+    device = mesh_lib.AbstractDevice(device_kind=device_kind, num_cores=num_cores,
+                                     **({"platform": "tpu"} if has_platform else {}))
+    tpu_mesh = mesh_lib.AbstractMesh(
+        tuple(current.axis_sizes), tuple(current.axis_names),
+        axis_types=tuple(current.axis_types), abstract_device=device)
+    # A fresh MLIR context, and a module context of our own with an empty cache of
+    # lowered functions (the caller's cache holds functions of its own context).
+    mlir_ctx = mlir.make_ir_context()
+    tpu_dialect.register_dialect(mlir_ctx)
+    module_context = copy.copy(ctx.module_context)
+    module_context.pallas_lowering_cache = {}
+    ctx = ctx.replace(module_context=module_context)
+    kwargs = {"fuse_transposed_lhs_in_matmul": fuse} if "fuse_transposed_lhs_in_matmul" in (
+        inspect.signature(mosaic_lowering.lower_jaxpr_to_pipelined_module).parameters) else {}
+    with mesh_lib.use_abstract_mesh(tpu_mesh), mlir_ctx, ir.Location.unknown(mlir_ctx):
+        module = mosaic_lowering.lower_jaxpr_to_pipelined_module(
+            ctx, grid_mapping, jaxpr, dimension_semantics=semantics,
+            kernel_type=mosaic_core.CoreType.TC, mesh=jax_mesh, **kwargs)
+        if not module.operation.verify():
+            raise ValueError(f"Mosaic module failed verification:\n{module}")
+    return module
+
+
+def mosaic_failing_equations(exc: BaseException | None) -> list:
+    """The kernel equations Mosaic was lowering when it raised ``exc``, outermost first
+    (the ``eqn`` of each ``jaxpr_subcomp`` frame of its traceback, or of its cause's);
+    empty when the error came from outside any equation (e.g. the block-shape checks)."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        eqns = []
+        tb = exc.__traceback__
+        while tb is not None:
+            frame = tb.tb_frame
+            if frame.f_code.co_name == "jaxpr_subcomp" and "eqn" in frame.f_locals:
+                eqns.append(frame.f_locals["eqn"])
+            tb = tb.tb_next
+        if eqns:
+            return eqns
+        exc = exc.__cause__
+    return []

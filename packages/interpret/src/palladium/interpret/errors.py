@@ -31,6 +31,9 @@ __all__ = [
     "RevisitError",
     "SemaphoreLeakError",
     "SimulationError",
+    "TpuLoweringError",
+    "TpuLoweringWarning",
+    "TpuResourceError",
     "UnsupportedPrimitiveError",
     "UnsupportedFeatureError",
     "WatchdogError",
@@ -121,3 +124,24 @@ def jax_block_index_phrase(block: tuple[int, ...], kind: str, name: str,
 def jax_revisit_phrase(block: tuple[int, ...], output: int, point: tuple[int, ...]) -> str:
     """jax's phrase for output number ``output`` revisiting ``block`` at ``point``."""
     return f"Revisited block {block} of output {output} in iteration {point}"
+
+
+class TpuResourceError(KernelError):
+    """The kernel needs more VMEM or SMEM per core than the TPU it simulates gives it.
+
+    Checked before the kernel runs, from what the compiled kernel certainly holds (see
+    ``palladium.interpret.fidelity.memory_budget``); a TPU fails to compile such a kernel
+    ("Ran out of memory in memory space vmem").
+    """
+
+
+class TpuLoweringError(KernelError):
+    """jax's Mosaic lowering (the TPU compiler's front end) rejects the kernel.
+
+    The message keeps Mosaic's own whole and names the kernel line it was lowering.
+    """
+
+
+class TpuLoweringWarning(UserWarning):
+    """The lowering check could not decide: Mosaic failed for a reason that is not the
+    kernel's (a jax 0.10.x limit, such as ``vmap`` of a kernel with ``pl.ANY`` operands)."""

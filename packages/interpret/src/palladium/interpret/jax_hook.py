@@ -30,6 +30,7 @@ from palladium.interpret.chip import resolve_chip
 from palladium.interpret.devices import DeviceMesh
 from palladium.interpret.errors import DataRaceError, SimulationError
 from palladium.interpret.host_call import host_call
+from palladium.interpret.fidelity.checks import check_kernel
 from palladium.interpret.kernel import PreparedKernel
 from palladium.interpret.kernel_checks import check_prepared_kernel
 from palladium.interpret.launch import Launch
@@ -200,6 +201,7 @@ def _pallas_call_lowering(ctx: Any, *in_nodes: Any, interpret: Any, **params: An
     check_prepared_kernel(kernel, interpret)
     if interpret.chip is None:  # the abstract mesh of the tracing context decides
         interpret = dataclasses.replace(interpret, chip=resolve_chip(None))
+    check_kernel(kernel, interpret, ctx)
     out_shapes = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in ctx.avals_out]
     mesh = DeviceMesh.from_axis_env(
         {k: v for k, v in jc.axis_sizes().items() if k not in kernel.core_axis_names}

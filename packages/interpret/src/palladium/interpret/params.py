@@ -36,7 +36,8 @@ _CHOICES: dict[str, tuple[Any, ...]] = {
     "dma_order": ("issue", "random"),
 }
 
-_BOOLS = ("detect_races", "skip_floating_point_ops", "allow_hbm_allocation_in_run_scoped")
+_BOOLS = ("detect_races", "skip_floating_point_ops", "allow_hbm_allocation_in_run_scoped",
+          "check_lowering")
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class InterpretParams:
@@ -100,6 +101,9 @@ class InterpretParams:
         forever, with or without ``pl.delay``, while the others wait or loop). Default
         300 s, the default of pytest-timeout: long beyond any kernel palladium runs in
         a test, short enough to report a stuck one. ``None``: no watchdog.
+      check_lowering: when the ``pallas_call`` is first lowered, also lower the kernel
+        through jax's Mosaic lowering for ``chip`` and raise ``TpuLoweringError`` if a TPU
+        would reject it (see ``palladium.interpret.fidelity.lowering_check``).
     """
 
     detect_races: bool = False
@@ -120,6 +124,7 @@ class InterpretParams:
     dma_order_trials: int = 0
     rendezvous_timeout: float = 120.0
     watchdog_timeout: float | None = 300.0
+    check_lowering: bool = True
 
     def __post_init__(self) -> None:
         for field in _BOOLS:

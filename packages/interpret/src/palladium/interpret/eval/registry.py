@@ -26,6 +26,9 @@ class RuleRegistry:
     def __init__(self) -> None:
         self._rules: dict[Any, Rule] = {}
         self._compilers: dict[Any, RuleCompiler] = {}
+        # Primitives taught by register_interpret_rule (not jax's): the lowering check
+        # cannot tell whether a TPU build registers a Mosaic rule for them.
+        self.external: set[Any] = set()
         self._lock = threading.Lock()
         self.version = 0
 
@@ -97,3 +100,4 @@ def register_interpret_rule(primitive: jc.Primitive, impl: Callable[..., Any]) -
     from palladium.interpret.eval.traced_rule import traced_rule
 
     RULES.register(primitive, traced_rule(primitive, impl))
+    RULES.external.add(primitive)

@@ -1,0 +1,6 @@
+"""TPU fidelity checks: a kernel that runs clean under palladium.interpret also compiles
+and fits on the TPU it simulates.
+
+* :mod:`.lowering_check`: the kernel goes through jax's Mosaic lowering for the chip
+  (``TpuLoweringError`` at the kernel's line when Mosaic rejects it).
+"""

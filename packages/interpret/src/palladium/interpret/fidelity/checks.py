@@ -1,0 +1,21 @@
+"""The fidelity checks of one ``pallas_call``, run when it is lowered (before it runs)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from palladium.interpret.fidelity.lowering_check import check_lowering
+from palladium.interpret.kernel import PreparedKernel
+from palladium.interpret.params import InterpretParams
+
+__all__ = ["check_kernel"]
+
+
+def check_kernel(kernel: PreparedKernel, params: InterpretParams, ctx: Any) -> None:
+    """Run the checks ``params`` asks for on ``kernel`` (``params.chip`` resolved)."""
+    assert params.chip is not None
+    num_cores = (math.prod(kernel.mesh.shape.values()) if kernel.is_core_map
+                 else params.num_cores_or_threads)
+    if params.check_lowering:
+        check_lowering(kernel, ctx, chip=params.chip, num_cores=num_cores)

@@ -1,0 +1,141 @@
+"""The lowering check: does jax's Mosaic lowering (the TPU compiler's front end) accept
+the kernel for the simulated chip?
+
+Run once per lowering of a ``pallas_call`` (jax caches lowerings, so once per kernel and
+shapes), before the kernel runs. Mosaic's errors become ``TpuLoweringError`` naming the
+kernel, its ``pallas_call`` line and the kernel line of the equation Mosaic was lowering,
+with Mosaic's message whole. When Mosaic fails for a reason that is not the kernel's
+(limits of jax 0.10.x's lowering that a TPU run of the same program would not hit, such
+as ``vmap`` of a kernel with ``pl.ANY`` operands), the check warns
+(``TpuLoweringWarning``) instead: the check never rejects a kernel a TPU accepts.
+
+The kernel is lowered as ``jax.jit`` lowers it for a TPU (the path ``jax.export(...,
+platforms=["tpu"])`` takes on a CPU box, with a current libtpu assumed); what Mosaic
+checks later, on the TPU itself (vector layouts, the register allocator), is not
+checked here.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from typing import Any
+
+from palladium.interpret import _jax_compat as jc
+from palladium.interpret.errors import TpuLoweringError, TpuLoweringWarning
+from palladium.interpret.eval.registry import RULES
+from palladium.interpret.kernel import PreparedKernel
+
+__all__ = ["check_lowering", "device_kind"]
+
+# jax device kinds (``tpu_info.chip_version_from_device_kind``) of palladium's chip names.
+_DEVICE_KIND: dict[str, str] = {
+    "v2": "TPU v2", "v3": "TPU v3", "v4": "TPU v4", "v4i": "TPU v4 lite",
+    "v5e": "TPU v5 lite", "v5p": "TPU v5", "v6e": "TPU v6 lite", "v7": "TPU7", "v7x": "TPU7x",
+}
+
+# Mosaic's own block-shape checks run before any equation is lowered; a failure there is
+# the kernel's (its BlockSpecs), although no kernel equation is on the stack.
+_BLOCK_CHECKS = ("The Pallas TPU lowering currently", "Non-trivial windowing is not supported")
+
+
+def device_kind(chip: str) -> str:
+    """The jax device kind of palladium's ``chip`` name (``"v5e"`` -> ``"TPU v5 lite"``)."""
+    return _DEVICE_KIND[chip]
+
+
+def check_lowering(kernel: PreparedKernel, ctx: Any, *, chip: str, num_cores: int) -> None:
+    """Lower ``kernel`` through Mosaic for ``chip``; raise ``TpuLoweringError`` if Mosaic
+    rejects it, warn ``TpuLoweringWarning`` if it fails for a reason not the kernel's.
+
+    ``ctx`` is the CPU lowering context of the ``pallas_call`` equation.
+    """
+    if kernel.is_core_map:
+        return  # core_map lowers through jax's mpmd_map rule: not checked (see module docs)
+    try:
+        jc.mosaic_lower(ctx, kernel.grid_mapping, kernel.jaxpr, kernel.compiler_params,
+                        device_kind=device_kind(chip), num_cores=num_cores)
+    except Exception as exc:  # noqa: BLE001  (every Mosaic failure is reported)
+        _report(kernel, chip, exc)
+
+
+def _report(kernel: PreparedKernel, chip: str, exc: Exception) -> None:
+    message = _mosaic_message(exc)
+    where = f"kernel '{kernel.name}'"
+    if kernel.launch_location:
+        where += f" (pallas_call at {kernel.launch_location})"
+    eqns = jc.mosaic_failing_equations(exc)
+    if eqns and _unknown_everywhere(eqns[-1].primitive):
+        return  # the interpreter's UnsupportedPrimitiveError says it better
+    line, primitive = _kernel_line(kernel, exc)
+    not_ours = _not_the_kernels_fault(kernel, exc)
+    if not_ours is None and (line is not None or str(exc).startswith(_BLOCK_CHECKS)):
+        at = f" at {line} ({primitive})" if line else _operand(kernel, message)
+        raise TpuLoweringError(
+            f"{where} does not lower for TPU {chip}{at}: jax's Mosaic lowering says:\n"
+            f"{message}\n"
+            "A TPU rejects this kernel at compile time. Change the kernel as Mosaic asks "
+            "(blocks whose last two dimensions are divisible by 8 and 128 or equal to the "
+            "array's, operations Mosaic lowers, supported dtypes); "
+            "InterpretParams(check_lowering=False) skips this check."
+        ) from exc
+    reason = not_ours or "the failure is outside the kernel's equations and block specs"
+    warnings.warn(
+        f"{where}: the TPU lowering check for TPU {chip} could not decide ({reason}); "
+        f"the kernel runs unchecked. jax's Mosaic lowering said:\n{message}",
+        TpuLoweringWarning, stacklevel=2,
+    )
+
+
+def _operand(kernel: PreparedKernel, message: str) -> str:
+    """", operand 'x_ref'" when Mosaic's block-spec message names one of the operands."""
+    names = [b.name for b in (*kernel.inputs, *kernel.outputs)]
+    for bm, name in zip(kernel.grid_mapping.block_mappings, names):
+        if f"Block spec for {bm.origin} " in message:
+            return f", operand '{name}'"
+    return ""
+
+
+def _mosaic_message(exc: BaseException) -> str:
+    text = f"{type(exc).__name__}: {exc}"
+    cause = exc.__cause__
+    # jax_pallas_verbose_errors wraps the rule's error in a LoweringException whose text
+    # already holds the cause's; keep the text whole either way. (jax chains a
+    # JaxStackTraceBeforeTransformation marker as the cause of errors raised while
+    # lowering: it only carries the user's traceback, which we name as a line.)
+    if (cause is not None and type(cause).__name__ != "JaxStackTraceBeforeTransformation"
+            and str(cause) not in text):
+        text += f"\n(caused by {type(cause).__name__}: {cause})"
+    return text
+
+
+def _kernel_line(kernel: PreparedKernel, exc: BaseException) -> tuple[str | None, str | None]:
+    """``file.py:line`` of the innermost kernel equation Mosaic was lowering that has a
+    user source line, and the primitive Mosaic failed on (the innermost equation's: the
+    line may belong to an enclosing one, e.g. the ``jit`` of ``jnp.cumsum``)."""
+    eqns = jc.mosaic_failing_equations(exc)
+    for eqn in reversed(eqns):
+        source = kernel.inherited_sources.get(id(eqn), eqn.source_info)
+        frame = jc.user_frame(source)
+        if frame is not None:
+            return f"{os.path.basename(frame[0])}:{frame[1]}", eqns[-1].primitive.name
+    return None, None
+
+
+def _unknown_everywhere(primitive: Any) -> bool:
+    """A primitive neither palladium nor jax can evaluate on CPU (nor Mosaic lower)."""
+    return (primitive not in RULES and RULES.compiler(primitive) is None
+            and not jc.has_cpu_lowering(primitive))
+
+
+def _not_the_kernels_fault(kernel: PreparedKernel, exc: BaseException) -> str | None:
+    """Why a Mosaic failure is a limit of jax's lowering rather than the kernel's, or None."""
+    eqns = jc.mosaic_failing_equations(exc)
+    if eqns and eqns[-1].primitive in RULES.external:
+        return (f"primitive '{eqns[-1].primitive.name}' has a palladium rule "
+                "(register_interpret_rule) but no Mosaic lowering rule in this process")
+    if kernel.grid_mapping.vmapped_dims and any(
+        b.in_hbm for b in (*kernel.inputs, *kernel.outputs)
+    ):
+        return "jax 0.10.x cannot lower a vmapped kernel with pl.ANY / HBM operands"
+    return None

@@ -1,0 +1,130 @@
+"""The TPU lowering check: a kernel jax's Mosaic lowering rejects raises
+``TpuLoweringError`` before it runs; its near twin that Mosaic accepts runs as before."""
+
+import re
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+from palladium.interpret import (
+    InterpretParams,
+    KernelError,
+    TpuLoweringError,
+    TpuLoweringWarning,
+)
+
+CHIPS = ["v4", "v5e", "v6e"]
+X = jnp.arange(8 * 128, dtype=jnp.float32).reshape(8, 128) / 128
+
+
+def _elementwise(op, chip, **params):
+    def kernel(x_ref, o_ref):
+        o_ref[...] = op(x_ref[...])
+
+    return pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct(X.shape, X.dtype),
+                          interpret=InterpretParams(chip=chip, **params))
+
+
+@pytest.mark.parametrize("chip", CHIPS)
+def test_a_primitive_mosaic_cannot_lower_is_an_error_at_its_line(chip):
+    call = _elementwise(lambda v: jnp.cumsum(v, axis=0), chip)
+    with pytest.raises(TpuLoweringError) as info:
+        jax.jit(call)(X)
+    msg = str(info.value)
+    assert isinstance(info.value, KernelError)
+    assert msg.startswith("kernel 'kernel' (pallas_call at test_fidelity_lowering.py:")
+    assert f"does not lower for TPU {chip} at test_fidelity_lowering.py:" in msg
+    assert re.search(r"test_fidelity_lowering\.py:\d+ \(cumsum\)", msg)
+    # Mosaic's own message, whole.
+    assert ("NotImplementedError: Unimplemented primitive in Pallas TPU lowering for tc: "
+            "cumsum. Please file an issue at") in msg
+    assert "check_lowering=False" in msg
+
+
+@pytest.mark.parametrize("chip", CHIPS)
+def test_its_twin_with_a_supported_op_runs(chip):
+    out = jax.jit(_elementwise(lambda v: jnp.sum(v, axis=0, keepdims=True) + v, chip))(X)
+    np.testing.assert_allclose(out, np.asarray(X).sum(0, keepdims=True) + np.asarray(X),
+                               rtol=1e-6)
+
+
+def test_check_lowering_false_runs_what_mosaic_rejects():
+    out = _elementwise(lambda v: jnp.cumsum(v, axis=0), "v5e", check_lowering=False)(X)
+    np.testing.assert_allclose(out, np.cumsum(np.asarray(X), axis=0), rtol=1e-6)
+
+
+def _blocked(block, shape, chip):
+    def kernel(x_ref, o_ref):
+        o_ref[...] = x_ref[...] * 2
+
+    grid = tuple(n // b for n, b in zip(shape, block))
+    spec = pl.BlockSpec(block, lambda i, j: (i, j))
+    return pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct(shape, jnp.float32),
+                          grid=grid, in_specs=[spec], out_specs=spec,
+                          interpret=InterpretParams(chip=chip))
+
+
+@pytest.mark.parametrize("chip", CHIPS)
+def test_a_block_shape_mosaic_rejects_is_an_error_naming_the_operand(chip):
+    x = jnp.ones((6, 200), jnp.float32)
+    with pytest.raises(TpuLoweringError) as info:
+        _blocked((3, 100), (6, 200), chip)(x)
+    msg = str(info.value)
+    assert f"does not lower for TPU {chip}, operand 'x_ref': jax's Mosaic lowering says:" in msg
+    assert ("ValueError: The Pallas TPU lowering currently requires that the last two "
+            "dimensions of your block shape are divisible by 8 and 128") in msg
+    assert "block shape (Blocked(block_size=3), Blocked(block_size=100))" in msg
+
+
+@pytest.mark.parametrize("chip", CHIPS)
+@pytest.mark.parametrize("block,shape", [((6, 200), (6, 200)), ((8, 128), (16, 256))],
+                         ids=["full-dimension", "aligned"])
+def test_full_dimension_or_aligned_blocks_run(chip, block, shape):
+    x = jnp.arange(np.prod(shape), dtype=jnp.float32).reshape(shape)
+    np.testing.assert_array_equal(_blocked(block, shape, chip)(x), np.asarray(x) * 2)
+
+
+def test_a_failure_that_is_not_the_kernels_is_a_warning():
+    # jax 0.10.2 cannot lower vmap of a kernel with a pl.ANY operand (the batched HBM
+    # operand gets a non-trivial window); the kernel itself is fine.
+    def kernel(x_hbm, o_ref):
+        o_ref[...] = jnp.ones_like(o_ref)
+
+    call = pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32),
+                          in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
+                          interpret=InterpretParams())
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = jax.vmap(call)(jnp.zeros((3, 8, 128), jnp.float32))
+    np.testing.assert_array_equal(out, 1.0)
+    [warning] = [w for w in caught if issubclass(w.category, TpuLoweringWarning)]
+    text = str(warning.message)
+    assert "kernel 'kernel'" in text and "could not decide" in text
+    assert "vmapped kernel with pl.ANY" in text
+    assert "supports in memory space ANY only blocks" in text  # Mosaic's message
+
+
+def test_scratch_and_scalar_prefetch_kernels_lower():
+    # A supported kernel with SMEM scalar prefetch, VMEM scratch and a DMA passes.
+    def kernel(s_ref, x_hbm, o_ref, buf, sem):
+        pltpu.async_copy(x_hbm, buf, sem).wait()
+        o_ref[...] = buf[...] + s_ref[0].astype(jnp.float32)
+
+    call = pl.pallas_call(
+        kernel,
+        out_shape=jax.ShapeDtypeStruct(X.shape, X.dtype),
+        grid_spec=pltpu.PrefetchScalarGridSpec(
+            num_scalar_prefetch=1, grid=(1,),
+            in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
+            out_specs=pl.BlockSpec((8, 128), lambda i, s: (0, 0)),
+            scratch_shapes=[pltpu.VMEM((8, 128), jnp.float32), pltpu.SemaphoreType.DMA]),
+        interpret=InterpretParams(chip="v6e"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", TpuLoweringWarning)
+        out = call(jnp.array([3], jnp.int32), X)
+    np.testing.assert_allclose(out, np.asarray(X) + 3)
