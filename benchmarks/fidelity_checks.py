@@ -4,8 +4,9 @@ kernels.
 For each kernel: the first call (trace + lower + compile + run, after
 ``jax.clear_caches()``) with ``InterpretParams(check_lowering=True)`` and ``False``, the
 time the lowering check itself took inside that first call (its share of the call), and
-the kernel's VMEM/SMEM use per core against the simulated chip's limit. The machine may
-be shared: each first call is measured ``--repeats`` times and shown as min..max.
+the kernel's VMEM/SMEM use per core against the simulated chip's limit (v5e, the
+default). The machine may be shared: each first call is measured ``--repeats`` times and
+shown as min..max.
 
     python benchmarks/fidelity_checks.py [--quick] [--repeats N]
 """
@@ -21,6 +22,7 @@ from interpret_vs_jax import _flash_case, _matmul_case  # noqa: E402  (same kern
 
 import palladium.interpret as pi
 from palladium.interpret.fidelity import checks
+from palladium.interpret.observers import add_launch_observer, remove_launch_observer
 
 
 class _CheckTimer:
@@ -55,6 +57,26 @@ def _first_call(fn, args, check: bool) -> tuple[float, float]:
     return total, timer.seconds
 
 
+def _memory(fn, args) -> list:
+    """The memory use of each kernel ``fn`` launches (``LaunchInfo.memory``)."""
+    seen: dict[str, object] = {}
+
+    def factory(info):
+        seen.setdefault(info.kernel_name, info.memory)
+
+    add_launch_observer(factory)
+    try:
+        with pi.force_tpu_interpret_mode(pi.InterpretParams()):
+            jax.jit(fn)(*args).block_until_ready()
+    finally:
+        remove_launch_observer(factory)
+    return list(seen.items())
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.2f} MiB"
+
+
 def _span(values: list[float], fmt: str = "{:.3f}") -> str:
     lo, hi = min(values), max(values)
     return fmt.format(lo) if fmt.format(lo) == fmt.format(hi) else (
@@ -86,6 +108,18 @@ def main() -> None:
             share.append(100 * spent / total)
         print(f"| {case.name} | {_span(off)} | {_span(on)} | {_span(check)} | "
               f"{_span(share, '{:.0f}')}% |", flush=True)
+    print()
+    print("| kernel | pallas_call | chip | VMEM per core | VMEM limit | share | SMEM per core |"
+          " intermediates peak |")
+    print("|---|---|---|---|---|---|---|---|")
+    for case in cases:
+        fn, args = case.make()
+        for name, use in _memory(fn, args):
+            print(f"| {case.name} | {name} | {use.chip} | {_mib(use.vmem.peak_bytes)} | "
+                  f"{_mib(use.vmem.limit_bytes)} | "
+                  f"{100 * use.vmem.peak_bytes / use.vmem.limit_bytes:.1f}% | "
+                  f"{use.smem.peak_bytes} B | {_mib(use.intermediates_peak_bytes)} |",
+                  flush=True)
 
 
 if __name__ == "__main__":

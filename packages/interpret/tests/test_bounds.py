@@ -193,8 +193,9 @@ def test_masked_off_elements_read_the_uninitialised_fill_of_every_dtype(dtype):
         o_ref[...] = pltpu.load(x_ref, mask=mask)
 
     x = (jnp.arange(8 * 128) % 5).astype(dtype).reshape(8, 128)
+    # jax 0.10.2's Mosaic lowering has no masked loads: the TPU lowering check is off.
     out = pl.pallas_call(masked_kernel, out_shape=jax.ShapeDtypeStruct((8, 128), dtype),
-                         interpret=InterpretParams())(x)
+                         interpret=InterpretParams(check_lowering=False))(x)
     got = np.asarray(out).astype(np.float64)
     np.testing.assert_array_equal(got[:3], np.asarray(x[:3]).astype(np.float64))
     fill = np.nan if dtype == jnp.float32 else float(jnp.iinfo(dtype).max)

@@ -128,3 +128,26 @@ def test_scratch_and_scalar_prefetch_kernels_lower():
         warnings.simplefilter("error", TpuLoweringWarning)
         out = call(jnp.array([3], jnp.int32), X)
     np.testing.assert_allclose(out, np.asarray(X) + 3)
+
+
+@pytest.mark.parametrize("buffers", [3, 2])
+def test_more_than_two_blockspec_buffers_are_a_jax_0_10_limit_warning(buffers):
+    def kernel(x_ref, o_ref):
+        o_ref[...] = x_ref[...] + 1
+
+    spec = pl.BlockSpec((8, 128), lambda i: (i, 0), pipeline_mode=pl.Buffered(buffers))
+    call = pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((16, 128), jnp.float32),
+                          grid=(2,), in_specs=[spec],
+                          out_specs=pl.BlockSpec((8, 128), lambda i: (i, 0)),
+                          interpret=InterpretParams())
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = call(jnp.zeros((16, 128), jnp.float32))
+    np.testing.assert_array_equal(out, 1.0)
+    texts = [str(w.message) for w in caught if issubclass(w.category, TpuLoweringWarning)]
+    if buffers == 2:
+        assert texts == []
+    else:
+        [text] = texts
+        assert "buffers a BlockSpec operand at most twice" in text
+        assert "Only single (1) and double (2) buffering are supported. Got 3." in text

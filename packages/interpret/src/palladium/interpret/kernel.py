@@ -48,6 +48,9 @@ class PreparedKernel:
     # no user frame of its own (e.g. the DMA inside ``pltpu.sync_copy``'s run_scoped):
     # that of the innermost enclosing equation that has one.
     inherited_sources: dict[int, Any] = dataclasses.field(default_factory=dict)
+    # The VMEM/SMEM it holds per core on the simulated chip
+    # (``fidelity.memory_budget.MemoryUse``), counted when the call is lowered.
+    memory_use: Any = None
 
     @property
     def launch_location(self) -> str | None:

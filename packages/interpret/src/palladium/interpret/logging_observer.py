@@ -25,6 +25,8 @@ class LoggingObserver(Observer):
             logger.debug("launch %s: grid %s on %d device(s) x %d core(s), chip %s",
                          info.kernel_name, info.grid, info.num_devices, info.num_cores,
                          info.chip)
+            if info.memory is not None:
+                logger.debug("launch %s: %s", info.kernel_name, info.memory.summary())
         # A hook the mode does not ask for is the no-op again: ObserverSet skips it.
         if LoggingMode.GRID not in mode:
             vars(self)["grid_step_begin"] = Observer.grid_step_begin.__get__(self)

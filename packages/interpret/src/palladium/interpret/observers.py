@@ -55,6 +55,12 @@ class LaunchInfo:
     kernel: Any
     launch_location: str | None = None
 
+    @property
+    def memory(self) -> Any:
+        """The kernel's VMEM/SMEM use per core and the chip's limits
+        (``palladium.interpret.fidelity.memory_budget.MemoryUse``), or None."""
+        return getattr(self.kernel, "memory_use", None)
+
 
 LaunchObserverFactory = Callable[[LaunchInfo], Observer | None]
 

@@ -37,7 +37,7 @@ _CHOICES: dict[str, tuple[Any, ...]] = {
 }
 
 _BOOLS = ("detect_races", "skip_floating_point_ops", "allow_hbm_allocation_in_run_scoped",
-          "check_lowering")
+          "check_lowering", "check_memory")
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class InterpretParams:
@@ -104,6 +104,11 @@ class InterpretParams:
       check_lowering: when the ``pallas_call`` is first lowered, also lower the kernel
         through jax's Mosaic lowering for ``chip`` and raise ``TpuLoweringError`` if a TPU
         would reject it (see ``palladium.interpret.fidelity.lowering_check``).
+      check_memory: before the kernel runs, count the VMEM and SMEM it certainly holds
+        per core and raise ``TpuResourceError`` if that exceeds the ``chip``'s limit
+        (``pltpu.CompilerParams(vmem_limit_bytes=...)`` or XLA's default scoped limit;
+        see ``palladium.interpret.fidelity.memory_budget``). The numbers are counted
+        either way (``LaunchInfo.memory``, ``LoggingMode.LAUNCH``).
     """
 
     detect_races: bool = False
@@ -125,6 +130,7 @@ class InterpretParams:
     rendezvous_timeout: float = 120.0
     watchdog_timeout: float | None = 300.0
     check_lowering: bool = True
+    check_memory: bool = True
 
     def __post_init__(self) -> None:
         for field in _BOOLS:

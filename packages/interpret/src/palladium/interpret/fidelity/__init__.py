@@ -3,4 +3,7 @@ and fits on the TPU it simulates.
 
 * :mod:`.lowering_check`: the kernel goes through jax's Mosaic lowering for the chip
   (``TpuLoweringError`` at the kernel's line when Mosaic rejects it).
+* :mod:`.memory_budget`: the VMEM and SMEM the kernel certainly holds per core, against
+  the chip's limits (``TpuResourceError``); the numbers of every launch are
+  ``LaunchInfo.memory``.
 """

@@ -6,6 +6,7 @@ import math
 from typing import Any
 
 from palladium.interpret.fidelity.lowering_check import check_lowering
+from palladium.interpret.fidelity.memory_budget import check_fits, measure
 from palladium.interpret.kernel import PreparedKernel
 from palladium.interpret.params import InterpretParams
 
@@ -13,9 +14,14 @@ __all__ = ["check_kernel"]
 
 
 def check_kernel(kernel: PreparedKernel, params: InterpretParams, ctx: Any) -> None:
-    """Run the checks ``params`` asks for on ``kernel`` (``params.chip`` resolved)."""
+    """Count ``kernel``'s memory (``kernel.memory_use``) and run the checks ``params``
+    asks for (``params.chip`` resolved): the lowering check first (its errors are the
+    more basic ones), then whether the kernel fits."""
     assert params.chip is not None
     num_cores = (math.prod(kernel.mesh.shape.values()) if kernel.is_core_map
                  else params.num_cores_or_threads)
     if params.check_lowering:
         check_lowering(kernel, ctx, chip=params.chip, num_cores=num_cores)
+    kernel.memory_use = measure(kernel, params.chip)
+    if params.check_memory:
+        check_fits(kernel, kernel.memory_use)

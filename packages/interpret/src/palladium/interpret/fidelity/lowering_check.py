@@ -38,6 +38,13 @@ _DEVICE_KIND: dict[str, str] = {
 # the kernel's (its BlockSpecs), although no kernel equation is on the stack.
 _BLOCK_CHECKS = ("The Pallas TPU lowering currently", "Non-trivial windowing is not supported")
 
+# Failures that are limits of jax 0.10.x's Mosaic lowering (newer jax lowers these
+# kernels): the start of Mosaic's message -> what to say.
+_JAX_LIMITS = {
+    "Only single (1) and double (2) buffering are supported":
+        "jax 0.10.x's Mosaic lowering buffers a BlockSpec operand at most twice",
+}
+
 
 def device_kind(chip: str) -> str:
     """The jax device kind of palladium's ``chip`` name (``"v5e"`` -> ``"TPU v5 lite"``)."""
@@ -130,6 +137,9 @@ def _unknown_everywhere(primitive: Any) -> bool:
 
 def _not_the_kernels_fault(kernel: PreparedKernel, exc: BaseException) -> str | None:
     """Why a Mosaic failure is a limit of jax's lowering rather than the kernel's, or None."""
+    for start, reason in _JAX_LIMITS.items():
+        if str(exc).startswith(start):
+            return reason
     eqns = jc.mosaic_failing_equations(exc)
     if eqns and eqns[-1].primitive in RULES.external:
         return (f"primitive '{eqns[-1].primitive.name}' has a palladium rule "

@@ -1,0 +1,353 @@
+"""VMEM and SMEM accounting: what the compiled kernel certainly holds per core, against
+the simulated chip's limits, computed from the ``pallas_call`` before it runs.
+
+Counted per core, each buffer padded to its TPU tiles
+(``palladium.shared_memory.padded_shape``; SMEM is not padded):
+
+* every ``BlockSpec`` operand in VMEM (or SMEM): its block times its buffer count, 2 by
+  default or ``pipeline_mode=pl.Buffered(n)``'s n. Blocks whose index never changes count
+  too (Mosaic allocates them); only a *trivial window* (the block is the whole array and
+  the index map returns literal zeros) or a kernel without a grid counts one buffer, as
+  Mosaic then buffers once;
+* ``scratch_shapes``;
+* ``pl.run_scoped`` allocations at their deepest nesting (allocations of sequential
+  scopes do not add up; the branches of a ``cond`` count as the largest one). The
+  buffers palladium.pipeline's inlined ``emit_pipeline`` allocates are such scopes;
+* SMEM: scalar-prefetch operands, SMEM blocks and SMEM scratch.
+
+Left out, so that the count never exceeds what Mosaic allocates: Mosaic's internal
+scratch, the VMEM that values (vector registers spilled, large temporaries) take
+(reported as ``intermediates_peak_bytes``, never checked), the buffers that the
+``emit_pipeline`` *primitive* path (``use_primitive=True``) allocates when Mosaic expands
+it, ``VMEM_SHARED`` (v7x's shared VMEM), semaphores, bool blocks as Mosaic's 32-bit
+words (counted as bytes) and SMEM word padding.
+
+The VMEM limit is ``pltpu.CompilerParams(vmem_limit_bytes=...)`` when given, else XLA's
+default scoped limit for the chip (``palladium.interpret.chip``), never above the core's
+VMEM capacity; SMEM's is its capacity.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from typing import Any
+
+import numpy as np
+
+from palladium.interpret import _jax_compat as jc
+from palladium.interpret.blocks import BlockSpecInfo, memory_space_of
+from palladium.interpret.chip import CHIP_GENERATIONS, chip_facts
+from palladium.interpret.errors import TpuResourceError
+from palladium.interpret.kernel import PreparedKernel
+from palladium.shared_memory import MemorySpace, padded_shape
+
+__all__ = ["Buffer", "MemoryUse", "SpaceUse", "check_fits", "measure"]
+
+MiB = 2**20
+
+
+def _mib(n: int) -> str:
+    return f"{n / MiB:.2f} MiB" if n >= MiB // 100 else f"{n} bytes"
+
+
+@dataclasses.dataclass(frozen=True)
+class Buffer:
+    """One counted buffer: ``kind`` is "input", "output", "scratch", "run_scoped" or
+    "scalar prefetch"; ``bytes`` is one buffer's tile-padded size."""
+
+    kind: str
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    bytes: int
+    count: int = 1
+
+    @property
+    def total_bytes(self) -> int:
+        return self.bytes * self.count
+
+    def describe(self) -> str:
+        shape = "(" + ", ".join(str(d) for d in self.shape) + ("," if len(self.shape) == 1 else "") + ")"
+        what = "block " if self.kind in ("input", "output") else ""
+        line = f"{self.kind} '{self.name}' {what}{shape} {self.dtype}: {_mib(self.bytes)}"
+        if self.count != 1:
+            line += f" x {self.count} buffers = {_mib(self.total_bytes)}"
+        return line
+
+
+@dataclasses.dataclass(frozen=True)
+class SpaceUse:
+    """One memory space per core: what is counted, its peak, the limit and capacity."""
+
+    space: str  # "VMEM" | "SMEM"
+    buffers: tuple[Buffer, ...]
+    peak_bytes: int
+    limit_bytes: int
+    capacity_bytes: int
+    requested_limit_bytes: int | None = None  # vmem_limit_bytes as given (may exceed capacity)
+
+    @property
+    def over(self) -> bool:
+        return self.peak_bytes > self.limit_bytes
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryUse:
+    """A kernel's VMEM and SMEM use per core on ``chip``, counted before it runs.
+
+    ``intermediates_peak_bytes``: the largest total of (tile-padded) array values live
+    at once in the kernel body, a rough guide to the VMEM Mosaic's temporaries may take;
+    reported, never checked.
+    """
+
+    chip: str
+    vmem: SpaceUse
+    smem: SpaceUse
+    intermediates_peak_bytes: int
+
+    def summary(self) -> str:
+        """``VMEM 6.00 MiB of 16.00 MiB, SMEM 8 bytes of 1.00 MiB per core (v5e)``."""
+        return (f"VMEM {_mib(self.vmem.peak_bytes)} of {_mib(self.vmem.limit_bytes)}, "
+                f"SMEM {_mib(self.smem.peak_bytes)} of {_mib(self.smem.limit_bytes)} per "
+                f"core ({self.chip}); intermediates up to "
+                f"{_mib(self.intermediates_peak_bytes)}")
+
+
+def measure(kernel: PreparedKernel, chip: str) -> MemoryUse:
+    """Count ``kernel``'s VMEM and SMEM per core on ``chip`` (see the module docs)."""
+    facts = chip_facts(chip)
+    generation = CHIP_GENERATIONS[chip]
+    vmem: list[Buffer] = []
+    smem: list[Buffer] = []
+    pipelined = bool(tuple(kernel.grid_mapping.grid))
+    bms = kernel.grid_mapping.block_mappings
+    for kind, infos, offset in (("input", kernel.inputs, 0),
+                                ("output", kernel.outputs, len(kernel.inputs))):
+        for i, info in enumerate(infos):
+            buf = _block_buffer(kind, info, bms[offset + i], pipelined, generation)
+            if buf is not None:
+                (vmem if info.space == MemorySpace.VMEM else smem).append(buf)
+    n_idx = kernel.grid_mapping.num_index_operands
+    for i, var in enumerate(kernel.jaxpr.invars[:n_idx]):
+        smem.append(_array_buffer("scalar prefetch", kernel.scalar_names[i], var.aval,
+                                  MemorySpace.SMEM, generation))
+    for scratch in kernel.scratch:
+        space = _space(scratch.aval)
+        if space is not None:
+            buf = _array_buffer("scratch", scratch.name, scratch.aval, space, generation)
+            (vmem if space == MemorySpace.VMEM else smem).append(buf)
+    scoped = _ScopedPeak(kernel, generation)
+    scoped_vmem, scoped_smem = scoped.peak(kernel.jaxpr)
+    vmem.extend(scoped_vmem[1])
+    smem.extend(scoped_smem[1])
+    params = kernel.compiler_params
+    requested = getattr(params, "vmem_limit_bytes", None) if params is not None else None
+    capacity = facts.vmem_capacity_bytes
+    limit = min(requested if requested is not None else facts.default_scoped_vmem_limit_bytes,
+                capacity)
+    return MemoryUse(
+        chip=chip,
+        vmem=SpaceUse("VMEM", tuple(vmem), sum(b.total_bytes for b in vmem), limit, capacity,
+                      requested),
+        smem=SpaceUse("SMEM", tuple(smem), sum(b.total_bytes for b in smem),
+                      facts.smem_capacity_bytes, facts.smem_capacity_bytes),
+        intermediates_peak_bytes=_intermediates_peak(kernel.jaxpr, generation, {}),
+    )
+
+
+def _nbytes(shape: tuple[int, ...], dtype: Any, space: MemorySpace, generation: int) -> int:
+    dt = np.dtype(dtype)
+    if space == MemorySpace.VMEM:
+        shape = padded_shape(shape, dt, generation=generation)
+    return math.prod(shape) * dt.itemsize
+
+
+def _block_buffer(kind: str, info: BlockSpecInfo, bm: Any, pipelined: bool,
+                  generation: int) -> Buffer | None:
+    if info.space not in (MemorySpace.VMEM, MemorySpace.SMEM):
+        return None
+    if _is_vmem_shared(getattr(bm.block_aval, "memory_space", None)):
+        return None
+    window = tuple(1 if d.kind == "squeezed" else d.size for d in info.dims)
+    trivial = bm.has_trivial_window()
+    count = 1 if (not pipelined or trivial or info.space == MemorySpace.SMEM) else (
+        info.buffer_count)
+    return Buffer(kind, info.name, window, str(info.dtype),
+                  _nbytes(window, info.dtype, info.space, generation), count)
+
+
+def _is_vmem_shared(space: Any) -> bool:
+    return jc.VMEM_SHARED is not None and space is jc.VMEM_SHARED
+
+
+def _space(aval: Any) -> MemorySpace | None:
+    """VMEM or SMEM for a buffer palladium counts; None for HBM, semaphores and
+    VMEM_SHARED."""
+    raw = getattr(aval, "memory_space", None)
+    if _is_vmem_shared(raw):
+        return None
+    space = memory_space_of(raw)
+    if space in (MemorySpace.VMEM, MemorySpace.SMEM) and _is_array(aval):
+        return space  # type: ignore[return-value]
+    return None
+
+
+def _is_array(aval: Any) -> bool:
+    try:
+        np.dtype(aval.dtype)
+    except TypeError:
+        return False  # semaphores
+    return hasattr(aval, "shape")
+
+
+def _array_buffer(kind: str, name: str, aval: Any, space: MemorySpace,
+                  generation: int) -> Buffer:
+    shape = tuple(int(d) for d in aval.shape)
+    return Buffer(kind, name, shape, str(np.dtype(aval.dtype)),
+                  _nbytes(shape, aval.dtype, space, generation))
+
+
+_Peak = tuple[int, list[Buffer]]
+
+
+class _ScopedPeak:
+    """The ``run_scoped`` allocations alive together at their deepest nesting."""
+
+    def __init__(self, kernel: PreparedKernel, generation: int) -> None:
+        self.kernel = kernel
+        self.generation = generation
+        self._memo: dict[int, tuple[_Peak, _Peak]] = {}
+
+    def peak(self, jaxpr: Any) -> tuple[_Peak, _Peak]:
+        """(VMEM, SMEM) peaks of ``jaxpr``: bytes and the buffers making them up."""
+        key = id(jaxpr)
+        if key in self._memo:
+            return self._memo[key]
+        best_v: _Peak = (0, [])
+        best_s: _Peak = (0, [])
+        for eqn in jaxpr.eqns:
+            own_v, own_s = self._own(eqn)
+            sub_v: _Peak = (0, [])
+            sub_s: _Peak = (0, [])
+            for value in eqn.params.values():
+                for sub in _sub_jaxprs(value):
+                    v, s = self.peak(sub)
+                    sub_v = max(sub_v, v, key=lambda p: p[0])
+                    sub_s = max(sub_s, s, key=lambda p: p[0])
+            total_v = (sum(b.total_bytes for b in own_v) + sub_v[0], own_v + sub_v[1])
+            total_s = (sum(b.total_bytes for b in own_s) + sub_s[0], own_s + sub_s[1])
+            best_v = max(best_v, total_v, key=lambda p: p[0])
+            best_s = max(best_s, total_s, key=lambda p: p[0])
+        self._memo[key] = (best_v, best_s)
+        return best_v, best_s
+
+    def _own(self, eqn: Any) -> tuple[list[Buffer], list[Buffer]]:
+        if eqn.primitive is not jc.run_scoped_p:
+            return [], []
+        body = eqn.params["jaxpr"]
+        names = getattr(body.debug_info, "arg_names", None) if body.debug_info else None
+        frame = jc.user_frame(self.kernel.inherited_sources.get(id(eqn), eqn.source_info))
+        at = f" at {os.path.basename(frame[0])}:{frame[1]}" if frame else ""
+        vmem: list[Buffer] = []
+        smem: list[Buffer] = []
+        for i, var in enumerate(body.invars):
+            space = _space(var.aval)
+            if space is None:
+                continue
+            name = str(names[i]) if names and i < len(names) and names[i] else f"[{i}]{at}"
+            buf = _array_buffer("run_scoped", name, var.aval, space, self.generation)
+            (vmem if space == MemorySpace.VMEM else smem).append(buf)
+        return vmem, smem
+
+
+def _sub_jaxprs(value: Any) -> list[Any]:
+    if isinstance(value, jc.ClosedJaxpr):
+        return [value.jaxpr]
+    if isinstance(value, jc.Jaxpr):
+        return [value]
+    if isinstance(value, tuple | list):
+        return [j for v in value for j in _sub_jaxprs(v)]
+    return []
+
+
+def _value_bytes(aval: Any, generation: int) -> int:
+    shape = getattr(aval, "shape", None)
+    if not shape or not _is_array(aval) or isinstance(aval, jc.AbstractRef):
+        return 0  # scalars live in scalar registers; refs are buffers, counted above
+    return _nbytes(tuple(int(d) for d in shape), aval.dtype, MemorySpace.VMEM, generation)
+
+
+def _intermediates_peak(jaxpr: Any, generation: int, memo: dict[int, int]) -> int:
+    """The largest total of array values live at once in ``jaxpr`` (nested jaxprs add
+    their own peak to what is live around them)."""
+    key = id(jaxpr)
+    if key in memo:
+        return memo[key]
+    last_use: dict[Any, int] = {}
+    for i, eqn in enumerate(jaxpr.eqns):
+        for v in eqn.invars:
+            if isinstance(v, jc.Var):
+                last_use[v] = i
+    for v in jaxpr.outvars:
+        if isinstance(v, jc.Var):
+            last_use[v] = len(jaxpr.eqns)
+    live: dict[Any, int] = {}
+    peak = 0
+    for i, eqn in enumerate(jaxpr.eqns):
+        inner = max((_intermediates_peak(sub, generation, memo)
+                     for value in eqn.params.values() for sub in _sub_jaxprs(value)),
+                    default=0)
+        outs = {v: _value_bytes(v.aval, generation) for v in eqn.outvars
+                if isinstance(v, jc.Var) and not isinstance(v, jc.DropVar)}
+        peak = max(peak, sum(live.values()) + inner + sum(outs.values()))
+        live.update(outs)
+        for v in [v for v in live if last_use.get(v, -1) <= i]:
+            del live[v]
+    memo[key] = peak
+    return peak
+
+
+def check_fits(kernel: PreparedKernel, use: MemoryUse) -> None:
+    """Raise ``TpuResourceError`` if ``use`` exceeds the VMEM limit or SMEM capacity."""
+    for space in (use.vmem, use.smem):
+        if space.over:
+            raise TpuResourceError(_over_message(kernel, use.chip, space))
+
+
+def _over_message(kernel: PreparedKernel, chip: str, space: SpaceUse) -> str:
+    where = f"kernel '{kernel.name}'"
+    if kernel.launch_location:
+        where += f" (pallas_call at {kernel.launch_location})"
+    name = space.space
+    if name == "VMEM":
+        if space.requested_limit_bytes is None:
+            limit = f"its scoped VMEM limit of {_mib(space.limit_bytes)} (XLA's default on {chip})"
+        elif space.requested_limit_bytes > space.capacity_bytes:
+            limit = (f"the core's VMEM capacity of {_mib(space.capacity_bytes)} "
+                     f"(vmem_limit_bytes={space.requested_limit_bytes} is more than there is)")
+        else:
+            limit = f"its vmem_limit_bytes={space.limit_bytes} ({_mib(space.limit_bytes)})"
+    else:
+        limit = f"the core's SMEM capacity of {_mib(space.limit_bytes)}"
+    lines = [
+        f"{where} needs {_mib(space.peak_bytes)} ({space.peak_bytes} bytes) of {name} per "
+        f"core on TPU {chip}, more than {limit}. A TPU fails to compile it: \"Ran out of "
+        f"memory in memory space {name.lower()}\". Counted per core"
+        + (", tile-padded" if name == "VMEM" else "") + ":",
+    ]
+    lines += [f"  {b.describe()}" for b in space.buffers if b.total_bytes]
+    if name == "VMEM" and space.peak_bytes <= space.capacity_bytes:
+        lines.append(
+            f"Raise pltpu.CompilerParams(vmem_limit_bytes=...) to at least {space.peak_bytes} "
+            f"(up to the core's {_mib(space.capacity_bytes)}), or use fewer buffers "
+            "(pipeline_mode=pl.Buffered(1) for a block whose index rarely changes) or "
+            "smaller blocks.")
+    elif name == "VMEM":
+        lines.append(
+            f"Even the core's whole VMEM ({_mib(space.capacity_bytes)}) is too small: use "
+            "smaller blocks or fewer buffers (pipeline_mode=pl.Buffered(1)).")
+    else:
+        lines.append("Use smaller scalar-prefetch operands, SMEM blocks or SMEM scratch.")
+    return "\n".join(lines)
