@@ -29,8 +29,8 @@ from palladium.interpret.blas import single_threaded_blas
 from palladium.interpret.chip import resolve_chip
 from palladium.interpret.devices import DeviceMesh
 from palladium.interpret.errors import DataRaceError, SimulationError
-from palladium.interpret.host_call import host_call
 from palladium.interpret.fidelity.checks import check_kernel
+from palladium.interpret.host_call import host_call
 from palladium.interpret.kernel import PreparedKernel
 from palladium.interpret.kernel_checks import check_prepared_kernel
 from palladium.interpret.launch import Launch

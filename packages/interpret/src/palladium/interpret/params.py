@@ -39,6 +39,7 @@ _CHOICES: dict[str, tuple[Any, ...]] = {
 _BOOLS = ("detect_races", "skip_floating_point_ops", "allow_hbm_allocation_in_run_scoped",
           "check_lowering", "check_memory")
 
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class InterpretParams:
     """Run a Pallas TPU kernel on CPU with palladium's simulator.
