@@ -30,7 +30,6 @@ from palladium.interpret.observers import LaunchInfo, launch_observers
 from palladium.interpret.params import InterpretParams
 from palladium.interpret.site import Site
 from palladium.shared_memory import (
-    TILING_DEFAULT,
     BlockCopy,
     MemorySpace,
     SemaphoreKind,
@@ -78,16 +77,7 @@ class Launch:
         self.sim = Simulation(
             self.num_devices,
             self.num_cores,
-            seed=params.seed,
-            detect_races=params.detect_races,
-            on_race=params.on_race,
-            dma_execution_mode=params.dma_execution_mode,
-            dma_order=params.dma_order,
-            out_of_bounds=params.out_of_bounds_reads,
-            uninitialized=params.uninitialized_memory,
-            bounds=params.buffer_bounds,
-            tiling=TILING_DEFAULT,
-            tpu_generation=self.chip_facts.generation,
+            options=params.simulation_options(self.chip_facts.generation),
             out_of_bounds_hint=_OUT_OF_BOUNDS_HINT,
         )
         self.vmapped_dims = tuple(gm.vmapped_dims)

@@ -11,8 +11,10 @@ from palladium.shared_memory._version import __version__
 from palladium.shared_memory.buffers import BufferRef, MemorySpace
 from palladium.shared_memory.dma import DmaView
 from palladium.shared_memory.errors import (
+    ConfigError,
     DeadlockError,
     OutOfBoundsError,
+    PalladiumError,
     SemaphoreLeakError,
     SimulationError,
 )
@@ -23,6 +25,7 @@ from palladium.shared_memory.observer import (
     ObserverSet,
     SemaphoreInfo,
 )
+from palladium.shared_memory.options import SimulationOptions
 from palladium.shared_memory.semaphores import SemaphoreKind
 from palladium.shared_memory.simulation import CoreId, Simulation
 from palladium.shared_memory.tpu_facts import (
@@ -37,6 +40,7 @@ __all__ = [
     "TILING_DEFAULT",
     "BlockCopy",
     "BufferRef",
+    "ConfigError",
     "CoreId",
     "DataRaceError",
     "DeadlockError",
@@ -46,10 +50,12 @@ __all__ = [
     "Observer",
     "ObserverSet",
     "OutOfBoundsError",
+    "PalladiumError",
     "SemaphoreInfo",
     "SemaphoreKind",
     "SemaphoreLeakError",
     "Simulation",
+    "SimulationOptions",
     "SimulationError",
     "__version__",
     "padded_shape",

@@ -6,17 +6,17 @@ or semaphore as the user named it, the core ("device 0 core 1") and the caller's
 
 from __future__ import annotations
 
+from palladium.race_detect import ConfigError, PalladiumError, SimulationError
+
 __all__ = [
+    "ConfigError",
     "DeadlockError",
     "OutOfBoundsError",
+    "PalladiumError",
     "SemaphoreLeakError",
     "SimulationError",
     "core_name",
 ]
-
-
-class SimulationError(Exception):
-    """Base class of every fault detected by the simulator (and the interpreter's own)."""
 
 
 class OutOfBoundsError(SimulationError, IndexError):

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from operator import index as _as_int
 
+from palladium.race_detect import ConfigError
+
 __all__ = ["AccessPlan", "describe_region", "resolve"]
 
 _ALL = slice(None)
@@ -67,7 +69,7 @@ def resolve(region, logical: tuple[int, ...], bound: tuple[int, ...]) -> AccessP
     nd = len(logical)
     nr = len(region)
     if nr > nd:
-        raise ValueError(f"region {describe_region(region)} indexes {nr} axes of a rank-{nd} buffer")
+        raise ConfigError(f"region {describe_region(region)} indexes {nr} axes of a rank-{nd} buffer")
     index: list = []
     shape: list[int] = []
     pos: list = []
@@ -89,7 +91,7 @@ def resolve(region, logical: tuple[int, ...], bound: tuple[int, ...]) -> AccessP
                 stop = -1 if r.stop is None else _as_int(r.stop)
                 count = (start - stop - step - 1) // -step if start > stop else 0
             else:
-                raise ValueError(f"slice step cannot be zero in region {describe_region(region)}")
+                raise ConfigError(f"slice step cannot be zero in region {describe_region(region)}")
             shape.append(count)
             if step > 0 and start >= 0 and start + count * step - step < n:
                 lo, hi = 0, count

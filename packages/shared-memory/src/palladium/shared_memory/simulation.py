@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 
-from palladium.race_detect import RaceDetector
+from palladium.race_detect import OnRace, RaceDetector
 from palladium.shared_memory.buffers import (
     OUT_OF_BOUNDS_HINT,
     Buffer,
@@ -33,12 +33,21 @@ from palladium.shared_memory.buffers import (
 )
 from palladium.shared_memory.dma import Dma, DmaState, DmaView
 from palladium.shared_memory.errors import (
+    ConfigError,
     SemaphoreLeakError,
     SimulationError,
     at_site,
     core_name,
 )
 from palladium.shared_memory.observer import Observer, ObserverSet, dma_event, semaphore_info
+from palladium.shared_memory.options import (
+    Bounds,
+    DmaExecutionMode,
+    DmaOrder,
+    OutOfBounds,
+    SimulationOptions,
+    Uninitialized,
+)
 from palladium.shared_memory.regions import describe_region
 from palladium.shared_memory.scheduler import Scheduler, Task
 from palladium.shared_memory.semaphores import (
@@ -60,15 +69,6 @@ CoreId = tuple[int, int]
 
 _ELLIPSIS = (Ellipsis,)
 
-_CHOICES = {
-    "dma_execution_mode": ("on_wait", "eager"),
-    "dma_order": ("issue", "random"),
-    "out_of_bounds": ("raise", "uninitialized"),
-    "uninitialized": ("nan", "zero"),
-    "bounds": ("logical", "padded"),
-}
-
-
 class Simulation:
     """One kernel launch on a simulated TPU slice of ``num_devices`` x ``cores_per_device``.
 
@@ -81,42 +81,46 @@ class Simulation:
         num_devices: int = 1,
         cores_per_device: int = 1,
         *,
+        options: SimulationOptions | None = None,
         seed: int = 0,
         detect_races: bool = False,
-        on_race="raise",
-        dma_execution_mode: str = "on_wait",
-        dma_order: str = "issue",
-        out_of_bounds: str = "raise",
-        uninitialized: str = "nan",
-        bounds: str = "logical",
+        on_race: OnRace = "raise",
+        dma_execution_mode: DmaExecutionMode = "on_wait",
+        dma_order: DmaOrder = "issue",
+        out_of_bounds: OutOfBounds = "raise",
+        uninitialized: Uninitialized = "nan",
+        bounds: Bounds = "logical",
         tiling: tuple[int, int] = TILING_DEFAULT,
         tpu_generation: int = GENERATION_DEFAULT,
         out_of_bounds_hint: str = OUT_OF_BOUNDS_HINT,
         observers: Iterable[Observer] = (),
     ):
-        options = dict(
-            dma_execution_mode=dma_execution_mode, dma_order=dma_order,
-            out_of_bounds=out_of_bounds, uninitialized=uninitialized, bounds=bounds,
-        )
-        for option, value in options.items():
-            if value not in _CHOICES[option]:
-                raise ValueError(f"{option} must be one of {_CHOICES[option]}, got {value!r}")
+        # ``options`` (a SimulationOptions, as the interpreter passes) or the same
+        # choices one keyword each.
+        if options is None:
+            options = SimulationOptions(
+                seed=seed, detect_races=detect_races, on_race=on_race,
+                dma_execution_mode=dma_execution_mode, dma_order=dma_order,
+                out_of_bounds=out_of_bounds, uninitialized=uninitialized, bounds=bounds,
+                tiling=tiling, tpu_generation=tpu_generation,
+            )
         if num_devices < 1 or cores_per_device < 1:
-            raise ValueError("a simulation needs at least one device and one core per device")
+            raise ConfigError("a simulation needs at least one device and one core per device")
         self.num_devices = num_devices
         self.cores_per_device = cores_per_device
-        self.seed = seed
-        self.dma_execution_mode = dma_execution_mode
-        self.dma_order = dma_order
-        self.out_of_bounds = out_of_bounds
-        self.uninitialized = uninitialized
-        self.bounds = bounds
-        self.tiling = tiling
-        self.tpu_generation = tpu_generation
+        self.options = options
+        self.seed = options.seed
+        self.dma_execution_mode = options.dma_execution_mode
+        self.dma_order = options.dma_order
+        self.out_of_bounds = options.out_of_bounds
+        self.uninitialized = options.uninitialized
+        self.bounds = options.bounds
+        self.tiling = options.tiling
+        self.tpu_generation = options.tpu_generation
         self.out_of_bounds_hint = out_of_bounds_hint
-        self._eager = dma_execution_mode == "eager"
-        self._oob_raise = out_of_bounds == "raise"
-        self._rng = random.Random(seed)
+        self._eager = options.dma_execution_mode == "eager"
+        self._oob_raise = options.out_of_bounds == "raise"
+        self._rng = random.Random(options.seed)
         self._local = threading.local()
         self._trace: list[CoreId] = []
         # None while no observer is registered: every hook site is one ``is not None``.
@@ -140,7 +144,7 @@ class Simulation:
         self._barrier_arrived: list[CoreId] = []
         self._barrier_sites: dict[CoreId, object] = {}
         self._run_cores: list[CoreId] = []
-        self._det = RaceDetector(on_race=on_race) if detect_races else None
+        self._det = RaceDetector(on_race=options.on_race) if options.detect_races else None
         self._root = self._det.new_actor("kernel launch") if self._det is not None else None
         self._actors: dict[CoreId, object] = {}
 
@@ -226,10 +230,10 @@ class Simulation:
         if value is not None:
             data = np.array(value, dtype=dtype, copy=True)
             if shape is not None and tuple(shape) != data.shape:
-                raise ValueError(f"buffer '{name}': value has shape {data.shape}, not {tuple(shape)}")
+                raise ConfigError(f"buffer '{name}': value has shape {data.shape}, not {tuple(shape)}")
         else:
             if shape is None or dtype is None:
-                raise ValueError(f"buffer '{name}': give a value, or a shape and a dtype")
+                raise ConfigError(f"buffer '{name}': give a value, or a shape and a dtype")
             dtype = np.dtype(dtype)
             data = np.full(tuple(int(d) for d in shape),
                            uninitialized_value(dtype, fill or self.uninitialized), dtype)
@@ -478,7 +482,7 @@ class Simulation:
         sb, db = self._buffer(src), self._buffer(dst)
         sp, dp = sb.plan(src_region), db.plan(dst_region)
         if view is None and sp.shape != dp.shape:
-            raise ValueError(
+            raise ConfigError(
                 f"{core_name(core)}: DMA from {src.label}{describe_region(src_region)} (shape "
                 f"{sp.shape}) to {dst.label}{describe_region(dst_region)} (shape {dp.shape}): "
                 f"the shapes differ{at_site(site)}"
