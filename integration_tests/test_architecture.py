@@ -1,4 +1,5 @@
-"""The shape of the source: no import cycle in any package, function-level imports included.
+"""The shape of the source: no import cycle in any package (function-level imports
+included) and no module over 450 lines in any package's src.
 
 import-linter (``.importlinter``) checks the layers between modules, but it follows only
 module-level imports; an import inside a function hides a cycle from it, so this test
@@ -8,7 +9,10 @@ reads every import statement of every module with ``ast``.
 import ast
 import pathlib
 
+import pytest
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
+MAX_LINES = 450
 
 
 def _modules() -> dict[str, pathlib.Path]:
@@ -111,3 +115,7 @@ def test_no_import_cycle_in_any_package_function_level_imports_included():
     cycles = _cycles(graph)
     detail = [{m: sorted(graph[m] & set(c)) for m in c} for c in cycles]
     assert cycles == [], detail
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_no_module_over_450_lines(module):
+    lines = len(MODULES[module].read_text().splitlines())
+    assert lines <= MAX_LINES, f"{MODULES[module]}: {lines} lines; split it by job"
