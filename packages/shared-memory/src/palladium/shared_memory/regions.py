@@ -15,6 +15,7 @@ the bounds.
 from __future__ import annotations
 
 from operator import index as _as_int
+from typing import Any
 
 from palladium.race_detect import ConfigError
 
@@ -36,7 +37,7 @@ class AccessPlan:
 
     __slots__ = ("box", "full", "index", "oob", "pos", "region", "shape")
 
-    def __init__(self, region, full, index, shape, pos, oob, box):
+    def __init__(self, region: Any, full: Any, index: Any, shape: Any, pos: Any, oob: Any, box: Any) -> None:
         self.region = region
         self.full = full
         self.index = index
@@ -60,7 +61,7 @@ def _span(start: int, step: int, count: int, n: int) -> tuple[int, int]:
     return lo, hi
 
 
-def resolve(region, logical: tuple[int, ...], bound: tuple[int, ...]) -> AccessPlan:
+def resolve(region: Any, logical: tuple[int, ...], bound: tuple[int, ...]) -> AccessPlan:
     """Resolve ``region`` against a buffer of ``logical`` shape and ``bound`` shape."""
     if region is None:
         region = ()
@@ -141,7 +142,7 @@ def resolve(region, logical: tuple[int, ...], bound: tuple[int, ...]) -> AccessP
     )
 
 
-def describe_region(region) -> str:
+def describe_region(region: Any) -> str:
     """``[0:8, 3]``-style text of a region, for messages."""
     if region is None:
         return "[...]"

@@ -22,6 +22,7 @@ import enum
 import random
 import threading
 from collections.abc import Callable
+from typing import Any
 
 from palladium.shared_memory.errors import DeadlockError, core_name
 from palladium.shared_memory.observer import Observer
@@ -44,7 +45,7 @@ class Task:
 
     __slots__ = ("body", "core", "describe", "event", "ready", "state", "thread")
 
-    def __init__(self, core, body: Callable[[], None]):
+    def __init__(self, core: Any, body: Callable[[], None]) -> None:
         self.core = core
         self.body = body
         self.event = threading.Event()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from palladium.shared_memory.buffers import Buffer, BufferRef, MemorySpace, stored_mask
@@ -22,8 +24,8 @@ class BufferOps(SimulationState):
         core: int,
         *,
         name: str,
-        shape=None,
-        dtype=None,
+        shape: Any = None,
+        dtype: Any = None,
         value: np.ndarray | None = None,
         fill: str | None = None,
     ) -> BufferRef:
@@ -79,7 +81,7 @@ class BufferOps(SimulationState):
         """Whether ``buf`` has not been freed yet."""
         return buf.key in self._buffers
 
-    def read(self, buf: BufferRef, region, *, mask=None, core: CoreId, site=None) -> np.ndarray:
+    def read(self, buf: BufferRef, region: Any, *, mask: Any = None, core: CoreId, site: object = None) -> np.ndarray:
         """A copy of ``buf[region]`` as read by ``core``.
 
         With ``mask`` (broadcastable to the region's shape) only the True elements are
@@ -103,7 +105,7 @@ class BufferOps(SimulationState):
                                    mask=np.broadcast_to(sub, shape))
         return out
 
-    def write(self, buf: BufferRef, region, value, *, mask=None, core: CoreId, site=None) -> None:
+    def write(self, buf: BufferRef, region: Any, value: Any, *, mask: Any = None, core: CoreId, site: object = None) -> None:
         """Store ``value`` into ``buf[region]`` (only where ``mask`` is True)."""
         b = self._buffers.get(buf.key) or self._buffer(buf)
         plan = b.plan(region)
@@ -111,7 +113,7 @@ class BufferOps(SimulationState):
         if self._det is not None and plan.index is not None:
             self._race_write(core, buf.key, plan, mask, site)
 
-    def swap(self, buf: BufferRef, region, value, *, mask=None, core: CoreId, site=None) -> np.ndarray:
+    def swap(self, buf: BufferRef, region: Any, value: Any, *, mask: Any = None, core: CoreId, site: object = None) -> np.ndarray:
         """Store ``value`` (where ``mask``) into ``buf[region]``; return the old contents."""
         b = self._buffers.get(buf.key) or self._buffer(buf)
         plan = b.plan(region)
@@ -120,7 +122,7 @@ class BufferOps(SimulationState):
             self._race_write(core, buf.key, plan, mask, site)
         return old
 
-    def _race_write(self, core, key, plan, mask, site) -> None:
+    def _race_write(self, core: Any, key: Any, plan: Any, mask: Any, site: object) -> None:
         assert self._det is not None
         if mask is None:
             self._det.write(self._actor(core), key, plan.index, site=site)

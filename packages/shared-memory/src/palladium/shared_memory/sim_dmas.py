@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from palladium.shared_memory.buffers import BufferRef, outside_mask
 from palladium.shared_memory.dma import Dma, DmaState, DmaView
 from palladium.shared_memory.errors import ConfigError, at_site, core_name
@@ -17,15 +19,15 @@ class DmaOps(SimulationState):
     def dma_start(
         self,
         src: BufferRef,
-        src_region,
+        src_region: Any,
         dst: BufferRef,
-        dst_region,
+        dst_region: Any,
         *,
         core: CoreId,
-        dst_sem,
-        src_sem=None,
+        dst_sem: Any,
+        src_sem: Any = None,
         dst_core: CoreId | None = None,
-        site=None,
+        site: object = None,
         name: str | None = None,
         view: DmaView | None = None,
         add: bool = False,

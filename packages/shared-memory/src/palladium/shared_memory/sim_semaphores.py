@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -22,7 +23,7 @@ class SemaphoreOps(DmaOps):
     """``Simulation``'s semaphore operations; a wait makes pending DMAs progress."""
 
     def allocate_semaphores(
-        self, device: int, core: int, *, kind: SemaphoreKind, name: str, shape=()
+        self, device: int, core: int, *, kind: SemaphoreKind, name: str, shape: Any = ()
     ) -> np.ndarray:
         """Allocate an array of semaphores on one core; returns their ids (int64)."""
         where = self._check_core((device, core))
@@ -43,7 +44,7 @@ class SemaphoreOps(DmaOps):
         """The id of the device-wide barrier semaphore (the same on every core)."""
         return BARRIER_SEMAPHORE_ID
 
-    def semaphore_signal(self, sem_id, inc, *, core: CoreId, target: CoreId | None = None, site=None) -> None:
+    def semaphore_signal(self, sem_id: Any, inc: Any, *, core: CoreId, target: CoreId | None = None, site: object = None) -> None:
         """Add ``inc`` to ``sem_id`` on ``target`` (default: the signalling core)."""
         task = self._task()
         self._sched.check()
@@ -54,7 +55,7 @@ class SemaphoreOps(DmaOps):
             self._obs.semaphore_signal(core, semaphore_info(sem), int(inc))
         self._sched.yield_point(task)
 
-    def semaphore_wait(self, sem_id, value, *, core: CoreId, site=None) -> None:
+    def semaphore_wait(self, sem_id: Any, value: Any, *, core: CoreId, site: object = None) -> None:
         """Block until the count of ``sem_id`` on ``core`` reaches ``value``; subtract it."""
         task = self._task()
         self._sched.yield_point(task)
@@ -80,14 +81,14 @@ class SemaphoreOps(DmaOps):
         if self._obs is not None:
             self._obs.semaphore_wait_end(core, semaphore_info(sem), value)
 
-    def _describe_wait(self, sem: Semaphore, value: int, site) -> str:
+    def _describe_wait(self, sem: Semaphore, value: int, site: object) -> str:
         kind = "" if sem.kind is SemaphoreKind.REGULAR else f"{sem.kind.value} "
         return (
             f"waits on {kind}semaphore {sem.label} (id {sem.id}) for {value}{sem.unit}, "
             f"count {sem.count}{sem.unit}{at_site(site)}"
         )
 
-    def semaphore_read(self, sem_id, *, core: CoreId, site=None) -> int:
+    def semaphore_read(self, sem_id: Any, *, core: CoreId, site: object = None) -> int:
         """The current count of ``sem_id`` on ``core`` (a synchronisation point)."""
         self._sched.yield_point(self._task())
         return self._sem(core, sem_id).count
@@ -103,7 +104,7 @@ class SemaphoreOps(DmaOps):
         if leaks:
             raise SemaphoreLeakError(self._leak_message(leaks, "at kernel exit"))
 
-    def free_semaphores(self, ids, *, device: int, core: int, site=None) -> None:
+    def free_semaphores(self, ids: Any, *, device: int, core: int, site: object = None) -> None:
         """End of a ``run_scoped``: leak-check and forget the semaphores ``ids``."""
         where = self._check_core((device, core))
         sems = [self._sem(where, i) for i in np.asarray(ids).reshape(-1).tolist()]
@@ -126,6 +127,6 @@ class SemaphoreOps(DmaOps):
             )
         return "\n".join(lines)
 
-    def dma_wait(self, sem_id, nbytes, *, core: CoreId, site=None) -> None:
+    def dma_wait(self, sem_id: Any, nbytes: Any, *, core: CoreId, site: object = None) -> None:
         """Wait until ``nbytes`` bytes arrived on ``sem_id`` and subtract them."""
         self.semaphore_wait(sem_id, nbytes, core=core, site=site)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import random
 import threading
 from collections.abc import Iterator
+from typing import Any
 
 from palladium.race_detect import Actor, RaceDetector
 from palladium.shared_memory.buffers import Buffer, BufferRef
@@ -66,7 +67,7 @@ class SimulationState:
     def _task(self) -> Task | None:
         return getattr(self._local, "task", None)
 
-    def _actor(self, core: CoreId):
+    def _actor(self, core: CoreId) -> Actor:
         actor = self._actors.get(core)
         if actor is None:
             assert self._det is not None
@@ -74,7 +75,7 @@ class SimulationState:
             self._actors[core] = actor
         return actor
 
-    def _check_core(self, core, what: str = "core") -> CoreId:
+    def _check_core(self, core: Any, what: str = "core") -> CoreId:
         core = (int(core[0]), int(core[1]))
         if core not in self._sems:
             raise SimulationError(
@@ -89,7 +90,7 @@ class SimulationState:
             raise SimulationError(f"buffer {buf.label} was used after it was freed")
         return b
 
-    def _sem(self, core: CoreId, sem_id) -> Semaphore:
+    def _sem(self, core: CoreId, sem_id: Any) -> Semaphore:
         table = self._sems.get(core)
         if table is None:
             table = self._sems[self._check_core(core)]

@@ -177,7 +177,7 @@ class Simulation(BufferOps, SemaphoreOps):
         """A synchronisation point where the scheduler may switch cores."""
         self._sched.yield_point(self._task())
 
-    def barrier(self, core: CoreId, *, site=None) -> None:
+    def barrier(self, core: CoreId, *, site: object = None) -> None:
         """Wait until every core of the run (all devices) reached the barrier."""
         task = self._task()
         self._sched.check()
