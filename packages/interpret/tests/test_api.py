@@ -150,3 +150,13 @@ def test_one_host_callback_per_launch():
     assert text.count("custom_call_target = \"xla_python_cpu_callback\"") + text.count(
         "xla_ffi_python_cpu_callback"
     ) == 1
+
+
+def test_interpret_params_hand_the_simulator_the_shared_options():
+    from palladium.shared_memory import SimulationOptions
+
+    params = InterpretParams(out_of_bounds_reads="uninitialized", uninitialized_memory="zero",
+                             buffer_bounds="padded", dma_execution_mode="eager", random_seed=7)
+    assert params.simulation_options(3) == SimulationOptions(
+        seed=7, out_of_bounds="uninitialized", uninitialized="zero", bounds="padded",
+        dma_execution_mode="eager", tpu_generation=3)

@@ -277,3 +277,33 @@ def test_race_collect_policy_keeps_reports_until_collected():
     reports = collected_race_reports()
     assert reports and "o_hbm" in str(reports[0])
     assert collected_race_reports() == []
+
+
+def test_a_race_is_a_simulation_error():
+    # `except SimulationError` catches every fault of a simulated run, races included.
+    from palladium.interpret import PalladiumError, SimulationError
+
+    f = _megacore_race_call(InterpretParams(num_cores_or_threads=2, detect_races=True))
+    with pytest.raises(SimulationError) as info, errors_as_raised():
+        f(X[:8])
+    assert isinstance(info.value, DataRaceError) and isinstance(info.value, PalladiumError)
+
+
+def test_every_exception_palladium_exports_derives_from_one_base():
+    import palladium.interpret
+    import palladium.race_detect
+    import palladium.shared_memory
+    from palladium.interpret import ConfigError, PalladiumError
+
+    for module in (palladium.race_detect, palladium.shared_memory, palladium.interpret):
+        errors = [getattr(module, n) for n in module.__all__
+                  if isinstance(getattr(module, n), type)
+                  and issubclass(getattr(module, n), BaseException)
+                  and not issubclass(getattr(module, n), Warning)]
+        assert errors, module
+        for error in errors:
+            assert issubclass(error, PalladiumError), (module.__name__, error)
+    with pytest.raises(ConfigError, match="dma_execution_mode"):
+        InterpretParams(dma_execution_mode="later")
+    with pytest.raises(ValueError, match="uninitialized_memory"):  # still a ValueError
+        InterpretParams(uninitialized_memory="garbage")

@@ -119,11 +119,11 @@ def test_parallel_grid_points_split_across_cores_in_seeded_order():
 
 
 def test_kernel_preprocessing_is_cached_across_launches(monkeypatch):
-    from palladium.interpret.eval import evaluator
+    from palladium.interpret.eval import program
 
     compiled = []
-    original = evaluator.compile_jaxpr
-    monkeypatch.setattr(evaluator, "compile_jaxpr",
+    original = program.compile_jaxpr
+    monkeypatch.setattr(program, "compile_jaxpr",
                         lambda jaxpr: compiled.append(jaxpr) or original(jaxpr))
     f = jax.jit(lambda a, b, c: _abc_call(a, b, c))
     np.testing.assert_array_equal(f(A, B, C), _expected_abc())

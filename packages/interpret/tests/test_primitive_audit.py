@@ -12,7 +12,7 @@ from jax.experimental.pallas import tpu as pltpu
 
 from palladium.interpret import InterpretParams, UnsupportedPrimitiveError, errors_as_raised
 from palladium.interpret import _jax_compat as jc
-from palladium.interpret.eval.evaluator import _bind
+from palladium.interpret.eval.program import _bind
 from palladium.interpret.eval.registry import RULES
 from palladium.interpret.eval.rules_unsupported import BOUND_ON_CPU, UNSUPPORTED
 from palladium.interpret.numpy_rules import NUMPY_RULES

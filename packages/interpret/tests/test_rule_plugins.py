@@ -107,3 +107,17 @@ def test_a_mapping_to_a_non_callable_is_broken(provider):
     with pytest.warns(pi.InterpretRuleWarning, match="'non-callable'.*expected primitive -> callable"):
         assert pi.load_entry_point_rules() == []
     sys.modules.pop(bad, None)
+
+
+def test_every_registered_rule_sees_only_a_kernel_context():
+    # The typed seam: a rule's first parameter is the KernelContext Protocol, never the
+    # launch or Any (mypy checks the bodies against it; this checks nothing slipped by).
+    import inspect
+
+    from palladium.interpret.eval.registry import RULES
+
+    rules = list(RULES._rules.values())
+    assert len(rules) > 20
+    for fn in rules:
+        first = next(iter(inspect.signature(fn).parameters.values()))
+        assert "KernelContext" in str(first.annotation), (fn, first.annotation)

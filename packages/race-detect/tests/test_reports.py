@@ -163,3 +163,18 @@ def test_threads_share_one_detector():
         t.join(timeout=60)
     (report,) = det.reports
     assert {report.first.actor, report.second.actor} == {"late 0", "late 1"}
+
+
+def test_data_race_error_is_a_simulation_error_and_a_palladium_error():
+    from palladium.race_detect import (
+        ConfigError,
+        DataRaceError,
+        PalladiumError,
+        RaceDetectorError,
+        SimulationError,
+    )
+
+    assert issubclass(DataRaceError, SimulationError)
+    for error in (SimulationError, RaceDetectorError, ConfigError):
+        assert issubclass(error, PalladiumError)
+    assert issubclass(ConfigError, ValueError)

@@ -376,3 +376,15 @@ def test_padded_shape_of_4_bit_types(shape, dtype, expected):
 def test_uninitialized_integers_hold_their_maximum(dtype):
     assert int(uninitialized_value(dtype, "nan")) == int(ml_dtypes.iinfo(dtype).max)
     assert int(uninitialized_value(dtype, "zero")) == 0
+
+
+def test_one_option_vocabulary_for_the_simulator_and_the_interpreter_params():
+    from palladium.shared_memory import ConfigError, SimulationOptions
+    from palladium.shared_memory.options import CHOICES
+
+    assert CHOICES["bounds"] == ("logical", "padded")
+    options = SimulationOptions(bounds="padded", uninitialized="zero", seed=3)
+    sim = Simulation(options=options)
+    assert (sim.bounds, sim.uninitialized, sim.seed, sim.options) == ("padded", "zero", 3, options)
+    with pytest.raises(ConfigError, match="out_of_bounds must be one of"):
+        Simulation(out_of_bounds="ignore")

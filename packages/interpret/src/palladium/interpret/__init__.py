@@ -9,6 +9,7 @@ race detection, deadlock detection, out-of-bounds and revisit checks.
 from palladium.interpret._version import __version__
 from palladium.interpret.chip import CHIPS, ChipFacts, chip_facts
 from palladium.interpret.errors import (
+    ConfigError,
     DataRaceError,
     DeadlockError,
     DmaOrderDependenceError,
@@ -16,6 +17,7 @@ from palladium.interpret.errors import (
     InvalidKernelError,
     KernelError,
     OutOfBoundsError,
+    PalladiumError,
     RendezvousTimeoutError,
     RevisitError,
     SemaphoreLeakError,
@@ -53,6 +55,7 @@ load_entry_point_rules()
 __all__ = [
     "CHIPS",
     "ChipFacts",
+    "ConfigError",
     "DataRaceError",
     "DeadlockError",
     "DmaOrderDependenceError",
@@ -63,6 +66,7 @@ __all__ = [
     "KernelError",
     "LoggingMode",
     "OutOfBoundsError",
+    "PalladiumError",
     "RendezvousTimeoutError",
     "RevisitError",
     "SemaphoreLeakError",

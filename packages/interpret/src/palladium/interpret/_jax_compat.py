@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import functools
 import inspect
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 from jax import lax
@@ -126,7 +128,7 @@ _DMA_SPLITS_TRANSFORMS = (
     "src_transforms" in inspect.signature(mosaic_primitives._dma_flatten).parameters)
 
 
-def dma_operands(tree, invals) -> tuple:
+def dma_operands(tree: Any, invals: Any) -> tuple:
     """``(src, dst, dst_sem, src_sem, device_id)`` of a ``dma_start``/``dma_wait``
     equation's operands; a ref with transforms comes back as a ``TransformedRef``."""
     if not _DMA_SPLITS_TRANSFORMS:
@@ -134,7 +136,7 @@ def dma_operands(tree, invals) -> tuple:
     (src, src_t, dst, dst_t, dst_sem, dst_sem_t, src_sem, src_sem_t,
      device_id) = mosaic_primitives._dma_unflatten(tree, invals)
 
-    def join(ref, transforms):
+    def join(ref: Any, transforms: Any) -> Any:
         return state_types.TransformedRef(ref, tuple(transforms)) if transforms else ref
 
     return (join(src, src_t), join(dst, dst_t), join(dst_sem, dst_sem_t),
@@ -174,20 +176,20 @@ register_lowering = mlir.register_lowering
 lower_fun = mlir.lower_fun
 
 
-def original_cpu_lowering(primitive):
+def original_cpu_lowering(primitive: Any) -> Any:
     """The lowering rule jax itself uses for ``primitive`` on CPU (before ours)."""
     specific = mlir._platform_specific_lowerings.get("cpu", {}).get(primitive)
     entry = specific if specific is not None else mlir._lowerings[primitive]
     return entry.rule
 
 
-def has_cpu_lowering(primitive) -> bool:
+def has_cpu_lowering(primitive: Any) -> bool:
     """Whether jax can lower ``primitive`` for CPU (so ``bind`` evaluates it)."""
     return (primitive in mlir._platform_specific_lowerings.get("cpu", {})
             or primitive in mlir._lowerings)
 
 
-def route_direct_pallas_call_lowering(rule) -> None:
+def route_direct_pallas_call_lowering(rule: Any) -> None:
     """Make jax code that calls ``pallas_call._pallas_call_lowering`` directly (the CPU
     fallback lowering of ``core_map``/``mpmd_map``) go through ``rule`` too. ``rule``
     must hand non-palladium calls to ``original_cpu_lowering(PALLAS_CALL_P)``."""
@@ -196,12 +198,12 @@ def route_direct_pallas_call_lowering(rule) -> None:
     pallas_call_module._pallas_call_lowering = rule
 
 
-def tpu_interpret_mode_config():
+def tpu_interpret_mode_config() -> Any:
     """The config option ``pl.pallas_call`` consults for a forced interpret mode."""
     return jax_config.pallas_tpu_interpret_mode_context_manager
 
 
-def user_frame(source_info) -> tuple[str, int] | None:
+def user_frame(source_info: Any) -> tuple[str, int] | None:
     """(file, line) of the innermost user frame of an equation's source info."""
     if source_info is None or source_info.traceback is None:
         return None
@@ -211,7 +213,7 @@ def user_frame(source_info) -> tuple[str, int] | None:
     return frame.file_name, frame.start_line
 
 
-def trace_to_closed_jaxpr(fn, avals, name: str):
+def trace_to_closed_jaxpr(fn: Any, avals: Any, name: str) -> Any:
     """Trace ``fn(*args) -> list`` on ``avals`` (refs allowed) to a ClosedJaxpr."""
     dbg = api_util.debug_info(name, fn, tuple(avals), {})
     jaxpr, _, consts = pe.trace_to_jaxpr_dynamic(lu.wrap_init(fn, debug_info=dbg), list(avals))
@@ -223,7 +225,7 @@ def axis_sizes() -> dict:
     return dict(jax_core.get_axis_env().axis_sizes)
 
 
-def lowering_call_site(ctx) -> tuple[str, int] | None:
+def lowering_call_site(ctx: Any) -> tuple[str, int] | None:
     """(file, line) of the user code that called ``pl.pallas_call(...)(x)`` whose
     equation a lowering rule lowers, or None.
 
@@ -255,7 +257,7 @@ def lowering_call_site(ctx) -> tuple[str, int] | None:
     return None
 
 
-def emit_cpu_host_callback(ctx, callback, operands):
+def emit_cpu_host_callback(ctx: Any, callback: Callable[..., Any], operands: Sequence[Any]) -> Any:
     """Lower a call of ``callback(*numpy views of the operands) -> tuple of arrays``.
 
     The FFI handler hands the callback read-only numpy views of the operand buffers as
@@ -273,7 +275,7 @@ def emit_cpu_host_callback(ctx, callback, operands):
     return results
 
 
-def callback_logger():
+def callback_logger() -> Any:
     """The logger on which jax reports a failing host callback ("jax.pure_callback
     failed", with the traceback)."""
     import logging
@@ -295,8 +297,8 @@ def tpu_info_for_chip(chip_version: str) -> tpu_info.TpuInfo:
 
 
 # --- Mosaic (the TPU compiler's front end), for the lowering check -------------------------
-def mosaic_lower(ctx, grid_mapping, jaxpr, compiler_params, *, device_kind: str,
-                 num_cores: int):
+def mosaic_lower(ctx: Any, grid_mapping: Any, jaxpr: Any, compiler_params: Any, *,
+                 device_kind: str, num_cores: int) -> Any:
     """Lower a ``pallas_call``'s kernel to a Mosaic module as jax's TPU lowering rule does
     (``lower_jaxpr_to_pipelined_module``, then the verifier the serialisation pass runs),
     with ``tpu_info`` answering for the TPU ``device_kind``; raises what Mosaic raises.

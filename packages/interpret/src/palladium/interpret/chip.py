@@ -31,6 +31,7 @@ import functools
 import jax
 
 from palladium.interpret import _jax_compat as jc
+from palladium.interpret.errors import ConfigError
 
 __all__ = [
     "CHIPS",
@@ -98,9 +99,9 @@ class ChipFacts:
 
 @functools.cache
 def chip_facts(name: str) -> ChipFacts:
-    """The facts of chip ``name`` (one of :data:`CHIPS`); ``KeyError`` for another name."""
+    """The facts of chip ``name`` (one of :data:`CHIPS`); ``ConfigError`` (a ``ValueError``) for another name."""
     if name not in _JAX_CHIP_VERSIONS:
-        raise KeyError(f"unknown TPU chip {name!r}; palladium knows {CHIPS}")
+        raise ConfigError(f"unknown TPU chip {name!r}; palladium knows {CHIPS}")
     version = _JAX_CHIP_VERSIONS[name]
     info = jc.tpu_info_for_chip(version)
     chip = jc.TpuChipVersion(version)

@@ -1,8 +1,10 @@
 """The interpreter's exception types.
 
-Every failure of a simulated kernel is a ``SimulationError``: the simulator's own
-(``OutOfBoundsError``, ``DataRaceError``, ``DeadlockError``, ``SemaphoreLeakError``,
-re-exported here) and the interpreter's (below). Messages name the kernel, the operand
+Every exception the interpreter raises is a ``PalladiumError``. Every failure of a
+simulated kernel is a ``SimulationError``: the simulator's own (``OutOfBoundsError``,
+``DataRaceError``, ``DeadlockError``, ``SemaphoreLeakError``, re-exported here) and the
+interpreter's (below); a parameter it does not accept is a ``ConfigError`` (a
+``ValueError``). Messages name the kernel, the operand
 as the kernel names it, the grid point, the core and the source line.
 """
 
@@ -11,15 +13,18 @@ from __future__ import annotations
 import jax
 
 from palladium.shared_memory import (
+    ConfigError,
     DataRaceError,
     DeadlockError,
     OutOfBoundsError,
+    PalladiumError,
     SemaphoreLeakError,
     SimulationError,
     WatchdogError,
 )
 
 __all__ = [
+    "ConfigError",
     "DataRaceError",
     "DeadlockError",
     "DmaOrderDependenceError",
@@ -27,6 +32,7 @@ __all__ = [
     "InvalidKernelError",
     "KernelError",
     "OutOfBoundsError",
+    "PalladiumError",
     "RendezvousTimeoutError",
     "RevisitError",
     "SemaphoreLeakError",

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
-from palladium.interpret.observers import LaunchInfo
 from palladium.interpret.params import LoggingMode
 from palladium.shared_memory import BlockCopy, BufferRef, MemorySpace, Observer
+
+if TYPE_CHECKING:  # observers imports this module to build the logging observer
+    from palladium.interpret.observers import LaunchInfo
 
 logger = logging.getLogger("palladium.interpret")
 

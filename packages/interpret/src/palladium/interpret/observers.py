@@ -8,7 +8,8 @@ tool that wants to see every launch (the timeline, a pytest plugin) registers a
 :class:`LaunchInfo` and registers the observer it returns (None: not interested). The
 logging modes (``InterpretParams.logging_mode``) are one such observer.
 
->>> from palladium.shared_memory import Observer
+>>> from palladium.interpret.logging_observer import logging_observer
+from palladium.shared_memory import Observer
 >>> class Steps(Observer):
 ...     def __init__(self): self.steps = 0
 ...     def grid_step_begin(self, core, step, grid_point): self.steps += 1
@@ -27,6 +28,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from palladium.interpret.logging_observer import logging_observer
 from palladium.shared_memory import Observer
 
 __all__ = [
@@ -85,8 +87,6 @@ def remove_launch_observer(factory: LaunchObserverFactory) -> None:
 
 def launch_observers(info: LaunchInfo) -> list[Observer]:
     """The observers of one launch: the registered factories' and the logging mode's."""
-    from palladium.interpret.logging_observer import logging_observer
-
     with _LOCK:
         factories = list(_FACTORIES)
     out = [obs for obs in (f(info) for f in factories) if obs is not None]

@@ -6,14 +6,23 @@ import dataclasses
 import enum
 import inspect
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 
 from palladium.interpret.chip import CHIPS
-from palladium.race_detect import RaceReport
-
-OnRace = Literal["raise", "warn", "collect"] | Callable[[RaceReport], None]
+from palladium.interpret.errors import ConfigError
+from palladium.shared_memory.options import (
+    Bounds,
+    DmaExecutionMode,
+    DmaOrder,
+    OnRace,
+    OutOfBounds,
+    SimulationOptions,
+    Uninitialized,
+    check_choice,
+    check_on_race,
+)
 
 
 class LoggingMode(enum.Flag):
@@ -28,12 +37,14 @@ class LoggingMode(enum.Flag):
     MEMORY = enum.auto()
 
 
-_CHOICES: dict[str, tuple[Any, ...]] = {
-    "dma_execution_mode": ("on_wait", "eager"),
-    "out_of_bounds_reads": ("raise", "uninitialized"),
-    "uninitialized_memory": ("nan", "zero"),
-    "buffer_bounds": ("logical", "padded"),
-    "dma_order": ("issue", "random"),
+# InterpretParams field (jax's names) -> the simulator's option (one vocabulary:
+# palladium.shared_memory.options).
+_OPTION_OF_FIELD: dict[str, str] = {
+    "dma_execution_mode": "dma_execution_mode",
+    "out_of_bounds_reads": "out_of_bounds",
+    "uninitialized_memory": "uninitialized",
+    "buffer_bounds": "bounds",
+    "dma_order": "dma_order",
 }
 
 _BOOLS = ("detect_races", "skip_floating_point_ops", "allow_hbm_allocation_in_run_scoped",
@@ -114,19 +125,19 @@ class InterpretParams:
 
     detect_races: bool = False
     on_race: OnRace = "raise"
-    dma_execution_mode: Literal["on_wait", "eager"] = "on_wait"
-    out_of_bounds_reads: Literal["raise", "uninitialized"] = "raise"
-    uninitialized_memory: Literal["nan", "zero"] = "nan"
+    dma_execution_mode: DmaExecutionMode = "on_wait"
+    out_of_bounds_reads: OutOfBounds = "raise"
+    uninitialized_memory: Uninitialized = "nan"
     skip_floating_point_ops: bool = False
     num_cores_or_threads: int = 1
     random_seed: int | None = None
     grid_point_recorder: Callable[..., Any] | None = None
     allow_hbm_allocation_in_run_scoped: bool = False
-    buffer_bounds: Literal["logical", "padded"] = "logical"
+    buffer_bounds: Bounds = "logical"
     vector_clock_size: int | None = None
     logging_mode: LoggingMode | None = None
     chip: str | None = None
-    dma_order: Literal["issue", "random"] = "issue"
+    dma_order: DmaOrder = "issue"
     dma_order_trials: int = 0
     rendezvous_timeout: float = 120.0
     watchdog_timeout: float | None = 300.0
@@ -136,68 +147,60 @@ class InterpretParams:
     def __post_init__(self) -> None:
         for field in _BOOLS:
             if not isinstance(getattr(self, field), bool):
-                raise ValueError(
+                raise ConfigError(
                     f"InterpretParams.{field} must be True or False, got "
                     f"{getattr(self, field)!r}."
                 )
-        for field, allowed in _CHOICES.items():
-            value = getattr(self, field)
-            if value not in allowed:
-                raise ValueError(
-                    f"InterpretParams.{field} must be one of {allowed}, got {value!r}."
-                )
-        if not (self.on_race in ("raise", "warn", "collect") or callable(self.on_race)):
-            raise ValueError(
-                "InterpretParams.on_race must be one of ('raise', 'warn', 'collect') or a "
-                f"callable taking a RaceReport, got {self.on_race!r}."
-            )
+        for field, option in _OPTION_OF_FIELD.items():
+            check_choice(option, getattr(self, field), name=f"InterpretParams.{field}")
+        check_on_race(self.on_race, name="InterpretParams.on_race")
         if not isinstance(self.num_cores_or_threads, int) or self.num_cores_or_threads < 1:
-            raise ValueError(
+            raise ConfigError(
                 "InterpretParams.num_cores_or_threads must be an int >= 1, got "
                 f"{self.num_cores_or_threads!r}."
             )
         if self.random_seed is not None and not isinstance(self.random_seed, int):
-            raise ValueError(
+            raise ConfigError(
                 f"InterpretParams.random_seed must be an int or None, got {self.random_seed!r}."
             )
         if self.vector_clock_size is not None and (
             not isinstance(self.vector_clock_size, int) or self.vector_clock_size < 1
         ):
-            raise ValueError(
+            raise ConfigError(
                 "InterpretParams.vector_clock_size must be None or an int >= 1, got "
                 f"{self.vector_clock_size!r}."
             )
         if self.logging_mode is not None and not isinstance(self.logging_mode, LoggingMode):
-            raise ValueError(
+            raise ConfigError(
                 "InterpretParams.logging_mode must be None or a palladium.interpret."
                 f"LoggingMode, got {self.logging_mode!r}."
             )
         if not isinstance(self.dma_order_trials, int) or self.dma_order_trials < 0:
-            raise ValueError(
+            raise ConfigError(
                 "InterpretParams.dma_order_trials must be an int >= 0, got "
                 f"{self.dma_order_trials!r}."
             )
         if self.dma_order_trials and self.dma_order != "random":
-            raise ValueError(
+            raise ConfigError(
                 "InterpretParams.dma_order_trials needs dma_order='random' (with 'issue' every "
                 "trial runs the same order)."
             )
         w = self.watchdog_timeout
         if w is not None and (isinstance(w, bool) or not isinstance(w, int | float)
                               or not 0 < w < 1e9):
-            raise ValueError(
+            raise ConfigError(
                 "InterpretParams.watchdog_timeout must be a number of seconds > 0 (and "
                 f"< 1e9), or None for no watchdog, got {w!r}."
             )
         if not isinstance(self.rendezvous_timeout, int | float) or self.rendezvous_timeout <= 0:
-            raise ValueError(
+            raise ConfigError(
                 "InterpretParams.rendezvous_timeout must be a number of seconds > 0, got "
                 f"{self.rendezvous_timeout!r}."
             )
         if self.chip is not None and self.chip not in CHIPS:
-            raise ValueError(f"InterpretParams.chip must be one of {CHIPS}, got {self.chip!r}.")
+            raise ConfigError(f"InterpretParams.chip must be one of {CHIPS}, got {self.chip!r}.")
         if self.grid_point_recorder is not None and not callable(self.grid_point_recorder):
-            raise ValueError(
+            raise ConfigError(
                 "InterpretParams.grid_point_recorder must be None or a callable "
                 f"(grid_point, core) -> None, got {self.grid_point_recorder!r}."
             )
@@ -213,6 +216,21 @@ class InterpretParams:
                 np.int32(0), np.asarray(point, np.int32), np.int32(core)
             )
         return lambda point, core: recorder(tuple(point), core)
+
+    def simulation_options(self, tpu_generation: int) -> SimulationOptions:
+        """The simulator's options for a launch on a TPU of ``tpu_generation``."""
+        return SimulationOptions(
+            seed=self.seed,
+            detect_races=self.detect_races,
+            on_race=self.on_race,
+            dma_execution_mode=self.dma_execution_mode,
+            dma_order=self.dma_order,
+            out_of_bounds=self.out_of_bounds_reads,
+            uninitialized=self.uninitialized_memory,
+            bounds=self.buffer_bounds,
+            tpu_generation=tpu_generation,
+            watchdog=self.watchdog_timeout,
+        )
 
     @property
     def num_cores_per_device(self) -> int:

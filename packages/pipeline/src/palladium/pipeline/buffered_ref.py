@@ -10,6 +10,9 @@ has ``in + out - 1`` slots.
 An operand whose source already lives in the memory space the block asks for (for
 example a VMEM ref with a VMEM block spec, or any HBM/ANY ref with an HBM block spec)
 gets no buffer: the pipeline aliases the block of the source in place.
+
+The interface (``BufferedRefBase``) and the ref helpers are ``buffered_ref_base``,
+re-exported here.
 """
 
 from __future__ import annotations
@@ -24,123 +27,22 @@ from jax import lax
 
 from palladium.pipeline import _jax_compat as jc
 from palladium.pipeline import blocks
+from palladium.pipeline.buffered_ref_base import (
+    BufferedRefBase,
+    block_memory_space,
+    is_aliased,
+    ref_memory_space,
+    ref_value_aval,
+    window_slot,
+    window_type,
+)
 from palladium.pipeline.buffering import BufferType, split_buffer_count, total_slots
 from palladium.pipeline.dma import LocalCopy
 from palladium.pipeline.errors import PipelineConfigError
 from palladium.pipeline.grid import next_index
-from palladium.pipeline.tiling import Tiling, infer_tiling
+from palladium.pipeline.tiling import Tiling
 
-ds = jc.ds
-
-
-def ref_value_aval(ref):
-    """The array type behind a ref (or a transformed ref)."""
-    if isinstance(ref, jc.TransformedRef):
-        return jc.ShapedArray(shape=ref.shape, dtype=ref.dtype)
-    return jax.typeof(ref).inner_aval
-
-
-def ref_memory_space(ref):
-    """The memory space of a ref (or a transformed ref)."""
-    if isinstance(ref, jc.TransformedRef):
-        return ref.memory_space
-    return jax.typeof(ref).memory_space
-
-
-class BufferedRefBase:
-    """The interface the scheduler drives; :class:`BufferedRef` implements it."""
-
-    @property
-    def spec(self):
-        raise NotImplementedError
-
-    @property
-    def buffer_type(self) -> BufferType:
-        raise NotImplementedError
-
-    @property
-    def in_buffer_count(self) -> int:
-        return 0
-
-    @property
-    def out_buffer_count(self) -> int:
-        return 0
-
-    @property
-    def is_buffered(self) -> bool:
-        return False
-
-    @property
-    def is_input(self) -> bool:
-        return self.buffer_type.is_input
-
-    @property
-    def is_output(self) -> bool:
-        return self.buffer_type.is_output
-
-    @property
-    def is_input_output(self) -> bool:
-        return self.buffer_type is BufferType.INPUT_OUTPUT
-
-    @property
-    def is_manual(self) -> bool:
-        return self.buffer_type is BufferType.MANUAL
-
-    @property
-    def is_trivial_windowing(self) -> bool:
-        """Whether the block is the whole array, copied once around the pipeline."""
-        return False
-
-    @property
-    def prefetched_count(self) -> int:
-        return 0
-
-    @property
-    def await_prefetch(self) -> bool:
-        return False
-
-    @property
-    def block_shape(self):
-        return self.spec.block_shape
-
-    @property
-    def has_indirect(self) -> bool:
-        if self.block_shape is None or jc.Indirect is None:
-            return False
-        return any(isinstance(d, jc.Indirect) for d in self.block_shape)
-
-    @property
-    def compute_index(self):
-        return self.spec.index_map
-
-    def get_dma_slice(self, src_ty, grid_indices):
-        """The indexer of the source covered by the block at ``grid_indices``.
-
-        A ragged last block is rounded up to the tile, not to the full block: e.g. a
-        (256, 256) block of a (600, 600) f32 array at block (2, 0) copies rows 512:600
-        (88 rows; 600 is a multiple of 8), and of a (601, 600) array rows 512:608.
-        """
-        src_shape = getattr(src_ty, "shape", None)
-        if src_shape is None:
-            raise PipelineConfigError(f"Type {src_ty} does not have a shape")
-        if not src_shape:
-            return ()
-        tiles = infer_tiling(src_ty, getattr(self, "tiling", None))
-        return blocks.dma_slices(self.block_shape, self.compute_index(*grid_indices),
-                                 src_shape, tiles)
-
-    def _to_window_slice(self, dma_slice):
-        return blocks.window_slices(self.block_shape, dma_slice)
-
-    def bind_existing_ref(self, window_ref, indices):
-        del window_ref, indices
-        return self
-
-    def unbind_refs(self):
-        return self
-
-    def with_spec(self, spec) -> BufferedRefBase:
-        raise NotImplementedError
+__all__ = ["BufferedRef", "BufferedRefBase", "ref_memory_space", "ref_value_aval"]
 
 
 _STATIC_FIELDS = (
@@ -259,16 +161,8 @@ class BufferedRef(BufferedRefBase):
             ty = dtype_or_type
         else:
             ty = jc.ShapedArray((1,), dtype_or_type)
-        requested = jc.VMEM if spec.memory_space is None else spec.memory_space
-        space = jc.memory_space_to_tpu_memory_space(requested, jc.CoreType.TC)
-        if space not in (jc.SMEM, jc.VMEM, jc.HBM):
-            raise PipelineConfigError(f"Unsupported buffer memory space: {space}")
-        if source_memory_space is space or space is jc.HBM:
-            if space is jc.HBM and source_memory_space not in (jc.ANY, jc.HBM):
-                raise PipelineConfigError(
-                    "You cannot request HBM block spec for a non-HBM source for"
-                    f" {spec=} and {source_memory_space=}"
-                )
+        space = block_memory_space(spec)
+        if is_aliased(spec, space, source_memory_space):
             return cls(
                 _spec=spec, _buffer_type=buffer_type, _in_buffer_count=0,
                 _out_buffer_count=0, _grid_rank=None, window_ref=None,
@@ -281,15 +175,7 @@ class BufferedRef(BufferedRefBase):
             raise PipelineConfigError("grid_rank must be specified when use_lookahead is True.")
         in_count, out_count = split_buffer_count(buffer_count, buffer_type)
         slots = total_slots(in_count, out_count, buffer_type)
-        if is_trivial_windowing:
-            buffer_ty = ty
-        else:
-            block = blocks.window_shape(spec)
-            if len(block) == 1 and tiling is not Tiling.SPARSE_CORE:
-                buffer_ty = ty.update(shape=(slots * block[0],))
-            else:
-                buffer_ty = ty.update(shape=(slots, *block))
-        window_ref = space.from_type(buffer_ty)
+        window_ref = space.from_type(window_type(ty, spec, slots, tiling, is_trivial_windowing))
         if prefetched_count > 0:
             window_ref = None
             if not is_trivial_windowing and prefetched_count > in_count:
@@ -473,19 +359,11 @@ class BufferedRef(BufferedRefBase):
         return self.with_next_fetch(next_index(tuple(self.next_fetch), grid))
 
     def _window_ref_at(self, slot, window_slice=None):
-        window = self.window_ref
-        if window is None:
+        if self.window_ref is None:
             raise self._missing_window_error()
         if self.is_trivial_windowing:
-            return window
-        if window.ndim > 1:
-            return window.at[(slot, *(window_slice or ()))]
-        # 1-D windows keep their slots end to end.
-        per_slot = window.shape[0] // self.buffer_count
-        if window_slice is None:
-            return window.at[ds(slot * per_slot, per_slot)]
-        (part,) = window_slice
-        return window.at[ds(slot * per_slot + part.start, part.size)]
+            return self.window_ref
+        return window_slot(self.window_ref, slot, self.buffer_count, window_slice)
 
     # -- aliasing -------------------------------------------------------------------
     def bind_existing_ref(self, window_ref, indices) -> BufferedRef:

@@ -11,10 +11,13 @@ from palladium.race_detect.clock import Clock, VectorClock
 from palladium.race_detect.detector import RaceDetector
 from palladium.race_detect.errors import (
     ActorError,
+    ConfigError,
     DataRaceError,
+    PalladiumError,
     RaceDetectorError,
     RaceWarning,
     RegionError,
+    SimulationError,
     UnknownBufferError,
 )
 from palladium.race_detect.policy import OnRace
@@ -26,13 +29,16 @@ __all__ = [
     "Actor",
     "ActorError",
     "Clock",
+    "ConfigError",
     "DataRaceError",
     "OnRace",
+    "PalladiumError",
     "RaceDetector",
     "RaceDetectorError",
     "RaceReport",
     "RaceWarning",
     "RegionError",
+    "SimulationError",
     "UnknownBufferError",
     "VectorClock",
     "__version__",

@@ -6,7 +6,7 @@ import warnings
 from collections.abc import Callable, Sequence
 from typing import Literal, TypeAlias
 
-from palladium.race_detect.errors import DataRaceError, RaceWarning
+from palladium.race_detect.errors import ConfigError, DataRaceError, RaceWarning
 from palladium.race_detect.report import RaceReport
 
 OnRace: TypeAlias = Literal["raise", "warn", "collect"] | Callable[[RaceReport], None]
@@ -43,7 +43,7 @@ def deliver_function(on_race: OnRace) -> Deliver:
     try:
         return POLICIES[on_race]
     except (KeyError, TypeError):
-        raise ValueError(
+        raise ConfigError(
             f"on_race={on_race!r}: expected one of {sorted(POLICIES)} or a callable "
             "taking a RaceReport"
         ) from None

@@ -11,8 +11,10 @@ from palladium.shared_memory._version import __version__
 from palladium.shared_memory.buffers import BufferRef, MemorySpace
 from palladium.shared_memory.dma import DmaView
 from palladium.shared_memory.errors import (
+    ConfigError,
     DeadlockError,
     OutOfBoundsError,
+    PalladiumError,
     SemaphoreLeakError,
     SimulationError,
     WatchdogError,
@@ -24,6 +26,7 @@ from palladium.shared_memory.observer import (
     ObserverSet,
     SemaphoreInfo,
 )
+from palladium.shared_memory.options import SimulationOptions
 from palladium.shared_memory.scheduler import interrupt_all
 from palladium.shared_memory.semaphores import SemaphoreKind
 from palladium.shared_memory.simulation import CoreId, Simulation
@@ -39,6 +42,7 @@ __all__ = [
     "TILING_DEFAULT",
     "BlockCopy",
     "BufferRef",
+    "ConfigError",
     "CoreId",
     "DataRaceError",
     "DeadlockError",
@@ -48,10 +52,12 @@ __all__ = [
     "Observer",
     "ObserverSet",
     "OutOfBoundsError",
+    "PalladiumError",
     "SemaphoreInfo",
     "SemaphoreKind",
     "SemaphoreLeakError",
     "Simulation",
+    "SimulationOptions",
     "SimulationError",
     "WatchdogError",
     "__version__",

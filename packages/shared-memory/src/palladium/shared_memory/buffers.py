@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+from typing import Any
 
 import numpy as np
 
@@ -63,7 +64,7 @@ class BufferRef:
         return f"{self.space.value}, device {self.device} core {self.core}"
 
 
-def outside_mask(plan: AccessPlan, mask) -> np.ndarray:
+def outside_mask(plan: AccessPlan, mask: Any) -> np.ndarray:
     """The True elements of ``mask`` that lie outside the bounds of ``plan``."""
     outside = np.broadcast_to(np.asarray(mask, dtype=bool), plan.shape).copy()
     if plan.box is not None:
@@ -71,7 +72,7 @@ def outside_mask(plan: AccessPlan, mask) -> np.ndarray:
     return outside
 
 
-def stored_mask(plan: AccessPlan, mask) -> np.ndarray:
+def stored_mask(plan: AccessPlan, mask: Any) -> np.ndarray:
     """``mask`` restricted to the stored part of ``plan`` (what the race detector sees)."""
     mask = np.broadcast_to(np.asarray(mask, dtype=bool), plan.shape)
     return mask if plan.full else mask[plan.pos]
@@ -82,8 +83,8 @@ class Buffer:
 
     __slots__ = ("bound", "data", "fill", "logical", "oob_hint", "plans", "ref", "refcount")
 
-    def __init__(self, ref: BufferRef, data: np.ndarray, bound: tuple[int, ...], fill,
-                 oob_hint: str = OUT_OF_BOUNDS_HINT):
+    def __init__(self, ref: BufferRef, data: np.ndarray, bound: tuple[int, ...], fill: Any,
+                 oob_hint: str = OUT_OF_BOUNDS_HINT) -> None:
         self.ref = ref
         self.oob_hint = oob_hint
         self.data = data
@@ -95,7 +96,7 @@ class Buffer:
         # buffer through the same few region objects on every step.
         self.plans: dict[int, tuple[tuple | None, AccessPlan]] = {}
 
-    def plan(self, region) -> AccessPlan:
+    def plan(self, region: Any) -> AccessPlan:
         """Resolve ``region`` against this buffer's logical and bound shapes."""
         if region is None or region.__class__ is tuple:
             hit = self.plans.get(id(region))
@@ -111,8 +112,8 @@ class Buffer:
 
     # -- reads -------------------------------------------------------------------------
 
-    def read(self, plan: AccessPlan, oob_raise: bool, what: str, core, site,
-             mask=None) -> np.ndarray:
+    def read(self, plan: AccessPlan, oob_raise: bool, what: str, core: Any, site: object,
+             mask: Any = None) -> np.ndarray:
         """The values of the planned region (a copy); the fill where nothing is stored.
 
         With ``mask``, only its True elements count as read: a False element outside
@@ -132,7 +133,7 @@ class Buffer:
 
     # -- writes ------------------------------------------------------------------------
 
-    def write(self, plan: AccessPlan, value, mask, what: str, core, site) -> np.ndarray | None:
+    def write(self, plan: AccessPlan, value: Any, mask: Any, what: str, core: Any, site: object) -> np.ndarray | None:
         """Store ``value`` (where ``mask``) into the planned region.
 
         Returns the mask restricted to the stored part (for the race detector), or None
@@ -157,7 +158,7 @@ class Buffer:
         np.copyto(data[plan.index + _ELLIPSIS], value, casting="unsafe", where=sub_mask)
         return sub_mask
 
-    def check_write_bounds(self, plan: AccessPlan, mask, what: str, core, site) -> None:
+    def check_write_bounds(self, plan: AccessPlan, mask: Any, what: str, core: Any, site: object) -> None:
         """Raise if an element that would be written lies outside the bound shape."""
         if not plan.oob:
             return
@@ -166,7 +167,7 @@ class Buffer:
         if outside_mask(plan, mask).any():
             raise self.oob_error(f"masked {what}", plan, core, site, hint=False)
 
-    def swap(self, plan: AccessPlan, value, mask, core, site) -> tuple[np.ndarray, np.ndarray | None]:
+    def swap(self, plan: AccessPlan, value: Any, mask: Any, core: Any, site: object) -> tuple[np.ndarray, np.ndarray | None]:
         """Store ``value`` (where ``mask``) and return the old contents of the region."""
         if plan.full:
             old = self.data[plan.index + _ELLIPSIS].copy()
@@ -177,7 +178,7 @@ class Buffer:
 
     # -- messages ----------------------------------------------------------------------
 
-    def oob_error(self, what: str, plan: AccessPlan, core, site, *, hint: bool) -> OutOfBoundsError:
+    def oob_error(self, what: str, plan: AccessPlan, core: Any, site: object, *, hint: bool) -> OutOfBoundsError:
         """An ``OutOfBoundsError`` naming the buffer, the region, the shape, core and site."""
         region = plan.region
         shape = f"shape {self.logical}"

@@ -9,6 +9,7 @@ import dataclasses
 import enum
 import math
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -35,7 +36,7 @@ class DmaView:
     convert: Callable[[np.ndarray], np.ndarray] | None = None
 
 
-def _report(event, actor, buf: Buffer, plan: AccessPlan, mask, site) -> None:
+def _report(event: Any, actor: Any, buf: Buffer, plan: AccessPlan, mask: Any, site: object) -> None:
     """Tell the race detector about the stored elements of ``plan`` (where ``mask``)."""
     if mask is None:
         event(actor, buf.ref.key, plan.index, site=site)
@@ -64,10 +65,10 @@ class Dma:
     )
 
     def __init__(
-        self, dma_id: int, name: str, core, src: Buffer, src_plan: AccessPlan, dst: Buffer,
-        dst_plan: AccessPlan, src_sem: Semaphore | None, dst_sem: Semaphore, actor, site,
+        self, dma_id: int, name: str, core: Any, src: Buffer, src_plan: AccessPlan, dst: Buffer,
+        dst_plan: AccessPlan, src_sem: Semaphore | None, dst_sem: Semaphore, actor: Any, site: object,
         view: DmaView | None = None, add: bool = False,
-    ):
+    ) -> None:
         self.id = dma_id
         self.name = name
         self.core = core
@@ -107,14 +108,14 @@ class Dma:
             return True
         return sem is self.src_sem and self.state is DmaState.STARTED
 
-    def execute_for(self, sem: Semaphore, det) -> None:
+    def execute_for(self, sem: Semaphore, det: Any) -> None:
         """Run as far as needed to signal ``sem`` (read only for the send semaphore)."""
         if sem is self.dst_sem:
             self.execute(det)
         else:
             self.execute_read(det)
 
-    def execute_read(self, det) -> None:
+    def execute_read(self, det: Any) -> None:
         """Read the source and signal the send semaphore with the bytes read."""
         if self.state is not DmaState.STARTED:
             return
@@ -131,7 +132,7 @@ class Dma:
                 self.src_sem.live -= 1
             self.src_sem.signal(self.nbytes, clock)
 
-    def execute(self, det) -> None:
+    def execute(self, det: Any) -> None:
         """Run both phases; signal the receive semaphore with the bytes written."""
         if self.state is DmaState.DONE:
             return

@@ -6,18 +6,18 @@ or semaphore as the user named it, the core ("device 0 core 1") and the caller's
 
 from __future__ import annotations
 
+from palladium.race_detect import ConfigError, PalladiumError, SimulationError
+
 __all__ = [
+    "ConfigError",
     "DeadlockError",
     "OutOfBoundsError",
+    "PalladiumError",
     "SemaphoreLeakError",
     "SimulationError",
     "WatchdogError",
     "core_name",
 ]
-
-
-class SimulationError(Exception):
-    """Base class of every fault detected by the simulator (and the interpreter's own)."""
 
 
 class OutOfBoundsError(SimulationError, IndexError):

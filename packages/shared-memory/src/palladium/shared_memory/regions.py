@@ -15,6 +15,9 @@ the bounds.
 from __future__ import annotations
 
 from operator import index as _as_int
+from typing import Any
+
+from palladium.race_detect import ConfigError
 
 __all__ = ["AccessPlan", "describe_region", "resolve"]
 
@@ -34,7 +37,7 @@ class AccessPlan:
 
     __slots__ = ("box", "full", "index", "oob", "pos", "region", "shape")
 
-    def __init__(self, region, full, index, shape, pos, oob, box):
+    def __init__(self, region: Any, full: Any, index: Any, shape: Any, pos: Any, oob: Any, box: Any) -> None:
         self.region = region
         self.full = full
         self.index = index
@@ -58,7 +61,7 @@ def _span(start: int, step: int, count: int, n: int) -> tuple[int, int]:
     return lo, hi
 
 
-def resolve(region, logical: tuple[int, ...], bound: tuple[int, ...]) -> AccessPlan:
+def resolve(region: Any, logical: tuple[int, ...], bound: tuple[int, ...]) -> AccessPlan:
     """Resolve ``region`` against a buffer of ``logical`` shape and ``bound`` shape."""
     if region is None:
         region = ()
@@ -67,7 +70,7 @@ def resolve(region, logical: tuple[int, ...], bound: tuple[int, ...]) -> AccessP
     nd = len(logical)
     nr = len(region)
     if nr > nd:
-        raise ValueError(f"region {describe_region(region)} indexes {nr} axes of a rank-{nd} buffer")
+        raise ConfigError(f"region {describe_region(region)} indexes {nr} axes of a rank-{nd} buffer")
     index: list = []
     shape: list[int] = []
     pos: list = []
@@ -89,7 +92,7 @@ def resolve(region, logical: tuple[int, ...], bound: tuple[int, ...]) -> AccessP
                 stop = -1 if r.stop is None else _as_int(r.stop)
                 count = (start - stop - step - 1) // -step if start > stop else 0
             else:
-                raise ValueError(f"slice step cannot be zero in region {describe_region(region)}")
+                raise ConfigError(f"slice step cannot be zero in region {describe_region(region)}")
             shape.append(count)
             if step > 0 and start >= 0 and start + count * step - step < n:
                 lo, hi = 0, count
@@ -139,7 +142,7 @@ def resolve(region, logical: tuple[int, ...], bound: tuple[int, ...]) -> AccessP
     )
 
 
-def describe_region(region) -> str:
+def describe_region(region: Any) -> str:
     """``[0:8, 3]``-style text of a region, for messages."""
     if region is None:
         return "[...]"

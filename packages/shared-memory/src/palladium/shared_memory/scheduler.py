@@ -25,6 +25,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
+from typing import Any
 
 from palladium.shared_memory.errors import DeadlockError, WatchdogError, at_site, core_name
 from palladium.shared_memory.observer import Observer
@@ -63,7 +64,7 @@ class Task:
 
     __slots__ = ("body", "core", "describe", "event", "ready", "site", "state", "thread")
 
-    def __init__(self, core, body: Callable[[], None]):
+    def __init__(self, core: Any, body: Callable[[], None]) -> None:
         self.core = core
         self.body = body
         self.event = threading.Event()

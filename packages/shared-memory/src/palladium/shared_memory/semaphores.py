@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import enum
 import math
+from typing import Any
 
 __all__ = ["BARRIER_SEMAPHORE_ID", "Semaphore", "SemaphoreKind"]
 
@@ -35,7 +36,7 @@ class Semaphore:
 
     __slots__ = ("clocks", "core", "count", "id", "index", "kind", "live", "name", "pending")
 
-    def __init__(self, core, sem_id: int, kind: SemaphoreKind, name: str, index: tuple[int, ...]):
+    def __init__(self, core: Any, sem_id: int, kind: SemaphoreKind, name: str, index: tuple[int, ...]) -> None:
         self.core = core
         self.id = sem_id
         self.kind = kind
@@ -58,7 +59,7 @@ class Semaphore:
         """``" bytes"`` for DMA semaphores, else empty."""
         return " bytes" if self.kind is SemaphoreKind.DMA else ""
 
-    def signal(self, inc: int, clock) -> None:
+    def signal(self, inc: int, clock: Any) -> None:
         """Add ``inc``; ``clock`` (or None) is the signaller's released clock."""
         self.count += inc
         if clock is not None:

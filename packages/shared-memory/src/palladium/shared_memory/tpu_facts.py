@@ -42,6 +42,8 @@ from typing import Any
 
 import numpy as np
 
+from palladium.race_detect import ConfigError
+
 __all__ = [
     "GENERATIONS",
     "GENERATION_DEFAULT",
@@ -129,7 +131,7 @@ def uninitialized_value(dtype: Any, mode: str) -> Any:
     if mode == "zero":
         return dt.type(0)
     if mode != "nan":
-        raise ValueError(f"uninitialized must be 'nan' or 'zero', got {mode!r}")
+        raise ConfigError(f"uninitialized must be 'nan' or 'zero', got {mode!r}")
     if dt.kind == "b":
         return np.True_
     if dt.kind in "iu":

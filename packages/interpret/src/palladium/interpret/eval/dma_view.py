@@ -46,7 +46,7 @@ def _region_mask(acc: Access) -> np.ndarray | None:
     return None if mask.all() else mask.reshape(acc.region_shape)
 
 
-def _scatter(acc: Access, dtype: np.dtype, name: str, site: str) -> Callable[[np.ndarray], np.ndarray]:
+def _scatter(acc: Access, dtype: np.dtype, name: str, site: object) -> Callable[[np.ndarray], np.ndarray]:
     """A function from view values to the region's data (elements outside the view: 0)."""
     post = acc.post
     if not _has_bitcast(acc):
@@ -82,7 +82,7 @@ def _scatter(acc: Access, dtype: np.dtype, name: str, site: str) -> Callable[[np
 
 
 def dma_view(
-    src: tuple[Access, np.dtype, str], dst: tuple[Access, np.dtype, str], site: str
+    src: tuple[Access, np.dtype, str], dst: tuple[Access, np.dtype, str], site: object
 ) -> DmaView | None:
     """The ``DmaView`` of a DMA between two accesses (None if both are plain regions).
 

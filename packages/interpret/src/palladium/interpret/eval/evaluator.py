@@ -1,232 +1,41 @@
 """The eager jaxpr evaluator one simulated core runs.
 
-Each equation is dispatched through, in order: the interpreter's own rules (memory,
-DMA, semaphores, control flow, grid queries, ...), the numpy fast paths
-(``palladium.interpret.numpy_rules.NUMPY_RULES``), and finally ``primitive.bind`` on
-the CPU backend. Values are numpy arrays (ml_dtypes for bf16), numpy scalars, and the
-ref objects of ``refs.py``.
+It runs programs compiled by ``program.py`` (each equation's rule resolved once) and is
+the :class:`~palladium.interpret.eval.context.KernelContext` every rule sees: the core,
+its grid point, the simulator, and the few questions a rule may ask of the launch
+(through the typed ``LaunchServices``). Values are numpy arrays (ml_dtypes for bf16),
+numpy scalars, and the ref objects of ``refs.py``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import threading
 from typing import Any
 
 import numpy as np
 
 from palladium.interpret import _jax_compat as jc
-from palladium.interpret.errors import UnsupportedPrimitiveError
-from palladium.interpret.eval.refs import MemRef, SemaphoreRef
-from palladium.interpret.eval.registry import RULES, Rule
-from palladium.interpret.eval.rules_unsupported import UNSUPPORTED, refusal
-from palladium.interpret.numpy_rules import (
-    FLUSHING,
-    NUMPY_RULES,
-    PREFLUSHED_RULES,
-    PRESERVING,
-    has_subnormal_f32,
+from palladium.interpret.eval.context import (
+    CoreId,
+    Equation,
+    LaunchServices,
+    Value,
 )
+from palladium.interpret.eval.program import Program, ProgramCache, Step, compile_jaxpr
+from palladium.interpret.eval.refs import MemRef, SemaphoreRef
+from palladium.interpret.params import InterpretParams
 from palladium.interpret.site import Site
+from palladium.shared_memory import BufferRef, Simulation
 
-_F32 = np.dtype(np.float32)
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Step:
-    """One equation, ready to run: its rule and where its operands live in the env."""
-
-    rule: Rule
-    eqn: Any
-    in_slots: tuple[int, ...]
-    out_slots: tuple[int, ...]
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Program:
-    """A jaxpr compiled for evaluation.
-
-    Every variable and literal has a slot in a flat list (the env); literals are stored
-    in ``template`` once, so running the program is: copy the template, store the
-    arguments, then per step gather the operands by slot, call the pre-resolved rule and
-    store the results. No dict lookups, no per-equation dispatch.
-    """
-
-    jaxpr: Any
-    steps: tuple[Step, ...]
-    template: tuple[Any, ...]
-    const_slots: tuple[int, ...]
-    in_slots: tuple[int, ...]
-    out_slots: tuple[int, ...]
-    version: int
-
-
-def _literal_value(atom: Any) -> Any:
-    aval = atom.aval
-    return np.asarray(atom.val, dtype=aval.dtype) if hasattr(aval, "dtype") else atom.val
-
-
-def _is_float(aval: Any) -> bool:
-    dtype = getattr(aval, "dtype", None)
-    try:
-        return dtype is not None and np.issubdtype(np.dtype(dtype), np.floating)
-    except TypeError:
-        return False
-
-
-def _bind(ev: CoreEvaluator, eqn: Any, invals: list[Any]) -> list[Any]:
-    prim = eqn.primitive
-    if any(isinstance(x, MemRef | SemaphoreRef) for x in invals):
-        raise UnsupportedPrimitiveError(
-            f"primitive '{prim}' takes a ref and the interpreter has no rule for it; "
-            f"register one with palladium.interpret.register_interpret_rule "
-            f"({ev.site(eqn)})"
-        )
-    bind_params = prim.get_bind_params(eqn.params)
-    try:
-        out = prim.bind(*invals, **bind_params)
-    except NotImplementedError as e:
-        if str(prim) in UNSUPPORTED:
-            raise refusal(str(prim), ev.site(eqn)) from e
-        raise UnsupportedPrimitiveError(
-            f"primitive '{prim}' cannot be evaluated on CPU ({e}); register an "
-            f"interpreter rule with palladium.interpret.register_interpret_rule "
-            f"({ev.site(eqn)})"
-        ) from e
-    return [np.asarray(o) for o in out] if prim.multiple_results else [np.asarray(out)]
-
-
-def _compute_rule(eqn: Any, operands_flushed: bool = False) -> Rule:
-    """The rule of one compute equation: numpy fast path, else ``bind``.
-
-    ``operands_flushed``: every f32 operand is known to hold no subnormals, so the
-    numpy rule's variant that skips flushing them (``PREFLUSHED_RULES``) serves.
-    """
-    prim = eqn.primitive
-    np_rule = (PREFLUSHED_RULES.get(prim) if operands_flushed else None) or NUMPY_RULES.get(prim)
-    multiple = prim.multiple_results
-    params = dict(eqn.params)
-    float_outs = bool(eqn.outvars) and all(_is_float(v.aval) for v in eqn.outvars)
-
-    def rule(ev: CoreEvaluator, eqn: Any, invals: list[Any]) -> list[Any]:
-        if float_outs and ev.skip_floating_point_ops:
-            return [np.full(v.aval.shape, np.inf, v.aval.dtype) for v in eqn.outvars]
-        if np_rule is not None:
-            out = np_rule(*invals, **params)
-            if out is not NotImplemented:
-                return list(out) if multiple else [out]
-        return _bind(ev, eqn, invals)
-
-    return rule
-
-
-def resolve_rule(
-    eqn: Any, used: frozenset[Any] = frozenset(), operands_flushed: bool = False
-) -> Rule:
-    """The rule for one equation: a specialised one from a registered rule compiler,
-    else the primitive's rule, else numpy fast path then bind. ``used``: the variables
-    some later equation (or the jaxpr's result) reads; ``operands_flushed``: every f32
-    operand is known to hold no subnormals (see ``_flushed_outputs``)."""
-    compiler = RULES.compiler(eqn.primitive)
-    if compiler is not None:
-        return compiler(eqn, used)
-    own = RULES.get(eqn.primitive)
-    return own if own is not None else _compute_rule(eqn, operands_flushed)
-
-
-def _dtype(atom: Any) -> Any:
-    return getattr(atom.aval, "dtype", None)
-
-
-def _flushed_outputs(eqn: Any, operands_flushed: bool) -> bool:
-    """Whether the f32 results of ``eqn`` are known to hold no subnormals: results of a
-    flushing numpy rule that surely runs (all operands f32, no ``accuracy``), or of a
-    rule that only moves values of operands that hold none."""
-    prim = eqn.primitive
-    if RULES.compiler(prim) is not None or RULES.get(prim) is not None:
-        return False  # a registered rule owns this primitive: nothing is known of it
-    if prim in FLUSHING:
-        return (eqn.params.get("accuracy") is None
-                and all(_dtype(a) == _F32 for a in eqn.invars))
-    return prim in PRESERVING and operands_flushed
-
-
-def used_vars(jaxpr: Any) -> frozenset[Any]:
-    """The variables of ``jaxpr`` that an equation or the result reads."""
-    used = {a for eqn in jaxpr.eqns for a in eqn.invars if not isinstance(a, jc.Literal)}
-    used.update(a for a in jaxpr.outvars if not isinstance(a, jc.Literal))
-    return frozenset(used)
-
-
-def compile_jaxpr(jaxpr: Any) -> Program:
-    slots: dict[Any, int] = {}
-    template: list[Any] = []
-
-    def slot_of(atom: Any) -> int:
-        if isinstance(atom, jc.Literal):
-            template.append(_literal_value(atom))
-            return len(template) - 1
-        s = slots.get(atom)
-        if s is None:
-            s = slots[atom] = len(template)
-            template.append(None)
-        return s
-
-    def fresh(var: Any) -> int:
-        # Every definition gets its own slot (dropped outputs included).
-        template.append(None)
-        s = slots[var] = len(template) - 1
-        return s
-
-    const_slots = tuple(fresh(v) for v in jaxpr.constvars)
-    in_slots = tuple(fresh(v) for v in jaxpr.invars)
-    used = used_vars(jaxpr)
-    # Variables whose f32 value is known to hold no subnormals (the numpy rules' flush
-    # of them would rewrite nothing): their consumers skip that flush.
-    flushed: set[Any] = set()
-
-    def is_flushed(atom: Any) -> bool:
-        if _dtype(atom) != _F32:
-            return True  # only f32 operands are concerned
-        if isinstance(atom, jc.Literal):
-            return not has_subnormal_f32(np.asarray(atom.val, _F32))
-        return atom in flushed
-
-    steps = []
-    for eqn in jaxpr.eqns:
-        ins = tuple(slot_of(a) for a in eqn.invars)
-        outs = tuple(fresh(v) for v in eqn.outvars)
-        operands_flushed = all(is_flushed(a) for a in eqn.invars)
-        if _flushed_outputs(eqn, operands_flushed):
-            flushed.update(v for v in eqn.outvars if _dtype(v) == _F32)
-        steps.append(Step(resolve_rule(eqn, used, operands_flushed), eqn, ins, outs))
-    out_slots = tuple(slot_of(a) for a in jaxpr.outvars)
-    return Program(jaxpr, tuple(steps), tuple(template), const_slots, in_slots, out_slots,
-                   RULES.version)
-
-
-class ProgramCache:
-    """Compiled programs of one kernel's jaxprs, by jaxpr identity."""
-
-    def __init__(self) -> None:
-        self._programs: dict[int, Program] = {}
-        self._lock = threading.Lock()
-
-    def get(self, jaxpr: Any) -> Program:
-        prog = self._programs.get(id(jaxpr))
-        if prog is None or prog.jaxpr is not jaxpr or prog.version != RULES.version:
-            prog = compile_jaxpr(jaxpr)
-            with self._lock:
-                self._programs[id(jaxpr)] = prog
-        return prog
+__all__ = ["CoreEvaluator", "Program", "ProgramCache", "Step", "compile_jaxpr"]
 
 
 @dataclasses.dataclass(eq=False)
 class CoreEvaluator:
     """Evaluates jaxprs as one simulated core: its id, grid point and PRNG state."""
 
-    launch: Any  # launch.Launch
-    core: tuple[int, int]
+    launch: LaunchServices
+    core: CoreId
     grid_point: tuple[int, ...] | None = None
     prng: np.random.Generator | None = None
     skip_floating_point_ops: bool = dataclasses.field(init=False, default=False)
@@ -234,13 +43,12 @@ class CoreEvaluator:
     def __post_init__(self) -> None:
         params = getattr(self.launch, "params", None)
         self.skip_floating_point_ops = bool(getattr(params, "skip_floating_point_ops", False))
-        kernel = getattr(self.launch, "kernel", None)
-        self._inherited: dict[int, Any] = getattr(kernel, "inherited_sources", {})
+        self._inherited: dict[int, Any] = getattr(self.launch, "inherited_sources", {})
         # The launch's observers, told of every equation (None: the plain loop below).
         obs = getattr(getattr(self.launch, "sim", None), "observers", None)
         self._observers: Any = obs if obs is not None and obs.wants("compute") else None
 
-    def eval_jaxpr(self, jaxpr: Any, consts: list[Any], args: list[Any]) -> list[Any]:
+    def eval_jaxpr(self, jaxpr: Any, consts: list[Value], args: list[Value]) -> list[Value]:
         if isinstance(jaxpr, jc.ClosedJaxpr):
             consts = [*jaxpr.consts, *consts]
             jaxpr = jaxpr.jaxpr
@@ -265,11 +73,11 @@ class CoreEvaluator:
                 env[s] = o
         return [env[i] for i in prog.out_slots]
 
-    def eval_closed(self, closed: Any, args: list[Any]) -> list[Any]:
+    def eval_closed(self, closed: Any, args: list[Value]) -> list[Value]:
         """Evaluate a ClosedJaxpr (consts bound) on ``args``."""
         return self.eval_jaxpr(closed, [], args)
 
-    def site(self, eqn: Any = None, what: str | None = None) -> Site:
+    def site(self, eqn: Equation | None = None, what: str | None = None) -> Site:
         return Site(
             kernel=self.launch.kernel_name,
             core=self.core,
@@ -277,3 +85,40 @@ class CoreEvaluator:
             source_info=None if eqn is None else self._inherited.get(id(eqn), eqn.source_info),
             what=what,
         )
+
+    # -- the KernelContext a rule sees (its questions go to the launch) -------------------
+    @property
+    def sim(self) -> Simulation:
+        return self.launch.sim
+
+    @property
+    def params(self) -> InterpretParams:
+        return self.launch.params
+
+    def fill_value(self, dtype: Any) -> Any:
+        return self.launch.fill_value(dtype)
+
+    def program_ids(self) -> tuple[int, ...]:
+        return self.launch.program_ids(self.grid_point)
+
+    def program_counts(self) -> tuple[int, ...]:
+        return self.launch.program_counts()
+
+    def axis_index(self, name: Any, eqn: Equation) -> tuple[int, int]:
+        return self.launch.axis_index(self.core, self.grid_point, name, lambda: self.site(eqn))
+
+    def remote_core(self, device_id: Any, core_index: Any, id_type: Any,
+                    eqn: Equation) -> CoreId | None:
+        if device_id is None and core_index is None:
+            return None
+        return self.launch.remote_core(self.core, device_id, core_index, id_type,
+                                       lambda: self.site(eqn))
+
+    def peer_buffer(self, buf: BufferRef, target: CoreId) -> BufferRef:
+        return self.launch.peer_buffer(buf, target)
+
+    def allocate_scoped(self, aval: Any, name: str, eqn: Equation) -> MemRef | SemaphoreRef:
+        return self.launch.allocate_scoped(self.core, aval, name, lambda: self.site(eqn))
+
+    def free_scoped(self, alloc: MemRef | SemaphoreRef, eqn: Equation) -> None:
+        self.launch.free_scoped(self.core, alloc, lambda: self.site(eqn))

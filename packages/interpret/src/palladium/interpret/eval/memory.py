@@ -11,12 +11,13 @@ from palladium.interpret.errors import (
     UnsupportedFeatureError,
     jax_hbm_reference_phrase,
 )
+from palladium.interpret.eval.context import Equation, KernelContext
 from palladium.interpret.eval.refs import Access, MemRef, _Bitcast, resolve, tpu_bitcast
 from palladium.interpret.kernel_checks import jax_access_name
 from palladium.shared_memory import MemorySpace
 
 
-def _checked(ev: Any, ref: Any, eqn: Any, op: str) -> MemRef:
+def _checked(ev: KernelContext, ref: Any, eqn: Equation, op: str) -> MemRef:
     if not isinstance(ref, MemRef):
         raise KernelError(f"{op} of a non-memory ref {ref!r} ({ev.site(eqn)})")
     if ref.buffer.space == MemorySpace.HBM:
@@ -34,12 +35,12 @@ def access_of(ref: MemRef, transforms: Any) -> Access:
     return resolve(tuple(buf.shape), np.dtype(buf.dtype), transforms, buf.name)
 
 
-def read(ev: Any, ref: Any, transforms: Any, eqn: Any, op: str = "read") -> np.ndarray:
+def read(ev: KernelContext, ref: Any, transforms: Any, eqn: Equation, op: str = "read") -> np.ndarray:
     ref = _checked(ev, ref, eqn, op)
     return read_access(ev, ref, access_of(ref, transforms), eqn)
 
 
-def read_masked(ev: Any, ref: Any, transforms: Any, mask: Any, eqn: Any) -> np.ndarray:
+def read_masked(ev: KernelContext, ref: Any, transforms: Any, mask: Any, eqn: Equation) -> np.ndarray:
     """Read through ``transforms`` where ``mask`` (of the view's shape) is True.
 
     Only the True elements are read: a False one may lie out of bounds (it reads the
@@ -58,24 +59,24 @@ def read_masked(ev: Any, ref: Any, transforms: Any, mask: Any, eqn: Any) -> np.n
         region_mask = region_mask.reshape(acc.region_shape)
     else:
         region_mask = np.broadcast_to(np.asarray(mask, dtype=bool), acc.region_shape)
-    data = ev.launch.sim.read(
+    data = ev.sim.read(
         ref.buffer, acc.region, mask=region_mask, core=ev.core, site=ev.site(eqn)
     )
     return acc.apply(np.asarray(data)) if acc.post else data
 
 
-def read_access(ev: Any, ref: MemRef, acc: Access, eqn: Any) -> np.ndarray:
+def read_access(ev: KernelContext, ref: MemRef, acc: Access, eqn: Equation) -> np.ndarray:
     """Read a resolved access of a checked ref."""
-    data = ev.launch.sim.read(ref.buffer, acc.region, core=ev.core, site=ev.site(eqn))
+    data = ev.sim.read(ref.buffer, acc.region, core=ev.core, site=ev.site(eqn))
     return acc.apply(np.asarray(data)) if acc.post else data
 
 
 def write(
-    ev: Any, ref: Any, transforms: Any, value: Any, eqn: Any, mask: Any = None, op: str = "write"
+    ev: KernelContext, ref: Any, transforms: Any, value: Any, eqn: Equation, mask: Any = None, op: str = "write"
 ) -> None:
     ref = _checked(ev, ref, eqn, op)
     acc = access_of(ref, transforms)
-    sim = ev.launch.sim
+    sim = ev.sim
     site = ev.site(eqn)
     if not acc.post:
         value = np.asarray(value, dtype=ref.buffer.dtype)
@@ -112,14 +113,14 @@ def write(
     )
 
 
-def _write_through_bitcast(ev: Any, ref: MemRef, acc: Any, value: Any, mask: Any, eqn: Any) -> None:
+def _write_through_bitcast(ev: KernelContext, ref: MemRef, acc: Any, value: Any, mask: Any, eqn: Equation) -> None:
     post = acc.post
     if not isinstance(post[0], _Bitcast) or any(isinstance(p, _Bitcast) for p in post[1:]):
         raise UnsupportedFeatureError(
             f"write to '{ref.name}' through a reshape followed by a bitcast, or through two "
             f"bitcasts, is not supported ({ev.site(eqn)})"
         )
-    sim = ev.launch.sim
+    sim = ev.sim
     site = ev.site(eqn)
     old = np.asarray(sim.read(ref.buffer, acc.region, core=ev.core, site=site))
     view = tpu_bitcast(old, post[0].dtype).copy()
@@ -136,7 +137,7 @@ def _write_through_bitcast(ev: Any, ref: MemRef, acc: Any, value: Any, mask: Any
     sim.write(ref.buffer, acc.region, new, core=ev.core, site=site)
 
 
-def swap(ev: Any, ref: Any, transforms: Any, value: Any, eqn: Any, mask: Any = None) -> np.ndarray:
+def swap(ev: KernelContext, ref: Any, transforms: Any, value: Any, eqn: Equation, mask: Any = None) -> np.ndarray:
     checked = _checked(ev, ref, eqn, "swap")
     acc = access_of(checked, transforms)
     if not acc.post:
@@ -144,7 +145,7 @@ def swap(ev: Any, ref: Any, transforms: Any, value: Any, eqn: Any, mask: Any = N
         if mask is not None:
             mask = np.broadcast_to(np.asarray(mask, dtype=bool), acc.region_shape)
         return np.asarray(
-            ev.launch.sim.swap(
+            ev.sim.swap(
                 checked.buffer, acc.region, value, mask=mask, core=ev.core, site=ev.site(eqn)
             )
         )

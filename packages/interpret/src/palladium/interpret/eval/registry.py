@@ -7,11 +7,12 @@ from collections.abc import Callable
 from typing import Any
 
 from palladium.interpret import _jax_compat as jc
+from palladium.interpret.eval.context import Equation, KernelContext, Value
 
-# rule(core_evaluator, eqn, invals) -> list of output values
-Rule = Callable[[Any, Any, list[Any]], list[Any]]
+# rule(context, eqn, invals) -> list of output values (the context is all a rule sees)
+Rule = Callable[[KernelContext, Equation, list[Value]], list[Value]]
 # compiler(eqn, used variables) -> a rule specialised to that one equation
-RuleCompiler = Callable[[Any, frozenset[Any]], Rule]
+RuleCompiler = Callable[[Equation, frozenset[Any]], Rule]
 
 
 class RuleRegistry:

@@ -8,13 +8,14 @@ import numpy as np
 
 from palladium.interpret import _jax_compat as jc
 from palladium.interpret.errors import KernelError
+from palladium.interpret.eval.context import Equation, KernelContext, Value
 from palladium.interpret.eval.dma_view import dma_view, view_nbytes
 from palladium.interpret.eval.memory import access_of
 from palladium.interpret.eval.refs import MemRef, SemaphoreRef, split_transformed
 from palladium.interpret.eval.registry import rule, rule_compiler
 
 
-def _mem(ev: Any, value: Any, eqn: Any, role: str) -> tuple[MemRef, Any]:
+def _mem(ev: KernelContext, value: Any, eqn: Equation, role: str) -> tuple[MemRef, Any]:
     ref, transforms = split_transformed(value)
     if not isinstance(ref, MemRef):
         raise KernelError(f"DMA {role} is not a memory ref ({ev.site(eqn)})")
@@ -25,7 +26,7 @@ def _side(ref: MemRef, acc: Any) -> tuple[Any, np.dtype, str]:
     return acc, np.dtype(ref.buffer.dtype), ref.name
 
 
-def sem_id(ev: Any, value: Any, eqn: Any, transforms: Any = ()) -> int:
+def sem_id(ev: KernelContext, value: Any, eqn: Equation, transforms: Any = ()) -> int:
     ref, own = split_transformed(value)
     transforms = (*own, *transforms)
     if not isinstance(ref, SemaphoreRef):
@@ -34,16 +35,16 @@ def sem_id(ev: Any, value: Any, eqn: Any, transforms: Any = ()) -> int:
 
 
 @rule(jc.dma_start_p)
-def _dma_start(ev: Any, eqn: Any, invals: list[Any]) -> list[Any]:
+def _dma_start(ev: KernelContext, eqn: Equation, invals: list[Value]) -> list[Value]:
     src, dst, dst_sem, src_sem, device_id = jc.dma_operands(eqn.params["tree"], invals)
     src_ref, src_acc = _mem(ev, src, eqn, "source")
     dst_ref, dst_acc = _mem(ev, dst, eqn, "destination")
     view = dma_view(_side(src_ref, src_acc), _side(dst_ref, dst_acc), ev.site(eqn))
-    target = ev.launch.remote_core(ev, device_id, None, eqn.params["device_id_type"], eqn)
+    target = ev.remote_core(device_id, None, eqn.params["device_id_type"], eqn)
     dst_buffer = dst_ref.buffer
     if target is not None and target != ev.core:
-        dst_buffer = ev.launch.peer_buffer(dst_buffer, target)
-    ev.launch.sim.dma_start(
+        dst_buffer = ev.peer_buffer(dst_buffer, target)
+    ev.sim.dma_start(
         src_ref.buffer,
         src_acc.region,
         dst_buffer,
@@ -61,11 +62,11 @@ def _dma_start(ev: Any, eqn: Any, invals: list[Any]) -> list[Any]:
 
 
 @rule(jc.dma_wait_p)
-def _dma_wait(ev: Any, eqn: Any, invals: list[Any]) -> list[Any]:
+def _dma_wait(ev: KernelContext, eqn: Equation, invals: list[Value]) -> list[Value]:
     src, _dst, sem, _src_sem, _device_id = jc.dma_operands(eqn.params["tree"], invals)
     src_ref, src_acc = _mem(ev, src, eqn, "source")
     nbytes = view_nbytes(src_acc, np.dtype(src_ref.buffer.dtype))
-    ev.launch.sim.dma_wait(sem_id(ev, sem, eqn), nbytes, core=ev.core, site=ev.site(eqn))
+    ev.sim.dma_wait(sem_id(ev, sem, eqn), nbytes, core=ev.core, site=ev.site(eqn))
     return []
 
 
@@ -101,7 +102,7 @@ def _position(invals: list[Any], ref: Any) -> int:
     return next(i for i, x in enumerate(invals) if x is ref)
 
 
-def _sem_position(ev: Any, value: Any, eqn: Any, invals: list[Any]) -> tuple[int, int]:
+def _sem_position(ev: KernelContext, value: Any, eqn: Equation, invals: list[Any]) -> tuple[int, int]:
     """(operand position of the semaphore array, flat position of the one semaphore)."""
     ref, transforms = split_transformed(value)
     if not isinstance(ref, SemaphoreRef):
@@ -129,12 +130,12 @@ def _sem(invals: list[Any], where: tuple[int, int]) -> int:
 
 
 @rule_compiler(jc.dma_start_p)
-def _compile_dma_start(eqn: Any, used: frozenset[Any]) -> Any:
+def _compile_dma_start(eqn: Equation, used: frozenset[Any]) -> Any:
     cache = _DmaCache()
     tree, id_type = eqn.params["tree"], eqn.params["device_id_type"]
     add = bool(eqn.params.get("add", False))
 
-    def build(ev: Any, invals: list[Any]) -> Any:
+    def build(ev: KernelContext, invals: list[Any]) -> Any:
         src, dst, dst_sem, src_sem, device_id = jc.dma_operands(tree, invals)
         src_ref, src_acc = _mem(ev, src, eqn, "source")
         dst_ref, dst_acc = _mem(ev, dst, eqn, "destination")
@@ -144,18 +145,18 @@ def _compile_dma_start(eqn: Any, used: frozenset[Any]) -> Any:
                 None if src_sem is None else _sem_position(ev, src_sem, eqn, invals),
                 device_id)
 
-    def run(ev: Any, eqn: Any, invals: list[Any]) -> list[Any]:
+    def run(ev: KernelContext, eqn: Equation, invals: list[Value]) -> list[Value]:
         key = _operand_key(invals)
         if key is None:
             return _dma_start(ev, eqn, invals)
         (src_at, src_acc, dst_at, dst_acc, view, dst_sem, src_sem,
          device_id) = cache.get(key, lambda: build(ev, invals))
         src_ref, dst_ref = invals[src_at], invals[dst_at]
-        target = ev.launch.remote_core(ev, device_id, None, id_type, eqn)
+        target = ev.remote_core(device_id, None, id_type, eqn)
         dst_buffer = dst_ref.buffer
         if target is not None and target != ev.core:
-            dst_buffer = ev.launch.peer_buffer(dst_buffer, target)
-        ev.launch.sim.dma_start(
+            dst_buffer = ev.peer_buffer(dst_buffer, target)
+        ev.sim.dma_start(
             src_ref.buffer, src_acc.region, dst_buffer, dst_acc.region, core=ev.core,
             dst_sem=_sem(invals, dst_sem),
             src_sem=None if src_sem is None else _sem(invals, src_sem),
@@ -168,22 +169,22 @@ def _compile_dma_start(eqn: Any, used: frozenset[Any]) -> Any:
 
 
 @rule_compiler(jc.dma_wait_p)
-def _compile_dma_wait(eqn: Any, used: frozenset[Any]) -> Any:
+def _compile_dma_wait(eqn: Equation, used: frozenset[Any]) -> Any:
     cache = _DmaCache()
     tree = eqn.params["tree"]
 
-    def build(ev: Any, invals: list[Any]) -> Any:
+    def build(ev: KernelContext, invals: list[Any]) -> Any:
         src, _dst, sem, _src_sem, _device_id = jc.dma_operands(tree, invals)
         src_ref, src_acc = _mem(ev, src, eqn, "source")
         nbytes = view_nbytes(src_acc, np.dtype(src_ref.buffer.dtype))
         return nbytes, _sem_position(ev, sem, eqn, invals)
 
-    def run(ev: Any, eqn: Any, invals: list[Any]) -> list[Any]:
+    def run(ev: KernelContext, eqn: Equation, invals: list[Value]) -> list[Value]:
         key = _operand_key(invals)
         if key is None:
             return _dma_wait(ev, eqn, invals)
         nbytes, sem = cache.get(key, lambda: build(ev, invals))
-        ev.launch.sim.dma_wait(_sem(invals, sem), nbytes, core=ev.core, site=ev.site(eqn))
+        ev.sim.dma_wait(_sem(invals, sem), nbytes, core=ev.core, site=ev.site(eqn))
         return []
 
     return run

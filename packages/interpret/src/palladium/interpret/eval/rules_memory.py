@@ -8,26 +8,27 @@ import numpy as np
 
 from palladium.interpret import _jax_compat as jc
 from palladium.interpret.eval import memory
+from palladium.interpret.eval.context import Equation, KernelContext, Value
 from palladium.interpret.eval.refs import Access, MemRef, split_transformed
 from palladium.interpret.eval.registry import rule, rule_compiler
 
 
 @rule(jc.get_p)
-def _get(ev: Any, eqn: Any, invals: list[Any]) -> list[Any]:
+def _get(ev: KernelContext, eqn: Equation, invals: list[Value]) -> list[Value]:
     transforms = eqn.params["tree"].unflatten(invals[1:])
     out = memory.read(ev, invals[0], transforms, eqn)
     return [out.astype(eqn.outvars[0].aval.dtype, copy=False)]
 
 
 @rule(jc.swap_p)
-def _swap(ev: Any, eqn: Any, invals: list[Any]) -> list[Any]:
+def _swap(ev: KernelContext, eqn: Equation, invals: list[Value]) -> list[Value]:
     ref, val, *idx = invals
     transforms = eqn.params["tree"].unflatten(idx)
     return [memory.swap(ev, ref, transforms, val, eqn)]
 
 
 @rule(jc.addupdate_p)
-def _addupdate(ev: Any, eqn: Any, invals: list[Any]) -> list[Any]:
+def _addupdate(ev: KernelContext, eqn: Equation, invals: list[Value]) -> list[Value]:
     ref, val, *idx = invals
     transforms = eqn.params["tree"].unflatten(idx)
     old = memory.read(ev, ref, transforms, eqn)
@@ -89,11 +90,11 @@ class _AccessCache:
 
 
 @rule_compiler(jc.get_p)
-def _compile_get(eqn: Any, used: frozenset[Any]) -> Any:
+def _compile_get(eqn: Equation, used: frozenset[Any]) -> Any:
     cache = _AccessCache(eqn.params["tree"])
     out_dtype = eqn.outvars[0].aval.dtype
 
-    def run(ev: Any, eqn: Any, invals: list[Any]) -> list[Any]:
+    def run(ev: KernelContext, eqn: Equation, invals: list[Value]) -> list[Value]:
         ref = memory._checked(ev, invals[0], eqn, "read")
         hit = cache.lookup(ref, invals[1:])
         if hit is None:
@@ -105,14 +106,14 @@ def _compile_get(eqn: Any, used: frozenset[Any]) -> Any:
 
 
 @rule_compiler(jc.swap_p)
-def _compile_swap(eqn: Any, used: frozenset[Any]) -> Any:
+def _compile_swap(eqn: Equation, used: frozenset[Any]) -> Any:
     cache = _AccessCache(eqn.params["tree"])
     # Most stores discard the old value (`ref[...] = x`): then a plain write does the
     # same (same race-detector event, same checks for an in-bounds region) without
     # copying the old contents out.
     old_used = eqn.outvars[0] in used
 
-    def run(ev: Any, eqn: Any, invals: list[Any]) -> list[Any]:
+    def run(ev: KernelContext, eqn: Equation, invals: list[Value]) -> list[Value]:
         ref, val, *idx = invals
         checked = memory._checked(ev, ref, eqn, "swap")
         hit = cache.lookup(checked, idx)
@@ -121,7 +122,7 @@ def _compile_swap(eqn: Any, used: frozenset[Any]) -> Any:
         acc, in_bounds = hit
         buf = checked.buffer
         value = np.broadcast_to(np.asarray(val, dtype=buf.dtype), acc.region_shape)
-        sim = ev.launch.sim
+        sim = ev.sim
         if in_bounds and not old_used:
             sim.write(buf, acc.region, value, core=ev.core, site=ev.site(eqn))
             return [None]
@@ -131,7 +132,7 @@ def _compile_swap(eqn: Any, used: frozenset[Any]) -> Any:
 
 
 @rule(jc.load_p)
-def _load(ev: Any, eqn: Any, invals: list[Any]) -> list[Any]:
+def _load(ev: KernelContext, eqn: Equation, invals: list[Value]) -> list[Value]:
     ref, transforms, mask, other = eqn.params["args_tree"].unflatten(invals)
     ref, ref_transforms = split_transformed(ref)
     transforms = (*ref_transforms, *transforms)
@@ -140,13 +141,13 @@ def _load(ev: Any, eqn: Any, invals: list[Any]) -> list[Any]:
         data = memory.read(ev, ref, transforms, eqn, "load")
     else:
         data = memory.read_masked(ev, ref, transforms, mask, eqn)
-        fill = other if other is not None else ev.launch.fill_value(aval.dtype)
+        fill = other if other is not None else ev.fill_value(aval.dtype)
         data = np.where(mask, data, fill)
     return [np.asarray(data, dtype=aval.dtype)]
 
 
 @rule(jc.masked_swap_p)
-def _masked_swap(ev: Any, eqn: Any, invals: list[Any]) -> list[Any]:
+def _masked_swap(ev: KernelContext, eqn: Equation, invals: list[Value]) -> list[Value]:
     ref, transforms, val, mask = eqn.params["args_tree"].unflatten(invals)
     ref, ref_transforms = split_transformed(ref)
     transforms = (*ref_transforms, *transforms)
@@ -154,15 +155,15 @@ def _masked_swap(ev: Any, eqn: Any, invals: list[Any]) -> list[Any]:
 
 
 @rule(jc.run_scoped_p)
-def _run_scoped(ev: Any, eqn: Any, invals: list[Any]) -> list[Any]:
+def _run_scoped(ev: KernelContext, eqn: Equation, invals: list[Value]) -> list[Value]:
     jaxpr = eqn.params["jaxpr"]
     names = _scoped_names(jaxpr)
     allocations = [
-        ev.launch.allocate_scoped(ev, var.aval, names[i], eqn) for i, var in enumerate(jaxpr.invars)
+        ev.allocate_scoped(var.aval, names[i], eqn) for i, var in enumerate(jaxpr.invars)
     ]
     outs = ev.eval_jaxpr(jaxpr, invals, allocations)
     for a in reversed(allocations):
-        ev.launch.free_scoped(ev, a, eqn)
+        ev.free_scoped(a, eqn)
     return outs
 
 

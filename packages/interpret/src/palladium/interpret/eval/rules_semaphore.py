@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
 from palladium.interpret import _jax_compat as jc
 from palladium.interpret.errors import UnsupportedFeatureError
+from palladium.interpret.eval.context import Equation, KernelContext, Value
 from palladium.interpret.eval.refs import SemaphoreRef
 from palladium.interpret.eval.registry import rule
 from palladium.interpret.eval.rules_dma import sem_id
@@ -15,34 +14,34 @@ from palladium.shared_memory import SemaphoreKind
 
 
 @rule(jc.semaphore_signal_p)
-def _signal(ev: Any, eqn: Any, invals: list[Any]) -> list[Any]:
+def _signal(ev: KernelContext, eqn: Equation, invals: list[Value]) -> list[Value]:
     sem, transforms, inc, device_id, core_index = eqn.params["args_tree"].unflatten(invals)
-    target = ev.launch.remote_core(ev, device_id, core_index, eqn.params["device_id_type"], eqn)
+    target = ev.remote_core(device_id, core_index, eqn.params["device_id_type"], eqn)
     sid = sem_id(ev, sem, eqn, transforms)
-    ev.launch.sim.semaphore_signal(
+    ev.sim.semaphore_signal(
         sid, int(np.asarray(inc)), core=ev.core, target=target, site=ev.site(eqn)
     )
     return []
 
 
 @rule(jc.semaphore_wait_p)
-def _wait(ev: Any, eqn: Any, invals: list[Any]) -> list[Any]:
+def _wait(ev: KernelContext, eqn: Equation, invals: list[Value]) -> list[Value]:
     sem, transforms, value, decrement = eqn.params["args_tree"].unflatten(invals)
     if not decrement:
         raise UnsupportedFeatureError(f"semaphore_wait with decrement=False ({ev.site(eqn)})")
     sid = sem_id(ev, sem, eqn, transforms)
-    ev.launch.sim.semaphore_wait(sid, int(np.asarray(value)), core=ev.core, site=ev.site(eqn))
+    ev.sim.semaphore_wait(sid, int(np.asarray(value)), core=ev.core, site=ev.site(eqn))
     return []
 
 
 @rule(jc.semaphore_read_p)
-def _read(ev: Any, eqn: Any, invals: list[Any]) -> list[Any]:
+def _read(ev: KernelContext, eqn: Equation, invals: list[Value]) -> list[Value]:
     sem, transforms = eqn.params["args_tree"].unflatten(invals)
     sid = sem_id(ev, sem, eqn, transforms)
-    return [np.int32(ev.launch.sim.semaphore_read(sid, core=ev.core, site=ev.site(eqn)))]
+    return [np.int32(ev.sim.semaphore_read(sid, core=ev.core, site=ev.site(eqn)))]
 
 
 @rule(jc.get_barrier_semaphore_p)
-def _barrier_semaphore(ev: Any, eqn: Any, invals: list[Any]) -> list[Any]:
-    ids = np.asarray(ev.launch.sim.barrier_semaphore(ev.core[0]), dtype=np.int64)
+def _barrier_semaphore(ev: KernelContext, eqn: Equation, invals: list[Value]) -> list[Value]:
+    ids = np.asarray(ev.sim.barrier_semaphore(ev.core[0]), dtype=np.int64)
     return [SemaphoreRef(ids, SemaphoreKind.BARRIER, "barrier semaphore")]

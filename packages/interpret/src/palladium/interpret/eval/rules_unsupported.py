@@ -14,6 +14,7 @@ from typing import Any
 
 from palladium.interpret import _jax_compat as jc
 from palladium.interpret.errors import UnsupportedPrimitiveError
+from palladium.interpret.eval.context import Equation, KernelContext, Value
 from palladium.interpret.eval.registry import RULES
 
 _MXU = ("the explicit MXU operations (pltpu.matmul_push_rhs, matmul_acc_lhs, matmul_pop) "
@@ -68,7 +69,7 @@ def refusal(name: str, site: Any) -> UnsupportedPrimitiveError:
     )
 
 
-def _refuse(ev: Any, eqn: Any, invals: list[Any]) -> list[Any]:
+def _refuse(ev: KernelContext, eqn: Equation, invals: list[Value]) -> list[Value]:
     raise refusal(str(eqn.primitive), ev.site(eqn))
 
 

@@ -6,13 +6,14 @@ from collections.abc import Callable
 from typing import Any
 
 from palladium.interpret import _jax_compat as jc
+from palladium.interpret.eval.context import Equation, KernelContext, Value
 
 
 def traced_rule(primitive: Any, impl: Callable[..., Any]) -> Callable[[Any, Any, list[Any]], list[Any]]:
     """A rule that traces ``impl`` once per equation and evaluates the traced jaxpr."""
     traced: dict[int, tuple[Any, Any]] = {}
 
-    def rule(ev: Any, eqn: Any, invals: list[Any]) -> list[Any]:
+    def rule(ev: KernelContext, eqn: Equation, invals: list[Value]) -> list[Value]:
         hit = traced.get(id(eqn))
         if hit is None or hit[0] is not eqn:
             params = dict(eqn.params)

@@ -1,0 +1,121 @@
+"""The shape of the source: no import cycle in any package (function-level imports
+included) and no module over 450 lines in any package's src.
+
+import-linter (``.importlinter``) checks the layers between modules, but it follows only
+module-level imports; an import inside a function hides a cycle from it, so this test
+reads every import statement of every module with ``ast``.
+"""
+
+import ast
+import pathlib
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+MAX_LINES = 450
+
+
+def _modules() -> dict[str, pathlib.Path]:
+    mods = {}
+    for src in sorted(ROOT.glob("packages/*/src")):
+        for f in sorted(src.rglob("*.py")):
+            parts = list(f.relative_to(src).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            mods[".".join(parts)] = f
+    return mods
+
+
+MODULES = _modules()
+
+
+def _resolve(name: str) -> str | None:
+    while name and name not in MODULES:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def _type_checking_nodes(tree: ast.AST) -> set[int]:
+    skip: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            skip.update(id(n) for n in ast.walk(node))
+    return skip
+
+
+def _imports(module: str, path: pathlib.Path) -> set[str]:
+    """Every palladium module ``module`` imports, anywhere in its body (not under
+    ``if TYPE_CHECKING``)."""
+    tree = ast.parse(path.read_text())
+    skip = _type_checking_nodes(tree)
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
+        if isinstance(node, ast.Import):
+            found.update(r for a in node.names if (r := _resolve(a.name)))
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+                for _ in range(node.level - 1):
+                    package = package.rpartition(".")[0]
+                base = f"{package}.{base}" if base else package
+            for alias in node.names:
+                target = f"{base}.{alias.name}"
+                found.add(target if target in MODULES else _resolve(base) or "")
+    found.discard("")
+    found.discard(module)
+    return found
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                out.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_the_cycle_finder_finds_a_function_level_cycle():
+    graph = {"a": {"b"}, "b": {"a"}, "c": {"a"}}
+    assert _cycles(graph) == [["a", "b"]]
+
+
+def test_no_import_cycle_in_any_package_function_level_imports_included():
+    assert len(MODULES) > 50
+    graph = {m: _imports(m, p) for m, p in MODULES.items()}
+    cycles = _cycles(graph)
+    detail = [{m: sorted(graph[m] & set(c)) for m in c} for c in cycles]
+    assert cycles == [], detail
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_no_module_over_450_lines(module):
+    lines = len(MODULES[module].read_text().splitlines())
+    assert lines <= MAX_LINES, f"{MODULES[module]}: {lines} lines; split it by job"

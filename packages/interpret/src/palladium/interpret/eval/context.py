@@ -1,0 +1,130 @@
+"""The typed seams of the evaluator: what a rule sees, and what the evaluator asks of a launch.
+
+A rule (``rule(ctx, eqn, invals) -> outvals``) sees only a :class:`KernelContext`: the
+core it runs on, the grid point, the simulator, the params, and a few questions about the
+launch (program ids, axis indices, remote cores, scoped allocations). It cannot reach the
+``Launch`` itself, so it cannot grow a dependency on everything else (jax's interpreter
+hands its rules an explicit ``InterpretContext`` for the same reason). The evaluator
+(``evaluator.CoreEvaluator``) implements it on top of :class:`LaunchServices`, the face a
+launch shows the evaluator; ``Launch`` methods take a core and a grid point, never an
+evaluator.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
+
+import numpy as np
+
+from palladium.interpret.eval.refs import MemRef, SemaphoreRef
+from palladium.interpret.params import InterpretParams
+from palladium.interpret.site import Site
+from palladium.shared_memory import BufferRef, Simulation
+
+if TYPE_CHECKING:  # program.py resolves rules, which take a KernelContext
+    from palladium.interpret.eval.program import ProgramCache
+
+__all__ = ["CoreId", "Equation", "KernelContext", "LaunchServices", "Value", "Where"]
+
+CoreId: TypeAlias = tuple[int, int]
+
+
+
+class Equation(Protocol):
+    """One equation of a kernel jaxpr, as rules read it (jax's ``JaxprEqn`` is one)."""
+
+    @property
+    def primitive(self) -> Any: ...
+
+    @property
+    def params(self) -> dict[str, Any]: ...
+
+    @property
+    def invars(self) -> list[Any]: ...
+
+    @property
+    def outvars(self) -> list[Any]: ...
+
+    @property
+    def source_info(self) -> Any: ...
+
+
+Value: TypeAlias = Any
+"""An operand or result of a rule: a numpy array or scalar (ml_dtypes for bf16), or a
+ref (``MemRef``, ``SemaphoreRef``, a transformed ref). Left open on purpose: a rule
+checks the kind it needs."""
+
+Where: TypeAlias = Callable[[], object]
+"""Describes the equation an error is about (evaluated only when raising)."""
+
+
+class LaunchServices(Protocol):
+    """What the evaluator may ask of the launch it runs in (``launch.Launch``)."""
+
+    kernel_name: str
+    params: InterpretParams
+    sim: Simulation
+
+    @property
+    def programs(self) -> ProgramCache: ...
+
+    @property
+    def inherited_sources(self) -> dict[int, Any]: ...
+
+    def fill_value(self, dtype: Any) -> Any: ...
+
+    def program_ids(self, grid_point: tuple[int, ...] | None) -> tuple[int, ...]: ...
+
+    def program_counts(self) -> tuple[int, ...]: ...
+
+    def axis_index(self, core: CoreId, grid_point: tuple[int, ...] | None, name: Any,
+                   where: Where) -> tuple[int, int]: ...
+
+    def remote_core(self, core: CoreId, device_id: Any, core_index: Any, id_type: Any,
+                    where: Where) -> CoreId | None: ...
+
+    def peer_buffer(self, buf: BufferRef, target: CoreId) -> BufferRef: ...
+
+    def allocate_scoped(self, core: CoreId, aval: Any, name: str,
+                        where: Where) -> MemRef | SemaphoreRef: ...
+
+    def free_scoped(self, core: CoreId, alloc: MemRef | SemaphoreRef, where: Where) -> None: ...
+
+
+class KernelContext(Protocol):
+    """The only face of a launch a rule may use (see the module docstring)."""
+
+    core: CoreId
+    grid_point: tuple[int, ...] | None
+    prng: np.random.Generator | None
+    skip_floating_point_ops: bool
+
+    @property
+    def sim(self) -> Simulation: ...
+
+    @property
+    def params(self) -> InterpretParams: ...
+
+    def site(self, eqn: Equation | None = None, what: str | None = None) -> Site: ...
+
+    def eval_jaxpr(self, jaxpr: Any, consts: list[Value], args: list[Value]) -> list[Value]: ...
+
+    def eval_closed(self, closed: Any, args: list[Value]) -> list[Value]: ...
+
+    def fill_value(self, dtype: Any) -> Any: ...
+
+    def program_ids(self) -> tuple[int, ...]: ...
+
+    def program_counts(self) -> tuple[int, ...]: ...
+
+    def axis_index(self, name: Any, eqn: Equation) -> tuple[int, int]: ...
+
+    def remote_core(self, device_id: Any, core_index: Any, id_type: Any,
+                    eqn: Equation) -> CoreId | None: ...
+
+    def peer_buffer(self, buf: BufferRef, target: CoreId) -> BufferRef: ...
+
+    def allocate_scoped(self, aval: Any, name: str, eqn: Equation) -> MemRef | SemaphoreRef: ...
+
+    def free_scoped(self, alloc: MemRef | SemaphoreRef, eqn: Equation) -> None: ...

@@ -1,0 +1,222 @@
+"""Program compilation: a jaxpr -> a flat list of steps, each with its rule resolved.
+
+Done once per jaxpr (``ProgramCache``, by identity and rule-table version) and kept
+apart from evaluation (``evaluator.py``), which only runs the steps. A rule is resolved
+in order: a registered rule compiler, the interpreter's own rule, the numpy fast path
+(``palladium.interpret.numpy_rules``), and finally ``primitive.bind`` on the CPU backend.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from typing import Any
+
+import numpy as np
+
+from palladium.interpret import _jax_compat as jc
+from palladium.interpret.errors import UnsupportedPrimitiveError
+from palladium.interpret.eval.context import Equation, KernelContext, Value
+from palladium.interpret.eval.refs import MemRef, SemaphoreRef
+from palladium.interpret.eval.registry import RULES, Rule
+from palladium.interpret.eval.rules_unsupported import UNSUPPORTED, refusal
+from palladium.interpret.numpy_rules import (
+    FLUSHING,
+    NUMPY_RULES,
+    PREFLUSHED_RULES,
+    PRESERVING,
+    has_subnormal_f32,
+)
+
+__all__ = ["Program", "ProgramCache", "Step", "compile_jaxpr", "resolve_rule", "used_vars"]
+
+_F32 = np.dtype(np.float32)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Step:
+    """One equation, ready to run: its rule and where its operands live in the env."""
+
+    rule: Rule
+    eqn: Any
+    in_slots: tuple[int, ...]
+    out_slots: tuple[int, ...]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Program:
+    """A jaxpr compiled for evaluation.
+
+    Every variable and literal has a slot in a flat list (the env); literals are stored
+    in ``template`` once, so running the program is: copy the template, store the
+    arguments, then per step gather the operands by slot, call the pre-resolved rule and
+    store the results. No dict lookups, no per-equation dispatch.
+    """
+
+    jaxpr: Any
+    steps: tuple[Step, ...]
+    template: tuple[Any, ...]
+    const_slots: tuple[int, ...]
+    in_slots: tuple[int, ...]
+    out_slots: tuple[int, ...]
+    version: int
+
+
+def _literal_value(atom: Any) -> Any:
+    aval = atom.aval
+    return np.asarray(atom.val, dtype=aval.dtype) if hasattr(aval, "dtype") else atom.val
+
+
+def _is_float(aval: Any) -> bool:
+    dtype = getattr(aval, "dtype", None)
+    try:
+        return dtype is not None and np.issubdtype(np.dtype(dtype), np.floating)
+    except TypeError:
+        return False
+
+
+def _bind(ev: KernelContext, eqn: Equation, invals: list[Value]) -> list[Value]:
+    prim = eqn.primitive
+    if any(isinstance(x, MemRef | SemaphoreRef) for x in invals):
+        raise UnsupportedPrimitiveError(
+            f"primitive '{prim}' takes a ref and the interpreter has no rule for it; "
+            f"register one with palladium.interpret.register_interpret_rule "
+            f"({ev.site(eqn)})"
+        )
+    bind_params = prim.get_bind_params(eqn.params)
+    try:
+        out = prim.bind(*invals, **bind_params)
+    except NotImplementedError as e:
+        if str(prim) in UNSUPPORTED:
+            raise refusal(str(prim), ev.site(eqn)) from e
+        raise UnsupportedPrimitiveError(
+            f"primitive '{prim}' cannot be evaluated on CPU ({e}); register an "
+            f"interpreter rule with palladium.interpret.register_interpret_rule "
+            f"({ev.site(eqn)})"
+        ) from e
+    return [np.asarray(o) for o in out] if prim.multiple_results else [np.asarray(out)]
+
+
+def _compute_rule(eqn: Any, operands_flushed: bool = False) -> Rule:
+    """The rule of one compute equation: numpy fast path, else ``bind``.
+
+    ``operands_flushed``: every f32 operand is known to hold no subnormals, so the
+    numpy rule's variant that skips flushing them (``PREFLUSHED_RULES``) serves.
+    """
+    prim = eqn.primitive
+    np_rule = (PREFLUSHED_RULES.get(prim) if operands_flushed else None) or NUMPY_RULES.get(prim)
+    multiple = prim.multiple_results
+    params = dict(eqn.params)
+    float_outs = bool(eqn.outvars) and all(_is_float(v.aval) for v in eqn.outvars)
+
+    def rule(ev: KernelContext, eqn: Equation, invals: list[Value]) -> list[Value]:
+        if float_outs and ev.skip_floating_point_ops:
+            return [np.full(v.aval.shape, np.inf, v.aval.dtype) for v in eqn.outvars]
+        if np_rule is not None:
+            out = np_rule(*invals, **params)
+            if out is not NotImplemented:
+                return list(out) if multiple else [out]
+        return _bind(ev, eqn, invals)
+
+    return rule
+
+
+def resolve_rule(
+    eqn: Any, used: frozenset[Any] = frozenset(), operands_flushed: bool = False
+) -> Rule:
+    """The rule for one equation: a specialised one from a registered rule compiler,
+    else the primitive's rule, else numpy fast path then bind. ``used``: the variables
+    some later equation (or the jaxpr's result) reads; ``operands_flushed``: every f32
+    operand is known to hold no subnormals (see ``_flushed_outputs``)."""
+    compiler = RULES.compiler(eqn.primitive)
+    if compiler is not None:
+        return compiler(eqn, used)
+    own = RULES.get(eqn.primitive)
+    return own if own is not None else _compute_rule(eqn, operands_flushed)
+
+
+def _dtype(atom: Any) -> Any:
+    return getattr(atom.aval, "dtype", None)
+
+
+def _flushed_outputs(eqn: Any, operands_flushed: bool) -> bool:
+    """Whether the f32 results of ``eqn`` are known to hold no subnormals: results of a
+    flushing numpy rule that surely runs (all operands f32, no ``accuracy``), or of a
+    rule that only moves values of operands that hold none."""
+    prim = eqn.primitive
+    if RULES.compiler(prim) is not None or RULES.get(prim) is not None:
+        return False  # a registered rule owns this primitive: nothing is known of it
+    if prim in FLUSHING:
+        return (eqn.params.get("accuracy") is None
+                and all(_dtype(a) == _F32 for a in eqn.invars))
+    return prim in PRESERVING and operands_flushed
+
+
+def used_vars(jaxpr: Any) -> frozenset[Any]:
+    """The variables of ``jaxpr`` that an equation or the result reads."""
+    used = {a for eqn in jaxpr.eqns for a in eqn.invars if not isinstance(a, jc.Literal)}
+    used.update(a for a in jaxpr.outvars if not isinstance(a, jc.Literal))
+    return frozenset(used)
+
+
+def compile_jaxpr(jaxpr: Any) -> Program:
+    slots: dict[Any, int] = {}
+    template: list[Any] = []
+
+    def slot_of(atom: Any) -> int:
+        if isinstance(atom, jc.Literal):
+            template.append(_literal_value(atom))
+            return len(template) - 1
+        s = slots.get(atom)
+        if s is None:
+            s = slots[atom] = len(template)
+            template.append(None)
+        return s
+
+    def fresh(var: Any) -> int:
+        # Every definition gets its own slot (dropped outputs included).
+        template.append(None)
+        s = slots[var] = len(template) - 1
+        return s
+
+    const_slots = tuple(fresh(v) for v in jaxpr.constvars)
+    in_slots = tuple(fresh(v) for v in jaxpr.invars)
+    used = used_vars(jaxpr)
+    # Variables whose f32 value is known to hold no subnormals (the numpy rules' flush
+    # of them would rewrite nothing): their consumers skip that flush.
+    flushed: set[Any] = set()
+
+    def is_flushed(atom: Any) -> bool:
+        if _dtype(atom) != _F32:
+            return True  # only f32 operands are concerned
+        if isinstance(atom, jc.Literal):
+            return not has_subnormal_f32(np.asarray(atom.val, _F32))
+        return atom in flushed
+
+    steps = []
+    for eqn in jaxpr.eqns:
+        ins = tuple(slot_of(a) for a in eqn.invars)
+        outs = tuple(fresh(v) for v in eqn.outvars)
+        operands_flushed = all(is_flushed(a) for a in eqn.invars)
+        if _flushed_outputs(eqn, operands_flushed):
+            flushed.update(v for v in eqn.outvars if _dtype(v) == _F32)
+        steps.append(Step(resolve_rule(eqn, used, operands_flushed), eqn, ins, outs))
+    out_slots = tuple(slot_of(a) for a in jaxpr.outvars)
+    return Program(jaxpr, tuple(steps), tuple(template), const_slots, in_slots, out_slots,
+                   RULES.version)
+
+
+class ProgramCache:
+    """Compiled programs of one kernel's jaxprs, by jaxpr identity."""
+
+    def __init__(self) -> None:
+        self._programs: dict[int, Program] = {}
+        self._lock = threading.Lock()
+
+    def get(self, jaxpr: Any) -> Program:
+        prog = self._programs.get(id(jaxpr))
+        if prog is None or prog.jaxpr is not jaxpr or prog.version != RULES.version:
+            prog = compile_jaxpr(jaxpr)
+            with self._lock:
+                self._programs[id(jaxpr)] = prog
+        return prog

@@ -1,0 +1,118 @@
+"""The DMAs of a simulated launch: start, the pending queue, progress and the final flush."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from palladium.shared_memory.buffers import BufferRef, outside_mask
+from palladium.shared_memory.dma import Dma, DmaState, DmaView
+from palladium.shared_memory.errors import ConfigError, at_site, core_name
+from palladium.shared_memory.observer import dma_event
+from palladium.shared_memory.regions import describe_region
+from palladium.shared_memory.semaphores import Semaphore
+from palladium.shared_memory.sim_state import CoreId, SimulationState
+
+
+class DmaOps(SimulationState):
+    """``Simulation``'s DMA operations (waiting for one is a semaphore wait)."""
+
+    def dma_start(
+        self,
+        src: BufferRef,
+        src_region: Any,
+        dst: BufferRef,
+        dst_region: Any,
+        *,
+        core: CoreId,
+        dst_sem: Any,
+        src_sem: Any = None,
+        dst_core: CoreId | None = None,
+        site: object = None,
+        name: str | None = None,
+        view: DmaView | None = None,
+        add: bool = False,
+    ) -> None:
+        """Start copying ``src[src_region]`` into ``dst[dst_region]`` (see API.md); with
+        ``add`` the destination accumulates (``dst += src``) instead."""
+        task = self._task()
+        self._sched.check()
+        sb, db = self._buffer(src), self._buffer(dst)
+        sp, dp = sb.plan(src_region), db.plan(dst_region)
+        if view is None and sp.shape != dp.shape:
+            raise ConfigError(
+                f"{core_name(core)}: DMA from {src.label}{describe_region(src_region)} (shape "
+                f"{sp.shape}) to {dst.label}{describe_region(dst_region)} (shape {dp.shape}): "
+                f"the shapes differ{at_site(site)}"
+            )
+        src_mask = None if view is None else view.src_mask
+        dst_mask = None if view is None else view.dst_mask
+        if sp.oob and self._oob_raise and (src_mask is None or outside_mask(sp, src_mask).any()):
+            raise sb.oob_error("DMA read", sp, core, site, hint=True)
+        db.check_write_bounds(dp, dst_mask, "DMA write", core, site)
+        if dst_core is None:
+            # Like the reference: the same core index on the destination's device.
+            dst_core = core if dst.device == core[0] else (dst.device, core[1])
+        dst_core = (int(dst_core[0]), int(dst_core[1]))
+        dsem = self._sem(dst_core, dst_sem)
+        ssem = self._sem(core, src_sem) if src_sem is not None else None
+        dma_id = next(self._next_dma)
+        if name is None:
+            name = f"DMA #{dma_id} {src.name}->{dst.name}"
+        actor = None
+        if self._det is not None:
+            actor = self._det.new_actor(name, parent=self._actor(core))
+        dma = Dma(dma_id, name, core, sb, sp, db, dp, ssem, dsem, actor, site, view, add)
+        if self._obs is not None:
+            event = dma_event(dma, dst_core)
+            self._obs.dma_start(event)
+            dma.on_done = lambda obs=self._obs: obs.dma_complete(event)
+        if self._eager:
+            dma.execute(self._det)
+        else:
+            self._dmas.append(dma)
+            dma.queue()
+        self._sched.yield_point(task)
+
+    def _progress(self, sem: Semaphore, value: int) -> None:
+        """Execute pending DMAs that signal ``sem`` until its count reaches ``value``."""
+        while sem.count < value:
+            candidates = [d for d in sem.pending if d.signals(sem)]
+            sem.pending = candidates
+            if not candidates:
+                return
+            if self.dma_order == "random" and len(candidates) > 1:
+                dma = candidates[self._rng.randrange(len(candidates))]
+            else:
+                dma = candidates[0]
+            dma.execute_for(sem, self._det)
+
+    def _flush_dmas(self) -> None:
+        """Execute every pending DMA (end of the run), in issue or random order."""
+        pending = [d for d in self._dmas if d.state is not DmaState.DONE]
+        self._dmas = []
+        if self.dma_order == "random":
+            self._rng.shuffle(pending)
+        for dma in pending:
+            dma.execute(self._det)
+            if self._det is not None and self._root is not None:
+                self._det.join(self._root, dma.actor)
+        for table in self._sems.values():
+            for sem in table.values():
+                sem.pending = []
+
+    def _let_dmas_progress(self) -> None:
+        """On hardware a DMA in flight lands on its own, waited for or not, so a core
+        polling its destination or a semaphore (with ``pl.delay``, ``semaphore_read``)
+        must eventually see it. In ``on_wait`` mode, at each such point one pending DMA
+        completes with probability 1/2 (seeded): the oldest, or with
+        ``dma_order="random"`` any one."""
+        if self._eager or not self._dmas:
+            return
+        self._sched.check()
+        pending = [d for d in self._dmas if d.state is not DmaState.DONE]
+        self._dmas = pending
+        if not pending or self._rng.random() < 0.5:
+            return
+        random_order = self.dma_order == "random" and len(pending) > 1
+        dma = pending[self._rng.randrange(len(pending))] if random_order else pending[0]
+        dma.execute(self._det)

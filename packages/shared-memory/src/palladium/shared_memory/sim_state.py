@@ -1,0 +1,111 @@
+"""The state one simulated launch keeps, and the lookups every part of it uses.
+
+``Simulation`` (``simulation.py``) is assembled from parts by job, each a class over
+this state: the buffers (``sim_buffers.py``), the DMA queue (``sim_dmas.py``) and the
+semaphores (``sim_semaphores.py``); ``Simulation`` itself creates the state and runs the
+cores. The attributes are declared here (and set in ``Simulation.__init__``) so that
+every part is type-checked against the same state.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+from palladium.race_detect import Actor, RaceDetector
+from palladium.shared_memory.buffers import Buffer, BufferRef
+from palladium.shared_memory.dma import Dma
+from palladium.shared_memory.errors import SimulationError, core_name
+from palladium.shared_memory.observer import ObserverSet
+from palladium.shared_memory.options import DmaOrder, SimulationOptions, Uninitialized
+from palladium.shared_memory.scheduler import Scheduler, Task
+from palladium.shared_memory.semaphores import Semaphore
+
+__all__ = ["CoreId", "SimulationState"]
+
+CoreId = tuple[int, int]
+
+
+class SimulationState:
+    """The per-launch state of a ``Simulation`` (see the module docstring)."""
+
+    num_devices: int
+    cores_per_device: int
+    options: SimulationOptions
+    seed: int
+    dma_order: DmaOrder
+    uninitialized: Uninitialized
+    bounds: str
+    tiling: tuple[int, int]
+    tpu_generation: int
+    out_of_bounds_hint: str
+    _eager: bool
+    _oob_raise: bool
+    _rng: random.Random
+    _local: threading.local
+    _trace: list[CoreId]
+    _obs: ObserverSet | None
+    watchdog: float | None
+    _watchdog_hint: str
+    _sched: Scheduler
+    _buffers: dict[int, Buffer]
+    _next_key: Iterator[int]
+    _next_dma: Iterator[int]
+    _dmas: list[Dma]
+    _cores: list[CoreId]
+    _sems: dict[CoreId, dict[int, Semaphore]]
+    _next_sem: dict[CoreId, int]
+    _det: RaceDetector | None
+    _root: Actor | None
+    _actors: dict[CoreId, Actor]
+
+    def current_core(self) -> CoreId | None:
+        """The core whose body runs on this thread (None outside ``run``)."""
+        task = getattr(self._local, "task", None)
+        return task.core if task is not None else None
+
+    def _task(self) -> Task | None:
+        return getattr(self._local, "task", None)
+
+    def _actor(self, core: CoreId) -> Actor:
+        actor = self._actors.get(core)
+        if actor is None:
+            assert self._det is not None
+            actor = self._det.new_actor(core_name(core), parent=self._root)
+            self._actors[core] = actor
+        return actor
+
+    def _check_core(self, core: Any, what: str = "core") -> CoreId:
+        core = (int(core[0]), int(core[1]))
+        if core not in self._sems:
+            raise SimulationError(
+                f"{what} {core_name(core)} does not exist: the simulation has "
+                f"{self.num_devices} device(s) x {self.cores_per_device} core(s)"
+            )
+        return core
+
+    def _buffer(self, buf: BufferRef) -> Buffer:
+        b = self._buffers.get(buf.key)
+        if b is None:
+            raise SimulationError(f"buffer {buf.label} was used after it was freed")
+        return b
+
+    def _sem(self, core: CoreId, sem_id: Any) -> Semaphore:
+        table = self._sems.get(core)
+        if table is None:
+            table = self._sems[self._check_core(core)]
+        sem_id = int(sem_id)
+        sem = table.get(sem_id)
+        if sem is not None:
+            return sem
+        # Not (yet) allocated on this core: ids follow program order, so another core's
+        # semaphore with this id is the same program variable.
+        for other in self._sems.values():
+            twin = other.get(sem_id)
+            if twin is not None:
+                sem = Semaphore(core, sem_id, twin.kind, twin.name, twin.index)
+                table[sem_id] = sem
+                return sem
+        raise SimulationError(f"{core_name(core)}: semaphore id {sem_id} was never allocated")
