@@ -45,6 +45,7 @@ from palladium.interpret.jax_hook import (
     set_tpu_interpret_mode,
 )
 from palladium.interpret.params import InterpretParams, LoggingMode
+from palladium.interpret.perf import LaunchRecord, Timeline, timeline
 from palladium.interpret.rule_plugins import InterpretRuleWarning, load_entry_point_rules
 
 install()
@@ -61,12 +62,14 @@ __all__ = [
     "InvalidKernelError",
     "InterpretRuleWarning",
     "KernelError",
+    "LaunchRecord",
     "LoggingMode",
     "OutOfBoundsError",
     "RendezvousTimeoutError",
     "RevisitError",
     "SemaphoreLeakError",
     "SimulationError",
+    "Timeline",
     "TpuLoweringError",
     "TpuLoweringWarning",
     "TpuResourceError",
@@ -82,4 +85,5 @@ __all__ = [
     "register_interpret_rule",
     "reset_tpu_interpret_mode_state",
     "set_tpu_interpret_mode",
+    "timeline",
 ]

@@ -53,7 +53,14 @@ class LoggingObserver(Observer):
                          space)
 
 
-def logging_observer(info: LaunchInfo) -> Observer | None:
-    """The logging observer of a launch, or None without a ``logging_mode``."""
+def logging_observers(info: LaunchInfo) -> list[Observer]:
+    """The logging observers of a launch (none without a ``logging_mode``)."""
     mode = getattr(info.params, "logging_mode", None)
-    return LoggingObserver(info, mode) if mode else None
+    if not mode:
+        return []
+    out: list[Observer] = [LoggingObserver(info, mode)]
+    if LoggingMode.TIMELINE in mode:
+        from palladium.interpret.perf.timeline import summary_logger
+
+        out.append(summary_logger(info))
+    return out

@@ -85,12 +85,9 @@ def remove_launch_observer(factory: LaunchObserverFactory) -> None:
 
 def launch_observers(info: LaunchInfo) -> list[Observer]:
     """The observers of one launch: the registered factories' and the logging mode's."""
-    from palladium.interpret.logging_observer import logging_observer
+    from palladium.interpret.logging_observer import logging_observers
 
     with _LOCK:
         factories = list(_FACTORIES)
     out = [obs for obs in (f(info) for f in factories) if obs is not None]
-    log = logging_observer(info)
-    if log is not None:
-        out.append(log)
-    return out
+    return out + logging_observers(info)

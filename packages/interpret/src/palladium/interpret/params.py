@@ -20,12 +20,15 @@ class LoggingMode(enum.Flag):
     """What the interpreter logs (to the ``palladium.interpret`` logger, level DEBUG).
 
     ``LAUNCH`` logs each kernel launch (kernel name, grid, cores, chip); ``GRID`` each grid
-    point a core runs; ``MEMORY`` every simulated buffer allocation and block copy.
+    point a core runs; ``MEMORY`` every simulated buffer allocation and block copy;
+    ``TIMELINE`` each launch's predicted TPU timeline summary (see
+    ``palladium.interpret.timeline``).
     """
 
     LAUNCH = enum.auto()
     GRID = enum.auto()
     MEMORY = enum.auto()
+    TIMELINE = enum.auto()
 
 
 _CHOICES: dict[str, tuple[Any, ...]] = {
