@@ -33,12 +33,13 @@ class Cost:
 
 FREE = Cost(0.0, "")
 
-#: f32 matmuls are multi-pass bf16 on the MXU. Mosaic lowers ``precision=None`` /
-#: ``DEFAULT`` to its default contract precision and ``HIGHEST`` to
-#: ``#tpu.contract_precision<fp32>``; we model them as XLA TPU's bf16_3x (3 passes) and
-#: bf16_6x (6 passes), XLA's meaning of Precision.HIGH and HIGHEST. ASSUMPTION for the
-#: default (Mosaic's default pass count is not documented).
-F32_PASSES = {"DEFAULT": 3, "HIGH": 3, "HIGHEST": 6}
+#: MXU passes of an f32 matmul, by ``precision``. Mosaic lowers ``None`` / ``DEFAULT``
+#: to its default contract precision, which the Pallas TPU matmul guide
+#: (docs.jax.dev/en/latest/pallas/tpu/matmul.html) times at the bf16 rate ("197 TFLOP/s
+#: of bf16/f32 compute" on v5e): one pass. ``HIGHEST`` lowers to
+#: ``#tpu.contract_precision<fp32>``, modelled as XLA TPU's bf16_6x (6 bf16 passes);
+#: ``HIGH`` as bf16_3x. (ASSUMPTION for HIGH and HIGHEST: no published Mosaic timing.)
+F32_PASSES = {"DEFAULT": 1, "HIGH": 3, "HIGHEST": 6}
 
 _TRANSCENDENTAL = frozenset({
     "exp", "exp2", "log", "log1p", "expm1", "tanh", "logistic", "sin", "cos", "tan",
@@ -105,7 +106,7 @@ def _dot_cost(eqn: Any, chip: ChipModel) -> Cost:
         if isinstance(precision, tuple):
             precision = precision[0]
         level = getattr(precision, "name", None) or "DEFAULT"
-        rate = chip.mxu_bf16_flops / F32_PASSES.get(level, 3)
+        rate = chip.mxu_bf16_flops / F32_PASSES.get(level, 1)
     else:
         rate = chip.mxu_bf16_flops
     return Cost(flops / rate, "mxu", flops)

@@ -95,7 +95,8 @@ def plot_records(records: Sequence[LaunchRecord], path: str, *, title: str | Non
             y = index[(n, s.track[0], s.track[1])]
             height = 0.8 if s.cat == "step" else 0.55
             ax.barh(y, (s.end - s.start) * 1e6, left=(offset + s.start) * 1e6, height=height,
-                    color=_COLOURS.get(s.cat, "#999999"), edgecolor="none")
+                    color=_COLOURS.get(s.cat, "#999999"),
+                    edgecolor="none" if s.cat == "step" else "white", linewidth=0.6)
         offset += rec.predicted_seconds
     ax.set_yticks(range(len(rows)))
     ax.set_yticklabels([f"dev {d} {name}" if len(records) == 1 else f"#{n} dev {d} {name}"
