@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 
-from jax.experimental.pallas import tpu as pltpu
+from palladium.interpret import _jax_compat as jc
 
 __all__ = ["ChipModel", "chip_model"]
 
@@ -100,10 +100,7 @@ class ChipModel:
 @functools.cache
 def chip_model(chip: str) -> ChipModel:
     """The model of ``chip`` (a palladium chip name: ``"v5e"``, ``"v6e"`` ...)."""
-    getter = getattr(pltpu, "get_tpu_info_for_chip", None)
-    if getter is None:  # jax 0.10.0: no tpu_info table
-        raise NotImplementedError("the timeline needs jax >= 0.10.2 (pltpu.get_tpu_info_for_chip)")
-    info = getter(pltpu.ChipVersion(_CHIP_VERSIONS.get(chip, chip)), 1)
+    info = jc.tpu_info_for_chip(_CHIP_VERSIONS.get(chip, chip))
     bf16 = float(info.bf16_ops_per_second)
     clock = _CLOCK_HZ.get(chip) or bf16 / (2 * 4 * info.mxu_column_size ** 2)
     return ChipModel(
