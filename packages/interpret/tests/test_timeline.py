@@ -93,6 +93,11 @@ def test_large_blocks_are_compute_bound_small_blocks_overhead_bound():
     assert small.bound == "per-step overhead"
     assert small.mxu_utilisation < 0.2
     assert "bound               compute" in large.summary()
+    # 1024^2 blocks: x, y (bf16) and out double-buffered + the f32 accumulator = 16 MiB,
+    # the v5e's default scoped limit exactly
+    assert large.vmem_peak_bytes == 3 * 2 * 2**21 + 2**22
+    assert "VMEM peak           16.00 MiB (scoped limit 16.00 MiB, capacity 128.00 MiB)" in (
+        large.summary())
 
 
 @pytest.mark.timeout(120)

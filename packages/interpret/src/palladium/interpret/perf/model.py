@@ -1,9 +1,11 @@
 """The performance model's constants: one :class:`ChipModel` per simulated chip.
 
-Every number below says where it comes from. Chip facts (MXU peak, HBM bandwidth,
-VMEM capacity, MXU shape) come from jax's own ``TpuInfo`` (``pltpu.get_tpu_info_for_chip``,
-per TensorCore); what ``TpuInfo`` lacks (clock, ICI bandwidth, latencies, per-step
-overhead) is tabled here with its public source, or marked as an assumption.
+Every number below says where it comes from. Chip facts (MXU peaks, HBM bandwidth,
+VMEM capacity and XLA's default scoped-VMEM limit, MXU shape, TensorCores per chip) are
+palladium's one chip table, ``palladium.interpret.chip.chip_facts`` (read from jax's own
+``TpuInfo``, per TensorCore); what ``TpuInfo`` lacks (clock, ICI bandwidth, latencies,
+per-step overhead) is tabled here, next to it, with its public source or marked as an
+assumption.
 
 >>> m = chip_model("v5e")
 >>> round(m.mxu_bf16_flops / 1e12), round(m.hbm_bytes_per_second / 1e9), m.clock_hz
@@ -15,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 
-from palladium.interpret import _jax_compat as jc
+from palladium.interpret.chip import chip_facts
 
 __all__ = ["ChipModel", "chip_model"]
 
@@ -66,9 +68,6 @@ _ICI_BYTES_PER_S: dict[str, float] = {
     "v6e": 9e10, "v7": 9e10, "v7x": 9e10,
 }
 
-_CHIP_VERSIONS = {"v7": "7", "v7x": "7x"}
-
-
 @dataclasses.dataclass(frozen=True)
 class ChipModel:
     """What the performance model needs to know about one simulated chip (per
@@ -83,6 +82,8 @@ class ChipModel:
     hbm_bytes_per_second: float  # per TensorCore (TpuInfo mem_bw_bytes_per_second)
     ici_bytes_per_second: float  # one link, one direction
     vmem_capacity_bytes: int  # per TensorCore (TpuInfo)
+    vmem_limit_bytes: int  # XLA's default scoped-VMEM limit (chip_facts)
+    tensor_cores_per_chip: int = 1
     dma_latency_s: float = DMA_LATENCY_S
     step_overhead_s: float = STEP_OVERHEAD_S
     launch_overhead_s: float = LAUNCH_OVERHEAD_S
@@ -93,24 +94,26 @@ class ChipModel:
 
     def hbm_bandwidth(self, cores: int) -> float:
         """HBM bandwidth of a device simulated with ``cores`` TensorCores (TpuInfo's
-        figure is per TensorCore; a megacore device has the chip's)."""
-        return self.hbm_bytes_per_second * max(cores, 1)
+        figure is per TensorCore; a megacore device has the chip's, never more)."""
+        return self.hbm_bytes_per_second * min(max(cores, 1), self.tensor_cores_per_chip)
 
 
 @functools.cache
 def chip_model(chip: str) -> ChipModel:
     """The model of ``chip`` (a palladium chip name: ``"v5e"``, ``"v6e"`` ...)."""
-    info = jc.tpu_info_for_chip(_CHIP_VERSIONS.get(chip, chip))
-    bf16 = float(info.bf16_ops_per_second)
-    clock = _CLOCK_HZ.get(chip) or bf16 / (2 * 4 * info.mxu_column_size ** 2)
+    facts = chip_facts(chip)
+    bf16 = float(facts.bf16_ops_per_second)
+    clock = _CLOCK_HZ.get(chip) or bf16 / (2 * 4 * facts.mxu_column_size ** 2)
     return ChipModel(
         chip=chip,
         clock_hz=clock,
         mxu_bf16_flops=bf16,
-        mxu_int8_ops=float(info.int8_ops_per_second or bf16),
-        mxu_fp8_ops=float(info.fp8_ops_per_second or bf16),
-        hbm_bytes_per_second=float(info.mem_bw_bytes_per_second),
+        mxu_int8_ops=float(facts.int8_ops_per_second or bf16),
+        mxu_fp8_ops=float(facts.fp8_ops_per_second or bf16),
+        hbm_bytes_per_second=float(facts.hbm_bandwidth_bytes_per_second),
         ici_bytes_per_second=_ICI_BYTES_PER_S[chip],
-        vmem_capacity_bytes=int(info.vmem_capacity_bytes),
-        vreg_bytes=int(info.num_sublanes * info.num_lanes * 4),
+        vmem_capacity_bytes=int(facts.vmem_capacity_bytes),
+        vmem_limit_bytes=int(facts.default_scoped_vmem_limit_bytes),
+        tensor_cores_per_chip=int(facts.tensor_cores_per_chip),
+        vreg_bytes=int(facts.num_sublanes * facts.num_lanes * 4),
     )

@@ -130,6 +130,14 @@ class LaunchRecord:
         ``Buffered(n)`` block buffers)."""
         return max((b for samples in self.vmem.values() for _, b in samples), default=0)
 
+    @property
+    def vmem_limit_bytes(self) -> int:
+        """The kernel's scoped-VMEM limit: ``CompilerParams(vmem_limit_bytes=...)``, else
+        XLA's default for the chip."""
+        cp = getattr(self.info.kernel, "compiler_params", None)
+        limit = getattr(cp, "vmem_limit_bytes", None)
+        return int(limit) if limit else self.chip.vmem_limit_bytes
+
     def top_primitives(self, n: int = 5) -> list[tuple[str, float]]:
         """The ``n`` primitives with the most compute time (all cores)."""
         return sorted(self.by_primitive.items(), key=lambda kv: (-kv[1], kv[0]))[:n]
@@ -152,8 +160,9 @@ class LaunchRecord:
             f"  step overhead       {_us(self.overhead_seconds)}  ({steps} step(s) x "
             f"{_us(c.step_overhead_s)} + prologue/epilogue)",
             f"  MXU utilisation     {self.mxu_utilisation:.1%}",
-            f"  VMEM peak           {_mib(self.vmem_peak_bytes)} of {_mib(c.vmem_capacity_bytes)}"
-            f" capacity",
+            f"  VMEM peak           {_mib(self.vmem_peak_bytes)} (scoped limit "
+            f"{_mib(self.vmem_limit_bytes)}, capacity {_mib(c.vmem_capacity_bytes)})"
+            + ("  OVER THE LIMIT" if self.vmem_peak_bytes > self.vmem_limit_bytes else ""),
             "  top primitives      "
             + (", ".join(f"{name} {_us(t)}" for name, t in self.top_primitives()) or "none"),
         ]
