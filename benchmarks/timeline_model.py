@@ -175,23 +175,20 @@ def roofline_table() -> None:
     print()
 
 
-def _steady(fn, repeats: int, record: bool) -> float:
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        if record:
-            with pi.timeline() as tl:
-                jax.block_until_ready(fn())
-            assert tl.launches  # replayed here, inside the measurement
-        else:
+def _once(fn, record: bool) -> float:
+    t0 = time.perf_counter()
+    if record:
+        with pi.timeline() as tl:
             jax.block_until_ready(fn())
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+        assert tl.launches  # replayed here, inside the measurement
+    else:
+        jax.block_until_ready(fn())
+    return time.perf_counter() - t0
 
 
 def cost_table(repeats: int) -> None:
-    print(f"### Cost of recording a timeline (steady state, median of {repeats} calls, "
-          f"alternating)")
+    print(f"### Cost of recording a timeline (steady state, median of {repeats} calls each, "
+          f"without and with alternating call by call)")
     print()
     print("| kernel | without | with timeline | ratio |")
     print("|---|---|---|---|")
@@ -200,10 +197,11 @@ def cost_table(repeats: int) -> None:
                      ("flash attention seq 2048 (blocks 128)", jax.jit(_flash(2048, 128, p))),
                      ("elementwise add 8192x1024 f32", jax.jit(_add(8192, 512, p)))]:
         jax.block_until_ready(fn())
+        _once(fn, True)
         off, on = [], []
-        for _ in range(3):  # interleave, so machine load hits both alike
-            off.append(_steady(fn, repeats, False))
-            on.append(_steady(fn, repeats, True))
+        for _ in range(repeats):  # alternate, so machine load hits both alike
+            off.append(_once(fn, False))
+            on.append(_once(fn, True))
         a, b = statistics.median(off), statistics.median(on)
         print(f"| {name} | {a:.3f} s | {b:.3f} s | {b / a:.2f}x |", flush=True)
     print()
@@ -212,7 +210,11 @@ def cost_table(repeats: int) -> None:
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--cost-only", action="store_true")
     args = parser.parse_args(argv)
+    if args.cost_only:
+        cost_table(5 if args.quick else 15)
+        return
     print(f"jax {jax.__version__}, {os.cpu_count()} cores; chip model v5e: MXU "
           f"{V5E.mxu_bf16_flops:.3g} FLOP/s, HBM {V5E.hbm_bytes_per_second:.3g} B/s, ICI "
           f"{V5E.ici_bytes_per_second:.3g} B/s/link, step overhead "
@@ -220,7 +222,7 @@ def main(argv: list[str]) -> None:
     print()
     published_table(args.quick)
     roofline_table()
-    cost_table(3 if args.quick else 5)
+    cost_table(5 if args.quick else 15)
 
 
 if __name__ == "__main__":
