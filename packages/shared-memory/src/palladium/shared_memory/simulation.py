@@ -493,6 +493,12 @@ class Simulation:
                 f"{sp.shape}) to {dst.label}{describe_region(dst_region)} (shape {dp.shape}): "
                 f"the shapes differ{at_site(site)}"
             )
+        if view is None and sb.data.dtype != db.data.dtype:
+            # A DMA moves bytes: it never converts values (a view's ``convert`` may).
+            raise ValueError(
+                f"{core_name(core)}: DMA from {src.label} ({sb.data.dtype}) to {dst.label} "
+                f"({db.data.dtype}): the dtypes differ; a DMA copies bytes{at_site(site)}"
+            )
         src_mask = None if view is None else view.src_mask
         dst_mask = None if view is None else view.dst_mask
         if sp.oob and self._oob_raise and (src_mask is None or outside_mask(sp, src_mask).any()):

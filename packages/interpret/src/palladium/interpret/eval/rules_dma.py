@@ -25,6 +25,19 @@ def _side(ref: MemRef, acc: Any) -> tuple[Any, np.dtype, str]:
     return acc, np.dtype(ref.buffer.dtype), ref.name
 
 
+def _check_same_dtype(src: MemRef, dst: MemRef, site: Any) -> None:
+    """A TPU DMA moves bytes, and Mosaic rejects a DMA between refs of different dtypes:
+    converting the values (as ``astype`` would) is never what the hardware does."""
+    src_dtype, dst_dtype = np.dtype(src.buffer.dtype), np.dtype(dst.buffer.dtype)
+    if src_dtype != dst_dtype:
+        raise KernelError(
+            f"DMA from '{src.name}' ({src_dtype}) to '{dst.name}' ({dst_dtype}): the dtypes "
+            f"differ; a DMA copies bytes and Mosaic rejects a DMA between refs of different "
+            f"dtypes. Copy between refs of one dtype, or bitcast one side "
+            f"(ref.bitcast(...)) to make the byte copy explicit ({site})"
+        )
+
+
 def sem_id(ev: Any, value: Any, eqn: Any, transforms: Any = ()) -> int:
     ref, own = split_transformed(value)
     transforms = (*own, *transforms)
@@ -39,6 +52,8 @@ def _dma_start(ev: Any, eqn: Any, invals: list[Any]) -> list[Any]:
     src_ref, src_acc = _mem(ev, src, eqn, "source")
     dst_ref, dst_acc = _mem(ev, dst, eqn, "destination")
     view = dma_view(_side(src_ref, src_acc), _side(dst_ref, dst_acc), ev.site(eqn))
+    if view is None:
+        _check_same_dtype(src_ref, dst_ref, ev.site(eqn))
     target = ev.launch.remote_core(ev, device_id, None, eqn.params["device_id_type"], eqn)
     dst_buffer = dst_ref.buffer
     if target is not None and target != ev.core:
