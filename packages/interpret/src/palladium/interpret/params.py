@@ -11,6 +11,7 @@ from typing import Any, Literal
 import numpy as np
 
 from palladium.interpret.chip import CHIPS
+from palladium.interpret.params_validation import validate_values
 from palladium.race_detect import RaceReport
 
 OnRace = Literal["raise", "warn", "collect"] | Callable[[RaceReport], None]
@@ -204,6 +205,7 @@ class InterpretParams:
                 "InterpretParams.grid_point_recorder must be None or a callable "
                 f"(grid_point, core) -> None, got {self.grid_point_recorder!r}."
             )
+        validate_values(self)
 
     def grid_point_recorder_call(self) -> Callable[[tuple[int, ...], int], None] | None:
         """``grid_point_recorder`` as a ``(grid_point, core)`` callable, calling the
