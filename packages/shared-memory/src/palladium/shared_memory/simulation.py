@@ -533,17 +533,28 @@ class Simulation:
         self.semaphore_wait(sem_id, nbytes, core=core, site=site)
 
     def _progress(self, sem: Semaphore, value: int) -> None:
-        """Execute pending DMAs that signal ``sem`` until its count reaches ``value``."""
+        """Execute pending DMAs that signal ``sem`` until its count reaches ``value``.
+
+        With ``dma_order="random"`` any other pending DMA (on any semaphore, core or
+        device) may complete first, as on hardware: completion order is explored across
+        semaphores, not only among the DMAs of the one waited for.
+        """
         while sem.count < value:
             candidates = [d for d in sem.pending if d.signals(sem)]
             sem.pending = candidates
             if not candidates:
                 return
-            if self.dma_order == "random" and len(candidates) > 1:
-                dma = candidates[self._rng.randrange(len(candidates))]
+            if self.dma_order != "random":
+                candidates[0].execute_for(sem, self._det)
+                continue
+            self._dmas = [d for d in self._dmas if d.state is not DmaState.DONE]
+            waited = {d.id for d in candidates}
+            others = [d for d in self._dmas if d.id not in waited]
+            pick = self._rng.randrange(len(candidates) + len(others))
+            if pick < len(candidates):
+                candidates[pick].execute_for(sem, self._det)
             else:
-                dma = candidates[0]
-            dma.execute_for(sem, self._det)
+                others[pick - len(candidates)].execute(self._det)
 
     def _flush_dmas(self) -> None:
         """Execute every pending DMA (end of the run), in issue or random order."""
