@@ -37,6 +37,7 @@ from palladium.interpret.eval import (  # noqa: F401  (registers the rules)
 )
 from palladium.interpret.eval.registry import register_interpret_rule
 from palladium.interpret.jax_hook import (
+    collect_race_reports,
     collected_race_reports,
     errors_as_raised,
     force_tpu_interpret_mode,
@@ -78,6 +79,7 @@ __all__ = [
     "WatchdogError",
     "__version__",
     "chip_facts",
+    "collect_race_reports",
     "collected_race_reports",
     "errors_as_raised",
     "force_tpu_interpret_mode",
