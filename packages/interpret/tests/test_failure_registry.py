@@ -137,6 +137,14 @@ def test_rendezvous_timeout_comes_out_typed():
     with pytest.raises(RendezvousTimeoutError, match=r"devices \[1\] never arrived"), \
             errors_as_raised():
         np.asarray(f(x))
+    # A launch on both devices succeeds, and replaces the failed run's runtime tokens
+    # (jax would otherwise re-raise its error at every later effects_barrier).
+    both = jax.jit(jax.shard_map(
+        lambda v: pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct(v.shape, v.dtype),
+                                 interpret=InterpretParams())(v),
+        mesh=mesh, in_specs=P("x"), out_specs=P("x"), check_vma=False))
+    np.testing.assert_array_equal(np.asarray(both(x)), 2 * np.ones((16, 128), np.float32))
+    jax.effects_barrier()
 
 
 def test_registry_is_bounded():

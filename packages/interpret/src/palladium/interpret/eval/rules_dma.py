@@ -154,6 +154,8 @@ def _compile_dma_start(eqn: Any, used: frozenset[Any]) -> Any:
         src_ref, src_acc = _mem(ev, src, eqn, "source")
         dst_ref, dst_acc = _mem(ev, dst, eqn, "destination")
         view = dma_view(_side(src_ref, src_acc), _side(dst_ref, dst_acc), ev.site(eqn))
+        if view is None:
+            _check_same_dtype(src_ref, dst_ref, ev.site(eqn))
         return (_position(invals, src_ref), src_acc, _position(invals, dst_ref), dst_acc,
                 view, _sem_position(ev, dst_sem, eqn, invals),
                 None if src_sem is None else _sem_position(ev, src_sem, eqn, invals),
