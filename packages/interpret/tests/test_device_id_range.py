@@ -29,7 +29,7 @@ def _send_to(device_id, device_id_type):
         return pl.pallas_call(
             kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), in_specs=[ANY],
             out_specs=ANY, scratch_shapes=[pltpu.SemaphoreType.DMA] * 2,
-            interpret=InterpretParams())(x)
+            interpret=InterpretParams(check_lowering=False))(x)
 
     x = jnp.arange(16 * 256, dtype=jnp.float32).reshape(16, 256)
     g = jax.jit(jax.shard_map(f, mesh=mesh, in_specs=P("a", "b"), out_specs=P("a", "b"),

@@ -22,7 +22,7 @@ def _copy_into(x, out_dtype):
     return pl.pallas_call(
         kernel, out_shape=jax.ShapeDtypeStruct(x.shape, out_dtype), in_specs=[ANY],
         out_specs=ANY, scratch_shapes=[pltpu.SemaphoreType.DMA],
-        interpret=InterpretParams())(x)
+        interpret=InterpretParams(check_lowering=False))(x)
 
 
 @pytest.mark.parametrize("out_dtype", [jnp.int32, jnp.int8, jnp.bfloat16])
@@ -48,7 +48,7 @@ def test_dma_through_a_bitcast_view_copies_bytes():
     out = pl.pallas_call(
         kernel, out_shape=jax.ShapeDtypeStruct(x.shape, jnp.int32), in_specs=[ANY],
         out_specs=ANY, scratch_shapes=[pltpu.SemaphoreType.DMA],
-        interpret=InterpretParams())(x)
+        interpret=InterpretParams(check_lowering=False))(x)
     np.testing.assert_array_equal(np.asarray(out), np.asarray(x).view(np.int32))
 
 

@@ -31,7 +31,9 @@ def _in_launch(fn, *args):
         refs[-1][...] = fn(*[r[...] for r in refs[:-1]])
 
     out = jax.eval_shape(fn, *args)
-    return np.asarray(pl.pallas_call(kernel, out_shape=out, interpret=InterpretParams())(*args))
+    # Numerics, not Mosaic conformance: some of these ops do not lower for a TPU.
+    params = InterpretParams(check_lowering=False)
+    return np.asarray(pl.pallas_call(kernel, out_shape=out, interpret=params)(*args))
 
 
 BINARY = {
