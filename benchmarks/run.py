@@ -26,6 +26,7 @@ SCRIPTS = {
     "interpret_multi_device.py": ["--quick"],
     "race_detect_scaling.py": ["--max-accesses", "10000", "--baseline-max", "1000"],
     "pipeline_trace.py": ["--repeats", "3"],
+    "timeline_model.py": ["--quick"],
     "fidelity_checks.py": ["--quick", "--repeats", "2"],
 }
 

@@ -39,6 +39,7 @@ from palladium.interpret.eval import (  # noqa: F401  (registers the rules)
 )
 from palladium.interpret.eval.registry import register_interpret_rule
 from palladium.interpret.jax_hook import (
+    collect_race_reports,
     collected_race_reports,
     errors_as_raised,
     force_tpu_interpret_mode,
@@ -47,6 +48,7 @@ from palladium.interpret.jax_hook import (
     set_tpu_interpret_mode,
 )
 from palladium.interpret.params import InterpretParams, LoggingMode
+from palladium.interpret.perf import LaunchRecord, Timeline, timeline
 from palladium.interpret.rule_plugins import InterpretRuleWarning, load_entry_point_rules
 
 install()
@@ -64,6 +66,7 @@ __all__ = [
     "InvalidKernelError",
     "InterpretRuleWarning",
     "KernelError",
+    "LaunchRecord",
     "LoggingMode",
     "OutOfBoundsError",
     "PalladiumError",
@@ -71,6 +74,7 @@ __all__ = [
     "RevisitError",
     "SemaphoreLeakError",
     "SimulationError",
+    "Timeline",
     "TpuLoweringError",
     "TpuLoweringWarning",
     "TpuResourceError",
@@ -79,6 +83,7 @@ __all__ = [
     "WatchdogError",
     "__version__",
     "chip_facts",
+    "collect_race_reports",
     "collected_race_reports",
     "errors_as_raised",
     "force_tpu_interpret_mode",
@@ -86,4 +91,5 @@ __all__ = [
     "register_interpret_rule",
     "reset_tpu_interpret_mode_state",
     "set_tpu_interpret_mode",
+    "timeline",
 ]

@@ -73,7 +73,16 @@ class DeviceMesh:
                 if axis in core_axis_names:
                     core = _int(value)
                 elif axis in self.axis_names:
-                    current_coords[self.axis_names.index(axis)] = _int(value)
+                    i = self.axis_names.index(axis)
+                    c = _int(value)
+                    if not 0 <= c < self.axis_sizes[i]:
+                        # Range-checked per axis: row-major, an out-of-range minor
+                        # coordinate would silently name another device.
+                        raise KernelError(
+                            f"device_id {{{axis!r}: {c}}}: coordinate {c} is outside mesh "
+                            f"axis {axis!r} of size {self.axis_sizes[i]} ({where()})"
+                        )
+                    current_coords[i] = c
                 else:
                     raise UnsupportedFeatureError(
                         f"device_id names axis {axis!r}, which is neither a mesh axis of the "

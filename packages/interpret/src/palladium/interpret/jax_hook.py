@@ -10,7 +10,6 @@ working, as on a TPU).
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import dataclasses
 import logging
@@ -29,6 +28,7 @@ from palladium.interpret.blas import single_threaded_blas
 from palladium.interpret.chip import resolve_chip
 from palladium.interpret.devices import DeviceMesh
 from palladium.interpret.errors import DataRaceError, SimulationError
+from palladium.interpret.failures import FailureLog
 from palladium.interpret.fidelity.checks import check_kernel
 from palladium.interpret.host_call import host_call
 from palladium.interpret.kernel import PreparedKernel
@@ -36,69 +36,36 @@ from palladium.interpret.kernel_checks import check_prepared_kernel
 from palladium.interpret.launch import Launch
 from palladium.interpret.order_check import check_dma_order
 from palladium.interpret.params import InterpretParams
+from palladium.interpret.race_log import RaceLog
 from palladium.interpret.rendezvous import RendezvousRegistry
 from palladium.race_detect import RaceReport
 
 _ORIGINAL_RULE = jc.original_cpu_lowering(jc.PALLAS_CALL_P)
 
 
-class _FailureLog:
-    """The exceptions of recently failed launches, so ``errors_as_raised`` can re-raise
-    the original instead of jax's ``JaxRuntimeError`` wrapper. Bounded; entries are
-    removed when claimed."""
-
-    def __init__(self, capacity: int = 32) -> None:
-        self._entries: collections.OrderedDict[int, BaseException] = collections.OrderedDict()
-        self._lock = threading.Lock()
-        self._next = 0
-        self._capacity = capacity
-
-    def record(self, exc: BaseException) -> None:
-        with self._lock:
-            self._entries[self._next] = exc
-            self._next += 1
-            while len(self._entries) > self._capacity:
-                self._entries.popitem(last=False)
-
-    def claim(self, message: str) -> BaseException | None:
-        """The most recent recorded exception whose text appears in ``message``."""
-        with self._lock:
-            for key in reversed(self._entries):
-                exc = self._entries[key]
-                text = f"{type(exc).__name__}: {exc}".splitlines()[0]
-                if text in message:
-                    del self._entries[key]
-                    return exc
-        return None
-
-
-_FAILURES = _FailureLog()
-
-
-class _RaceLog:
-    """Race reports of launches run with ``on_race="collect"``, until collected."""
-
-    def __init__(self) -> None:
-        self._reports: list[RaceReport] = []
-        self._lock = threading.Lock()
-
-    def extend(self, reports: list[RaceReport]) -> None:
-        with self._lock:
-            self._reports.extend(reports)
-
-    def drain(self) -> list[RaceReport]:
-        with self._lock:
-            out, self._reports = self._reports, []
-        return out
-
-
-_RACES = _RaceLog()
+_FAILURES = FailureLog()
+_RACES = RaceLog()
 
 
 def collected_race_reports() -> list[RaceReport]:
     """Return (and forget) the race reports of the launches run with
-    ``InterpretParams(detect_races=True, on_race="collect")`` since the last call."""
+    ``InterpretParams(detect_races=True, on_race="collect")`` since the last call,
+    outside any ``collect_race_reports()`` scope. The latest 1024 are kept (a
+    ``RaceWarning`` says how many older ones were dropped)."""
     return _RACES.drain()
+
+
+@contextlib.contextmanager
+def collect_race_reports() -> Iterator[list[RaceReport]]:
+    """Collect the race reports of the ``on_race="collect"`` launches run within the
+    block into the list it yields (instead of the process-wide log)::
+
+        with collect_race_reports() as reports:
+            kernel(x)
+        assert not reports
+    """
+    with _RACES.scope() as reports:
+        yield reports
 
 
 _RENDEZVOUS = RendezvousRegistry()
@@ -171,7 +138,9 @@ class _LaunchSite:
         self._launches = [0] * max(mesh.num_devices, 1)
 
     def run(self, *args: Any) -> list[np.ndarray]:
-        return _execute(self.kernel, self.params, self.mesh, [[np.asarray(a) for a in args]])[0]
+        with _FAILURES.tagging():
+            return _execute(self.kernel, self.params, self.mesh,
+                            [[np.asarray(a) for a in args]])[0]
 
     def run_device(self, device: Any, *args: Any) -> list[np.ndarray]:
         d = int(np.asarray(device))
@@ -179,6 +148,10 @@ class _LaunchSite:
             seq = self._launches[d]
             self._launches[d] += 1
         n = self.mesh.num_devices
+        with _FAILURES.tagging():  # a rendezvous timeout too
+            return self._join(seq, d, n, args)
+
+    def _join(self, seq: int, d: int, n: int, args: tuple[Any, ...]) -> list[np.ndarray]:
         return _RENDEZVOUS.join(
             (self, seq), n, d, [np.asarray(a) for a in args],
             lambda device_args: _execute(self.kernel, self.params, self.mesh, device_args),
@@ -285,7 +258,7 @@ def reset_tpu_interpret_mode_state() -> None:
     its own), so unlike jax's interpreter nothing needs resetting after a failure.
     """
     jc.tpu_interpret_mode_config().set_global(None)
-    _FAILURES.__init__()  # type: ignore[misc]
+    _FAILURES.clear()
 
 
 @contextlib.contextmanager
@@ -294,8 +267,10 @@ def errors_as_raised() -> Iterator[None]:
 
     A kernel that fails inside a jitted (or eager) ``pallas_call`` surfaces as
     ``jax.errors.JaxRuntimeError`` whose message contains palladium's. Within this
-    context the original typed exception (``OutOfBoundsError``, ``RevisitError``, ...)
-    is raised instead, chained from the wrapper::
+    context the original typed exception (``OutOfBoundsError``, ``RevisitError``,
+    ``RendezvousTimeoutError``, ...) is raised instead, chained from the wrapper. It is
+    found by the failure id its message carries (``[palladium failure #N]``); its
+    traceback keeps file and line of each frame, not their locals (see ``failures``)::
 
         with errors_as_raised():
             kernel(x)          # raises palladium.interpret.OutOfBoundsError

@@ -69,6 +69,12 @@ class Launch:
         self.grid: tuple[int, ...] = ()
 
     # --- what the evaluator may ask (eval.context.LaunchServices) -----------------------
+    @property
+    def collective_id(self) -> int | None:
+        """The kernel's ``CompilerParams(collective_id=...)`` (None without one)."""
+        cid = getattr(self.kernel.compiler_params, "collective_id", None)
+        return None if cid is None else int(cid)
+
     def fill_value(self, dtype: Any) -> Any:
         return self.memory.fill_value(dtype)
 

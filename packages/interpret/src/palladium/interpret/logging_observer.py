@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from palladium.interpret.params import LoggingMode
@@ -56,7 +57,24 @@ class LoggingObserver(Observer):
                          space)
 
 
-def logging_observer(info: LaunchInfo) -> Observer | None:
-    """The logging observer of a launch, or None without a ``logging_mode``."""
+def logging_observers(info: LaunchInfo) -> list[Observer]:
+    """The logging observers of a launch (none without a ``logging_mode``)."""
     mode = getattr(info.params, "logging_mode", None)
-    return LoggingObserver(info, mode) if mode else None
+    if not mode:
+        return []
+    out: list[Observer] = [LoggingObserver(info, mode)]
+    for flag, factory in _MODE_LOGGERS.items():
+        if flag in mode:
+            out.append(factory(info))
+    return out
+
+
+# The observers of logging modes built elsewhere, registered by the module that builds
+# them (``perf.timeline``: ``LoggingMode.TIMELINE``'s summary), so that this module
+# imports none of them (they import ``observers``, which imports this module).
+_MODE_LOGGERS: dict[LoggingMode, Callable[[LaunchInfo], Observer]] = {}
+
+
+def register_mode_logger(mode: LoggingMode, factory: Callable[[LaunchInfo], Observer]) -> None:
+    """Have ``logging_observers`` add ``factory(info)`` to each launch logging ``mode``."""
+    _MODE_LOGGERS[mode] = factory

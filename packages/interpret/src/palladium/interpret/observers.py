@@ -8,8 +8,7 @@ tool that wants to see every launch (the timeline, a pytest plugin) registers a
 :class:`LaunchInfo` and registers the observer it returns (None: not interested). The
 logging modes (``InterpretParams.logging_mode``) are one such observer.
 
->>> from palladium.interpret.logging_observer import logging_observer
-from palladium.shared_memory import Observer
+>>> from palladium.shared_memory import Observer
 >>> class Steps(Observer):
 ...     def __init__(self): self.steps = 0
 ...     def grid_step_begin(self, core, step, grid_point): self.steps += 1
@@ -28,7 +27,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from palladium.interpret.logging_observer import logging_observer
+from palladium.interpret.logging_observer import logging_observers
 from palladium.shared_memory import Observer
 
 __all__ = [
@@ -90,7 +89,4 @@ def launch_observers(info: LaunchInfo) -> list[Observer]:
     with _LOCK:
         factories = list(_FACTORIES)
     out = [obs for obs in (f(info) for f in factories) if obs is not None]
-    log = logging_observer(info)
-    if log is not None:
-        out.append(log)
-    return out
+    return out + logging_observers(info)

@@ -12,6 +12,7 @@ import numpy as np
 
 from palladium.interpret.chip import CHIPS
 from palladium.interpret.errors import ConfigError
+from palladium.interpret.params_validation import validate_values
 from palladium.shared_memory.options import (
     Bounds,
     DmaExecutionMode,
@@ -29,12 +30,15 @@ class LoggingMode(enum.Flag):
     """What the interpreter logs (to the ``palladium.interpret`` logger, level DEBUG).
 
     ``LAUNCH`` logs each kernel launch (kernel name, grid, cores, chip); ``GRID`` each grid
-    point a core runs; ``MEMORY`` every simulated buffer allocation and block copy.
+    point a core runs; ``MEMORY`` every simulated buffer allocation and block copy;
+    ``TIMELINE`` each launch's predicted TPU timeline summary (see
+    ``palladium.interpret.timeline``).
     """
 
     LAUNCH = enum.auto()
     GRID = enum.auto()
     MEMORY = enum.auto()
+    TIMELINE = enum.auto()
 
 
 # InterpretParams field (jax's names) -> the simulator's option (one vocabulary:
@@ -204,6 +208,7 @@ class InterpretParams:
                 "InterpretParams.grid_point_recorder must be None or a callable "
                 f"(grid_point, core) -> None, got {self.grid_point_recorder!r}."
             )
+        validate_values(self)
 
     def grid_point_recorder_call(self) -> Callable[[tuple[int, ...], int], None] | None:
         """``grid_point_recorder`` as a ``(grid_point, core)`` callable, calling the

@@ -154,7 +154,8 @@ class Observer:
         """``Simulation.run`` starts the bodies of ``cores``."""
 
     def run_end(self, cores: tuple[CoreId, ...]) -> None:
-        """``Simulation.run`` finished (every body returned, pending DMAs executed)."""
+        """``Simulation.run`` succeeded: every body returned, pending DMAs executed and
+        (with ``check_leaks``) no semaphore leaked. A failed run never reports it."""
 
     # -- reported by the client that drives the simulation ---------------------------
     def grid_step_begin(self, core: CoreId, step: int, grid_point: tuple[int, ...]) -> None:

@@ -44,6 +44,12 @@ class DmaOps(SimulationState):
                 f"{sp.shape}) to {dst.label}{describe_region(dst_region)} (shape {dp.shape}): "
                 f"the shapes differ{at_site(site)}"
             )
+        if view is None and sb.data.dtype != db.data.dtype:
+            # A DMA moves bytes: it never converts values (a view's ``convert`` may).
+            raise ConfigError(
+                f"{core_name(core)}: DMA from {src.label} ({sb.data.dtype}) to {dst.label} "
+                f"({db.data.dtype}): the dtypes differ; a DMA copies bytes{at_site(site)}"
+            )
         src_mask = None if view is None else view.src_mask
         dst_mask = None if view is None else view.dst_mask
         if sp.oob and self._oob_raise and (src_mask is None or outside_mask(sp, src_mask).any()):
@@ -74,17 +80,28 @@ class DmaOps(SimulationState):
         self._sched.yield_point(task)
 
     def _progress(self, sem: Semaphore, value: int) -> None:
-        """Execute pending DMAs that signal ``sem`` until its count reaches ``value``."""
+        """Execute pending DMAs that signal ``sem`` until its count reaches ``value``.
+
+        With ``dma_order="random"`` any other pending DMA (on any semaphore, core or
+        device) may complete first, as on hardware: completion order is explored across
+        semaphores, not only among the DMAs of the one waited for.
+        """
         while sem.count < value:
             candidates = [d for d in sem.pending if d.signals(sem)]
             sem.pending = candidates
             if not candidates:
                 return
-            if self.dma_order == "random" and len(candidates) > 1:
-                dma = candidates[self._rng.randrange(len(candidates))]
+            if self.dma_order != "random":
+                candidates[0].execute_for(sem, self._det)
+                continue
+            self._dmas = [d for d in self._dmas if d.state is not DmaState.DONE]
+            waited = {d.id for d in candidates}
+            others = [d for d in self._dmas if d.id not in waited]
+            pick = self._rng.randrange(len(candidates) + len(others))
+            if pick < len(candidates):
+                candidates[pick].execute_for(sem, self._det)
             else:
-                dma = candidates[0]
-            dma.execute_for(sem, self._det)
+                others[pick - len(candidates)].execute(self._det)
 
     def _flush_dmas(self) -> None:
         """Execute every pending DMA (end of the run), in issue or random order."""

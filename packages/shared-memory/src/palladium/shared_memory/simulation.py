@@ -246,9 +246,9 @@ class Simulation(BufferOps, SemaphoreOps):
             # A cancelled scheduler would cancel every later call: start afresh.
             self._sched = self._scheduler()
         self._flush_dmas()
-        if self._obs is not None:
-            self._obs.run_end(tuple(sorted(cores)))
         if self._det is not None and self._root is not None:
             self._det.barrier([self._root, *(self._actor(c) for c in cores)])
         if check_leaks:
             self.check_semaphores()
+        if self._obs is not None:
+            self._obs.run_end(tuple(sorted(cores)))

@@ -95,6 +95,10 @@ class CoreEvaluator:
     def params(self) -> InterpretParams:
         return self.launch.params
 
+    @property
+    def collective_id(self) -> int | None:
+        return self.launch.collective_id
+
     def fill_value(self, dtype: Any) -> Any:
         return self.launch.fill_value(dtype)
 

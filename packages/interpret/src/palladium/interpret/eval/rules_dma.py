@@ -26,6 +26,19 @@ def _side(ref: MemRef, acc: Any) -> tuple[Any, np.dtype, str]:
     return acc, np.dtype(ref.buffer.dtype), ref.name
 
 
+def _check_same_dtype(src: MemRef, dst: MemRef, site: Any) -> None:
+    """A TPU DMA moves bytes, and Mosaic rejects a DMA between refs of different dtypes:
+    converting the values (as ``astype`` would) is never what the hardware does."""
+    src_dtype, dst_dtype = np.dtype(src.buffer.dtype), np.dtype(dst.buffer.dtype)
+    if src_dtype != dst_dtype:
+        raise KernelError(
+            f"DMA from '{src.name}' ({src_dtype}) to '{dst.name}' ({dst_dtype}): the dtypes "
+            f"differ; a DMA copies bytes and Mosaic rejects a DMA between refs of different "
+            f"dtypes. Copy between refs of one dtype, or bitcast one side "
+            f"(ref.bitcast(...)) to make the byte copy explicit ({site})"
+        )
+
+
 def sem_id(ev: KernelContext, value: Any, eqn: Equation, transforms: Any = ()) -> int:
     ref, own = split_transformed(value)
     transforms = (*own, *transforms)
@@ -40,6 +53,8 @@ def _dma_start(ev: KernelContext, eqn: Equation, invals: list[Value]) -> list[Va
     src_ref, src_acc = _mem(ev, src, eqn, "source")
     dst_ref, dst_acc = _mem(ev, dst, eqn, "destination")
     view = dma_view(_side(src_ref, src_acc), _side(dst_ref, dst_acc), ev.site(eqn))
+    if view is None:
+        _check_same_dtype(src_ref, dst_ref, ev.site(eqn))
     target = ev.remote_core(device_id, None, eqn.params["device_id_type"], eqn)
     dst_buffer = dst_ref.buffer
     if target is not None and target != ev.core:
@@ -140,6 +155,8 @@ def _compile_dma_start(eqn: Equation, used: frozenset[Any]) -> Any:
         src_ref, src_acc = _mem(ev, src, eqn, "source")
         dst_ref, dst_acc = _mem(ev, dst, eqn, "destination")
         view = dma_view(_side(src_ref, src_acc), _side(dst_ref, dst_acc), ev.site(eqn))
+        if view is None:
+            _check_same_dtype(src_ref, dst_ref, ev.site(eqn))
         return (_position(invals, src_ref), src_acc, _position(invals, dst_ref), dst_acc,
                 view, _sem_position(ev, dst_sem, eqn, invals),
                 None if src_sem is None else _sem_position(ev, src_sem, eqn, invals),

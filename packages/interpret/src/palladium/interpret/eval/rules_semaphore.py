@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from palladium.interpret import _jax_compat as jc
-from palladium.interpret.errors import UnsupportedFeatureError
+from palladium.interpret.errors import KernelError, UnsupportedFeatureError
 from palladium.interpret.eval.context import Equation, KernelContext, Value
 from palladium.interpret.eval.refs import SemaphoreRef
 from palladium.interpret.eval.registry import rule
@@ -43,5 +43,13 @@ def _read(ev: KernelContext, eqn: Equation, invals: list[Value]) -> list[Value]:
 
 @rule(jc.get_barrier_semaphore_p)
 def _barrier_semaphore(ev: KernelContext, eqn: Equation, invals: list[Value]) -> list[Value]:
+    if ev.collective_id is None:
+        # Mosaic allocates the barrier semaphore per collective_id, and both it and jax's
+        # TPU interpreter reject a kernel that asks for one without it.
+        raise KernelError(
+            f"pltpu.get_barrier_semaphore() in a kernel without a collective_id: pass "
+            f"compiler_params=pltpu.CompilerParams(collective_id=<int>) to the pallas_call "
+            f"(a TPU has no barrier semaphore without one) ({ev.site(eqn)})"
+        )
     ids = np.asarray(ev.sim.barrier_semaphore(ev.core[0]), dtype=np.int64)
     return [SemaphoreRef(ids, SemaphoreKind.BARRIER, "barrier semaphore")]

@@ -43,7 +43,13 @@ every product rounded). Classes, verified by ``tests/test_numpy_rules.py`` again
   conversions, dynamic shapes, a non-None ``accuracy``, mixed operand dtypes; and inputs
   where XLA CPU itself is inconsistent (its vector loop and scalar tail disagree):
   float rem/pow with subnormal operands, log of a negative subnormal, and bf16
-  subnormals in broadcast_in_dim and tile.
+  subnormals in broadcast_in_dim and tile; and tanh, sin, expm1, log1p of subnormal
+  operands (XLA's approximations may return such an input unchanged: its code decides).
+
+Subnormals are recognised from the raw bits, never by float comparison: XLA runs host
+callbacks, and so every launch, with denormals-are-zero set, where ``x != 0`` is False
+for a subnormal ``x`` (tests/test_subnormals_in_launch.py checks the rules inside that
+environment against ``jax.jit``).
 """
 
 from __future__ import annotations
@@ -66,7 +72,7 @@ from palladium.interpret.numpy_rules.common import (
     flush,
     has_subnormal_f32,
 )
-from palladium.interpret.numpy_rules.elementwise import ARITH
+from palladium.interpret.numpy_rules.elementwise import ARITH, PASS_THROUGH
 
 __all__ = [
     "FLUSHING",
@@ -79,7 +85,7 @@ __all__ = [
 ]
 
 FLUSHING: frozenset[Primitive] = frozenset({*ARITH, lax.div_p, lax.dot_general_p,
-                                            lax.reduce_sum_p, lax.reduce_prod_p})
+                                            lax.reduce_sum_p, lax.reduce_prod_p}) - PASS_THROUGH
 """Primitives whose rule flushes every f32 result, whenever all operands are f32 and no
 ``accuracy`` is asked for (their rules then never return ``NotImplemented``)."""
 

@@ -76,17 +76,33 @@ def arr(x: Any) -> np.ndarray:
     return np.asarray(x, dtype=getattr(x, "dtype", None))
 
 
+# Subnormals are found from the raw bits, never by float comparison: XLA runs host
+# callbacks (so every launch) with denormals-are-zero set, and there ``abs(x) != 0`` is
+# False for a subnormal ``x``. Integer ops see the bits whatever the FP environment.
+_ABS_BITS = np.uint32(0x7FFFFFFF)
+_SIGN_BITS = np.uint32(0x80000000)
+_MIN_NORMAL_BITS = np.uint32(0x00800000)  # the bits of TINY
+_ONE_BIT = np.uint32(1)
+
+
+def _magnitude_bits(x: np.ndarray) -> np.ndarray:
+    """The f32 array ``x``'s bits without the sign (subnormal: 1 ..  0x7FFFFF)."""
+    return np.bitwise_and(x.view(np.uint32), _ABS_BITS)
+
+
 def flush(x: np.ndarray) -> np.ndarray:
-    """Subnormal f32 values -> zeros of the same sign (XLA CPU's DAZ/FTZ)."""
+    """Subnormal f32 values -> zeros of the same sign (XLA CPU's DAZ/FTZ), from the bits
+    (right in any floating-point environment)."""
     if x.size == 0:
         return x
-    a = np.abs(x)
-    if np.fmin.reduce(a, axis=None) >= TINY:  # the common case: one reduction (NaN ignored)
+    a = _magnitude_bits(x)
+    if a.min() >= _MIN_NORMAL_BITS:  # the common case: one reduction (NaNs are large)
         return x
-    small = a < TINY
-    small &= a != 0  # zeros (common: initialised accumulators) need no rewrite
+    a -= _ONE_BIT  # zeros wrap to the top: subnormals are exactly the a < MIN - 1
+    small = a < _MIN_NORMAL_BITS - _ONE_BIT
     if small.any():
-        return np.where(small, np.copysign(ZERO, x), x)
+        bits = x.view(np.uint32)
+        return np.where(small, bits & _SIGN_BITS, bits).view(F32)
     return x
 
 
@@ -144,17 +160,39 @@ def back_flushed(r: np.ndarray, dtype: np.dtype) -> np.ndarray:
 
 def has_subnormal_f32(x: np.ndarray) -> bool:
     """Whether the f32 array ``x`` holds a subnormal value (that ``flush`` rewrites)."""
-    a = np.abs(x)
-    return bool(((a < TINY) & (a > 0)).any())
-
+    a = _magnitude_bits(np.asarray(x, F32))
+    a -= _ONE_BIT
+    return bool((a < _MIN_NORMAL_BITS - _ONE_BIT).any())
 
 
 def has_subnormal(x: np.ndarray) -> bool:
-    a = np.abs(x.astype(F32))
-    return bool(((a < TINY) & (a > 0)).any())
+    """Whether the float array ``x`` widened to f32 holds a subnormal (f16 subnormals
+    are normal f32 values), from the bits."""
+    if x.dtype == F32:
+        return has_subnormal_f32(x)
+    if x.dtype == BF16:
+        return has_bf16_subnormal(x)
+    return False
 
+
+def has_negative_subnormal(x: np.ndarray) -> bool:
+    """Whether the float array ``x`` widened to f32 holds a negative subnormal."""
+    if x.dtype == BF16:
+        x = x.astype(F32)  # exact: bf16 is the top half of an f32
+    elif x.dtype != F32:
+        return False
+    bits = x.view(np.uint32)
+    a = np.bitwise_and(bits, _ABS_BITS)
+    a -= _ONE_BIT
+    return bool(((a < _MIN_NORMAL_BITS - _ONE_BIT) & (bits >= _SIGN_BITS)).any())
 
 
 def has_bf16_subnormal(x: np.ndarray) -> bool:
     bits = x.view(np.uint16)
     return bool((((bits & 0x7F80) == 0) & ((bits & 0x007F) != 0)).any())
+
+
+def is_nonzero(x: np.ndarray) -> np.ndarray:
+    """``x != 0`` of a bf16/f16 array from its bits (a subnormal is nonzero even where
+    the FP environment reads it as zero)."""
+    return np.bitwise_and(x.view(np.uint16), np.uint16(0x7FFF)) != 0

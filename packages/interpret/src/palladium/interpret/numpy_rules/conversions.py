@@ -18,6 +18,7 @@ from palladium.interpret.numpy_rules.common import (
     INTS_BOOL,
     arr,
     f32,
+    is_nonzero,
     register,
 )
 
@@ -44,7 +45,7 @@ def _convert_element_type(
     if src in FLOATS:
         if dst == BOOL:
             # f32 compares with subnormals flushed; bf16 tests its raw bits.
-            return (f32(x) if src == F32 else x.astype(F32)) != 0
+            return f32(x) != 0 if src == F32 else is_nonzero(x)
         if dst in INTS:
             if dst.itemsize > 4:
                 return NotImplemented

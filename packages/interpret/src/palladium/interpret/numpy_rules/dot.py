@@ -1,5 +1,9 @@
 """``dot_general`` as one batched numpy matmul (f32 accumulation for floats, 64-bit for integers).
 
+Float results depend on the host CPU: numpy's BLAS (OpenBLAS) picks its kernel family, and so
+its accumulation order, per CPU, as XLA's own CPU dot does; integer results are exact. There is
+deliberately no bit-reproducible mode (see "Edge cases and numerics" in the package README).
+
 See the package docstring for the rule contract and the accuracy classes."""
 
 from __future__ import annotations

@@ -1,0 +1,125 @@
+"""The failure registry behind ``errors_as_raised``: launch exceptions by failure id.
+
+A kernel failing inside a host callback reaches the caller as jax's
+``JaxRuntimeError``, whose message is the text of the callback's exception. At the
+callback boundary each exception is given a failure id, carried in its message
+(``[palladium failure #N]``), and kept here so ``errors_as_raised`` can re-raise that very
+exception, found by id, not by matching message text. The same exception raised by
+every device of a multi-device launch keeps one id.
+
+What is kept is only what re-raising needs: a copy of the exception (type, message,
+attributes such as a ``DataRaceError``'s report, chained causes) without its traceback,
+whose frames held the launch's whole simulation and, through their callers, its
+operands (100 failing launches of a 64 MiB input kept ~4 GiB alive). Where it failed
+stays readable as ``exc.launch_traceback`` (a ``traceback.StackSummary``). At most ``capacity`` failures are kept (oldest forgotten first); an
+entry is removed when claimed.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import re
+import threading
+import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+__all__ = ["FailureLog"]
+
+_TAG = "[palladium failure #{}]"
+_TAG_RE = re.compile(r"\[palladium failure #(\d+)\]")
+_ID_ATTR = "_palladium_failure_id"
+
+
+def _clone(exc: BaseException, depth: int = 0) -> BaseException:
+    """A copy of ``exc`` (type, args, attributes, chained causes alike) with no traceback.
+
+    A kept traceback would keep the failed launch alive: its frames hold the simulation
+    in their locals, and through ``f_back`` every caller's frame, up to jax's callback
+    machinery holding the operands. ``launch_traceback`` keeps where it failed as text
+    (a ``traceback.StackSummary``: file, line, function).
+    """
+    cls = type(exc)
+    try:
+        clone = cls.__new__(cls, *exc.args)
+        clone.args = exc.args
+        clone.__dict__.update(exc.__dict__)
+    except Exception:  # an exception type that cannot be made without its __init__
+        return exc
+    clone.launch_traceback = traceback.extract_tb(exc.__traceback__)  # type: ignore[attr-defined]
+    if depth < 8:
+        if exc.__cause__ is not None:
+            clone.__cause__ = _clone(exc.__cause__, depth + 1)
+        if exc.__context__ is not None and not exc.__suppress_context__:
+            clone.__context__ = _clone(exc.__context__, depth + 1)
+    clone.__suppress_context__ = exc.__suppress_context__
+    return clone
+
+
+class FailureLog:
+    """Recently failed launches' exceptions, by failure id (thread-safe, bounded)."""
+
+    def __init__(self, capacity: int = 32) -> None:
+        self._entries: collections.OrderedDict[int, tuple[BaseException, tuple]] = (
+            collections.OrderedDict()
+        )
+        self._lock = threading.Lock()
+        self._ids = itertools.count(1)
+        self._capacity = capacity
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+
+    @contextmanager
+    def tagging(self) -> Iterator[None]:
+        """Record any ``Exception`` leaving the block and tag its message with its id."""
+        try:
+            yield
+        except Exception as e:
+            self.record(e)
+            raise
+
+    def record(self, exc: BaseException) -> int:
+        """Keep what re-raising ``exc`` needs and tag its message; returns its id."""
+        with self._lock:
+            fid = getattr(exc, _ID_ATTR, None)
+            if fid is not None and fid in self._entries:
+                return fid  # raised again by another device of the same launch
+            fid = next(self._ids)
+            kept = _clone(exc)
+            try:
+                setattr(exc, _ID_ATTR, fid)
+            except AttributeError:
+                return fid  # an exception type without a __dict__: cannot be claimed
+            self._entries[fid] = (kept, kept.args)
+            exc.args = _tagged(exc.args, _TAG.format(fid))
+            while len(self._entries) > self._capacity:
+                old, old_args = self._entries.popitem(last=False)[1]
+                old.args = old_args
+        return fid
+
+    def claim(self, message: str) -> BaseException | None:
+        """The recorded exception whose failure id ``message`` carries (the last one
+        named), with its own message restored; None if there is none."""
+        ids = _TAG_RE.findall(message)
+        if not ids:
+            return None
+        with self._lock:
+            entry = self._entries.pop(int(ids[-1]), None)
+        if entry is None:
+            return None
+        exc, original_args = entry
+        exc.args = original_args
+        return exc
+
+
+def _tagged(args: tuple, tag: str) -> tuple:
+    """``args`` with ``tag`` on the line after the message (the text jax shows)."""
+    if len(args) == 1 and isinstance(args[0], str):
+        return (f"{args[0]}\n{tag}",)
+    return (*args, tag)

@@ -1,0 +1,185 @@
+"""One launch's prediction: its spans on simulated clocks, its time and where it goes."""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any
+
+from palladium.interpret.observers import LaunchInfo
+from palladium.interpret.perf.model import ChipModel
+from palladium.interpret.perf.recorder import TimelineRecorder
+from palladium.interpret.perf.replay import CoreStats, Replay, Span
+from palladium.shared_memory import MemorySpace
+
+__all__ = ["LaunchRecord"]
+
+CoreId = tuple[int, int]
+
+
+def _pipeline_vmem(info: LaunchInfo) -> int:
+    """VMEM the pipeline's extra buffers take on each core: the interpreter allocates
+    one block per blocked operand, a TPU ``Buffered(n)`` holds n."""
+    kernel = info.kernel
+    total = 0
+    for spec in (*getattr(kernel, "inputs", ()), *getattr(kernel, "outputs", ())):
+        if getattr(spec, "space", None) is MemorySpace.VMEM:
+            nbytes = math.prod(spec.block_shape) * spec.dtype.itemsize
+            total += (spec.buffer_count - 1) * nbytes
+    return total
+
+
+def _us(seconds: float) -> str:
+    return f"{seconds * 1e6:,.2f} us"
+
+
+def _mib(nbytes: float) -> str:
+    return f"{nbytes / 2**20:,.2f} MiB"
+
+
+class LaunchRecord:
+    """The predicted TPU timeline of one kernel launch (see ``palladium.interpret.timeline``).
+
+    ``predicted_seconds``: the launch's time on the simulated chip. ``spans``: every
+    interval (grid steps, compute, DMAs, waits, barriers) on its track. ``summary()``:
+    the table users read.
+    """
+
+    def __init__(self, recorder: TimelineRecorder) -> None:
+        self.info = recorder.info
+        self.kernel_name = recorder.info.kernel_name
+        self.grid = recorder.info.grid
+        self.chip: ChipModel = recorder.chip
+        self.num_devices = recorder.info.num_devices
+        self.cores_per_device = recorder.info.num_cores
+        extra = _pipeline_vmem(recorder.info)
+        cores = recorder.cores or tuple(recorder.events)
+        replay = Replay(dict(recorder.events), cores, recorder.chip, self.cores_per_device,
+                        vmem_base=dict.fromkeys(cores, extra))
+        replay.run()
+        self.spans: list[Span] = sorted(replay.spans, key=lambda s: (s.track, s.start, -s.end))
+        self.core_stats: dict[CoreId, CoreStats] = replay.stats
+        self.vmem: dict[CoreId, list[tuple[float, int]]] = replay.vmem
+        self.resource_bytes = dict(replay.resource_bytes)
+        self.bandwidth = replay.bandwidth
+        self.flops = recorder.flops
+        self.by_primitive = dict(recorder.by_primitive)
+        self.by_unit = dict(recorder.by_unit)
+        ends = [s.end for s in self.spans] + [st.end for st in self.core_stats.values()]
+        self.predicted_seconds: float = max(ends, default=0.0)
+        self.dma_seconds = sum(s.end - s.start for s in self.spans if s.cat == "dma")
+        self.dma_bytes = sum(s.args.get("bytes", 0) for s in self.spans if s.cat == "dma")
+
+    # -- what the summary reports ----------------------------------------------------------
+    @functools.cached_property
+    def critical_core(self) -> CoreId:
+        """The core that finishes last (ties: the lowest id)."""
+        return max(sorted(self.core_stats), key=lambda c: self.core_stats[c].end)
+
+    @property
+    def compute_seconds(self) -> float:
+        """Busy compute time of the critical core."""
+        return self.core_stats[self.critical_core].compute
+
+    @property
+    def overhead_seconds(self) -> float:
+        """Per-step overhead, prologue and epilogue of the critical core."""
+        return self.core_stats[self.critical_core].overhead
+
+    @property
+    def exposed_dma_seconds(self) -> float:
+        """Time the critical core waited for DMAs (HBM and ICI): DMA time not hidden
+        behind its compute."""
+        exposed = self.core_stats[self.critical_core].exposed
+        return exposed.get("hbm", 0.0) + exposed.get("ici", 0.0)
+
+    def busy_seconds(self, resource: str) -> float:
+        """How long the busiest device's ``"hbm"`` or ``"ici"`` link must stream:
+        its bytes over its bandwidth."""
+        return max((n / self.bandwidth[kind] for (kind, _), n in self.resource_bytes.items()
+                    if kind == resource), default=0.0)
+
+    @property
+    def bound(self) -> str:
+        """The resource that needs the most time: ``"compute"`` (the critical core's
+        compute), ``"HBM"`` / ``"ICI"`` (the busiest device's bytes over bandwidth) or
+        ``"per-step overhead"`` (grid steps x overhead, prologue, epilogue);
+        ``"synchronisation"`` when waits on other cores' signals or barriers exceed
+        them all."""
+        exposed = self.core_stats[self.critical_core].exposed
+        parts = {
+            "compute": self.compute_seconds,
+            "HBM": self.busy_seconds("hbm"),
+            "ICI": self.busy_seconds("ici"),
+            "per-step overhead": self.overhead_seconds,
+            "synchronisation": exposed.get("sem", 0.0) + exposed.get("barrier", 0.0),
+        }
+        return max(parts, key=lambda k: parts[k])
+
+    @property
+    def mxu_utilisation(self) -> float:
+        """MXU flops over what every core's MXUs could do in the predicted time."""
+        cores = self.num_devices * self.cores_per_device
+        if not self.predicted_seconds:
+            return 0.0
+        return self.flops / (self.predicted_seconds * self.chip.mxu_bf16_flops * cores)
+
+    @property
+    def vmem_peak_bytes(self) -> int:
+        """The most VMEM in use on any core (allocations, plus the pipeline's extra
+        ``Buffered(n)`` block buffers)."""
+        return max((b for samples in self.vmem.values() for _, b in samples), default=0)
+
+    @property
+    def vmem_limit_bytes(self) -> int:
+        """The kernel's scoped-VMEM limit: ``CompilerParams(vmem_limit_bytes=...)``, else
+        XLA's default for the chip."""
+        cp = getattr(self.info.kernel, "compiler_params", None)
+        limit = getattr(cp, "vmem_limit_bytes", None)
+        return int(limit) if limit else self.chip.vmem_limit_bytes
+
+    def top_primitives(self, n: int = 5) -> list[tuple[str, float]]:
+        """The ``n`` primitives with the most compute time (all cores)."""
+        return sorted(self.by_primitive.items(), key=lambda kv: (-kv[1], kv[0]))[:n]
+
+    def summary(self) -> str:
+        """A table: time, bound, compute / DMA / exposed DMA, MXU use, top primitives,
+        VMEM peak vs capacity."""
+        c = self.chip
+        steps = self.core_stats[self.critical_core].steps
+        lines = [
+            f"kernel '{self.kernel_name}' on {self.num_devices} x TPU {c.chip} "
+            f"({self.cores_per_device} core(s) each), grid {self.grid}",
+            f"  predicted time      {_us(self.predicted_seconds)}",
+            f"  bound               {self.bound}",
+            f"  compute             {_us(self.compute_seconds)}  (critical core "
+            f"{self.critical_core})",
+            f"  DMA                 {_us(self.dma_seconds)}  ({self.dma_bytes:,} bytes, all "
+            f"engines)",
+            f"  exposed DMA         {_us(self.exposed_dma_seconds)}",
+            f"  step overhead       {_us(self.overhead_seconds)}  ({steps} step(s) x "
+            f"{_us(c.step_overhead_s)} + prologue/epilogue)",
+            f"  MXU utilisation     {self.mxu_utilisation:.1%}",
+            f"  VMEM peak           {_mib(self.vmem_peak_bytes)} (scoped limit "
+            f"{_mib(self.vmem_limit_bytes)}, capacity {_mib(c.vmem_capacity_bytes)})"
+            + ("  OVER THE LIMIT" if self.vmem_peak_bytes > self.vmem_limit_bytes else ""),
+            "  top primitives      "
+            + (", ".join(f"{name} {_us(t)}" for name, t in self.top_primitives()) or "none"),
+        ]
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return (f"LaunchRecord('{self.kernel_name}', predicted_seconds="
+                f"{self.predicted_seconds:.3e}, bound='{self.bound}')")
+
+    def to_dict(self) -> dict[str, Any]:
+        """The record's numbers (for scripts and benchmarks)."""
+        return {
+            "kernel": self.kernel_name, "chip": self.chip.chip, "grid": list(self.grid),
+            "predicted_seconds": self.predicted_seconds, "bound": self.bound,
+            "compute_seconds": self.compute_seconds, "dma_seconds": self.dma_seconds,
+            "exposed_dma_seconds": self.exposed_dma_seconds,
+            "overhead_seconds": self.overhead_seconds, "flops": self.flops,
+            "dma_bytes": self.dma_bytes, "mxu_utilisation": self.mxu_utilisation,
+            "vmem_peak_bytes": self.vmem_peak_bytes,
+        }

@@ -1,0 +1,119 @@
+"""The timeline's observer: records what each simulated core does, in its own order.
+
+Only the order of each core's own events is kept, never the host's interleaving of
+cores, and times are computed afterwards by :mod:`.replay` in simulated time: the
+prediction is a function of the kernel and its inputs, whatever the seed or the
+threads did.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+from palladium.interpret.observers import LaunchInfo
+from palladium.interpret.perf.costs import Cost, equation_cost
+from palladium.interpret.perf.model import ChipModel
+from palladium.shared_memory import (
+    BlockCopy,
+    BufferRef,
+    DmaEvent,
+    MemorySpace,
+    Observer,
+    SemaphoreInfo,
+    SemaphoreKind,
+)
+
+CoreId = tuple[int, int]
+
+# Event tuples, first item the kind:
+#   ("c", seconds)                             compute chunk
+#   ("step", step, grid_point)                 grid step begins
+#   ("in", step, nbytes, buffer_count, name)   pipeline input copy for that step
+#   ("body_end", step)                         grid step body done
+#   ("out", step, nbytes, buffer_count, name)  pipeline output copy after that step
+#   ("dma", DmaEvent)                          a DMA started
+#   ("sig", sem_key, inc)                      a semaphore signal
+#   ("wait", sem_key, value, label, is_dma)    a semaphore wait
+#   ("bar",)                                   a barrier
+#   ("mem", delta_bytes)                       VMEM in use changes
+
+
+class TimelineRecorder(Observer):
+    """Per-core event lists of one launch (created per launch by the timeline)."""
+
+    def __init__(self, info: LaunchInfo, chip: ChipModel) -> None:
+        self.info = info
+        self.chip = chip
+        self.events: dict[CoreId, list[tuple[Any, ...]]] = defaultdict(list)
+        # per core, the busy time of each unit since the core's last event
+        self.pending: dict[CoreId, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+        self.by_primitive: dict[str, float] = defaultdict(float)
+        self.by_unit: dict[str, float] = defaultdict(float)
+        self.flops = 0.0
+        self.cores: tuple[CoreId, ...] = ()
+        self.finished = False
+        self._costs: dict[int, tuple[Any, Cost]] = {}
+
+    def _push(self, core: CoreId, event: tuple[Any, ...]) -> None:
+        # The TensorCore is VLIW: MXU, vector ALU, EUP and vector load/store slots issue
+        # in parallel, so a compute chunk (the equations between two events) takes as
+        # long as its busiest unit (an optimistic, perfectly overlapped schedule).
+        units = self.pending.pop(core, None)
+        dt = max(units.values()) if units else 0.0
+        events = self.events[core]
+        if dt:
+            events.append(("c", dt))
+        events.append(event)
+
+    # -- the interpreter's events ----------------------------------------------------
+    def compute(self, core: CoreId, op: Any) -> None:
+        hit = self._costs.get(id(op))
+        if hit is None or hit[0] is not op:
+            hit = (op, equation_cost(op, self.chip))  # holds op: its id stays unique
+            self._costs[id(op)] = hit
+        cost = hit[1]
+        if cost.seconds:
+            self.pending[core][cost.unit] += cost.seconds
+            self.by_primitive[str(op.primitive)] += cost.seconds
+            self.by_unit[cost.unit] += cost.seconds
+            self.flops += cost.flops
+
+    def grid_step_begin(self, core: CoreId, step: int, grid_point: tuple[int, ...]) -> None:
+        self._push(core, ("step", step, grid_point))
+
+    def grid_step_end(self, core: CoreId, step: int, grid_point: tuple[int, ...]) -> None:
+        self._push(core, ("body_end", step))
+
+    def block_copy(self, copy: BlockCopy) -> None:
+        kind = "in" if copy.direction == "in" else "out"
+        self._push(copy.core, (kind, copy.step, copy.nbytes, copy.buffer_count, copy.operand))
+
+    # -- the simulator's events ------------------------------------------------------
+    def dma_start(self, dma: DmaEvent) -> None:
+        self._push(dma.core, ("dma", dma))
+
+    def semaphore_signal(self, core: CoreId, sem: SemaphoreInfo, inc: int) -> None:
+        self._push(core, ("sig", sem.key, inc))
+
+    def semaphore_wait_begin(self, core: CoreId, sem: SemaphoreInfo, value: int) -> None:
+        self._push(core, ("wait", sem.key, value, sem.label, sem.kind is SemaphoreKind.DMA))
+
+    def barrier_begin(self, core: CoreId) -> None:
+        self._push(core, ("bar",))
+
+    def allocate(self, buf: BufferRef, nbytes: int, core: CoreId) -> None:
+        if buf.space is MemorySpace.VMEM:
+            self._push(core, ("mem", nbytes))
+
+    def free(self, buf: BufferRef, nbytes: int, core: CoreId) -> None:
+        if buf.space is MemorySpace.VMEM:
+            self._push(core, ("mem", -nbytes))
+
+    def run_begin(self, cores: tuple[CoreId, ...]) -> None:
+        self.cores = tuple(sorted(cores))
+
+    def run_end(self, cores: tuple[CoreId, ...]) -> None:
+        for core in list(self.pending):
+            self._push(core, ("c", 0.0))
+        self.finished = True

@@ -1,0 +1,316 @@
+"""Replays a launch's recorded events on simulated TPU clocks (a discrete-event run).
+
+Each core is a program (its recorded events in its own order) with a clock; DMAs are
+fluid flows: after a fixed latency a DMA's bytes flow at an equal share of its
+resource's bandwidth (a device's HBM, shared by every local DMA in flight on it; a
+device's outgoing ICI link for remote DMAs). Cores and DMA events are processed in
+simulated-time order (ties: DMAs first, then cores by id), so the result depends only
+on each core's own event order: a wait ends at the later of the waiter's clock and the
+signal's time, a barrier when the last core arrives.
+
+The ``pallas_call`` block-copy pipeline is modelled as Mosaic runs it: with
+``Buffered(n)`` (n >= 2) the input blocks of step ``s + n - 1`` are fetched as step
+``s``'s compute starts, and step ``s`` first waits for its own; outputs of step ``s``
+are written back after its body while the next steps run, and step ``s + n - 1`` waits
+for them. With one buffer every copy is exposed. Each grid step pays the fixed
+per-step overhead, the launch its prologue and epilogue.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+import math
+from collections import defaultdict
+from collections.abc import Iterator
+from typing import Any
+
+from palladium.interpret.perf.model import ChipModel
+
+CoreId = tuple[int, int]
+Action = tuple[Any, ...]
+
+
+@dataclasses.dataclass
+class Span:
+    """One interval on a track: ``track`` is ``(device, "core c" | "DMA engine k")``."""
+
+    track: tuple[int, str]
+    name: str
+    cat: str  # "step", "compute", "overhead", "wait", "barrier", "dma"
+    start: float
+    end: float
+    args: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass
+class _Dma:
+    id: int
+    name: str
+    device: int
+    resource: tuple[str, int]
+    nbytes: int
+    signals: list[tuple[Any, int]]
+    start: float
+    args: dict[str, Any]
+    remaining: float = 0.0
+    end: float = 0.0
+
+
+@dataclasses.dataclass
+class CoreStats:
+    end: float = 0.0
+    compute: float = 0.0
+    overhead: float = 0.0
+    exposed: dict[str, float] = dataclasses.field(default_factory=lambda: defaultdict(float))
+    steps: int = 0
+
+
+def _pipeline(core: CoreId, events: list[tuple[Any, ...]], chip: ChipModel) -> Iterator[Action]:
+    """The core's program: its events, with the grid's block copies scheduled as the
+    TPU pipeline issues them."""
+    pre: list[tuple[Any, ...]] = []
+    steps: list[dict[str, Any]] = []
+    for ev in events:
+        kind = ev[0]
+        if kind == "step":
+            steps.append({"point": ev[2], "in": [], "body": [], "out": [], "done": False})
+        elif not steps:
+            pre.append(ev)
+        elif kind == "in":
+            steps[-1]["in"].append(ev)
+        elif kind == "body_end":
+            steps[-1]["done"] = True
+        else:  # after the body: output copies and whatever follows, in order
+            steps[-1]["out" if steps[-1]["done"] else "body"].append(ev)
+    yield from _plain(pre)
+    if not steps:
+        return
+    dev = core[0]
+    seq = iter(range(1 << 62))
+
+    def copy(ev: tuple[Any, ...], key: Any) -> Action:
+        _, step, nbytes, _n, name = ev
+        src, dst = ("HBM", name) if ev[0] == "in" else (name, "HBM")
+        return ("dma", -1 - next(seq), f"copy {name} block (step {step})", ("hbm", dev),
+                nbytes, [(key, nbytes)], {"bytes": nbytes, "src": src, "dst": dst})
+
+    issue_at: dict[int, list[tuple[Any, ...]]] = defaultdict(list)  # -1: prologue
+    for t, st in enumerate(steps):
+        for ev in st["in"]:
+            n = ev[3]
+            issue_at[t if n == 1 else max(t - (n - 1), -1) if t else -1].append(ev)
+    for ev in issue_at.pop(-1, []):
+        yield copy(ev, ("pipe", core, "in", ev[1]))
+    yield ("overhead", chip.launch_overhead_s, "prologue")
+    out_waits: dict[int, list[tuple[Any, int]]] = defaultdict(list)
+    last = len(steps) - 1
+    for s, st in enumerate(steps):
+        yield ("begin", f"step {s} {st['point']}", {"grid_point": str(st["point"])})
+        yield ("overhead", chip.step_overhead_s, "step overhead")
+        n1 = [ev for ev in issue_at.get(s, []) if ev[3] == 1]
+        for ev in n1:
+            yield copy(ev, ("pipe", core, "in", s))
+        if st["in"]:
+            total = sum(ev[2] for ev in st["in"])
+            yield ("wait", ("pipe", core, "in", s), total, "input blocks", "hbm")
+        for ev in issue_at.get(s, []):
+            if ev[3] != 1:
+                yield copy(ev, ("pipe", core, "in", ev[1]))
+        yield from _plain(st["body"])
+        for ev in st["out"]:
+            if ev[0] == "out":
+                key = ("pipe", core, "out", s, ev[4])
+                yield copy(ev, key)
+                out_waits[min(s + ev[3] - 1, last + 1)].append((key, ev[2]))
+            else:
+                yield from _plain([ev])
+        for key, nbytes in out_waits.pop(s, []):
+            yield ("wait", key, nbytes, "output block write-back", "hbm")
+        yield ("end",)
+    for key, nbytes in out_waits.pop(last + 1, []):
+        yield ("wait", key, nbytes, "output block write-back", "hbm")
+    yield ("overhead", chip.launch_overhead_s, "epilogue")
+
+
+def _plain(events: list[tuple[Any, ...]]) -> Iterator[Action]:
+    for ev in events:
+        kind = ev[0]
+        if kind == "c":
+            if ev[1]:
+                yield ("compute", ev[1], "compute")
+        elif kind == "dma":
+            d = ev[1]
+            res = ("ici", d.src.device) if d.remote else ("hbm", d.core[0])
+            signals = [(d.dst_sem.key, d.nbytes)]
+            if d.src_sem is not None:
+                signals.append((d.src_sem.key, d.nbytes))
+            yield ("dma", d.id, d.name, res, d.nbytes, signals,
+                   {"bytes": d.nbytes, "src": d.src.label, "dst": d.dst.label})
+        elif kind == "sig":
+            yield ("signal", ev[1], ev[2])
+        elif kind == "wait":
+            yield ("wait", ev[1], ev[2], ev[3], "dma" if ev[4] else "sem")
+        elif kind == "bar":
+            yield ("barrier",)
+        elif kind == "mem":
+            yield ("mem", ev[1])
+
+
+class Replay:
+    """Runs the programs of every core of a launch; results in ``spans``, ``stats``,
+    ``dmas`` and ``vmem`` (per core: ``[(time, bytes in use)]``)."""
+
+    def __init__(self, events: dict[CoreId, list[tuple[Any, ...]]], cores: tuple[CoreId, ...],
+                 chip: ChipModel, cores_per_device: int,
+                 vmem_base: dict[CoreId, int] | None = None) -> None:
+        self.chip = chip
+        self.bandwidth = {"hbm": chip.hbm_bandwidth(cores_per_device),
+                          "ici": chip.ici_bytes_per_second}
+        self.cores = tuple(sorted(set(cores) | set(events)))
+        self.programs = {c: _pipeline(c, events.get(c, []), chip) for c in self.cores}
+        self.clock = dict.fromkeys(self.cores, 0.0)
+        self.stats = {c: CoreStats() for c in self.cores}
+        self.spans: list[Span] = []
+        self.dmas: list[_Dma] = []
+        self.resource_bytes: dict[tuple[str, int], int] = defaultdict(int)
+        self.vmem = {c: [(0.0, (vmem_base or {}).get(c, 0))] for c in self.cores}
+        self._open: dict[CoreId, list[tuple[str, float, dict[str, Any]]]] = defaultdict(list)
+        self._count: dict[Any, int] = defaultdict(int)
+        self._waiter: dict[Any, tuple[CoreId, int, float, str, str]] = {}
+        self._barrier: list[tuple[CoreId, float]] = []
+        self._ready: list[tuple[float, CoreId]] = []
+        self._pending: list[tuple[float, int, _Dma]] = []
+        self._active: dict[tuple[str, int], list[_Dma]] = defaultdict(list)
+        self._t_dma = 0.0
+
+    # -- the run -------------------------------------------------------------------------
+    def run(self) -> None:
+        self._ready = [(0.0, c) for c in self.cores]
+        heapq.heapify(self._ready)
+        while True:
+            tc = self._ready[0][0] if self._ready else math.inf
+            td = self._next_dma_time()
+            if td <= tc and td < math.inf:
+                self._advance(td)
+                continue
+            if not self._ready:
+                break
+            _, core = heapq.heappop(self._ready)
+            self._step(core)
+        self._assign_lanes()
+
+    def _step(self, core: CoreId) -> None:
+        program = self.programs[core]
+        track = (core[0], f"core {core[1]}")
+        st = self.stats[core]
+        while True:
+            action = next(program, None)
+            t = self.clock[core]
+            if action is None:
+                st.end = t
+                return
+            kind = action[0]
+            if kind in ("compute", "overhead"):
+                dt = action[1]
+                self.spans.append(Span(track, action[2], kind, t, t + dt))
+                if kind == "compute":
+                    st.compute += dt
+                else:
+                    st.overhead += dt
+                self.clock[core] = t + dt
+                heapq.heappush(self._ready, (t + dt, core))
+                return
+            if kind == "dma":
+                _, dma_id, name, res, nbytes, signals, args = action
+                dma = _Dma(dma_id, name, core[0], res, nbytes, signals, t, args, float(nbytes))
+                self.dmas.append(dma)
+                self.resource_bytes[res] += nbytes
+                heapq.heappush(self._pending, (t + self.chip.dma_latency_s, len(self.dmas), dma))
+            elif kind == "signal":
+                self._signal(action[1], action[2], t, "sem")
+            elif kind == "wait":
+                _, key, value, label, what = action
+                if self._count[key] >= value:
+                    self._count[key] -= value
+                else:
+                    self._waiter[key] = (core, value, t, label, what)
+                    return
+            elif kind == "barrier":
+                self._barrier.append((core, t))
+                if len(self._barrier) < len(self.cores):
+                    return
+                end = max(at for _, at in self._barrier)
+                for c, at in self._barrier:
+                    self.spans.append(Span((c[0], f"core {c[1]}"), "barrier", "barrier", at, end))
+                    self.stats[c].exposed["barrier"] += end - at
+                    self.clock[c] = end
+                    heapq.heappush(self._ready, (end, c))
+                self._barrier = []
+                return
+            elif kind == "mem":
+                self.vmem[core].append((t, self.vmem[core][-1][1] + action[1]))
+            elif kind == "begin":
+                self._open[core].append((action[1], t, action[2]))
+                st.steps += 1
+            elif kind == "end":
+                name, t0, args = self._open[core].pop()
+                self.spans.append(Span(track, name, "step", t0, t, args))
+
+    def _signal(self, key: Any, inc: int, t: float, source: str) -> None:
+        self._count[key] += inc
+        waiter = self._waiter.get(key)
+        if waiter is None or self._count[key] < waiter[1]:
+            return
+        core, value, t0, label, what = self._waiter.pop(key)
+        self._count[key] -= value
+        end = max(t0, t)
+        if end > t0:
+            self.spans.append(Span((core[0], f"core {core[1]}"), f"wait {label}", "wait", t0,
+                                   end, {"semaphore": label}))
+        self.stats[core].exposed[source if what != "sem" else "sem"] += end - t0
+        self.clock[core] = end
+        heapq.heappush(self._ready, (end, core))
+
+    # -- DMAs as fluid flows --------------------------------------------------------------
+    def _next_dma_time(self) -> float:
+        t = self._pending[0][0] if self._pending else math.inf
+        for res, active in self._active.items():
+            if active:
+                rate = self.bandwidth[res[0]] / len(active)
+                t = min(t, self._t_dma + min(d.remaining for d in active) / rate)
+        return t
+
+    def _advance(self, t: float) -> None:
+        dt = t - self._t_dma
+        done: list[_Dma] = []
+        for res, active in self._active.items():
+            if not active:
+                continue
+            moved = dt * self.bandwidth[res[0]] / len(active)
+            for d in active:
+                d.remaining -= moved
+        self._t_dma = t
+        while self._pending and self._pending[0][0] <= t:
+            _, _, dma = heapq.heappop(self._pending)
+            self._active[dma.resource].append(dma)
+        for res, active in self._active.items():
+            finished = [d for d in active if d.remaining <= 1e-6 * max(d.nbytes, 1)]
+            if finished:
+                self._active[res] = [d for d in active if d not in finished]
+                done.extend(finished)
+        for dma in sorted(done, key=lambda d: (d.start, d.id)):
+            dma.end = t
+            for key, inc in dma.signals:
+                self._signal(key, inc, t, dma.resource[0])
+
+    def _assign_lanes(self) -> None:
+        lanes: dict[int, list[float]] = defaultdict(list)
+        for dma in sorted(self.dmas, key=lambda d: (d.start, d.id)):
+            free = lanes[dma.device]
+            lane = next((i for i, end in enumerate(free) if end <= dma.start), len(free))
+            if lane == len(free):
+                free.append(0.0)
+            free[lane] = dma.end
+            self.spans.append(Span((dma.device, f"DMA engine {lane}"), dma.name, "dma",
+                                   dma.start, dma.end, dict(dma.args)))
