@@ -32,7 +32,7 @@ from threadpoolctl import OpenBLASController, ThreadpoolController
 
 
 def _release_control() -> None:
-    """Let any thread set OpenBLAS's process-wide pool next (threadpoolctl >= 3.7 gives
+    """Let any thread set OpenBLAS's process-wide pool next (recent threadpoolctl gives
     that right to the first thread that sets it; older versions have no such rule)."""
     clear = getattr(OpenBLASController, "clear_controlling_thread", None)
     if clear is not None:
