@@ -25,7 +25,7 @@ JAX_PACKAGES = ["packages/interpret", "packages/pipeline"]
 ALL = JAX_FREE + JAX_PACKAGES
 SUPPORTED_JAX = ["0.10.0", "0.10.2"]
 PYTHONS = ["3.11", "3.12", "3.13"]
-TEST_DEPS = ["pytest>=8", "pytest-timeout>=2.2", "hypothesis>=6.100"]
+TEST_DEPS = ["pytest>=8", "pytest-timeout>=2.2", "pytest-xdist>=3.5", "hypothesis>=6.100"]
 
 
 def _install_all(session: nox.Session, *extra: str) -> None:
