@@ -6,6 +6,7 @@ and under pytest-xdist."""
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 
@@ -199,3 +200,18 @@ def test_timeline_option(suite, tmp_path):
     else:
         assert result.ret == pytest.ExitCode.OK
         assert [p.name for p in traces.iterdir()] == ["test_suite.py_test_clean.json"]
+
+
+@pytest.mark.timeout(300)
+def test_readme_example(pytester):
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    [example] = [b for b in re.findall(r"```python\n(.*?)```", readme, re.S)
+                 if "@pytest.mark.palladium" in b]
+    pytester.makepyfile(test_kernels=example)
+    result = pytester.runpytest_subprocess("-rA", "-p", "no:randomly", "--palladium")
+    assert outcomes(result) == {"test_kernels.py::test_double": "passed",
+                                "test_kernels.py::test_double_has_no_race": "passed"}
+    # Without --palladium the kernel without interpret= needs a TPU; the marked test runs.
+    result = pytester.runpytest_subprocess("-rA", "-p", "no:randomly")
+    assert outcomes(result) == {"test_kernels.py::test_double": "failed",
+                                "test_kernels.py::test_double_has_no_race": "passed"}
