@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import logging
 import re
 import threading
 from collections.abc import Iterator
@@ -41,7 +40,6 @@ from typing import Any
 import pytest
 
 _RECORDS = pytest.StashKey["KernelRecords"]()
-_LOGGER = "palladium.interpret"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,25 +79,21 @@ class KernelRecords:
         self._races.extend(collected_race_reports())
 
 
-class _LaunchLog(logging.Handler):
-    """Turns the interpreter's ``LoggingMode.LAUNCH`` records into the current test's
-    :class:`LaunchRecord` list (launches run on XLA's callback threads)."""
+class _LaunchRecorder:
+    """A launch observer factory (``palladium.interpret.observers``) that appends a
+    :class:`LaunchRecord` per launch to the current test's records (launches run on
+    XLA's callback threads); it observes nothing else."""
 
     def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
         self.current: KernelRecords | None = None
         self._lock = threading.Lock()
 
-    def emit(self, record: logging.LogRecord) -> None:
-        args = record.args
-        if not (isinstance(args, tuple) and len(args) == 5 and str(record.msg).startswith("launch ")):
-            return
+    def __call__(self, info: Any) -> None:
+        record = LaunchRecord(str(info.kernel_name), tuple(info.grid), int(info.num_devices),
+                              int(info.num_cores), str(info.chip))
         with self._lock:
             if self.current is not None:
-                kernel, grid, devices, cores, chip = args  # type: Any, Any, Any, Any, Any
-                self.current.launches.append(
-                    LaunchRecord(str(kernel), tuple(grid), int(devices), int(cores), str(chip))
-                )
+                self.current.launches.append(record)
 
 
 _OPTIONS = {  # option dest -> InterpretParams field
@@ -137,11 +131,11 @@ def _base_fields(config: pytest.Config) -> dict[str, Any] | None:
     return fields
 
 
-def _make_params(fields: dict[str, Any], where: str, error: type[Exception] = pytest.UsageError) -> Any:
+def _make_params(
+    fields: dict[str, Any], where: str, error: type[Exception] = pytest.UsageError
+) -> Any:
     import palladium.interpret as pi
 
-    fields = dict(fields)
-    fields["logging_mode"] = (fields.get("logging_mode") or pi.LoggingMode(0)) | pi.LoggingMode.LAUNCH
     try:
         return pi.InterpretParams(**fields)
     except (TypeError, ValueError) as e:
@@ -161,7 +155,7 @@ class _Plugin:
     def __init__(self, config: pytest.Config) -> None:
         self.fields = _base_fields(config)
         self.timeline_dir: Path | None = None
-        self.log: _LaunchLog | None = None
+        self.recorder: _LaunchRecorder | None = None
         if self.fields is None:
             return
         import palladium.interpret as pi
@@ -184,8 +178,10 @@ class _Plugin:
             import palladium.interpret as pi
 
             pi.reset_tpu_interpret_mode_state()
-        if self.log is not None:
-            logging.getLogger(_LOGGER).removeHandler(self.log)
+        if self.recorder is not None:
+            from palladium.interpret.observers import remove_launch_observer
+
+            remove_launch_observer(self.recorder)
 
     def _records(self, item: pytest.Item) -> KernelRecords | None:
         """The item's records, made on its first phase; None: not under palladium."""
@@ -222,13 +218,12 @@ class _Plugin:
             return
         import palladium.interpret as pi
 
-        if self.log is None:
-            self.log = _LaunchLog()
-            logger = logging.getLogger(_LOGGER)
-            logger.addHandler(self.log)
-            if logger.getEffectiveLevel() > logging.DEBUG:
-                logger.setLevel(logging.DEBUG)
-        self.log.current = records
+        if self.recorder is None:
+            from palladium.interpret.observers import add_launch_observer
+
+            self.recorder = _LaunchRecorder()
+            add_launch_observer(self.recorder)
+        self.recorder.current = records
         try:
             with contextlib.ExitStack() as stack:
                 stack.enter_context(pi.force_tpu_interpret_mode(records.params))
@@ -248,7 +243,7 @@ class _Plugin:
             raise e.with_traceback(wrapper.__traceback__) from None
         finally:
             records._drain()
-            self.log.current = None
+            self.recorder.current = None
 
     def _save_timeline(self, tl: Any, item: pytest.Item) -> None:
         assert self.timeline_dir is not None
