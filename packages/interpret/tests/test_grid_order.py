@@ -23,6 +23,12 @@ def test_parallel_orders_are_permutations_reproducible_from_the_seed():
                                                           parallel_orders((8, 8), 2)))
 
 
+def test_a_seed_beyond_int32_gives_a_reproducible_permutation():
+    a = parallel_orders((5,), 2**40)[0]
+    assert sorted(a.tolist()) == list(range(5))
+    assert np.array_equal(a, parallel_orders.__wrapped__((5,), 2**40)[0])
+
+
 def test_seed_12345_orders_a_4_wide_parallel_dimension_2_3_0_1():
     # The order jax 0.10.2's interpreter uses for this seed (jax's own
     # test_parallel_dimension_and_multiple_cores records it).

@@ -408,15 +408,46 @@ def test_bf16_subnormal_tile_is_left_to_bind():
 
 
 def test_bf16_subnormal_broadcast_is_left_to_bind():
+    # Whether XLA CPU flushes bf16 subnormals in a broadcast depends on the CPU: in some
+    # broadcasts it converts through f32, and only AVX512_BF16's f32 -> bf16 instruction
+    # flushes (XLA_FLAGS=--xla_cpu_max_isa=AVX2 shows the other behaviour). So the rule
+    # declines every broadcast of them, and the result is bind's, whatever the CPU.
     x = np.full((4, 8), 1e-40, np.float32).astype(BF16)
-    params = {"shape": (4, 5, 8), "broadcast_dimensions": (0, 2), "sharding": None}
-    assert NUMPY_RULES[lax.broadcast_in_dim_p](x, **params) is NotImplemented
-    # ... because XLA CPU flushes them in this broadcast but not in others:
-    assert not bind(lax.broadcast_in_dim_p, x, **params).astype(np.float32).any()
-    kept = bind(
-        lax.broadcast_in_dim_p, x, shape=(3, 4, 8), broadcast_dimensions=(1, 2), sharding=None
+    for params in (
+        {"shape": (4, 5, 8), "broadcast_dimensions": (0, 2), "sharding": None},
+        {"shape": (3, 4, 8), "broadcast_dimensions": (1, 2), "sharding": None},
+    ):
+        assert NUMPY_RULES[lax.broadcast_in_dim_p](x, **params) is NotImplemented
+    normal = np.full((4, 8), 1e-30, np.float32).astype(BF16)
+    assert_exact(
+        run_rule(lax.broadcast_in_dim_p, normal, **params),
+        bind(lax.broadcast_in_dim_p, normal, **params),
     )
-    assert kept.astype(np.float32).all()
+
+
+def test_float_conversions_of_subnormals_are_left_to_bind():
+    # The hardware conversions to/from bf16 and f16 flush subnormals on some CPUs
+    # (AVX512_BF16, arm64 under XLA's flush bits) and keep them on others.
+    convert = NUMPY_RULES[lax.convert_element_type_p]
+    params = {"weak_type": False, "sharding": None}
+    cases = [
+        (np.full((16, 128), 1e-40, np.float32), BF16),  # f32 subnormal in
+        (np.full((16, 128), 1e-6, np.float32), np.dtype(np.float16)),  # f16 subnormal out
+        (np.full((16, 128), 1e-6, np.float32).astype(np.float16), F32),  # f16 subnormal in
+        (np.full((16, 128), 1e-6, np.float32).astype(np.float16), BF16),
+    ]
+    for x, dst in cases:
+        assert convert(x, new_dtype=dst, **params) is NotImplemented
+        normal = np.ones_like(x)
+        assert_exact(
+            run_rule(lax.convert_element_type_p, normal, new_dtype=dst, **params),
+            bind(lax.convert_element_type_p, normal, new_dtype=dst, **params),
+        )
+    # bf16 -> f32 is a bit shift on every CPU: the rule keeps the subnormal.
+    x = np.full((16, 128), 1e-40, np.float32).astype(BF16)
+    out = run_rule(lax.convert_element_type_p, x, new_dtype=F32, **params)
+    assert_exact(out, bind(lax.convert_element_type_p, x, new_dtype=F32, **params))
+    assert out.all()
 
 
 @SETTINGS

@@ -297,6 +297,14 @@ def tpu_info_for_chip(chip_version: str) -> tpu_info.TpuInfo:
 
 
 # --- Mosaic (the TPU compiler's front end), for the lowering check -------------------------
+def mosaic_lowering_available() -> bool:
+    """Whether this jax has the Mosaic entry point the lowering check uses (jax 0.10.0
+    lacks ``lower_jaxpr_to_pipelined_module``; the check is then skipped)."""
+    from jax._src.pallas.mosaic import lowering as mosaic_lowering
+
+    return hasattr(mosaic_lowering, "lower_jaxpr_to_pipelined_module")
+
+
 def mosaic_lower(ctx: Any, grid_mapping: Any, jaxpr: Any, compiler_params: Any, *,
                  device_kind: str, num_cores: int) -> Any:
     """Lower a ``pallas_call``'s kernel to a Mosaic module as jax's TPU lowering rule does

@@ -1,85 +1,42 @@
-"""Single-threaded BLAS while kernels are interpreted.
+"""Single-threaded BLAS while kernels are interpreted (through threadpoolctl).
 
 The matrix products of an interpreted kernel are small (one block, e.g. 128x128x128:
-~0.05 ms on one core). OpenBLAS splits such a product over all cores anyway, and
+~0.05 ms on one core). A threaded BLAS splits such a product over all cores anyway, and
 inside a host callback its worker threads compete with XLA's own threads (and with
 whatever else runs on the machine): measured on a 2-core machine under load, one
 128^3 f32 ``np.matmul`` took 10-25 ms that way instead of 0.05 ms. So each launch
-runs with one BLAS thread and restores the previous count afterwards.
+runs with one BLAS thread and restores the previous counts afterwards.
 
-OpenBLAS's thread count is process-wide, so the limit is reference counted over the
-launches in flight (several devices or kernels may run at once); the count is
-restored when the last one finishes. Each output element is computed by the same
-kernel over the same reduction order whatever the thread count (threads only split
-the output), so results do not change. Without an OpenBLAS numpy (Accelerate, MKL,
-another platform) this does nothing.
+threadpoolctl finds the BLAS libraries numpy loaded (OpenBLAS, MKL, BLIS; on Linux,
+macOS and Windows) and sets their thread counts. The counts are process-wide, so the
+limit is reference counted over the launches in flight (several devices or kernels may
+run at once): the first launch in sets one thread, the last one out restores the
+counts. threadpoolctl lets only one thread at a time set a process-wide pool's size (it
+silently ignores the others), and launches run on XLA's callback threads, so the limit
+takes that control while it sets or restores the counts and gives it back after. (A BLAS
+built on OpenMP keeps a limit per thread: there the limit holds in the thread that runs
+the launch, which is where a single-core launch computes.) The thread count can change the last bits of a product (a BLAS may pick other
+kernels or blockings for other thread counts), so the products of an interpreted kernel
+are those of the single-threaded BLAS.
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import os
 import threading
 from collections.abc import Iterator
+from typing import Any
 
-# (setter, getter) symbol pairs, newest OpenBLAS builds first: numpy's wheels ship
-# scipy-openblas with a symbol prefix/suffix, system builds use the plain names.
-_SYMBOLS = (
-    ("scipy_openblas_set_num_threads64_", "scipy_openblas_get_num_threads64_"),
-    ("scipy_openblas_set_num_threads", "scipy_openblas_get_num_threads"),
-    ("openblas_set_num_threads64_", "openblas_get_num_threads64_"),
-    ("openblas_set_num_threads", "openblas_get_num_threads"),
-)
+import numpy  # noqa: F401  (loads numpy's BLAS, so that threadpoolctl finds it)
+from threadpoolctl import OpenBLASController, ThreadpoolController
 
 
-def _loaded_openblas_paths() -> list[str]:
-    """Paths of the OpenBLAS libraries mapped into this process (Linux only)."""
-    try:
-        with open("/proc/self/maps") as maps:
-            lines = maps.read().splitlines()
-    except OSError:
-        return []
-    paths = []
-    for line in lines:
-        path = line.split(maxsplit=5)[-1] if line.count(" ") >= 5 else ""
-        if "openblas" in os.path.basename(path).lower() and path not in paths:
-            paths.append(path)
-    return paths
-
-
-class _OpenBlasThreads:
-    """Get/set the thread count of the OpenBLAS numpy uses (no-ops if there is none)."""
-
-    def __init__(self) -> None:
-        import numpy  # noqa: F401  (loads numpy's BLAS so that it is mapped)
-
-        self._set = None
-        self._get = None
-        for path in _loaded_openblas_paths():
-            try:
-                lib = ctypes.CDLL(path)
-            except OSError:
-                continue
-            for set_name, get_name in _SYMBOLS:
-                setter = getattr(lib, set_name, None)
-                getter = getattr(lib, get_name, None)
-                if setter is not None and getter is not None:
-                    setter.argtypes, setter.restype = [ctypes.c_int], None
-                    getter.argtypes, getter.restype = [], ctypes.c_int
-                    self._set, self._get = setter, getter
-                    return
-
-    @property
-    def found(self) -> bool:
-        return self._set is not None
-
-    def get(self) -> int:
-        return int(self._get()) if self._get is not None else 0
-
-    def set(self, n: int) -> None:
-        if self._set is not None:
-            self._set(int(n))
+def _release_control() -> None:
+    """Let any thread set OpenBLAS's process-wide pool next (recent threadpoolctl gives
+    that right to the first thread that sets it; older versions have no such rule)."""
+    clear = getattr(OpenBLASController, "clear_controlling_thread", None)
+    if clear is not None:
+        clear(force=True)
 
 
 class _SingleThreadLimit:
@@ -88,35 +45,40 @@ class _SingleThreadLimit:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._depth = 0
-        self._saved = 0
-        self._blas: _OpenBlasThreads | None = None
+        self._controller: ThreadpoolController | None = None
+        self._limiter: Any = None
+
+    def controller(self) -> ThreadpoolController:
+        # Made once, on first use: it scans the loaded libraries (about a millisecond).
+        if self._controller is None:
+            self._controller = ThreadpoolController()
+        return self._controller
 
     def enter(self) -> None:
         with self._lock:
-            if self._blas is None:
-                self._blas = _OpenBlasThreads()
-            if self._depth == 0 and self._blas.found:
-                self._saved = self._blas.get()
-                if self._saved != 1:
-                    self._blas.set(1)
+            if self._depth == 0:
+                _release_control()
+                self._limiter = self.controller().limit(limits=1, user_api="blas")
+                _release_control()
             self._depth += 1
 
     def exit(self) -> None:
         with self._lock:
             self._depth -= 1
-            restore = self._depth == 0 and self._blas is not None and self._blas.found
-            if restore and self._saved not in (0, 1):
-                assert self._blas is not None
-                self._blas.set(self._saved)
+            if self._depth == 0 and self._limiter is not None:
+                _release_control()
+                self._limiter.restore_original_limits()
+                _release_control()
+                self._limiter = None
 
 
-# The BLAS thread count is process state; this one object tracks who limited it.
+# The BLAS thread counts are process state; this one object tracks who limited them.
 _LIMIT = _SingleThreadLimit()
 
 
 @contextlib.contextmanager
 def single_threaded_blas() -> Iterator[None]:
-    """Within this context numpy's OpenBLAS (if any) uses one thread."""
+    """Within this context every BLAS library numpy uses runs one thread."""
     _LIMIT.enter()
     try:
         yield
@@ -125,6 +87,6 @@ def single_threaded_blas() -> Iterator[None]:
 
 
 def blas_threads() -> int:
-    """The current OpenBLAS thread count (0 when numpy does not use OpenBLAS)."""
-    blas = _OpenBlasThreads()
-    return blas.get() if blas.found else 0
+    """The largest current thread count of numpy's BLAS libraries (0 if none is found)."""
+    counts = [lib["num_threads"] for lib in _LIMIT.controller().select(user_api="blas").info()]
+    return max(counts, default=0)

@@ -85,7 +85,7 @@ class ChipFacts:
     num_lanes: int
     num_sublanes: int
     mxu_column_size: int
-    num_mxus: int
+    num_mxus: int  #: 0 where jax states none (jax < 0.10.2's TpuInfo has no num_mxus)
     vmem_capacity_bytes: int
     smem_capacity_bytes: int
     hbm_capacity_bytes: int
@@ -115,7 +115,7 @@ def chip_facts(name: str) -> ChipFacts:
         num_lanes=info.num_lanes,
         num_sublanes=info.num_sublanes,
         mxu_column_size=info.mxu_column_size,
-        num_mxus=info.num_mxus,
+        num_mxus=getattr(info, "num_mxus", 0),
         vmem_capacity_bytes=info.vmem_capacity_bytes,
         smem_capacity_bytes=info.smem_capacity_bytes,
         hbm_capacity_bytes=info.hbm_capacity_bytes,

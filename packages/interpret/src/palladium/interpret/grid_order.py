@@ -12,10 +12,26 @@ grid points (``grid_point_recorder``) sees the same order under both.
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+
+def _orders(seed: Any, sizes: tuple[int, ...]) -> list[Any]:
+    key = jax.random.key(seed)
+    orders = []
+    for n in sizes:
+        key, subkey = jax.random.split(key)
+        orders.append(jax.random.permutation(subkey, jnp.arange(n, dtype=jnp.int32)))
+    return orders
+
+
+# One compilation per tuple of sizes (the seed is an operand): evaluating the same ops
+# eagerly compiles each of them, for every new seed too.
+_orders_jit = jax.jit(_orders, static_argnums=(1,))
+_INT32 = range(-(2**31), 2**31)
 
 
 @functools.lru_cache(maxsize=256)
@@ -26,11 +42,11 @@ def parallel_orders(sizes: tuple[int, ...], seed: int) -> tuple[np.ndarray, ...]
         return ()
     # Computed on the host CPU, whatever jax's default device is.
     with jax.default_device(jax.devices("cpu")[0]):
-        key = jax.random.key(seed)
-        orders = []
-        for n in sizes:
-            key, subkey = jax.random.split(key)
-            orders.append(np.asarray(jax.random.permutation(subkey, jnp.arange(n, dtype=jnp.int32))))
+        if seed in _INT32:
+            computed = _orders_jit(np.int32(seed), sizes)
+        else:  # a seed beyond int32 only as a Python int, as jax.random.key takes it
+            computed = _orders(seed, sizes)
+        orders = [np.array(o) for o in computed]
     for order in orders:
         order.setflags(write=False)
     return tuple(orders)

@@ -119,7 +119,8 @@ class InterpretParams:
         a test, short enough to report a stuck one. ``None``: no watchdog.
       check_lowering: when the ``pallas_call`` is first lowered, also lower the kernel
         through jax's Mosaic lowering for ``chip`` and raise ``TpuLoweringError`` if a TPU
-        would reject it (see ``palladium.interpret.fidelity.lowering_check``).
+        would reject it (see ``palladium.interpret.fidelity.lowering_check``). Skipped on
+        jax 0.10.0, which lacks the Mosaic entry point the check uses.
       check_memory: before the kernel runs, count the VMEM and SMEM it certainly holds
         per core and raise ``TpuResourceError`` if that exceeds the ``chip``'s limit
         (``pltpu.CompilerParams(vmem_limit_bytes=...)`` or XLA's default scoped limit;

@@ -39,6 +39,7 @@ class CoreEvaluator:
     grid_point: tuple[int, ...] | None = None
     prng: np.random.Generator | None = None
     skip_floating_point_ops: bool = dataclasses.field(init=False, default=False)
+    _quiet: bool = dataclasses.field(init=False, default=False, repr=False)
 
     def __post_init__(self) -> None:
         params = getattr(self.launch, "params", None)
@@ -49,6 +50,19 @@ class CoreEvaluator:
         self._observers: Any = obs if obs is not None and obs.wants("compute") else None
 
     def eval_jaxpr(self, jaxpr: Any, consts: list[Value], args: list[Value]) -> list[Value]:
+        if self._quiet:
+            return self._eval(jaxpr, consts, args)
+        # The numpy rules' floating-point warnings (overflow in a cast, invalid value) are
+        # not the user's: XLA computes the same values silently. One errstate per
+        # outermost evaluation (nested control-flow bodies run inside it).
+        self._quiet = True
+        try:
+            with np.errstate(all="ignore"):
+                return self._eval(jaxpr, consts, args)
+        finally:
+            self._quiet = False
+
+    def _eval(self, jaxpr: Any, consts: list[Value], args: list[Value]) -> list[Value]:
         if isinstance(jaxpr, jc.ClosedJaxpr):
             consts = [*jaxpr.consts, *consts]
             jaxpr = jaxpr.jaxpr

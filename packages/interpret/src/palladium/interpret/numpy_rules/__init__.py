@@ -42,9 +42,12 @@ every product rounded). Classes, verified by ``tests/test_numpy_rules.py`` again
   the other special functions, cbrt, float64 and float8, float <-> 64-bit integer
   conversions, dynamic shapes, a non-None ``accuracy``, mixed operand dtypes; and inputs
   where XLA CPU itself is inconsistent (its vector loop and scalar tail disagree):
-  float rem/pow with subnormal operands, log of a negative subnormal, and bf16
-  subnormals in broadcast_in_dim and tile; and tanh, sin, expm1, log1p of subnormal
-  operands (XLA's approximations may return such an input unchanged: its code decides).
+  float rem/pow with subnormal operands, log of a negative subnormal; tanh, sin, expm1,
+  log1p of subnormal operands (XLA's approximations may return such an input unchanged:
+  its code decides); and inputs where XLA's result depends on the CPU: bf16 subnormals in
+  broadcast_in_dim and tile (some go through f32, and AVX512_BF16's f32 -> bf16
+  instruction flushes them; AVX2 keeps them), float conversions with bf16/f16 subnormals
+  in or f16 subnormals out (see ``conversions._cpu_dependent``).
 
 Subnormals are recognised from the raw bits, never by float comparison: XLA runs host
 callbacks, and so every launch, with denormals-are-zero set, where ``x != 0`` is False

@@ -11,16 +11,42 @@ import numpy as np
 from jax import lax
 
 from palladium.interpret.numpy_rules.common import (
+    BF16,
     BOOL,
+    F16,
     F32,
     FLOATS,
     INTS,
     INTS_BOOL,
     arr,
     f32,
+    has_subnormal_f32,
     is_nonzero,
     register,
 )
+
+_F16_TINY = np.float32(np.finfo(np.float16).tiny)
+
+
+def _cpu_dependent(x: np.ndarray, src: np.dtype, dst: np.dtype) -> bool:
+    """Whether XLA CPU's result for this float -> float conversion depends on the CPU.
+
+    The hardware conversions to and from the narrow types treat subnormals differently:
+    x86's AVX512_BF16 ``vcvtneps2bf16`` always flushes them (other x86 CPUs convert in
+    integer code and keep them), and arm64's ``bfcvt`` / ``fcvt`` follow the FPCR flush
+    bits XLA sets. Measured on x86 (AVX, AVX2, AVX512_BF16) these conversions keep
+    subnormals, but the rules cannot know every CPU: such inputs are left to ``bind``.
+    (bf16 -> f32 is a bit shift everywhere, and f32 subnormals never reach f16's range.)
+    """
+    if src == F32 and dst == BF16:
+        return has_subnormal_f32(x)
+    if src == F32 and dst == F16:  # results that are f16 subnormals
+        a = np.abs(x)
+        return bool(((a < _F16_TINY) & (a >= np.float32(2.0**-25))).any())
+    if src == F16:  # f16 subnormal inputs
+        a = np.abs(x)
+        return bool(((a < np.float16(np.finfo(np.float16).tiny)) & (a > 0)).any())
+    return False
 
 
 def _float_to_int(x: np.ndarray, dt: np.dtype) -> np.ndarray:
@@ -50,6 +76,8 @@ def _convert_element_type(
             if dst.itemsize > 4:
                 return NotImplemented
             return _float_to_int(x, dst)
+        if dst in FLOATS and _cpu_dependent(x, src, dst):
+            return NotImplemented
         if src == F32 or dst == F32:
             return x.astype(dst)
         return x.astype(F32).astype(dst)  # f16 <-> bf16 through f32 (exact widening)

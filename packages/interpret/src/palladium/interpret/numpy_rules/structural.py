@@ -43,8 +43,8 @@ def _broadcast_in_dim(
         return NotImplemented
     x = arr(x)
     if x.dtype == BF16 and has_bf16_subnormal(x):
-        # XLA CPU flushes bf16 subnormals in some broadcasts (depending on the shapes)
-        # and keeps them in others; bind knows which.
+        # Some broadcasts go through f32 in XLA CPU: on AVX512_BF16 CPUs the conversion
+        # back flushes bf16 subnormals, elsewhere it keeps them; bind knows which.
         return NotImplemented
     view = [1] * len(shape)
     for i, d in enumerate(broadcast_dimensions):
@@ -140,7 +140,7 @@ def _dynamic_update_slice(x: Any, update: Any, *starts: Any) -> Any:
 def _tile(x: Any, *, reps: Sequence[int]) -> Any:
     x = arr(x)
     if x.dtype == BF16 and has_bf16_subnormal(x):
-        return NotImplemented  # flushed by XLA for some shapes, as in broadcast_in_dim
+        return NotImplemented  # CPU-dependent, as in broadcast_in_dim
     return np.tile(x, tuple(reps))
 
 

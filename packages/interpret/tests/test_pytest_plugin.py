@@ -1,0 +1,217 @@
+"""The pytest plugin (``pytest --palladium``), run on a small suite of kernel tests with
+pytester: clean, racy, deadlocking and out-of-bounds kernels that take ``interpret=True``
+(jax's own interpreter, which notices none of the bugs), with and without the plugin
+and under pytest-xdist."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+import palladium.interpret as pi
+
+pytest_plugins = ["pytester"]
+
+KERNELS = '''
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+X = jnp.arange(8 * 128, dtype=jnp.float32).reshape(8, 128)
+
+
+def call(kernel, **kw):
+    out = jax.ShapeDtypeStruct((8, 128), jnp.float32)
+    return pl.pallas_call(kernel, out_shape=out, interpret=True, **kw)
+
+
+def clean_kernel(x_ref, o_ref):
+    o_ref[...] = x_ref[...] * 2.0
+
+
+def racy_kernel(x_hbm, o_ref, buf, sem):
+    copy = pltpu.make_async_copy(x_hbm, buf, sem)
+    copy.start()
+    o_ref[...] = buf[...] * 2.0  # reads the DMA's destination before the wait
+    copy.wait()
+
+
+def deadlock_kernel(x_ref, o_ref, sem):
+    pl.semaphore_wait(sem, 1)  # nobody signals it
+    o_ref[...] = x_ref[...]
+
+
+def oob_kernel(x_ref, o_ref):
+    o_ref[...] = x_ref[pl.ds(pl.program_id(0) * 8 + 4, 8), :]  # rows 4:12 of 8
+
+
+def run_racy():
+    return call(racy_kernel, in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
+                scratch_shapes=[pltpu.VMEM((8, 128), jnp.float32), pltpu.SemaphoreType.DMA])(X)
+'''
+
+SUITE = '''
+from kernels import *
+
+
+def test_clean():
+    np.testing.assert_array_equal(call(clean_kernel)(X), X * 2.0)
+
+
+def test_racy():
+    jax.block_until_ready(run_racy())
+
+
+def test_deadlock():
+    jax.block_until_ready(call(deadlock_kernel, scratch_shapes=[pltpu.SemaphoreType.REGULAR])(X))
+
+
+def test_oob():
+    jax.block_until_ready(jax.jit(call(oob_kernel, grid=(1,)))(X))
+'''
+
+MARKED = '''
+import pytest
+from kernels import *
+
+
+@pytest.mark.palladium(detect_races=True, on_race="collect")
+def test_races_collected(palladium):
+    run_racy()
+    races = palladium.races
+    assert races and all("buf" in str(r) for r in races)
+    assert [launch.kernel for launch in palladium.launches] == ["racy_kernel"]
+
+
+def test_fixture_records_launches(palladium):
+    call(clean_kernel)(X)
+    jax.jit(call(clean_kernel, grid=(2,)))(X)
+    assert palladium.races == []
+    assert [(l.kernel, l.grid) for l in palladium.launches] == [
+        ("clean_kernel", ()), ("clean_kernel", (2,))]
+
+
+@pytest.mark.palladium(chip="v6e", random_seed=7)
+def test_marker_fields(palladium):
+    call(clean_kernel)(X)
+    assert (palladium.params.chip, palladium.params.random_seed) == ("v6e", 7)
+    assert palladium.launches[0].chip == "v6e"
+
+
+def test_options(palladium, request):
+    expected = request.config.getoption("--palladium-chip")
+    call(clean_kernel)(X)
+    if expected:
+        assert palladium.params.chip == expected == palladium.launches[0].chip
+        assert palladium.params.dma_order == request.config.getoption("--palladium-dma-order")
+        assert palladium.params.random_seed == request.config.getoption("--palladium-seed")
+'''
+
+UNDER_PALLADIUM = {
+    "test_suite.py::test_clean": "passed",
+    "test_suite.py::test_racy": "failed",
+    "test_suite.py::test_deadlock": "failed",
+    "test_suite.py::test_oob": "failed",
+    "test_marked.py::test_races_collected": "passed",
+    "test_marked.py::test_fixture_records_launches": "passed",
+    "test_marked.py::test_marker_fields": "passed",
+    "test_marked.py::test_options": "passed",
+}
+
+
+@pytest.fixture
+def suite(pytester):
+    pytester.makepyfile(kernels=KERNELS, test_suite=SUITE, test_marked=MARKED)
+    return pytester
+
+
+def outcomes(result) -> dict[str, str]:
+    """test id -> outcome, from the ``-rA`` short summary."""
+    found = re.findall(r"^(PASSED|FAILED|ERROR) (\S+)", result.stdout.str(), re.M)
+    return {test: outcome.lower() for outcome, test in found}
+
+
+def failure(result, test: str) -> str:
+    """The failure section of one test."""
+    text = result.stdout.str()
+    start = text.index(f"_ {test} _")
+    end = text.find("\n___", start + 1)
+    return text[start:end]
+
+
+@pytest.mark.timeout(300)
+def test_without_the_plugin_the_bugs_go_unnoticed(suite):
+    for args in (["-p", "no:palladium"], []):  # disabled, or loaded but not asked
+        result = suite.runpytest_subprocess("-rA", "-p", "no:randomly", "test_suite.py", *args)
+        assert outcomes(result) == {f"test_suite.py::test_{t}": "passed"
+                                    for t in ("clean", "racy", "deadlock", "oob")}
+
+
+@pytest.mark.timeout(300)
+def test_palladium_fails_each_bug_with_its_typed_exception(suite):
+    result = suite.runpytest_subprocess("-rA", "-p", "no:randomly", "--palladium",
+                                        "--palladium-races")
+    assert outcomes(result) == UNDER_PALLADIUM
+    for test, error, names in [
+        ("test_racy", "DataRaceError", ["racy_kernel", "buf"]),
+        ("test_deadlock", "DeadlockError", ["deadlock"]),
+        ("test_oob", "OutOfBoundsError", ["oob_kernel", "x_ref"]),
+    ]:
+        text = failure(result, test)
+        raised = re.findall(r"^E\s+([\w.]+Error): ", text, re.M)
+        assert [r.rsplit(".", 1)[-1] for r in raised] == [error], text
+        assert "JaxRuntimeError" not in text
+        assert all(name in text for name in names), text
+
+
+@pytest.mark.timeout(300)
+def test_options_reach_the_params(suite):
+    result = suite.runpytest_subprocess(
+        "-rA", "-p", "no:randomly", "test_marked.py", "--palladium-chip=v5p",
+        "--palladium-dma-order=random", "--palladium-seed=3",
+    )
+    assert outcomes(result) == {k: v for k, v in UNDER_PALLADIUM.items() if "marked" in k}
+    bad = suite.runpytest_subprocess("test_marked.py", "--palladium-chip=v99")
+    assert bad.ret == pytest.ExitCode.USAGE_ERROR
+    bad.stderr.fnmatch_lines(["*InterpretParams.chip must be one of*"])
+
+
+@pytest.mark.timeout(300)
+def test_under_xdist_the_outcomes_are_the_serial_ones(suite):
+    pytest.importorskip("xdist")
+    result = suite.runpytest_subprocess("-rA", "-p", "no:randomly", "-n", "2", "--palladium",
+                                        "--palladium-races")
+    assert outcomes(result) == UNDER_PALLADIUM
+    assert "DataRaceError" in failure(result, "test_racy")
+
+
+@pytest.mark.timeout(300)
+def test_timeline_option(suite, tmp_path):
+    traces = tmp_path / "traces"
+    result = suite.runpytest_subprocess("-p", "no:randomly", "test_suite.py::test_clean",
+                                        f"--palladium-timeline={traces}")
+    if not hasattr(pi, "timeline"):
+        assert result.ret == pytest.ExitCode.USAGE_ERROR
+        result.stderr.fnmatch_lines(["*--palladium-timeline needs palladium.interpret.timeline()*"])
+    else:
+        assert result.ret == pytest.ExitCode.OK
+        assert [p.name for p in traces.iterdir()] == ["test_suite.py_test_clean.json"]
+
+
+@pytest.mark.timeout(300)
+def test_readme_example(pytester):
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    [example] = [b for b in re.findall(r"```python\n(.*?)```", readme, re.S)
+                 if "@pytest.mark.palladium" in b]
+    pytester.makepyfile(test_kernels=example)
+    result = pytester.runpytest_subprocess("-rA", "-p", "no:randomly", "--palladium")
+    assert outcomes(result) == {"test_kernels.py::test_double": "passed",
+                                "test_kernels.py::test_double_has_no_race": "passed"}
+    # Without --palladium the kernel without interpret= needs a TPU; the marked test runs.
+    result = pytester.runpytest_subprocess("-rA", "-p", "no:randomly")
+    assert outcomes(result) == {"test_kernels.py::test_double": "failed",
+                                "test_kernels.py::test_double_has_no_race": "passed"}
