@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from jax import lax
 
 from palladium.interpret.numpy_rules import NUMPY_RULES
+from palladium.interpret.numpy_rules.conversions import _cpu_dependent
 
 jax.config.update("jax_platforms", "cpu")
 
@@ -315,6 +316,10 @@ CONVERT_DTYPES = [F32, BF16, F16, I32, U32, I8, np.dtype(np.uint8), np.dtype(np.
 def test_convert_element_type_is_bit_identical(src, dst, seed):
     x = make_values(seed, (4, 8), src)
     params = {"new_dtype": dst, "weak_type": False, "sharding": None}
+    if src in (F32, BF16, F16) and dst in (F32, BF16, F16) and _cpu_dependent(x, src, dst):
+        # XLA CPU's answer depends on the CPU here: the rule must leave it to bind.
+        assert NUMPY_RULES[lax.convert_element_type_p](x, **params) is NotImplemented
+        return
     assert_exact(
         run_rule(lax.convert_element_type_p, x, **params),
         bind(lax.convert_element_type_p, x, **params),
