@@ -133,13 +133,14 @@ def _origin(bm: Any, fallback: str) -> str:
     return str(origin) if origin else fallback
 
 
-def _sub_jaxprs(value: Any) -> list[Any]:
+def sub_jaxprs(value: Any) -> list[Any]:
+    """The jaxprs held by an equation parameter's ``value`` (closed, open, or in sequences)."""
     if isinstance(value, jc.ClosedJaxpr):
         return [value.jaxpr]
     if isinstance(value, jc.Jaxpr):
         return [value]
     if isinstance(value, tuple | list):
-        return [j for v in value for j in _sub_jaxprs(v)]
+        return [j for v in value for j in sub_jaxprs(v)]
     return []
 
 
@@ -160,7 +161,7 @@ def _inherited_sources(jaxpr: Any) -> dict[int, Any]:
                 out[id(eqn)] = outer
                 own = outer
             for value in eqn.params.values():
-                for sub in _sub_jaxprs(value):
+                for sub in sub_jaxprs(value):
                     walk(sub, own)
 
     walk(jaxpr, None)

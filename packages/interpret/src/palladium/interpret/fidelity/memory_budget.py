@@ -40,7 +40,7 @@ from palladium.interpret import _jax_compat as jc
 from palladium.interpret.blocks import BlockSpecInfo, memory_space_of
 from palladium.interpret.chip import CHIP_GENERATIONS, chip_facts
 from palladium.interpret.errors import TpuResourceError
-from palladium.interpret.kernel import PreparedKernel
+from palladium.interpret.kernel import PreparedKernel, sub_jaxprs
 from palladium.shared_memory import MemorySpace, padded_shape
 
 __all__ = ["Buffer", "MemoryUse", "SpaceUse", "check_fits", "measure"]
@@ -232,7 +232,7 @@ class _ScopedPeak:
             sub_v: _Peak = (0, [])
             sub_s: _Peak = (0, [])
             for value in eqn.params.values():
-                for sub in _sub_jaxprs(value):
+                for sub in sub_jaxprs(value):
                     v, s = self.peak(sub)
                     sub_v = max(sub_v, v, key=lambda p: p[0])
                     sub_s = max(sub_s, s, key=lambda p: p[0])
@@ -262,15 +262,6 @@ class _ScopedPeak:
         return vmem, smem
 
 
-def _sub_jaxprs(value: Any) -> list[Any]:
-    if isinstance(value, jc.ClosedJaxpr):
-        return [value.jaxpr]
-    if isinstance(value, jc.Jaxpr):
-        return [value]
-    if isinstance(value, tuple | list):
-        return [j for v in value for j in _sub_jaxprs(v)]
-    return []
-
 
 def _value_bytes(aval: Any, generation: int) -> int:
     shape = getattr(aval, "shape", None)
@@ -297,7 +288,7 @@ def _intermediates_peak(jaxpr: Any, generation: int, memo: dict[int, int]) -> in
     peak = 0
     for i, eqn in enumerate(jaxpr.eqns):
         inner = max((_intermediates_peak(sub, generation, memo)
-                     for value in eqn.params.values() for sub in _sub_jaxprs(value)),
+                     for value in eqn.params.values() for sub in sub_jaxprs(value)),
                     default=0)
         outs = {v: _value_bytes(v.aval, generation) for v in eqn.outvars
                 if isinstance(v, jc.Var) and not isinstance(v, jc.DropVar)}
