@@ -30,6 +30,10 @@ from palladium.shared_memory import (
 __all__ = ["MemoryMap", "hbm_name"]
 
 
+def _core_label(core: CoreId) -> str:
+    return f"device {core[0]} core {core[1]}"
+
+
 def _semaphore_kind(dtype: Any) -> SemaphoreKind:
     if isinstance(dtype, jc.DMASemaphoreDType):
         return SemaphoreKind.DMA
@@ -61,40 +65,74 @@ class MemoryMap:
         # "the buffer the other device allocated at the same position".
         self._device_hbm: dict[int, list[BufferRef]] = {}
         self._hbm_seq: dict[CoreId, int] = {}
+        # Buffers a remote DMA wrote before their owner allocated them, by (owner list
+        # key, position): the owner's allocation at that position adopts the buffer.
+        self._early: dict[tuple[Any, int], BufferRef] = {}
 
     def fill_value(self, dtype: Any) -> Any:
         """What uninitialised memory of ``dtype`` holds in this launch."""
         return uninitialized_value(dtype, self.params.uninitialized_memory)
 
     def allocate(self, core: CoreId, space: Any, name: str, shape: Any, dtype: Any,
-                 value: Any = None) -> BufferRef:
+                 value: Any = None, where: Where | None = None) -> BufferRef:
         """A new buffer of ``core`` (HBM: of its device), remembered in allocation order."""
-        buf = self.sim.allocate(
-            space, core[0], core[1], name=name,
-            shape=None if value is not None else tuple(shape),
-            dtype=None if value is not None else np.dtype(dtype),
-            value=value,
-        )
+        owner: Any = ("hbm", core[0]) if space == MemorySpace.HBM else core
         lst = (self._device_hbm.setdefault(core[0], []) if space == MemorySpace.HBM
                else self._core_buffers.setdefault(core, []))
+        early = self._early.pop((owner, len(lst)), None) if self._early else None
+        if early is not None and value is None:
+            buf = self._adopt(early, core, name, tuple(shape), np.dtype(dtype), where)
+        else:
+            buf = self.sim.allocate(
+                space, core[0], core[1], name=name,
+                shape=None if value is not None else tuple(shape),
+                dtype=None if value is not None else np.dtype(dtype),
+                value=value,
+            )
         self._position[buf.key] = len(lst)
         lst.append(buf)
         return buf
 
+    def _adopt(self, early: BufferRef, core: CoreId, name: str, shape: tuple[int, ...],
+               dtype: np.dtype, where: Where | None) -> BufferRef:
+        """``core`` allocates the buffer a remote DMA already wrote into. Scoped VMEM/SMEM
+        has a static address on a TPU: the bytes a peer's DMA put there before this core
+        entered the scope are what the scope's buffer holds."""
+        if tuple(early.shape) != shape or np.dtype(early.dtype) != dtype:
+            raise KernelError(
+                f"a remote DMA wrote '{early.name}' ({np.dtype(early.dtype)}"
+                f"{list(early.shape)}) on {_core_label(core)} before that core allocated "
+                f"it, but the core's allocation at that position is '{name}' ({dtype}"
+                f"{list(shape)}): the cores allocate different buffers in a different "
+                f"order. Allocate the same scratch and run_scoped buffers in the same order "
+                f"on every core, or synchronise (a semaphore) before the remote DMA"
+                + ("" if where is None else f" ({where()})")
+            )
+        return early
+
     def peer_buffer(self, buf: BufferRef, target: CoreId) -> BufferRef:
         """The buffer on ``target`` that corresponds to ``buf`` (same allocation position)."""
+        owner: Any
         if buf.space == MemorySpace.HBM:
             if target[0] == buf.device:
                 return buf
+            owner = ("hbm", target[0])
             peers = self._device_hbm.get(target[0], [])
         else:
+            owner = target
             peers = self._core_buffers.get(target, [])
-        pos = self._position.get(buf.key)
-        if pos is None or pos >= len(peers):
-            raise KernelError(
-                f"no buffer corresponding to '{buf.name}' on device {target[0]} core {target[1]}"
-            )
-        return peers[pos]
+        pos = self._position[buf.key]
+        if pos < len(peers):
+            return peers[pos]
+        # The target has not allocated this buffer yet (it has not entered the
+        # run_scoped, say): the DMA writes where the buffer will be; the target's
+        # allocation at this position adopts what was written (see _adopt).
+        early = self._early.get((owner, pos))
+        if early is None:
+            early = self.sim.allocate(buf.space, target[0], target[1], name=buf.name,
+                                      shape=tuple(buf.shape), dtype=np.dtype(buf.dtype))
+            self._early[(owner, pos)] = early
+        return early
 
     def allocate_scoped(self, core: CoreId, aval: Any, name: str,
                         where: Where) -> MemRef | SemaphoreRef:
@@ -121,11 +159,11 @@ class MemoryMap:
             # the others).
             buf = self._shared_hbm.get(key)
             if buf is None:
-                buf = self.allocate(core, space, name, aval.shape, aval.dtype)
+                buf = self.allocate(core, space, name, aval.shape, aval.dtype, where=where)
                 self._shared_hbm[key] = buf
                 self._scoped_hbm_exits[buf.key] = 0
             return MemRef(buf)
-        return MemRef(self.allocate(core, space, name, aval.shape, aval.dtype))
+        return MemRef(self.allocate(core, space, name, aval.shape, aval.dtype, where=where))
 
     def free_scoped(self, core: CoreId, alloc: MemRef | SemaphoreRef, where: Where) -> None:
         """The end of a ``run_scoped``: free its buffer or leak-check its semaphores."""
