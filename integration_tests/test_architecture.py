@@ -119,3 +119,29 @@ def test_no_import_cycle_in_any_package_function_level_imports_included():
 def test_no_module_over_450_lines(module):
     lines = len(MODULES[module].read_text().splitlines())
     assert lines <= MAX_LINES, f"{MODULES[module]}: {lines} lines; split it by job"
+
+
+# The classes of palladium.interpret's process-wide state; only process_state makes them.
+_STATE_CLASSES = {"FailureLog", "RaceLog", "RendezvousRegistry", "SingleThreadLimit",
+                  "RuleRegistry"}
+
+
+def _instantiations(path: pathlib.Path) -> set[str]:
+    """The state classes ``path`` makes instances of (a call, or a dataclass field's
+    ``default_factory``)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        makers = []
+        if isinstance(node, ast.Call):
+            makers.append(node.func)
+            makers += [k.value for k in node.keywords if k.arg == "default_factory"]
+        for m in makers:
+            name = ast.unparse(m).rpartition(".")[2]
+            if name in _STATE_CLASSES:
+                found.add(name)
+    return found
+
+
+def test_process_wide_state_is_made_only_in_process_state():
+    makers = {m: made for m, p in MODULES.items() if (made := _instantiations(p))}
+    assert makers == {"palladium.interpret.process_state": _STATE_CLASSES}, makers

@@ -217,12 +217,11 @@ class _Plugin:
             yield
             return
         import palladium.interpret as pi
+        from palladium.interpret.observers import add_launch_observer
 
         if self.recorder is None:
-            from palladium.interpret.observers import add_launch_observer
-
             self.recorder = _LaunchRecorder()
-            add_launch_observer(self.recorder)
+        add_launch_observer(self.recorder)  # again each time: a process_state.reset() drops it
         self.recorder.current = records
         try:
             with contextlib.ExitStack() as stack:

@@ -6,6 +6,7 @@ against palladium's simulated TPU memory (``palladium.shared_memory``), with opt
 race detection, deadlock detection, out-of-bounds and revisit checks.
 """
 
+from palladium.interpret import process_state
 from palladium.interpret._version import __version__
 from palladium.interpret.chip import CHIPS, ChipFacts, chip_facts
 from palladium.interpret.errors import (
@@ -49,10 +50,12 @@ from palladium.interpret.jax_hook import (
 )
 from palladium.interpret.params import InterpretParams, LoggingMode
 from palladium.interpret.perf import LaunchRecord, Timeline, timeline
+from palladium.interpret.process_state import STATE
 from palladium.interpret.rule_plugins import InterpretRuleWarning, load_entry_point_rules
 
 install()
 load_entry_point_rules()
+STATE.mark_imported()  # what process_state.reset() goes back to
 
 __all__ = [
     "CHIPS",
@@ -88,6 +91,7 @@ __all__ = [
     "errors_as_raised",
     "force_tpu_interpret_mode",
     "load_entry_point_rules",
+    "process_state",
     "register_interpret_rule",
     "reset_tpu_interpret_mode_state",
     "set_tpu_interpret_mode",

@@ -28,7 +28,6 @@ from palladium.interpret.blas import single_threaded_blas
 from palladium.interpret.chip import resolve_chip
 from palladium.interpret.devices import DeviceMesh
 from palladium.interpret.errors import DataRaceError, SimulationError
-from palladium.interpret.failures import FailureLog
 from palladium.interpret.fidelity.checks import check_kernel
 from palladium.interpret.host_call import host_call
 from palladium.interpret.kernel import PreparedKernel
@@ -36,15 +35,14 @@ from palladium.interpret.kernel_checks import check_prepared_kernel
 from palladium.interpret.launch import Launch
 from palladium.interpret.order_check import check_dma_order
 from palladium.interpret.params import InterpretParams
-from palladium.interpret.race_log import RaceLog
-from palladium.interpret.rendezvous import RendezvousRegistry
+from palladium.interpret.process_state import STATE, reset
 from palladium.race_detect import RaceReport
 
 _ORIGINAL_RULE = jc.original_cpu_lowering(jc.PALLAS_CALL_P)
 
 
-_FAILURES = FailureLog()
-_RACES = RaceLog()
+_FAILURES = STATE.failures
+_RACES = STATE.races
 
 
 def collected_race_reports() -> list[RaceReport]:
@@ -68,7 +66,7 @@ def collect_race_reports() -> Iterator[list[RaceReport]]:
         yield reports
 
 
-_RENDEZVOUS = RendezvousRegistry()
+_RENDEZVOUS = STATE.rendezvous
 
 
 def in_flight_rendezvous() -> int:
@@ -252,13 +250,16 @@ def set_tpu_interpret_mode(params: InterpretParams | None = None) -> None:
 
 
 def reset_tpu_interpret_mode_state() -> None:
-    """Undo ``set_tpu_interpret_mode`` and forget recorded launch failures.
+    """Undo ``set_tpu_interpret_mode`` and forget recorded launch failures and
+    uncollected race reports (``process_state.reset(registrations=False)``).
 
     Palladium keeps no simulator state between launches (each launch builds and drops
-    its own), so unlike jax's interpreter nothing needs resetting after a failure.
+    its own), so unlike jax's interpreter nothing else needs resetting after a failure;
+    ``palladium.interpret.process_state.reset()`` also undoes registered rules and
+    observers.
     """
     jc.tpu_interpret_mode_config().set_global(None)
-    _FAILURES.clear()
+    reset(registrations=False)
 
 
 @contextlib.contextmanager

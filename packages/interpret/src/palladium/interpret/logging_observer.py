@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from palladium.interpret.params import LoggingMode
+from palladium.interpret.process_state import STATE
 from palladium.shared_memory import BlockCopy, BufferRef, MemorySpace, Observer
 
 if TYPE_CHECKING:  # observers imports this module to build the logging observer
@@ -72,7 +73,7 @@ def logging_observers(info: LaunchInfo) -> list[Observer]:
 # The observers of logging modes built elsewhere, registered by the module that builds
 # them (``perf.timeline``: ``LoggingMode.TIMELINE``'s summary), so that this module
 # imports none of them (they import ``observers``, which imports this module).
-_MODE_LOGGERS: dict[LoggingMode, Callable[[LaunchInfo], Observer]] = {}
+_MODE_LOGGERS = STATE.mode_loggers
 
 
 def register_mode_logger(mode: LoggingMode, factory: Callable[[LaunchInfo], Observer]) -> None:

@@ -23,11 +23,11 @@ logging modes (``InterpretParams.logging_mode``) are one such observer.
 from __future__ import annotations
 
 import dataclasses
-import threading
 from collections.abc import Callable
 from typing import Any
 
 from palladium.interpret.logging_observer import logging_observers
+from palladium.interpret.process_state import STATE
 from palladium.shared_memory import Observer
 
 __all__ = [
@@ -65,8 +65,8 @@ class LaunchInfo:
 
 LaunchObserverFactory = Callable[[LaunchInfo], Observer | None]
 
-_FACTORIES: list[LaunchObserverFactory] = []
-_LOCK = threading.Lock()
+_FACTORIES = STATE.launch_observers  # reset() removes them all
+_LOCK = STATE.observers_lock
 
 
 def add_launch_observer(factory: LaunchObserverFactory) -> None:

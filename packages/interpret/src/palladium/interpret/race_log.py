@@ -60,6 +60,12 @@ class RaceLog:
     def __len__(self) -> int:
         return len(self._reports)
 
+    def clear(self) -> None:
+        """Drop the uncollected reports (open scopes keep theirs: they are the caller's)."""
+        with self._lock:
+            self._reports.clear()
+            self._dropped = 0
+
     @contextmanager
     def scope(self) -> Iterator[list[RaceReport]]:
         reports: list[RaceReport] = []

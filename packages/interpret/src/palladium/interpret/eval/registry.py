@@ -2,61 +2,18 @@
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from typing import Any
 
 from palladium.interpret import _jax_compat as jc
-from palladium.interpret.eval.context import Equation, KernelContext, Value
+from palladium.interpret.eval.rule_table import Rule, RuleCompiler, RuleRegistry
+from palladium.interpret.process_state import STATE
 
-# rule(context, eqn, invals) -> list of output values (the context is all a rule sees)
-Rule = Callable[[KernelContext, Equation, list[Value]], list[Value]]
-# compiler(eqn, used variables) -> a rule specialised to that one equation
-RuleCompiler = Callable[[Equation, frozenset[Any]], Rule]
+__all__ = ["RULES", "Rule", "RuleCompiler", "RuleRegistry", "register_interpret_rule", "rule",
+           "rule_compiler"]
 
-
-class RuleRegistry:
-    """Primitive -> rule. ``version`` changes whenever a rule is (re)registered.
-
-    A primitive may also have a *rule compiler*, which the evaluator calls once per
-    equation (when it compiles the jaxpr) to get a rule specialised to that equation:
-    static operands resolved, a per-equation cache. Registering a plain rule for the
-    primitive later replaces its compiler.
-    """
-
-    def __init__(self) -> None:
-        self._rules: dict[Any, Rule] = {}
-        self._compilers: dict[Any, RuleCompiler] = {}
-        # Primitives taught by register_interpret_rule (not jax's): the lowering check
-        # cannot tell whether a TPU build registers a Mosaic rule for them.
-        self.external: set[Any] = set()
-        self._lock = threading.Lock()
-        self.version = 0
-
-    def register(self, primitive: Any, rule: Rule) -> None:
-        with self._lock:
-            self._rules[primitive] = rule
-            self._compilers.pop(primitive, None)
-            self.version += 1
-
-    def register_compiler(self, primitive: Any, compiler: RuleCompiler) -> None:
-        """Specialise ``primitive``'s equations with ``compiler`` (its rule stays the
-        reference behaviour, registered alongside)."""
-        with self._lock:
-            self._compilers[primitive] = compiler
-            self.version += 1
-
-    def get(self, primitive: Any) -> Rule | None:
-        return self._rules.get(primitive)
-
-    def compiler(self, primitive: Any) -> RuleCompiler | None:
-        return self._compilers.get(primitive)
-
-    def __contains__(self, primitive: Any) -> bool:
-        return primitive in self._rules
-
-
-RULES = RuleRegistry()
+# The process's rule table (built-in rules register here at import).
+RULES = STATE.rules
 
 
 def rule(*primitives: Any) -> Callable[[Rule], Rule]:
