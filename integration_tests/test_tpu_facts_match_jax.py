@@ -19,7 +19,11 @@ from jax.core import ShapedArray
 from jax.sharding import AbstractDevice, AbstractMesh, use_abstract_mesh
 
 from palladium.interpret import CHIPS, chip_facts
-from palladium.interpret.chip import DEFAULT_SCOPED_VMEM_LIMIT_BYTES, chip_of_device_kind
+from palladium.interpret.chip import (
+    DEFAULT_SCOPED_VMEM_LIMIT_BYTES,
+    chip_of_device_kind,
+    device_kind,
+)
 from palladium.pipeline.tiling import infer_tiling as pipeline_infer_tiling
 from palladium.shared_memory import tpu_facts
 from palladium.shared_memory.tpu_facts import padded_shape, tile_shape, uninitialized_value
@@ -156,6 +160,13 @@ def test_device_kinds_name_the_chip_jax_names():
             assert _generation(kind) > max(tpu_facts.GENERATIONS)
             continue
         assert chip_facts(name).jax_chip_version == version.value
+
+
+def test_each_chip_s_device_kind_is_the_one_jax_reads_as_that_chip():
+    for name in CHIPS:
+        version = tpu_info.chip_version_from_device_kind(device_kind(name))
+        assert version is not None and version.value == chip_facts(name).jax_chip_version
+        assert chip_of_device_kind(device_kind(name)) == name
 
 
 def test_default_scoped_vmem_limit_is_16_mib_up_to_v5_and_32_mib_from_v6e():

@@ -41,6 +41,7 @@ __all__ = [
     "ChipFacts",
     "chip_facts",
     "chip_of_device_kind",
+    "device_kind",
     "resolve_chip",
 ]
 
@@ -48,6 +49,13 @@ __all__ = [
 _JAX_CHIP_VERSIONS: dict[str, str] = {
     "v2": "v2", "v3": "v3", "v4": "v4", "v4i": "v4i", "v5e": "v5e", "v5p": "v5p",
     "v6e": "v6e", "v7": "7", "v7x": "7x",
+}
+
+#: palladium's chip names -> the jax device kind of such a TPU (what
+#: ``tpu_info.chip_version_from_device_kind`` reads; the lowering check lowers for it).
+_DEVICE_KINDS: dict[str, str] = {
+    "v2": "TPU v2", "v3": "TPU v3", "v4": "TPU v4", "v4i": "TPU v4 lite",
+    "v5e": "TPU v5 lite", "v5p": "TPU v5", "v6e": "TPU v6 lite", "v7": "TPU7", "v7x": "TPU7x",
 }
 
 #: The chip names palladium simulates (``InterpretParams.chip``).
@@ -141,6 +149,11 @@ def chip_of_device_kind(kind: str | None) -> str | None:
         return None
     version = jc.tpu_chip_version_from_device_kind(kind)
     return None if version is None else _NAMES_OF_JAX_VERSIONS.get(version.value)
+
+
+def device_kind(chip: str) -> str:
+    """The jax device kind of palladium's ``chip`` name (``"v5e"`` -> ``"TPU v5 lite"``)."""
+    return _DEVICE_KINDS[chip]
 
 
 def resolve_chip(chip: str | None) -> str:

@@ -17,6 +17,7 @@ runs on the main thread (``Scheduler.run`` then cancels and joins its cores itse
 
 from __future__ import annotations
 
+import atexit
 import signal
 import socket
 import threading
@@ -57,5 +58,25 @@ def install(on_interrupt: Callable[[BaseException], None]) -> bool:
             if signal.SIGINT in data:
                 on_interrupt(KeyboardInterrupt("palladium: launch cancelled by Ctrl-C (SIGINT)"))
 
-    threading.Thread(target=watch, name="palladium SIGINT watcher", daemon=True).start()
+    watcher = threading.Thread(target=watch, name="palladium SIGINT watcher", daemon=True)
+    watcher.start()
+    atexit.register(_uninstall, watcher)
     return True
+
+
+def _uninstall(watcher: threading.Thread) -> None:
+    """At exit: give the wakeup fd back, close the socket pair (the watcher reads the end
+    of its stream and returns), so that no socket is left for the garbage collector."""
+    if not _installed:
+        return
+    reader, writer = _installed
+    try:
+        previous = signal.set_wakeup_fd(-1)
+        if previous not in (-1, writer.fileno()):  # someone replaced ours: keep theirs
+            signal.set_wakeup_fd(previous)
+    except ValueError:  # not the main thread
+        pass
+    writer.close()
+    watcher.join(timeout=1.0)
+    reader.close()
+    _installed.clear()

@@ -31,17 +31,12 @@ import warnings
 from typing import Any
 
 from palladium.interpret import _jax_compat as jc
+from palladium.interpret.chip import device_kind
 from palladium.interpret.errors import TpuLoweringError, TpuLoweringWarning
 from palladium.interpret.eval.registry import RULES
 from palladium.interpret.kernel import PreparedKernel
 
 __all__ = ["check_lowering", "device_kind"]
-
-# jax device kinds (``tpu_info.chip_version_from_device_kind``) of palladium's chip names.
-_DEVICE_KIND: dict[str, str] = {
-    "v2": "TPU v2", "v3": "TPU v3", "v4": "TPU v4", "v4i": "TPU v4 lite",
-    "v5e": "TPU v5 lite", "v5p": "TPU v5", "v6e": "TPU v6 lite", "v7": "TPU7", "v7x": "TPU7x",
-}
 
 # Mosaic's own block-shape checks run before any equation is lowered; a failure there is
 # the kernel's (its BlockSpecs), although no kernel equation is on the stack.
@@ -53,11 +48,6 @@ _JAX_LIMITS = {
     "Only single (1) and double (2) buffering are supported":
         "jax 0.10.x's Mosaic lowering buffers a BlockSpec operand at most twice",
 }
-
-
-def device_kind(chip: str) -> str:
-    """The jax device kind of palladium's ``chip`` name (``"v5e"`` -> ``"TPU v5 lite"``)."""
-    return _DEVICE_KIND[chip]
 
 
 def check_lowering(kernel: PreparedKernel, ctx: Any, *, chip: str, num_cores: int) -> None:
