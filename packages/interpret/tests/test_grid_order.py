@@ -6,10 +6,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from palladium.interpret import DynamicParallelDimensionError, InterpretParams, KernelError
+from palladium.interpret import (
+    DynamicParallelDimensionError,
+    InterpretParams,
+    KernelError,
+    grid_order,
+)
 from palladium.interpret.grid_order import parallel_orders
 
 X = jnp.arange(32 * 512, dtype=jnp.float32).reshape(32, 512)
@@ -26,7 +33,49 @@ def test_parallel_orders_are_permutations_reproducible_from_the_seed():
 def test_a_seed_beyond_int32_gives_a_reproducible_permutation():
     a = parallel_orders((5,), 2**40)[0]
     assert sorted(a.tolist()) == list(range(5))
-    assert np.array_equal(a, parallel_orders.__wrapped__((5,), 2**40)[0])
+    assert np.array_equal(a, grid_order._parallel_orders.__wrapped__((5,), 2**40, True)[0])
+
+
+def _jax_orders(seed, sizes):
+    """The reference: the orders through jax.random (what jax's interpreter does)."""
+    key = jax.random.key(np.int32(seed))
+    out = []
+    for n in sizes:
+        key, subkey = jax.random.split(key)
+        out.append(np.asarray(jax.random.permutation(subkey, jnp.arange(n, dtype=jnp.int32))))
+    return out
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(-(2**31), 2**31 - 1),
+       sizes=st.lists(st.integers(1, 64), min_size=1, max_size=3).map(tuple))
+def test_numpy_threefry_orders_equal_jax_random(seed, sizes):
+    ours = grid_order._parallel_orders.__wrapped__(sizes, seed, True)
+    assert [o.tolist() for o in ours] == [o.tolist() for o in _jax_orders(seed, sizes)]
+
+
+@pytest.mark.parametrize("n", [1, 2, 1625, 1626, 5000])
+def test_numpy_threefry_orders_equal_jax_random_at_one_and_two_sort_rounds(n):
+    # ceil(3 ln n / ln(2^32 - 1)): 0 rounds for n = 1, 1 up to n = 1625, 2 from 1626.
+    for seed in (0, -1, 7):
+        ours = grid_order._parallel_orders.__wrapped__((n,), seed, True)
+        assert ours[0].tolist() == _jax_orders(seed, (n,))[0].tolist()
+
+
+def test_threefry2x32_known_answer():
+    # The Random123 known-answer vector for Threefry-2x32-20 with zero key and counter.
+    zero = np.zeros((), np.uint32)
+    x0, x1 = grid_order.threefry2x32((zero, zero), np.zeros(1, np.uint32),
+                                     np.zeros(1, np.uint32))
+    assert (int(x0[0]), int(x1[0])) == (0x6B200159, 0x99BA4EFE)
+
+
+def test_another_jax_prng_is_followed_through_jax():
+    with jax.default_prng_impl("rbg"):
+        assert not grid_order._numpy_models_jax()
+        theirs = [np.asarray(o).tolist() for o in _jax_orders(5, (6, 9))]
+        assert [o.tolist() for o in parallel_orders((6, 9), 5)] == theirs
+    assert grid_order._numpy_models_jax()
 
 
 def test_seed_12345_orders_a_4_wide_parallel_dimension_2_3_0_1():

@@ -12,6 +12,7 @@ import inspect
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import jax
 import numpy as np
 from jax import lax
 from jax._src import api_util, source_info_util
@@ -371,3 +372,10 @@ def mosaic_failing_equations(exc: BaseException | None) -> list:
             return eqns
         exc = exc.__cause__
     return []
+
+
+def default_prng_is_partitionable_threefry() -> bool:
+    """Whether jax's default PRNG is Threefry-2x32 in its partitionable layout (jax
+    0.10's default; ``grid_order`` computes its permutations with numpy for it)."""
+    return (getattr(jax.config, "jax_default_prng_impl", None) == "threefry2x32"
+            and bool(getattr(jax.config, "jax_threefry_partitionable", False)))
