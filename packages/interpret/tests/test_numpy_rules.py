@@ -316,8 +316,10 @@ CONVERT_DTYPES = [F32, BF16, F16, I32, U32, I8, np.dtype(np.uint8), np.dtype(np.
 def test_convert_element_type_is_bit_identical(src, dst, seed):
     x = make_values(seed, (4, 8), src)
     params = {"new_dtype": dst, "weak_type": False, "sharding": None}
-    if src in (F32, BF16, F16) and dst in (F32, BF16, F16) and _cpu_dependent(x, src, dst):
+    if (src != dst and src in (F32, BF16, F16) and dst in (F32, BF16, F16)
+            and _cpu_dependent(x, src, dst)):
         # XLA CPU's answer depends on the CPU here: the rule must leave it to bind.
+        # (src == dst is no conversion at all: the rule returns x, as XLA does.)
         assert NUMPY_RULES[lax.convert_element_type_p](x, **params) is NotImplemented
         return
     assert_exact(
