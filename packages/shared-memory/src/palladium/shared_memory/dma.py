@@ -97,10 +97,10 @@ class Dma:
         """Put this DMA on its semaphores' pending lists (it completes when waited for)."""
         self.queued = True
         self.dst_sem.pending.append(self)
-        self.dst_sem.live += 1
+        self.dst_sem.add_live(1)
         if self.src_sem is not None and self.src_sem is not self.dst_sem:
             self.src_sem.pending.append(self)
-            self.src_sem.live += 1
+            self.src_sem.add_live(1)
 
     def signals(self, sem: Semaphore) -> bool:
         """Whether this DMA will still signal ``sem``."""
@@ -129,7 +129,7 @@ class Dma:
         self.state = DmaState.READ
         if self.src_sem is not None:
             if self.queued and self.src_sem is not self.dst_sem:
-                self.src_sem.live -= 1
+                self.src_sem.add_live(-1)
             self.src_sem.signal(self.nbytes, clock)
 
     def execute(self, det: Any) -> None:
@@ -155,7 +155,7 @@ class Dma:
         self.data = None
         self.state = DmaState.DONE
         if self.queued:
-            self.dst_sem.live -= 1
+            self.dst_sem.add_live(-1)
         self.dst_sem.signal(self.nbytes, clock)
         if self.on_done is not None:
             self.on_done()

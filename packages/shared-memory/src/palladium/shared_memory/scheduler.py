@@ -1,7 +1,8 @@
 """The scheduler: simulated cores run as threads, exactly one at a time.
 
 Each body runs on its own thread, but only the holder of the *baton* executes; every
-other thread waits on its own ``threading.Event``. At each synchronisation point the
+other thread waits on its own baton lock (a ``threading.Lock`` held while it must not
+run: cheaper to hand over than a ``threading.Event``). At each synchronisation point the
 running thread asks the scheduler who runs next, picked with a seeded
 ``random.Random`` among the runnable threads, and hands the baton over. Because nothing
 else runs concurrently, a run is a pure function of the seed.
@@ -11,6 +12,14 @@ readiness predicate; the scheduler only hands it the baton once the predicate ho
 When no thread is runnable and some are blocked, that is a deadlock: the thread that
 found it raises :class:`DeadlockError` listing every blocked core.
 
+Wake-lists: the candidates of a pick are the runnable tasks in task order, kept
+incrementally (``_runnable``, sorted task indices) instead of evaluating every blocked
+task's predicate at every switch. A task blocks *on* a :class:`WaitPoint` (a semaphore,
+the barrier); whoever changes what the wait depends on calls ``changed()`` on it, which
+re-evaluates the predicates of the tasks blocked there. The candidates, their order and
+the RNG calls are exactly those of the full scan (``_scan``), which a scheduler built
+with ``oracle=True`` (tests) runs at every pick and compares with the wake-list.
+
 The first exception of any body cancels the run: every other thread is woken in turn
 (one at a time, still), raises the private ``_Cancelled`` inside its blocked wait and
 unwinds; all threads are joined and ``run`` re-raises the first exception.
@@ -18,6 +27,7 @@ unwinds; all threads are joined and ``run`` re-raises the first exception.
 
 from __future__ import annotations
 
+import bisect
 import enum
 import math
 import random
@@ -29,8 +39,9 @@ from typing import Any
 
 from palladium.shared_memory.errors import DeadlockError, WatchdogError, at_site, core_name
 from palladium.shared_memory.observer import Observer
+from palladium.shared_memory.wait_point import WaitPoint
 
-__all__ = ["Scheduler", "Task", "interrupt_all"]
+__all__ = ["Scheduler", "Task", "WaitPoint", "interrupt_all"]
 
 # The schedulers running right now: the only process-wide state, so that an interrupt
 # (Ctrl-C seen by a thread other than the one blocked in XLA) can cancel them.
@@ -62,15 +73,23 @@ class _State(enum.Enum):
 class Task:
     """A simulated core's body and its scheduling state."""
 
-    __slots__ = ("body", "core", "describe", "event", "ready", "site", "state", "thread")
+    __slots__ = ("baton", "body", "core", "describe", "index", "listed", "ready", "sched",
+                 "site", "state", "thread", "watch")
 
-    def __init__(self, core: Any, body: Callable[[], None]) -> None:
+    def __init__(self, core: Any, body: Callable[[], None], index: int = 0,
+                 sched: Scheduler | None = None) -> None:
         self.core = core
         self.body = body
-        self.event = threading.Event()
+        self.index = index  # position in the scheduler's task order
+        self.sched = sched
+        # Held while the task must not run; released to hand it the baton.
+        self.baton = threading.Lock()
+        self.baton.acquire()
         self.state = _State.READY
         self.ready: Callable[[], bool] | None = None
         self.describe: Callable[[], str] | None = None
+        self.watch: WaitPoint | None = None  # what a blocked task waits on (None: unknown)
+        self.listed = True  # in the scheduler's runnable list
         self.thread: threading.Thread | None = None
         self.site: object = None  # where the body last reached a scheduling point
 
@@ -84,10 +103,14 @@ class Scheduler:
 
     def __init__(self, rng: random.Random, local: threading.local, trace: list,
                  observers: Observer | None = None, *, watchdog: float | None = None,
-                 watchdog_hint: str = ""):
+                 watchdog_hint: str = "", oracle: bool = False):
         self.rng = rng
         self.local = local
         self.tasks: list[Task] = []
+        self._runnable: list[int] = []  # indices of READY tasks and ready BLOCKED ones
+        self._unwatched: list[Task] = []  # blocked on no WaitPoint: checked at each pick
+        # Check every pick's wake-list candidates against the full scan (tests only).
+        self.oracle = oracle
         self.cancelled = False
         self.error: BaseException | None = None
         self.done = threading.Event()
@@ -102,7 +125,9 @@ class Scheduler:
 
     def run(self, bodies: dict) -> None:
         """Run every body to completion (or the first error, re-raised here)."""
-        self.tasks = [Task(core, bodies[core]) for core in sorted(bodies)]
+        self.tasks = [Task(core, bodies[core], i, self) for i, core in enumerate(sorted(bodies))]
+        self._runnable = list(range(len(self.tasks)))
+        self._unwatched = []
         if self.watchdog is not None:
             self.deadline = time.monotonic() + self.watchdog
         if len(self.tasks) == 1:
@@ -135,7 +160,7 @@ class Scheduler:
         with _RUNNING_LOCK:
             _RUNNING.add(self)
         try:
-            first.event.set()
+            first.baton.release()
             try:
                 self.done.wait()
             except BaseException as e:  # Ctrl-C on this thread: stop the cores, then raise
@@ -153,7 +178,7 @@ class Scheduler:
 
     def _thread_main(self, task: Task) -> None:
         self.local.task = task
-        task.event.wait()
+        task.baton.acquire()
         try:
             if self.cancelled:
                 raise _Cancelled
@@ -169,6 +194,7 @@ class Scheduler:
 
     def _finish(self, task: Task) -> None:
         task.state = _State.DONE
+        self._unlist(task)
         nxt = None
         if not self.cancelled:
             nxt = self._pick()
@@ -181,7 +207,7 @@ class Scheduler:
             self.done.set()
         else:
             self._switch(task, nxt)
-            nxt.event.set()
+            nxt.baton.release()
 
     # -- synchronisation points ----------------------------------------------------------
 
@@ -217,10 +243,13 @@ class Scheduler:
         if nxt is not None and nxt is not task:
             self._handoff(task, nxt)
 
-    def block(self, task: Task | None, ready: Callable[[], bool], describe: Callable[[], str]) -> None:
+    def block(self, task: Task | None, ready: Callable[[], bool], describe: Callable[[], str],
+              watch: WaitPoint | None = None) -> None:
         """Wait until ``ready()`` holds (the caller re-checks its condition afterwards).
 
-        Raises ``DeadlockError`` when no task could ever run again.
+        ``watch``: the WaitPoint told of every change ``ready()`` depends on (without
+        one, ``ready()`` is evaluated at every pick). Raises ``DeadlockError`` when no
+        task could ever run again.
         """
         if self.cancelled:
             raise _Cancelled
@@ -231,6 +260,14 @@ class Scheduler:
         task.state = _State.BLOCKED
         task.ready = ready
         task.describe = describe
+        task.watch = watch
+        if watch is None:
+            self._unwatched.append(task)
+            self._unlist(task)
+        else:
+            watch.waiting.append(task)
+            if not ready():
+                self._unlist(task)
         try:
             nxt = self._pick()
             if nxt is None:
@@ -241,17 +278,64 @@ class Scheduler:
             task.state = _State.READY
             task.ready = None
             task.describe = None
+            if watch is None:
+                self._unwatched.remove(task)
+            else:
+                watch.waiting.remove(task)
+            task.watch = None
+            self._list(task)
 
-    def _pick(self) -> Task | None:
-        candidates = [
-            t for t in self.tasks
+    # -- the runnable list -------------------------------------------------------------
+
+    def recheck(self, task: Task) -> None:
+        """``task``'s wait point changed: list or unlist it by its readiness now."""
+        if task.state is not _State.BLOCKED:
+            return
+        assert task.ready is not None
+        if task.ready():
+            self._list(task)
+        else:
+            self._unlist(task)
+
+    def _list(self, task: Task) -> None:
+        if not task.listed:
+            task.listed = True
+            bisect.insort(self._runnable, task.index)
+
+    def _unlist(self, task: Task) -> None:
+        if task.listed:
+            task.listed = False
+            runnable = self._runnable
+            del runnable[bisect.bisect_left(runnable, task.index)]
+
+    def _candidates(self) -> list[int]:
+        """Indices of the runnable tasks, in task order (the wake-list's view)."""
+        if not self._unwatched:
+            return self._runnable
+        extra = [t.index for t in self._unwatched if t.ready()]  # type: ignore[misc]
+        return sorted(self._runnable + extra) if extra else self._runnable
+
+    def _scan(self) -> list[int]:
+        """The candidates by brute force: every task's state and predicate (the oracle)."""
+        return [
+            t.index for t in self.tasks
             if t.state is _State.READY or (t.state is _State.BLOCKED and t.ready())  # type: ignore[misc]
         ]
+
+    def _pick(self) -> Task | None:
+        candidates = self._candidates()
+        if self.oracle:  # pick from the brute-force scan, after checking the wake-list
+            scanned = self._scan()
+            if scanned != candidates:
+                raise AssertionError(
+                    f"wake-list candidates {candidates} differ from the scan's {scanned}"
+                )
+            candidates = scanned
         if not candidates:
             return None
         if len(candidates) == 1:
-            return candidates[0]
-        return candidates[self.rng.randrange(len(candidates))]
+            return self.tasks[candidates[0]]
+        return self.tasks[candidates[self.rng.randrange(len(candidates))]]
 
     def _switch(self, task: Task | None, nxt: Task) -> None:
         self.trace.append(nxt.core)
@@ -260,9 +344,8 @@ class Scheduler:
 
     def _handoff(self, task: Task, nxt: Task) -> None:
         self._switch(task, nxt)
-        task.event.clear()
-        nxt.event.set()
-        task.event.wait()
+        nxt.baton.release()
+        task.baton.acquire()
         if self.cancelled:
             raise _Cancelled
 

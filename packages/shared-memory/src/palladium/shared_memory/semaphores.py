@@ -11,6 +11,8 @@ import enum
 import math
 from typing import Any
 
+from palladium.shared_memory.wait_point import WaitPoint
+
 __all__ = ["BARRIER_SEMAPHORE_ID", "Semaphore", "SemaphoreKind"]
 
 BARRIER_SEMAPHORE_ID = 0
@@ -24,7 +26,7 @@ class SemaphoreKind(enum.Enum):
     BARRIER = "barrier"
 
 
-class Semaphore:
+class Semaphore(WaitPoint):
     """The count of one semaphore on one core, and what a wait on it will observe.
 
     ``clocks``: race-detector clocks released by signals not yet observed by a wait
@@ -32,11 +34,14 @@ class Semaphore:
     dropped). ``pending``: DMAs in flight that will signal this semaphore (and maybe some
     that already did, pruned lazily); ``live``: how many of them still will, kept by the
     DMAs as they progress, so a blocked wait's readiness test is O(1), not a scan.
+    As a ``WaitPoint`` it tells the scheduler when ``count`` or ``live`` changes while a
+    wait is blocked on it (``signal``, ``take``, ``add_live``: never assign them).
     """
 
     __slots__ = ("clocks", "core", "count", "id", "index", "kind", "live", "name", "pending")
 
     def __init__(self, core: Any, sem_id: int, kind: SemaphoreKind, name: str, index: tuple[int, ...]) -> None:
+        super().__init__()
         self.core = core
         self.id = sem_id
         self.kind = kind
@@ -64,6 +69,8 @@ class Semaphore:
         self.count += inc
         if clock is not None:
             self.clocks.append(clock)
+        if self.waiting:
+            self.changed()
 
     def take(self, value: int) -> list:
         """Subtract ``value``; return the clocks a wait observes (and forget them)."""
@@ -71,7 +78,15 @@ class Semaphore:
         clocks = self.clocks
         if clocks:
             self.clocks = []
+        if self.waiting:
+            self.changed()
         return clocks
+
+    def add_live(self, delta: int) -> None:
+        """A DMA that will still signal this semaphore was queued (+1) or did (-1)."""
+        self.live += delta
+        if self.waiting:
+            self.changed()
 
 
 def indices_of(shape: tuple[int, ...]) -> list[tuple[int, ...]]:

@@ -72,6 +72,7 @@ class SemaphoreOps(DmaOps):
                 task,
                 lambda: sem.count >= value or sem.live > 0,
                 lambda: self._describe_wait(sem, value, site),
+                sem,
             )
         clocks = sem.take(value)
         if self._det is not None:

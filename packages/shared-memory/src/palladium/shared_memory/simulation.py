@@ -40,7 +40,7 @@ from palladium.shared_memory.options import (
     SimulationOptions,
     Uninitialized,
 )
-from palladium.shared_memory.scheduler import Scheduler
+from palladium.shared_memory.scheduler import Scheduler, WaitPoint
 from palladium.shared_memory.semaphores import (
     BARRIER_SEMAPHORE_ID,
     Semaphore,
@@ -86,6 +86,7 @@ class Simulation(BufferOps, SemaphoreOps):
         observers: Iterable[Observer] = (),
         watchdog: float | None = None,
         watchdog_hint: str = "",
+        scheduler_oracle: bool = False,
     ):
         # ``options`` (a SimulationOptions, as the interpreter passes) or the same
         # choices one keyword each.
@@ -119,6 +120,7 @@ class Simulation(BufferOps, SemaphoreOps):
         self._obs: ObserverSet | None = ObserverSet(observers) or None
         self.watchdog = options.watchdog
         self._watchdog_hint = watchdog_hint
+        self._scheduler_oracle = scheduler_oracle
         self._sched = self._scheduler()
         self._buffers: dict[int, Buffer] = {}
         self._next_key = itertools.count()
@@ -135,6 +137,7 @@ class Simulation(BufferOps, SemaphoreOps):
             }
             self._next_sem[core] = BARRIER_SEMAPHORE_ID + 1
         self._barrier_generation = 0
+        self._barrier_point = WaitPoint()  # the cores blocked at the barrier wait here
         self._barrier_arrived: list[CoreId] = []
         self._barrier_sites: dict[CoreId, object] = {}
         self._run_cores: list[CoreId] = []
@@ -177,7 +180,8 @@ class Simulation(BufferOps, SemaphoreOps):
 
     def _scheduler(self) -> Scheduler:
         return Scheduler(self._rng, self._local, self._trace, self._obs,
-                         watchdog=self.watchdog, watchdog_hint=self._watchdog_hint)
+                         watchdog=self.watchdog, watchdog_hint=self._watchdog_hint,
+                         oracle=self._scheduler_oracle)
 
     # -- running ---------------------------------------------------------------------------
 
@@ -206,6 +210,7 @@ class Simulation(BufferOps, SemaphoreOps):
         if len(self._barrier_arrived) >= len(participants):
             self._barrier_arrived = []
             self._barrier_generation += 1
+            self._barrier_point.changed()
             if self._det is not None:
                 self._det.barrier([self._actor(c) for c in participants])
             if self._obs is not None:
@@ -219,6 +224,7 @@ class Simulation(BufferOps, SemaphoreOps):
                 f"waits at the barrier ({len(self._barrier_arrived)} of {len(participants)} "
                 f"cores arrived){at_site(self._barrier_sites.get(core))}"
             ),
+            self._barrier_point,
         )
         if self._obs is not None:
             self._obs.barrier_end(core)
