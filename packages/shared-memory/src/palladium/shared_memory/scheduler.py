@@ -1,15 +1,16 @@
-"""The scheduler: simulated cores run as threads, exactly one at a time.
+"""The scheduler: simulated cores run as coroutines, exactly one at a time.
 
-Each body runs on its own thread, but only the holder of the *baton* executes; every
-other thread waits on its own baton lock (a ``threading.Lock`` held while it must not
-run: cheaper to hand over than a ``threading.Event``). At each synchronisation point the
-running thread asks the scheduler who runs next, picked with a seeded
-``random.Random`` among the runnable threads, and hands the baton over. Because nothing
-else runs concurrently, a run is a pure function of the seed.
+Each body runs as its own greenlet (a coroutine with its own stack) on the thread that
+called ``run``: exactly one executes at a time. At each synchronisation point the running
+body asks the scheduler who runs next, picked with a seeded ``random.Random`` among the
+runnable bodies, and switches to it. Because nothing else runs concurrently, a run is a
+pure function of the seed. (Bodies used to be OS threads handing a baton over: each
+switch then cost two or three kernel context switches and GIL hand-offs, ~60-100 µs
+under load, and dominated DMA-heavy multi-device runs; a greenlet switch costs ~1 µs.)
 
-A thread that must wait (a semaphore count too low, a barrier) is *blocked* with a
-readiness predicate; the scheduler only hands it the baton once the predicate holds.
-When no thread is runnable and some are blocked, that is a deadlock: the thread that
+A body that must wait (a semaphore count too low, a barrier) is *blocked* with a
+readiness predicate; the scheduler only switches to it once the predicate holds.
+When no body is runnable and some are blocked, that is a deadlock: the body that
 found it raises :class:`DeadlockError` listing every blocked core.
 
 Wake-lists: the candidates of a pick are the runnable tasks in task order, kept
@@ -20,9 +21,9 @@ re-evaluates the predicates of the tasks blocked there. The candidates, their or
 the RNG calls are exactly those of the full scan (``_scan``), which a scheduler built
 with ``oracle=True`` (tests) runs at every pick and compares with the wake-list.
 
-The first exception of any body cancels the run: every other thread is woken in turn
+The first exception of any body cancels the run: every other body is resumed in turn
 (one at a time, still), raises the private ``_Cancelled`` inside its blocked wait and
-unwinds; all threads are joined and ``run`` re-raises the first exception.
+unwinds; then ``run`` re-raises the first exception.
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ import time
 import weakref
 from collections.abc import Callable
 from typing import Any
+
+import greenlet
 
 from palladium.shared_memory.errors import DeadlockError, WatchdogError, at_site, core_name
 from palladium.shared_memory.observer import Observer
@@ -51,8 +54,7 @@ _RUNNING_LOCK = threading.Lock()
 
 def interrupt_all(exc: BaseException) -> int:
     """Cancel every running scheduler with ``exc`` (raised from its ``run``); its cores
-    unwind at their next scheduling point and their threads are joined. Returns how many
-    runs were cancelled."""
+    unwind at their next scheduling point. Returns how many runs were cancelled."""
     with _RUNNING_LOCK:
         running = list(_RUNNING)
     for sched in running:
@@ -73,8 +75,8 @@ class _State(enum.Enum):
 class Task:
     """A simulated core's body and its scheduling state."""
 
-    __slots__ = ("baton", "body", "core", "describe", "index", "listed", "ready", "sched",
-                 "site", "state", "thread", "watch")
+    __slots__ = ("body", "core", "describe", "glet", "index", "listed", "ready", "sched",
+                 "site", "state", "watch")
 
     def __init__(self, core: Any, body: Callable[[], None], index: int = 0,
                  sched: Scheduler | None = None) -> None:
@@ -82,15 +84,12 @@ class Task:
         self.body = body
         self.index = index  # position in the scheduler's task order
         self.sched = sched
-        # Held while the task must not run; released to hand it the baton.
-        self.baton = threading.Lock()
-        self.baton.acquire()
         self.state = _State.READY
         self.ready: Callable[[], bool] | None = None
         self.describe: Callable[[], str] | None = None
         self.watch: WaitPoint | None = None  # what a blocked task waits on (None: unknown)
         self.listed = True  # in the scheduler's runnable list
-        self.thread: threading.Thread | None = None
+        self.glet: greenlet.greenlet | None = None  # the body's coroutine (None: not started)
         self.site: object = None  # where the body last reached a scheduling point
 
 
@@ -98,7 +97,7 @@ class Scheduler:
     """Runs bodies one at a time, choosing the next runner from a seeded RNG.
 
     ``trace`` records the core handed the baton at every switch (for tests and
-    debugging); ``local.task`` is the task whose body runs on the current thread.
+    debugging); ``local.task`` is the task whose body runs now (on the thread of ``run``).
     """
 
     def __init__(self, rng: random.Random, local: threading.local, trace: list,
@@ -113,7 +112,6 @@ class Scheduler:
         self.oracle = oracle
         self.cancelled = False
         self.error: BaseException | None = None
-        self.done = threading.Event()
         self.trace = trace
         self.observers = observers  # told of every core switch (None: nobody listens)
         # A run still going ``watchdog`` seconds after it started fails (None: never).
@@ -148,37 +146,34 @@ class Scheduler:
                 task.state = _State.DONE
                 self.local.task = None
             return
+        hub = greenlet.getcurrent()
         for task in self.tasks:
-            task.thread = threading.Thread(
-                target=self._thread_main, args=(task,), name=f"palladium {core_name(task.core)}",
-                daemon=True,
-            )
-            task.thread.start()
-        first = self._pick()
-        assert first is not None
-        self._switch(None, first)
+            task.glet = greenlet.greenlet(self._task_main, parent=hub)
+        nxt = self._pick()
+        assert nxt is not None
+        self._switch(None, nxt)
         with _RUNNING_LOCK:
             _RUNNING.add(self)
         try:
-            first.baton.release()
-            try:
-                self.done.wait()
-            except BaseException as e:  # Ctrl-C on this thread: stop the cores, then raise
-                self.interrupt(e)
-                self.done.wait()
+            # Bodies switch to one another directly; a body that finishes returns here
+            # with the task to run next (None: the run is over).
+            while nxt is not None:
+                try:
+                    self.local.task = nxt
+                    assert nxt.glet is not None
+                    nxt = nxt.glet.switch(nxt)
+                except BaseException as e:  # Ctrl-C between switches: unwind every core
+                    self.interrupt(e)
+                    nxt = next((t for t in self.tasks if t.state is not _State.DONE), None)
         finally:
+            self.local.task = None
             with _RUNNING_LOCK:
                 _RUNNING.discard(self)
-        for task in self.tasks:
-            assert task.thread is not None
-            task.thread.join()
         error, self.error = self.error, None
         if error is not None:
             raise error
 
-    def _thread_main(self, task: Task) -> None:
-        self.local.task = task
-        task.baton.acquire()
+    def _task_main(self, task: Task) -> Task | None:
         try:
             if self.cancelled:
                 raise _Cancelled
@@ -189,10 +184,10 @@ class Scheduler:
             if self.error is None:
                 self.error = e
             self.cancelled = True
-        finally:
-            self._finish(task)
+        return self._finish(task)
 
-    def _finish(self, task: Task) -> None:
+    def _finish(self, task: Task) -> Task | None:
+        """``task`` ended: the task to run next (None: the run is over)."""
         task.state = _State.DONE
         self._unlist(task)
         nxt = None
@@ -203,11 +198,9 @@ class Scheduler:
                 self.cancelled = True
         if self.cancelled:
             nxt = next((t for t in self.tasks if t.state is not _State.DONE), None)
-        if nxt is None:
-            self.done.set()
-        else:
+        if nxt is not None:
             self._switch(task, nxt)
-            nxt.baton.release()
+        return nxt
 
     # -- synchronisation points ----------------------------------------------------------
 
@@ -344,8 +337,9 @@ class Scheduler:
 
     def _handoff(self, task: Task, nxt: Task) -> None:
         self._switch(task, nxt)
-        nxt.baton.release()
-        task.baton.acquire()
+        self.local.task = nxt  # whoever switches back to ``task`` sets it back
+        assert nxt.glet is not None
+        nxt.glet.switch(nxt)
         if self.cancelled:
             raise _Cancelled
 
