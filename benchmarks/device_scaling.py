@@ -5,7 +5,8 @@ device; ``all_gather``: a ring of n-1 steps, n^2 DMAs in all) and jax's shipped
 ``jax.experimental.pallas.ops.tpu.all_gather`` (a bidirectional ring reusing one receive
 semaphore per direction) under ``jit(shard_map)`` on N = 2 .. 64 simulated devices, then
 right-permute and both all-gathers at 128 and 256 devices (do they complete, and in what
-time). Each point runs in its own subprocess with N+1 host devices and a timeout (see
+time), and the race detector's overhead on the three at 8..64 devices (races off and on
+in one process, calls interleaved, medians). Each point runs in its own subprocess with N+1 host devices and a timeout (see
 ``interpret_multi_device.py``); the DMAs of one launch are counted by a launch observer
 during the first call, so "per DMA" is steady time / DMAs. Flat "per DMA" means the
 simulator's cost per DMA does not grow with the device count.
@@ -13,15 +14,19 @@ simulator's cost per DMA does not grow with the device count.
     python benchmarks/device_scaling.py                 # 2..64, then 128 and 256 (~6-10 min)
     python benchmarks/device_scaling.py --max 16        # 2..16 only (~1 min)
     python benchmarks/device_scaling.py --big 128       # also 128, not 256
+    python benchmarks/device_scaling.py --max 0 --big --races 8 16 32 64   # race overhead only
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
+import statistics
 import subprocess
 import sys
+import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 KERNELS = ("right_permute", "all_gather", "jax_all_gather")
@@ -55,10 +60,52 @@ def worker(name: str, n: int, repeats: int) -> dict:
     return result
 
 
-def measure(name: str, n: int, repeats: int, timeout: float) -> dict | None:
+def races_worker(name: str, n: int, repeats: int) -> dict:
+    """Steady time races off and on: both compiled first, then ``repeats`` interleaved
+    rounds (one call of each per round), medians."""
+    import jax
+    import numpy as np
+    from jax.sharding import PartitionSpec as P
+
+    import palladium.interpret as pi
+
+    sys.path.insert(0, os.path.join(HERE, os.pardir, "examples"))
+    import collectives
+
+    mesh = collectives.mesh(n)
+    x = collectives.sharded(collectives.inputs("all_gather" if name == "jax_all_gather" else name, n),
+                            mesh)
+    expected = np.asarray(x) if name == "jax_all_gather" else collectives.reference(name, x, n)
+
+    def build(params):
+        if name == "jax_all_gather":
+            from jax.experimental.pallas.ops.tpu import all_gather as shipped
+
+            def f(x):
+                with pi.force_tpu_interpret_mode(params):
+                    return shipped.all_gather(x, mesh=mesh, axis_name="x")
+            return f
+        fn = functools.partial(collectives.COLLECTIVES[name], n=n, interpret=params)
+        return jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=P("x"), out_specs=P("x"),
+                                     check_vma=False))
+
+    fs = {"off": build(pi.InterpretParams()), "on": build(pi.InterpretParams(detect_races=True))}
+    correct = all(bool(np.array_equal(np.asarray(f(x)), expected)) for f in fs.values())
+    times: dict[str, list[float]] = {"off": [], "on": []}
+    for _ in range(repeats):
+        for key, f in fs.items():
+            t0 = time.perf_counter()
+            f(x).block_until_ready()
+            times[key].append(time.perf_counter() - t0)
+    return {"off": statistics.median(times["off"]), "on": statistics.median(times["on"]),
+            "correct": correct}
+
+
+def measure(name: str, n: int, repeats: int, timeout: float, races: bool = False) -> dict | None:
     env = dict(os.environ)
     env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={n + 1}"
-    cmd = [sys.executable, os.path.abspath(__file__), "--worker", name, str(n), str(repeats)]
+    flag = "--races-worker" if races else "--worker"
+    cmd = [sys.executable, os.path.abspath(__file__), flag, name, str(n), str(repeats)]
     try:
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -83,6 +130,9 @@ def _cell(r: dict | None, timeout: float, per_dma: bool = True) -> str:
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--worker", nargs=3, metavar=("NAME", "N", "REPEATS"))
+    parser.add_argument("--races-worker", nargs=3, metavar=("NAME", "N", "REPEATS"))
+    parser.add_argument("--races", type=int, nargs="*", default=[8, 16, 32, 64],
+                        help="device counts for the race-overhead table (none: skip it)")
     parser.add_argument("--max", type=int, default=64, help="largest N of the steady table")
     parser.add_argument("--big", type=int, nargs="*", default=[128, 256],
                         help="device counts for the completion table (none: skip it)")
@@ -93,15 +143,20 @@ def main(argv: list[str]) -> int:
         name, n, repeats = args.worker
         print(json.dumps(worker(name, int(n), int(repeats))))
         return 0
+    if args.races_worker:
+        name, n, repeats = args.races_worker
+        print(json.dumps(races_worker(name, int(n), int(repeats))))
+        return 0
     ns = [n for n in (2, 4, 8, 16, 32, 64) if n <= args.max]
-    print("### palladium steady time vs device count (median of "
-          f"{args.repeats} calls; µs per DMA = steady / DMAs of one call)")
-    print()
-    print("| kernel | " + " | ".join(f"N={n}" for n in ns) + " |")
-    print("|---|" + "---|" * len(ns))
-    for name in KERNELS:
-        cells = [_cell(measure(name, n, args.repeats, args.timeout), args.timeout) for n in ns]
-        print(f"| {name} | " + " | ".join(cells) + " |", flush=True)
+    if ns:
+        print("### palladium steady time vs device count (median of "
+              f"{args.repeats} calls; µs per DMA = steady / DMAs of one call)")
+        print()
+        print("| kernel | " + " | ".join(f"N={n}" for n in ns) + " |")
+        print("|---|" + "---|" * len(ns))
+        for name in KERNELS:
+            cells = [_cell(measure(name, n, args.repeats, args.timeout), args.timeout) for n in ns]
+            print(f"| {name} | " + " | ".join(cells) + " |", flush=True)
     if args.big:
         print()
         print("### completion at large device counts (first call = trace + compile + run; "
@@ -119,6 +174,24 @@ def main(argv: list[str]) -> int:
                 per = f"{r['steady'] / r['dmas'] * 1e6:.0f} µs" if r["dmas"] else ""
                 print(f"| {name} | {n} | {r['dmas']} | {r['first']:.2f} s{flag} | "
                       f"{r['steady']:.2f} s | {per} |", flush=True)
+    if args.races:
+        print()
+        print(f"### race-detection overhead (steady, races on / off; medians of {args.repeats} "
+              "interleaved rounds in one process)")
+        print()
+        print("| kernel | " + " | ".join(f"N={n}" for n in args.races) + " |")
+        print("|---|" + "---|" * len(args.races))
+        for name in KERNELS:
+            cells = []
+            for n in args.races:
+                r = measure(name, n, args.repeats, args.timeout, races=True)
+                if r is None or "error" in r:
+                    cells.append(_cell(r, args.timeout))
+                    continue
+                flag = "" if r["correct"] else " (WRONG)"
+                cells.append(f"{r['off'] * 1e3:.0f} / {r['on'] * 1e3:.0f} ms: "
+                             f"{r['on'] / r['off']:.2f}x{flag}")
+            print(f"| {name} | " + " | ".join(cells) + " |", flush=True)
     return 0
 
 
