@@ -42,3 +42,25 @@ def test_numpy_rules_raise_no_runtime_warning():
     # A NaN or out-of-range float to int is implementation-defined: only the rest is compared.
     np.testing.assert_array_equal(np.asarray(out[1])[1:], np.asarray(expected[1])[1:])
     assert np.isnan(np.asarray(out[2])[0, 0])
+
+
+@pytest.mark.filterwarnings("error")
+def test_a_rule_called_outside_a_launch_is_quiet_too():
+    """Inside a launch the evaluator sets errstate once and the rules skip theirs
+    (``ERRORS_IGNORED``); called on their own, the rules still set it."""
+    from jax import lax
+
+    from palladium.interpret.numpy_rules import NUMPY_RULES
+    from palladium.interpret.numpy_rules.common import ERRORS_IGNORED, quiet
+
+    big = np.full((4,), 3e38, np.float32)
+    assert not ERRORS_IGNORED.get()
+    assert np.isinf(NUMPY_RULES[lax.mul_p](big, big)).all()  # overflow: no warning
+    with quiet():
+        assert np.geterr()["over"] == "ignore"
+    token = ERRORS_IGNORED.set(True)
+    try:
+        with np.errstate(all="ignore"), quiet():  # the evaluator's errstate holds
+            assert np.geterr()["over"] == "ignore"
+    finally:
+        ERRORS_IGNORED.reset(token)

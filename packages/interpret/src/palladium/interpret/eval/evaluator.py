@@ -23,6 +23,7 @@ from palladium.interpret.eval.context import (
 )
 from palladium.interpret.eval.program import Program, ProgramCache, Step, compile_jaxpr
 from palladium.interpret.eval.refs import MemRef, SemaphoreRef
+from palladium.interpret.numpy_rules.common import ERRORS_IGNORED
 from palladium.interpret.params import InterpretParams
 from palladium.interpret.site import Site
 from palladium.shared_memory import BufferRef, Simulation
@@ -56,10 +57,12 @@ class CoreEvaluator:
         # not the user's: XLA computes the same values silently. One errstate per
         # outermost evaluation (nested control-flow bodies run inside it).
         self._quiet = True
+        token = ERRORS_IGNORED.set(True)  # the rules need not set errstate themselves
         try:
             with np.errstate(all="ignore"):
                 return self._eval(jaxpr, consts, args)
         finally:
+            ERRORS_IGNORED.reset(token)
             self._quiet = False
 
     def _eval(self, jaxpr: Any, consts: list[Value], args: list[Value]) -> list[Value]:

@@ -3,8 +3,10 @@ dtype sets and XLA CPU's float helpers (widen to f32, flush subnormals, round ba
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import Callable, Sequence
+from contextvars import ContextVar
 from typing import Any
 
 import ml_dtypes
@@ -67,6 +69,20 @@ def register(
         return fn
 
     return wrap
+
+
+# True while the evaluator runs a kernel body: it has set ``np.errstate(all="ignore")``
+# for the whole body already, so the rules need not set it again for each operation.
+# A ContextVar, so that it is right per thread and per greenlet.
+ERRORS_IGNORED: ContextVar[bool] = ContextVar("palladium_numpy_errors_ignored", default=False)
+_ALREADY_QUIET = contextlib.nullcontext()
+
+
+def quiet() -> contextlib.AbstractContextManager[Any]:
+    """``np.errstate(all="ignore")``, unless the evaluator has set it already: the
+    floating-point warnings of the rules' numpy calls are not the user's (XLA computes
+    the same values silently)."""
+    return _ALREADY_QUIET if ERRORS_IGNORED.get() else np.errstate(all="ignore")
 
 
 def arr(x: Any) -> np.ndarray:

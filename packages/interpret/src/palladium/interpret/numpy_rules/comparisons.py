@@ -21,6 +21,7 @@ from palladium.interpret.numpy_rules.common import (
     back,
     f32,
     f32_flushed,
+    quiet,
     register,
     same_dtype,
     xla_max,
@@ -76,7 +77,7 @@ def _clamp(lo: Any, x: Any, hi: Any) -> Any:
     lo, x, hi = arr(lo), arr(x), arr(hi)
     dt = same_dtype([lo, x, hi])
     if dt in FLOATS:
-        with np.errstate(all="ignore"):
+        with quiet():
             return back(xla_min(xla_max(f32(x), f32(lo)), f32(hi)), dt)
     if dt in INTS:
         return np.minimum(np.maximum(x, lo), hi)

@@ -25,6 +25,7 @@ from palladium.interpret.numpy_rules.common import (
     back,
     f32,
     f32_flushed,
+    quiet,
     register,
 )
 
@@ -81,7 +82,7 @@ def _dot_general(
         a, b = widen(a), widen(b)
     else:
         a, b = a.astype(compute), b.astype(compute)
-    with np.errstate(all="ignore"):
+    with quiet():
         r = np.matmul(a, b)
     shape = (*(lhs.shape[d] for d in lb), *(lhs.shape[d] for d in lf), *(rhs.shape[d] for d in rf))
     r = r.reshape(shape)

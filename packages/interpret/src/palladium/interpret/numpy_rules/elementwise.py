@@ -33,6 +33,7 @@ from palladium.interpret.numpy_rules.common import (
     flush,
     has_negative_subnormal,
     has_subnormal,
+    quiet,
     register,
     same_dtype,
     xla_max,
@@ -72,7 +73,7 @@ def _elementwise(
                 has_subnormal(x) for x in xs if not (flushed_inputs and x.dtype == F32)
             ):
                 return NotImplemented
-            with np.errstate(all="ignore"):
+            with quiet():
                 return narrow(float_fn(*[widen(x) for x in xs]), dt)
         if int_fn is not None and (dt in INTS or (bools and dt == BOOL)):
             return int_fn(*xs)
@@ -114,7 +115,7 @@ def _pow(x: Any, y: Any) -> Any:
     # flushed base; subnormal operands are left to bind.
     if dt not in FLOATS or has_subnormal(x) or has_subnormal(y):
         return NotImplemented
-    with np.errstate(all="ignore"):
+    with quiet():
         return back(np.power(x.astype(F32), y.astype(F32)), dt)
 
 
@@ -129,7 +130,7 @@ def _rem(x: Any, y: Any) -> Any:
         # XLA's fmod neither flushes its result nor reads subnormals consistently.
         if has_subnormal(x) or has_subnormal(y):
             return NotImplemented
-        with np.errstate(all="ignore"):
+        with quiet():
             return np.fmod(x.astype(F32), y.astype(F32)).astype(dt)
     return NotImplemented
 
@@ -154,7 +155,7 @@ def _exp2(x: Any, *, accuracy: Any = None) -> Any:
     # underflow). For f16/bf16 its intermediate rounding varies: left to bind.
     if accuracy is not None or dt != F32:
         return NotImplemented
-    with np.errstate(all="ignore"):
+    with quiet():
         return back(np.exp(f32(x) * _LN2), dt)
 
 
@@ -170,7 +171,7 @@ def _log(x: Any, *, accuracy: Any = None) -> Any:
         return NotImplemented
     f = x.astype(F32)
     # float64 log rounded once is within 1 ulp of XLA's (f32 np.log: 3 ulp).
-    with np.errstate(all="ignore"):
+    with quiet():
         return back(np.log(flush(f).astype(np.float64)), dt)
 
 
@@ -181,7 +182,7 @@ def _logistic(x: Any, *, accuracy: Any = None) -> Any:
     if accuracy is not None or dt not in FLOATS:
         return NotImplemented
     # XLA expands logistic into 1 / (1 + exp(-x)), rounding each step to the input type.
-    with np.errstate(all="ignore"):
+    with quiet():
         e = back(np.exp(-f32(x)), dt)
         d = back(ONE + f32(e), dt)
         return back(ONE / f32(d), dt)
@@ -215,7 +216,7 @@ def _div(x: Any, y: Any, widen: Callable[[np.ndarray], np.ndarray]) -> Any:
         return _int_div(x, y)
     if dt not in FLOATS:
         return NotImplemented
-    with np.errstate(all="ignore"):
+    with quiet():
         fx, fy = widen(x), widen(y)
         if y.ndim == 0 and x.ndim > 0 and jc.xla_divides_by_scalar_reciprocal():
             # XLA rewrites a division by a broadcast scalar into a multiplication by its
@@ -336,7 +337,7 @@ def _integer_pow(x: Any, *, y: int) -> Any:
         return x
     # Square-and-multiply in the order of jax's lowering, so floats round identically.
     n, acc = abs(y), None
-    with np.errstate(all="ignore"):
+    with quiet():
         if n == 3:
             acc = mul(mul(base, base), base)
         else:

@@ -22,6 +22,7 @@ from palladium.interpret.numpy_rules.common import (
     back,
     f32,
     f32_flushed,
+    quiet,
     register,
 )
 
@@ -69,7 +70,7 @@ def _reduce_arith(np_fn: Callable[..., np.ndarray], flushed_inputs: bool = False
         if x.dtype in INTS:
             return np_fn(x, axis=axes, dtype=x.dtype)
         if x.dtype in FLOATS:
-            with np.errstate(all="ignore"):
+            with quiet():
                 return back(np_fn(widen(x), axis=axes, dtype=F32), x.dtype)
         return NotImplemented
 
@@ -138,7 +139,7 @@ def _cumulative(kind: str) -> Rule:
                 r = (np.maximum if kind == "max" else np.minimum).accumulate(x, axis=axis)
         else:
             f = f32(x)
-            with np.errstate(all="ignore"):
+            with quiet():
                 if kind == "sum":
                     r = back(np.cumsum(f, axis=axis, dtype=F32), dt)
                 elif kind == "prod":
