@@ -248,3 +248,29 @@ def test_simulation_usable_after_a_failed_run():
     assert "'s'" in str(info.value)
     sim.semaphore_wait(sem, 1, core=(0, 0))
     sim.check_semaphores()
+
+
+@pytest.mark.timeout(60)
+def test_hundreds_of_cores_with_deep_bodies():
+    # Every body is 60 Python frames deep at each switch. A body first entered from
+    # another body's stack (not the run's) would stack on it: 256 of them would exceed
+    # the recursion limit (RecursionError in 256-device launches before).
+    n, rounds = 256, 3
+    sim = Simulation(num_devices=n, seed=1)
+    sems = [sim.allocate_semaphores(d, 0, kind=REGULAR, name="token") for d in range(n)]
+    received = [0] * n
+
+    def deep(k, f):
+        return f() if k == 0 else deep(k - 1, f)
+
+    def body(d):
+        def ring():
+            for _ in range(rounds):
+                sim.semaphore_signal(sems[(d + 1) % n], 1, core=(d, 0), target=((d + 1) % n, 0))
+                sim.semaphore_wait(sems[d], 1, core=(d, 0))
+                received[d] += 1
+        return lambda: deep(60, ring)
+
+    sim.run({(d, 0): body(d) for d in range(n)})
+    assert received == [rounds] * n
+    assert len(sim.schedule) > n * rounds

@@ -148,7 +148,12 @@ class Scheduler:
             return
         hub = greenlet.getcurrent()
         for task in self.tasks:
+            # Started here, where it parks at once: every body's stack then begins at the
+            # hub's, whoever first switches to it. A greenlet first entered from another
+            # body would stack on top of that body's frames: with hundreds of cores the
+            # recursion limit is reached, and each switch copies the stacks in between.
             task.glet = greenlet.greenlet(self._task_main, parent=hub)
+            task.glet.switch(task)
         nxt = self._pick()
         assert nxt is not None
         self._switch(None, nxt)
@@ -174,6 +179,9 @@ class Scheduler:
             raise error
 
     def _task_main(self, task: Task) -> Task | None:
+        hub = greenlet.getcurrent().parent
+        assert hub is not None
+        hub.switch()  # parked until first picked
         try:
             if self.cancelled:
                 raise _Cancelled
