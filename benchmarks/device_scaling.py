@@ -176,7 +176,7 @@ def main(argv: list[str]) -> int:
                       f"{r['steady']:.2f} s | {per} |", flush=True)
     if args.races:
         print()
-        print(f"### race-detection overhead (steady, races on / off; medians of {args.repeats} "
+        print(f"### race-detection overhead (steady ms, races off / on, and on / off; medians of {args.repeats} "
               "interleaved rounds in one process)")
         print()
         print("| kernel | " + " | ".join(f"N={n}" for n in args.races) + " |")
