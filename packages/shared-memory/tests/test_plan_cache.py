@@ -1,5 +1,6 @@
-"""Buffers cache the plan of a region tuple by identity (an interpreter reuses the same
-region objects every step); results never depend on the cache."""
+"""A region reused as the same tuple object, or one holding an array that changes, means
+what it holds at each access: nothing is cached by a region's identity (a client that
+reuses a region keeps its plan, ``test_access_plans.py``)."""
 
 import numpy as np
 import pytest

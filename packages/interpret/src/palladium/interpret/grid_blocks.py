@@ -4,8 +4,8 @@ Most index maps only pick grid indices and constants (``lambda i, j, k: (i, k)``
 ``lambda b, h, q, kv: (b, h, q, 0)``). Such a map is compiled once into a projection
 of the grid point, so a grid step does not walk the map's jaxpr; any other map (one
 that computes, or reads scalar-prefetch refs) is evaluated as a jaxpr, as before.
-Block regions are built once per (operand, block index) so that the simulator sees
-the same region object on every visit (it caches plans by identity).
+The grid loop resolves each block's region once into the simulator's plans and keeps
+them by (operand, block index), so a region is built once per block here too.
 """
 
 from __future__ import annotations
@@ -20,8 +20,6 @@ from palladium.interpret.blocks import BlockSpecInfo
 
 # One output of a projection: ("grid", axis) or ("const", value).
 _Pick = tuple[str, int]
-
-_REGION_CACHE_LIMIT = 1 << 16
 
 
 def _projection(closed: Any, n_grid: int) -> tuple[_Pick, ...] | None:
@@ -52,7 +50,6 @@ class GridBlocks:
         projections = [_projection(info.index_map, n_grid) for info in self.infos]
         picks = [p for p in projections if p is not None]
         self._projections = picks if len(picks) == len(projections) else None
-        self._regions: dict[tuple[int, tuple[int, ...]], tuple[int | slice, ...]] = {}
 
     def indices(self, point: tuple[int, ...]) -> list[tuple[int, ...]] | None:
         """Every operand's block index at ``point``, or None: evaluate the maps instead."""
@@ -64,12 +61,5 @@ class GridBlocks:
         ]
 
     def region(self, operand: int, block: tuple[int, ...]) -> tuple[int | slice, ...]:
-        """The region of ``block`` of operand ``operand`` (the same object every time)."""
-        key = (operand, block)
-        region = self._regions.get(key)
-        if region is None:
-            region = self.infos[operand].region(block)
-            if len(self._regions) >= _REGION_CACHE_LIMIT:
-                self._regions.clear()
-            self._regions[key] = region
-        return region
+        """The region of ``block`` of operand ``operand``."""
+        return self.infos[operand].region(block)

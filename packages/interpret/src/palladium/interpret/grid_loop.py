@@ -26,12 +26,14 @@ from palladium.interpret.grid_order import parallel_orders
 from palladium.interpret.kernel import PreparedKernel
 from palladium.interpret.kernel_checks import is_parallel
 from palladium.interpret.site import Site
-from palladium.shared_memory import BlockCopy
+from palladium.shared_memory import AccessPlan, BlockCopy
 
 if TYPE_CHECKING:  # the launch creates the core runs
     from palladium.interpret.launch import Launch
 
 __all__ = ["CoreRun", "parallel_dimensions", "schedule"]
+
+_PLAN_CACHE_LIMIT = 1 << 16
 
 GridPoint = tuple[int, ...]
 
@@ -105,6 +107,29 @@ class CoreRun:
         self.output_refs = operands[n_idx + len(k.inputs) : n_idx + len(k.inputs) + len(k.outputs)]
         self.ev = CoreEvaluator(launch, core)
         self.blocks = GridBlocks((*k.inputs, *k.outputs), len(k.grid_mapping.grid))
+        # (operand, block index) -> the simulator's plans of the block's HBM region and
+        # of the part of the VMEM/SMEM block it fills: resolved once per block, whatever
+        # the number of visits.
+        self._plans: dict[tuple[int, tuple[int, ...]], tuple[AccessPlan, AccessPlan]] = {}
+
+    def _copy_plans(self, operand: int, block: tuple[int, ...]) -> tuple[AccessPlan, AccessPlan]:
+        """(HBM plan, kernel-side plan) of the copy of ``block`` of ``operand`` (inputs
+        first, then outputs)."""
+        key = (operand, block)
+        plans = self._plans.get(key)
+        if plans is None:
+            n_in = len(self.input_refs)
+            if operand < n_in:
+                hbm, kernel_ref = self.hbm_inputs[operand], self.input_refs[operand]
+            else:
+                hbm, kernel_ref = self.hbm_outputs[operand - n_in], self.output_refs[operand - n_in]
+            sim = self.launch.sim
+            plans = (sim.plan(hbm, self.blocks.region(operand, block)),
+                     sim.plan(kernel_ref.buffer, self.blocks.infos[operand].block_region(block)))
+            if len(self._plans) >= _PLAN_CACHE_LIMIT:
+                self._plans.clear()
+            self._plans[key] = plans
+        return plans
 
     def _block_indices(self, point: tuple[int, ...]) -> list[tuple[int, ...]]:
         fast = self.blocks.indices(point)
@@ -152,10 +177,9 @@ class CoreRun:
                 site = self._site(point, f"copy of block {cur[i]} of input '{info.name}' into "
                                          f"{info.space.name}",
                                   jax_block_index_phrase(cur[i], "input", info.name, point))
-                data = sim.read(self.hbm_inputs[i], self.blocks.region(i, cur[i]), core=self.core,
-                                site=site)
-                sim.write(self.input_refs[i].buffer, info.block_region(cur[i]), data,
-                          core=self.core, site=site)
+                hbm, vmem = self._copy_plans(i, cur[i])
+                data = sim.read(self.hbm_inputs[i], hbm, core=self.core, site=site)
+                sim.write(self.input_refs[i].buffer, vmem, data, core=self.core, site=site)
                 if obs is not None:
                     obs.block_copy(BlockCopy(self.core, info.name, "in", cur[i], data.nbytes,
                                              step, point, info.buffer_count, info.space))
@@ -170,10 +194,9 @@ class CoreRun:
                 if nxt is None or nxt[n_in + o] != b:
                     site = self._site(point, f"copy of block {b} of output '{info.name}' to HBM",
                                       jax_block_index_phrase(b, "output", info.name, point))
-                    data = sim.read(self.output_refs[o].buffer, info.block_region(b),
-                                    core=self.core, site=site)
-                    sim.write(self.hbm_outputs[o], self.blocks.region(n_in + o, b), data,
-                              core=self.core, site=site)
+                    hbm, vmem = self._copy_plans(n_in + o, b)
+                    data = sim.read(self.output_refs[o].buffer, vmem, core=self.core, site=site)
+                    sim.write(self.hbm_outputs[o], hbm, data, core=self.core, site=site)
                     if obs is not None:
                         obs.block_copy(BlockCopy(self.core, info.name, "out", b, data.nbytes,
                                                  step, point, info.buffer_count, info.space))

@@ -21,7 +21,7 @@ from palladium.race_detect.errors import (
     UnknownBufferError,
 )
 from palladium.race_detect.policy import OnRace
-from palladium.race_detect.regions import is_frozen
+from palladium.race_detect.prepared import PreparedAccess, prepare
 from palladium.race_detect.report import Access, RaceReport
 
 __all__ = [
@@ -33,6 +33,7 @@ __all__ = [
     "DataRaceError",
     "OnRace",
     "PalladiumError",
+    "PreparedAccess",
     "RaceDetector",
     "RaceDetectorError",
     "RaceReport",
@@ -42,5 +43,5 @@ __all__ = [
     "UnknownBufferError",
     "VectorClock",
     "__version__",
-    "is_frozen",
+    "prepare",
 ]

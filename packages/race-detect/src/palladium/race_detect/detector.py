@@ -10,6 +10,7 @@ from palladium.race_detect.actor import Actor
 from palladium.race_detect.clock import Clock, VectorClock
 from palladium.race_detect.errors import ActorError, RegionError, UnknownBufferError
 from palladium.race_detect.policy import OnRace, deliver_function
+from palladium.race_detect.prepared import PreparedAccess, prepare
 from palladium.race_detect.regions import check_mask
 from palladium.race_detect.report import RaceReport
 from palladium.race_detect.shadow import BufferShadow, Event
@@ -141,6 +142,23 @@ class RaceDetector:
         with self._lock:
             self._buffers.pop(key, None)
 
+    def prepare(self, key: Hashable, region: Any = None) -> PreparedAccess:
+        """``region`` of buffer ``key`` checked and normalised once, for ``read``/``write``.
+
+        A simulator keeps it with its own plan of the region and passes it instead of
+        the region on every access (the detector then does no work on the region and
+        keeps no cache). It is a plain value: valid for any buffer of the same shape.
+
+        >>> det = RaceDetector()
+        >>> det.register_buffer("x", (4, 4), "x")
+        >>> rows = det.prepare("x", (slice(0, 2),))
+        >>> det.write(det.new_actor("core 0"), "x", rows, site="kernel.py:3")
+        """
+        with self._lock:
+            shadow = self._shadow(key, "prepare", None)
+            shape, name = shadow.shape, shadow.name
+        return prepare(region, shape, name)
+
     def read(
         self,
         actor: Actor,
@@ -150,7 +168,11 @@ class RaceDetector:
         *,
         mask: Any = None,
     ) -> None:
-        """``actor`` reads ``buffer[region]`` (only the True elements of ``mask``)."""
+        """``actor`` reads ``buffer[region]`` (only the True elements of ``mask``).
+
+        ``region``: a tuple of ``int | slice``, None (the whole buffer), or a
+        ``PreparedAccess`` of the region (``prepare``), which skips checking it again.
+        """
         self._access(actor, key, region, site, mask, False)
 
     def write(
@@ -162,26 +184,39 @@ class RaceDetector:
         *,
         mask: Any = None,
     ) -> None:
-        """``actor`` writes ``buffer[region]`` (only the True elements of ``mask``)."""
+        """``actor`` writes ``buffer[region]`` (only the True elements of ``mask``); ``region``
+        as for ``read``."""
         self._access(actor, key, region, site, mask, True)
+
+    def _shadow(self, key: Hashable, what: str, actor: Actor | None, site: object = None) -> BufferShadow:
+        try:
+            return self._buffers[key]
+        except KeyError:
+            who = "" if actor is None else f" by {actor.name!r} at {site}"
+            raise UnknownBufferError(
+                f"{what}{who}: no buffer with key {key!r} is registered"
+            ) from None
 
     def _access(
         self, actor: Actor, key: Hashable, region: Any, site: object, mask: Any, is_write: bool
     ) -> None:
         with self._lock:
-            try:
-                shadow = self._buffers[key]
-            except KeyError:
-                raise UnknownBufferError(
-                    f"{'write' if is_write else 'read'} by {actor.name!r} at {site}: no "
-                    f"buffer with key {key!r} is registered"
-                ) from None
+            shadow = self._buffers.get(key)
+            if shadow is None:
+                shadow = self._shadow(key, "write" if is_write else "read", actor, site)
             if actor.finished:
                 raise ActorError(
                     f"{actor.name!r} accessed {shadow.name!r} at {site} after it finished"
                 )
-            hit = shadow._prepared.get(id(region))  # prepare()'s cache, inlined: the hot path
-            full, box, size = hit[1] if hit is not None and hit[0] is region else shadow.prepare(region)
+            prepared = region
+            if region.__class__ is not PreparedAccess:
+                prepared = prepare(region, shadow.shape, shadow.name)
+            elif region.shape != shadow.shape:
+                raise RegionError(
+                    f"buffer {shadow.name!r} of shape {shadow.shape}: {region!r} was "
+                    f"prepared for another shape"
+                )
+            full, box, size = prepared.region, prepared.box, prepared.size
             bool_mask = None if mask is None else check_mask(mask, full, shadow.shape, shadow.name)
             clock = actor._clock
             fields = (

@@ -21,8 +21,9 @@ from typing import Any
 
 import numpy as np
 
-from palladium.race_detect.errors import ActorError, UnknownBufferError
+from palladium.race_detect.errors import ActorError, RegionError, UnknownBufferError
 from palladium.race_detect.policy import OnRace, deliver_function
+from palladium.race_detect.prepared import PreparedAccess, prepare
 from palladium.race_detect.regions import check_mask, flat_elements, normalise
 from palladium.race_detect.report import Access, RaceReport
 
@@ -137,6 +138,13 @@ class BruteForceDetector:
         """Forget a buffer."""
         self._buffers.pop(key, None)
 
+    def prepare(self, key: Hashable, region: Any = None) -> PreparedAccess:
+        """``region`` of buffer ``key`` prepared (the oracle reads only its region)."""
+        if key not in self._buffers:
+            raise UnknownBufferError(f"no buffer with key {key!r} is registered")
+        shape, name, _ = self._buffers[key]
+        return prepare(region, shape, name)
+
     def read(
         self,
         actor: OracleActor,
@@ -197,6 +205,10 @@ class BruteForceDetector:
         if actor.number in self._finished:
             raise ActorError(f"{actor.name!r} accessed a buffer after it finished")
         shape, name, nodes = self._buffers[key]
+        if isinstance(region, PreparedAccess):
+            if region.shape != shape:
+                raise RegionError(f"buffer {name!r}: {region!r} was prepared for another shape")
+            region = region.region
         full = normalise(region, shape, name)
         bool_mask = None if mask is None else check_mask(mask, full, shape, name)
         clock = self._clocks[actor.number]

@@ -11,22 +11,6 @@ from palladium.race_detect.errors import RegionError
 Region = tuple[Any, ...]
 
 
-def is_frozen(region: Any) -> bool:
-    """Whether ``region`` is None or made of ints and slices of ints/None only: nothing
-    (like an array) that could change under a cache keyed by the region's identity."""
-    if region is None:
-        return True
-    for r in region if region.__class__ is tuple else (region,):
-        cls = r.__class__
-        if cls is slice:
-            for v in (r.start, r.stop, r.step):
-                if v is not None and v.__class__ is not int:
-                    return False
-        elif cls is not int:
-            return False
-    return True
-
-
 def normalise(region: Any, shape: tuple[int, ...], buffer: str) -> Region:
     """Validate ``region`` against ``shape`` and pad it to one index per dimension.
 

@@ -36,7 +36,7 @@ from palladium.race_detect.boxes import (
     _subtract,
 )
 from palladium.race_detect.clock import Clock
-from palladium.race_detect.regions import Region, element_at, is_frozen, normalise
+from palladium.race_detect.regions import Region, element_at
 from palladium.race_detect.report import Access
 from palladium.race_detect.union import access_union
 
@@ -129,7 +129,6 @@ class BufferShadow:
         full = tuple((0, int(n)) for n in shape)
         self._boxes: dict[Box, int] = {full: 0} if all(shape) else {}
         self._state_fresh = True  # _state is still all zeros where no box covers it
-        self._prepared: dict[int, tuple[Any, tuple[Region, Box | None, int]]] = {}
         self._writes = _Table(None)
         self._reads = _Table(())
 
@@ -157,8 +156,8 @@ class BufferShadow:
         """Record ``event`` on ``buffer[region][mask]``; return the earlier events it races with.
 
         ``times`` is the accessing actor's clock. ``region`` is normalised (one index per
-        dimension); ``box`` and ``size`` are its box as ``prepare`` gives them (computed
-        here when not given).
+        dimension); ``box`` and ``size`` are its box as a ``PreparedAccess`` holds them
+        (computed here when not given).
         """
         if box is None:
             box = _box_of(region, self.shape)
@@ -230,23 +229,6 @@ class BufferShadow:
         return races
 
     # ----------------------------------------------------------------- uniform boxes
-    def prepare(self, region: Any) -> tuple[Region, Box | None, int]:
-        """``region`` normalised (validated against the shape), its box (None if
-        strided or empty) and the box's size. Cached by identity for regions made of
-        ints and slices of ints (they cannot change); callers reuse a few region
-        objects, so most accesses skip the validation."""
-        hit = self._prepared.get(id(region))
-        if hit is not None and hit[0] is region:
-            return hit[1]
-        full = normalise(region, self.shape, self.name)
-        box = _box_of(full, self.shape)
-        result = (full, box, _size(box) if box is not None else 0)
-        if is_frozen(region):
-            if len(self._prepared) >= 64:
-                self._prepared.clear()
-            self._prepared[id(region)] = (region, result)  # holds region: its id stays unique
-        return result
-
     def _access_box(
         self, box: Box, size: int, event: Event, times: list[int], is_write: bool
     ) -> bool:

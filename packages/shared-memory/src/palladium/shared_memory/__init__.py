@@ -27,6 +27,7 @@ from palladium.shared_memory.observer import (
     SemaphoreInfo,
 )
 from palladium.shared_memory.options import SimulationOptions
+from palladium.shared_memory.regions import AccessPlan
 from palladium.shared_memory.scheduler import interrupt_all
 from palladium.shared_memory.semaphores import SemaphoreKind
 from palladium.shared_memory.simulation import CoreId, Simulation
@@ -40,6 +41,7 @@ from palladium.shared_memory.tpu_facts import (
 __all__ = [
     "GENERATION_DEFAULT",
     "TILING_DEFAULT",
+    "AccessPlan",
     "BlockCopy",
     "BufferRef",
     "ConfigError",

@@ -16,14 +16,12 @@ from typing import Any
 
 import numpy as np
 
-from palladium.race_detect import is_frozen
 from palladium.shared_memory.errors import OutOfBoundsError, at_site, core_name
 from palladium.shared_memory.regions import AccessPlan, describe_region, resolve
 
 __all__ = ["Buffer", "BufferRef", "MemorySpace"]
 
 _ELLIPSIS = (Ellipsis,)
-_PLAN_CACHE_SIZE = 64
 
 
 # The advice appended to an out-of-bounds read error; a client (the interpreter) passes
@@ -81,7 +79,7 @@ def stored_mask(plan: AccessPlan, mask: Any) -> np.ndarray:
 class Buffer:
     """The storage and bounds of one allocation (owned by a ``Simulation``)."""
 
-    __slots__ = ("bound", "data", "fill", "logical", "oob_hint", "plans", "ref", "refcount")
+    __slots__ = ("bound", "data", "fill", "logical", "oob_hint", "ref", "refcount")
 
     def __init__(self, ref: BufferRef, data: np.ndarray, bound: tuple[int, ...], fill: Any,
                  oob_hint: str = OUT_OF_BOUNDS_HINT) -> None:
@@ -92,22 +90,16 @@ class Buffer:
         self.bound = bound
         self.fill = fill
         self.refcount = 1
-        # Plans of recently used region tuples, by identity: an interpreter accesses a
-        # buffer through the same few region objects on every step.
-        self.plans: dict[int, tuple[tuple | None, AccessPlan]] = {}
 
     def plan(self, region: Any) -> AccessPlan:
-        """Resolve ``region`` against this buffer's logical and bound shapes."""
-        if region is None or region.__class__ is tuple:
-            hit = self.plans.get(id(region))
-            if hit is not None and hit[0] is region:
-                return hit[1]
-            plan = resolve(region, self.logical, self.bound)
-            if is_frozen(region):
-                if len(self.plans) >= _PLAN_CACHE_SIZE:
-                    self.plans.clear()
-                self.plans[id(region)] = (region, plan)  # holds region: its id stays unique
-            return plan
+        """``region`` resolved against this buffer, or ``region`` itself if it is already
+        a plan for this buffer's shapes (a plan of other shapes is resolved again from
+        its region). Nothing is cached here: a client that accesses a region repeatedly
+        keeps its plan (``Simulation.plan``) and passes that."""
+        if region.__class__ is AccessPlan:
+            if region.logical == self.logical and region.bound == self.bound:
+                return region  # type: ignore[no-any-return]
+            region = region.region
         return resolve(region, self.logical, self.bound)
 
     # -- reads -------------------------------------------------------------------------

@@ -38,13 +38,14 @@ class DmaView:
 
 def _report(event: Any, actor: Any, buf: Buffer, plan: AccessPlan, mask: Any, site: object) -> None:
     """Tell the race detector about the stored elements of ``plan`` (where ``mask``)."""
+    race = plan.prepared or plan.race_access()
     if mask is None:
-        event(actor, buf.ref.key, plan.index, site=site)
+        event(actor, buf.ref.key, race, site=site)
         return
     sub = stored_mask(plan, mask)
     if sub.any():
         shape = buf.data[plan.index + (Ellipsis,)].shape
-        event(actor, buf.ref.key, plan.index, site=site, mask=np.broadcast_to(sub, shape))
+        event(actor, buf.ref.key, race, site=site, mask=np.broadcast_to(sub, shape))
 
 
 class DmaState(enum.Enum):

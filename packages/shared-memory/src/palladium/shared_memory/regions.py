@@ -9,7 +9,9 @@ step, the last element / past the first for a negative one).
 :func:`resolve` turns a region into an :class:`AccessPlan`: which part of the result is
 backed by stored data (the logical shape), which part lies in tile padding (between the
 logical and the bound shape, always uninitialised), and whether anything falls outside
-the bounds.
+the bounds. A plan also carries, made once and only when races are detected, the race
+detector's ``PreparedAccess`` of its stored part: resolving a region is the only time
+its index tuple is parsed, by this package or the detector.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from __future__ import annotations
 from operator import index as _as_int
 from typing import Any
 
-from palladium.race_detect import ConfigError
+from palladium.race_detect import ConfigError, PreparedAccess, prepare
 
 __all__ = ["AccessPlan", "describe_region", "resolve"]
 
@@ -25,19 +27,24 @@ _ALL = slice(None)
 
 
 class AccessPlan:
-    """How one access maps onto a buffer (an internal, per-call object).
+    """How one access maps onto a buffer; made by ``resolve`` (``Simulation.plan``).
 
     ``full``: the whole result is stored data, nothing in padding or out of bounds.
     ``index``: numpy basic index of the stored part (non-negative, explicit), or None
     when no element is stored data. ``shape``: the result's shape. ``pos``: where the
     stored part sits in the result. ``oob``: some element is outside the bounds.
     ``box``: the part of the result inside the bounds (None if nothing is).
-    ``region``: the region as given (for messages).
+    ``region``: the region as given (for messages). ``logical``, ``bound``: the buffer
+    shapes it was resolved against (a plan serves any buffer with both the same).
+    ``prepared``: the race detector's ``PreparedAccess`` of ``index`` once
+    ``race_access`` made it (None before).
     """
 
-    __slots__ = ("box", "full", "index", "oob", "pos", "region", "shape")
+    __slots__ = ("bound", "box", "full", "index", "logical", "oob", "pos", "prepared", "region",
+                 "shape")
 
-    def __init__(self, region: Any, full: Any, index: Any, shape: Any, pos: Any, oob: Any, box: Any) -> None:
+    def __init__(self, region: Any, full: Any, index: Any, shape: Any, pos: Any, oob: Any, box: Any,
+                 logical: tuple[int, ...], bound: tuple[int, ...]) -> None:
         self.region = region
         self.full = full
         self.index = index
@@ -45,6 +52,17 @@ class AccessPlan:
         self.pos = pos
         self.oob = oob
         self.box = box
+        self.logical = logical
+        self.bound = bound
+        self.prepared: PreparedAccess | None = None
+
+    def race_access(self) -> PreparedAccess:
+        """The race detector's view of the stored part (``index`` must not be None), made
+        on first use and kept: every access through this plan passes the same value."""
+        prepared = self.prepared
+        if prepared is None:
+            prepared = self.prepared = prepare(self.index, self.logical)
+        return prepared
 
 
 def _span(start: int, step: int, count: int, n: int) -> tuple[int, int]:
@@ -139,6 +157,8 @@ def resolve(region: Any, logical: tuple[int, ...], bound: tuple[int, ...]) -> Ac
         tuple(pos),
         oob,
         tuple(box) if box is not None else None,
+        logical,
+        bound,
     )
 
 

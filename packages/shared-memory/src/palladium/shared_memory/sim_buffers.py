@@ -8,6 +8,7 @@ import numpy as np
 
 from palladium.shared_memory.buffers import Buffer, BufferRef, MemorySpace, stored_mask
 from palladium.shared_memory.errors import ConfigError
+from palladium.shared_memory.regions import AccessPlan
 from palladium.shared_memory.sim_state import CoreId, SimulationState
 from palladium.shared_memory.tpu_facts import padded_shape, uninitialized_value
 
@@ -81,6 +82,13 @@ class BufferOps(SimulationState):
         """Whether ``buf`` has not been freed yet."""
         return buf.key in self._buffers
 
+    def plan(self, buf: BufferRef, region: Any) -> AccessPlan:
+        """``region`` of ``buf`` resolved once: pass the plan instead of the region to
+        ``read``, ``write``, ``swap`` or ``dma_start`` (of ``buf`` or any buffer of the
+        same shape and bounds) and neither the simulator nor the race detector parses
+        the region again. A plan is immutable; keep it as long as the region is used."""
+        return self._buffer(buf).plan(region)
+
     def read(self, buf: BufferRef, region: Any, *, mask: Any = None, core: CoreId, site: object = None) -> np.ndarray:
         """A copy of ``buf[region]`` as read by ``core``.
 
@@ -95,13 +103,14 @@ class BufferOps(SimulationState):
         else:
             out = b.read(plan, self._oob_raise, "read", core, site, mask)
         if self._det is not None and plan.index is not None:
+            race = plan.prepared or plan.race_access()
             if mask is None:
-                self._det.read(self._actor(core), buf.key, plan.index, site=site)
+                self._det.read(self._actor(core), buf.key, race, site=site)
             else:
                 sub = stored_mask(plan, mask)
                 if sub.any():
                     shape = b.data[plan.index + _ELLIPSIS].shape
-                    self._det.read(self._actor(core), buf.key, plan.index, site=site,
+                    self._det.read(self._actor(core), buf.key, race, site=site,
                                    mask=np.broadcast_to(sub, shape))
         return out
 
@@ -122,13 +131,14 @@ class BufferOps(SimulationState):
             self._race_write(core, buf.key, plan, mask, site)
         return old
 
-    def _race_write(self, core: Any, key: Any, plan: Any, mask: Any, site: object) -> None:
+    def _race_write(self, core: Any, key: Any, plan: AccessPlan, mask: Any, site: object) -> None:
         assert self._det is not None
+        race = plan.prepared or plan.race_access()
         if mask is None:
-            self._det.write(self._actor(core), key, plan.index, site=site)
+            self._det.write(self._actor(core), key, race, site=site)
         elif mask.any():
             shape = self._buffers[key].data[plan.index + (Ellipsis,)].shape
-            self._det.write(self._actor(core), key, plan.index, site=site,
+            self._det.write(self._actor(core), key, race, site=site,
                             mask=np.broadcast_to(mask, shape))
 
     def value(self, buf: BufferRef) -> np.ndarray:

@@ -8,9 +8,14 @@ from palladium.shared_memory.buffers import BufferRef, outside_mask
 from palladium.shared_memory.dma import Dma, DmaState, DmaView
 from palladium.shared_memory.errors import ConfigError, at_site, core_name
 from palladium.shared_memory.observer import dma_event
-from palladium.shared_memory.regions import describe_region
+from palladium.shared_memory.regions import AccessPlan, describe_region
 from palladium.shared_memory.semaphores import Semaphore
 from palladium.shared_memory.sim_state import CoreId, SimulationState
+
+
+def _described(region: Any) -> str:
+    """``region`` (or a plan's region) as messages show it."""
+    return describe_region(region.region if region.__class__ is AccessPlan else region)
 
 
 class DmaOps(SimulationState):
@@ -33,15 +38,16 @@ class DmaOps(SimulationState):
         add: bool = False,
     ) -> None:
         """Start copying ``src[src_region]`` into ``dst[dst_region]`` (see API.md); with
-        ``add`` the destination accumulates (``dst += src``) instead."""
+        ``add`` the destination accumulates (``dst += src``) instead. Either region may
+        be a plan (``plan``) of its buffer."""
         task = self._task()
         self._sched.check()
         sb, db = self._buffer(src), self._buffer(dst)
         sp, dp = sb.plan(src_region), db.plan(dst_region)
         if view is None and sp.shape != dp.shape:
             raise ConfigError(
-                f"{core_name(core)}: DMA from {src.label}{describe_region(src_region)} (shape "
-                f"{sp.shape}) to {dst.label}{describe_region(dst_region)} (shape {dp.shape}): "
+                f"{core_name(core)}: DMA from {src.label}{_described(src_region)} (shape "
+                f"{sp.shape}) to {dst.label}{_described(dst_region)} (shape {dp.shape}): "
                 f"the shapes differ{at_site(site)}"
             )
         if view is None and sb.data.dtype != db.data.dtype:

@@ -14,7 +14,7 @@ from palladium.interpret.errors import (
 from palladium.interpret.eval.context import Equation, KernelContext
 from palladium.interpret.eval.refs import Access, MemRef, _Bitcast, resolve, tpu_bitcast
 from palladium.interpret.kernel_checks import jax_access_name
-from palladium.shared_memory import MemorySpace
+from palladium.shared_memory import AccessPlan, MemorySpace
 
 
 def _checked(ev: KernelContext, ref: Any, eqn: Equation, op: str) -> MemRef:
@@ -65,9 +65,12 @@ def read_masked(ev: KernelContext, ref: Any, transforms: Any, mask: Any, eqn: Eq
     return acc.apply(np.asarray(data)) if acc.post else data
 
 
-def read_access(ev: KernelContext, ref: MemRef, acc: Access, eqn: Equation) -> np.ndarray:
-    """Read a resolved access of a checked ref."""
-    data = ev.sim.read(ref.buffer, acc.region, core=ev.core, site=ev.site(eqn))
+def read_access(ev: KernelContext, ref: MemRef, acc: Access, eqn: Equation,
+                plan: AccessPlan | None = None) -> np.ndarray:
+    """Read a resolved access of a checked ref (through the simulator's ``plan`` of its
+    region when the caller keeps one)."""
+    region = acc.region if plan is None else plan
+    data = ev.sim.read(ref.buffer, region, core=ev.core, site=ev.site(eqn))
     return acc.apply(np.asarray(data)) if acc.post else data
 
 

@@ -13,6 +13,7 @@ from palladium.interpret.eval.dma_view import dma_view, view_nbytes
 from palladium.interpret.eval.memory import access_of
 from palladium.interpret.eval.refs import MemRef, SemaphoreRef, split_transformed
 from palladium.interpret.eval.registry import rule, rule_compiler
+from palladium.shared_memory import MemorySpace
 
 
 def _mem(ev: KernelContext, value: Any, eqn: Equation, role: str) -> tuple[MemRef, Any]:
@@ -88,17 +89,20 @@ def _dma_wait(ev: KernelContext, eqn: Equation, invals: list[Value]) -> list[Val
 # --- specialised dma_start / dma_wait ------------------------------------------------------
 # A kernel starts and waits for its DMAs at the same few places on every grid step (paged
 # attention: several per step). Per equation, everything the generic rules derive from the
-# operands -- the indexer trees unflattened, both accesses resolved, the DmaView, the
+# operands -- the indexer trees unflattened, both accesses resolved (to the simulator's
+# plans of their regions, which hold the race detector's view), the DmaView, the
 # semaphore positions, the byte count -- is cached by the operands' *structure*: the
-# shape and dtype of each memory ref, the shape of each semaphore array and the integer
-# value of every index operand. A hit does the same simulator calls with the same
-# arguments as the generic rules; a miss (or an operand the key cannot describe) runs them.
+# shape and dtype of each memory ref and whether it is SMEM (never tile-padded), the
+# shape of each semaphore array and the integer value of every index operand. A hit does the same simulator calls as
+# the generic rules, with the plans for the regions; a miss (or an operand the key
+# cannot describe) runs the generic rules.
 _CACHE_LIMIT = 4096
+_SMEM = MemorySpace.SMEM  # an enum's hash is a Python call: compare instead
 
 
 def _leaf_key(x: Any) -> Any:
     if type(x) is MemRef:
-        return ("m", x.buffer.shape, x.buffer.dtype)
+        return ("m", x.buffer.shape, x.buffer.dtype, x.buffer.space is _SMEM)
     if type(x) is SemaphoreRef:
         return ("s", x.ids.shape)
     if isinstance(x, (int, np.integer)) or (type(x) is np.ndarray and not x.ndim):
@@ -157,8 +161,10 @@ def _compile_dma_start(eqn: Equation, used: frozenset[Any]) -> Any:
         view = dma_view(_side(src_ref, src_acc), _side(dst_ref, dst_acc), ev.site(eqn))
         if view is None:
             _check_same_dtype(src_ref, dst_ref, ev.site(eqn))
-        return (_position(invals, src_ref), src_acc, _position(invals, dst_ref), dst_acc,
-                view, _sem_position(ev, dst_sem, eqn, invals),
+        sim = ev.sim
+        return (_position(invals, src_ref), sim.plan(src_ref.buffer, src_acc.region),
+                _position(invals, dst_ref), sim.plan(dst_ref.buffer, dst_acc.region), view,
+                _sem_position(ev, dst_sem, eqn, invals),
                 None if src_sem is None else _sem_position(ev, src_sem, eqn, invals),
                 device_id)
 
@@ -166,7 +172,7 @@ def _compile_dma_start(eqn: Equation, used: frozenset[Any]) -> Any:
         key = _operand_key(invals)
         if key is None:
             return _dma_start(ev, eqn, invals)
-        (src_at, src_acc, dst_at, dst_acc, view, dst_sem, src_sem,
+        (src_at, src_plan, dst_at, dst_plan, view, dst_sem, src_sem,
          device_id) = cache.get(key, lambda: build(ev, invals))
         src_ref, dst_ref = invals[src_at], invals[dst_at]
         target = ev.remote_core(device_id, None, id_type, eqn)
@@ -174,7 +180,7 @@ def _compile_dma_start(eqn: Equation, used: frozenset[Any]) -> Any:
         if target is not None and target != ev.core:
             dst_buffer = ev.peer_buffer(dst_buffer, target)
         ev.sim.dma_start(
-            src_ref.buffer, src_acc.region, dst_buffer, dst_acc.region, core=ev.core,
+            src_ref.buffer, src_plan, dst_buffer, dst_plan, core=ev.core,
             dst_sem=_sem(invals, dst_sem),
             src_sem=None if src_sem is None else _sem(invals, src_sem),
             dst_core=target, site=ev.site(eqn), name=f"{src_ref.name}->{dst_ref.name}",

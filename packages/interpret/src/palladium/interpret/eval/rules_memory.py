@@ -11,6 +11,7 @@ from palladium.interpret.eval import memory
 from palladium.interpret.eval.context import Equation, KernelContext, Value
 from palladium.interpret.eval.refs import Access, MemRef, split_transformed
 from palladium.interpret.eval.registry import rule, rule_compiler
+from palladium.shared_memory import AccessPlan, MemorySpace
 
 
 @rule(jc.get_p)
@@ -38,10 +39,13 @@ def _addupdate(ev: KernelContext, eqn: Equation, invals: list[Value]) -> list[Va
 
 # --- specialised get/swap: the common loads and stores of a kernel body -----------------
 # A kernel reads and writes its refs at the same few places on every grid step. Per
-# equation, the resolved ``Access`` (region + post ops) is cached by the buffer's shape
-# and dtype and the integer values of the dynamic indices, so a step pays one dict
-# lookup instead of unflattening the indexer tree and composing the transforms.
+# equation, the access is resolved once per value of the operands' structure -- the
+# buffer's shape, dtype and memory space and the integer values of the dynamic indices --
+# into the ``Access`` (region + post ops) and the simulator's plan of the region (with
+# the race detector's view of it inside): a step pays one dict lookup, and neither the
+# simulator nor the race detector parses the region again.
 _CACHE_LIMIT = 4096
+_SMEM = MemorySpace.SMEM  # an enum's hash is a Python call: compare instead
 
 
 def _index_key(values: list[Any]) -> tuple[int, ...] | None:
@@ -54,35 +58,24 @@ def _index_key(values: list[Any]) -> tuple[int, ...] | None:
     return tuple(key)
 
 
-def _in_bounds(acc: Access, shape: tuple[int, ...]) -> bool:
-    """Whether ``acc.region`` lies inside a buffer of ``shape`` (a plain, full access)."""
-    for r, n in zip(acc.region, shape):
-        if isinstance(r, slice):
-            if r.step < 1 or r.start < 0 or r.stop > n:
-                return False
-        elif not 0 <= r < n:
-            return False
-    return True
-
-
 class _AccessCache:
-    """The resolved accesses of one equation."""
+    """The resolved accesses of one equation: (``Access``, the simulator's plan)."""
 
     def __init__(self, tree: Any) -> None:
         self.tree = tree
-        self.entries: dict[Any, tuple[Access, bool]] = {}
+        self.entries: dict[Any, tuple[Access, AccessPlan]] = {}
 
-    def lookup(self, ref: MemRef, index: list[Any]) -> tuple[Access, bool] | None:
-        """(access, in bounds) of ``ref`` indexed by ``index``, or None for the slow path."""
+    def lookup(self, ev: KernelContext, ref: MemRef, index: list[Any]) -> tuple[Access, AccessPlan] | None:
+        """(access, plan) of ``ref`` indexed by ``index``, or None for the slow path."""
         key = _index_key(index)
         if key is None:
             return None
         buf = ref.buffer
-        full_key = (buf.shape, buf.dtype, key)
+        full_key = (buf.shape, buf.dtype, buf.space is _SMEM, key)
         hit = self.entries.get(full_key)
         if hit is None:
             acc = memory.access_of(ref, self.tree.unflatten(index))
-            hit = (acc, _in_bounds(acc, tuple(buf.shape)))
+            hit = (acc, ev.sim.plan(buf, acc.region))
             if len(self.entries) >= _CACHE_LIMIT:
                 self.entries.clear()
             self.entries[full_key] = hit
@@ -96,10 +89,10 @@ def _compile_get(eqn: Equation, used: frozenset[Any]) -> Any:
 
     def run(ev: KernelContext, eqn: Equation, invals: list[Value]) -> list[Value]:
         ref = memory._checked(ev, invals[0], eqn, "read")
-        hit = cache.lookup(ref, invals[1:])
+        hit = cache.lookup(ev, ref, invals[1:])
         if hit is None:
             return _get(ev, eqn, invals)
-        data = memory.read_access(ev, ref, hit[0], eqn)
+        data = memory.read_access(ev, ref, hit[0], eqn, hit[1])
         return [data.astype(out_dtype, copy=False)]
 
     return run
@@ -109,24 +102,24 @@ def _compile_get(eqn: Equation, used: frozenset[Any]) -> Any:
 def _compile_swap(eqn: Equation, used: frozenset[Any]) -> Any:
     cache = _AccessCache(eqn.params["tree"])
     # Most stores discard the old value (`ref[...] = x`): then a plain write does the
-    # same (same race-detector event, same checks for an in-bounds region) without
-    # copying the old contents out.
+    # same (same race-detector event, same checks for a region of stored data only:
+    # ``plan.full``) without copying the old contents out.
     old_used = eqn.outvars[0] in used
 
     def run(ev: KernelContext, eqn: Equation, invals: list[Value]) -> list[Value]:
         ref, val, *idx = invals
         checked = memory._checked(ev, ref, eqn, "swap")
-        hit = cache.lookup(checked, idx)
+        hit = cache.lookup(ev, checked, idx)
         if hit is None or hit[0].post:
             return _swap(ev, eqn, invals)
-        acc, in_bounds = hit
+        acc, plan = hit
         buf = checked.buffer
         value = np.broadcast_to(np.asarray(val, dtype=buf.dtype), acc.region_shape)
         sim = ev.sim
-        if in_bounds and not old_used:
-            sim.write(buf, acc.region, value, core=ev.core, site=ev.site(eqn))
+        if plan.full and not old_used:
+            sim.write(buf, plan, value, core=ev.core, site=ev.site(eqn))
             return [None]
-        return [np.asarray(sim.swap(buf, acc.region, value, core=ev.core, site=ev.site(eqn)))]
+        return [np.asarray(sim.swap(buf, plan, value, core=ev.core, site=ev.site(eqn)))]
 
     return run
 
