@@ -40,3 +40,19 @@ def revisit_call(kernel, interpret):
     """A (2, 2) grid whose output block (j, 0) is left at i = 0 and revisited at i = 1."""
     return blocked_call(kernel, rows=16, grid=(2, 2), in_map=lambda i, j: (j, 0),
                         out_map=lambda i, j: (j, 0), interpret=interpret)
+
+
+def racy_call(interpret):
+    """A kernel that reads its DMA's destination before waiting for the DMA (a race),
+    on an (8, 128) f32 input in HBM."""
+    def kernel(x_hbm, o_ref, buf, sem):
+        copy = pltpu.make_async_copy(x_hbm, buf, sem)
+        copy.start()
+        o_ref[...] = buf[...]  # reads the DMA's destination before the wait
+        copy.wait()
+
+    return pl.pallas_call(
+        kernel, out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32),
+        in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
+        scratch_shapes=[pltpu.VMEM((8, 128), jnp.float32), pltpu.SemaphoreType.DMA],
+        interpret=interpret)

@@ -7,8 +7,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _launch_harness import racy_call
 from jax.experimental import pallas as pl
-from jax.experimental.pallas import tpu as pltpu
 from jax.extend.core import Primitive
 
 import palladium.interpret as pi
@@ -39,17 +39,7 @@ def _failing():
 
 
 def _racy():
-    def kernel(x_hbm, o_ref, buf, sem):
-        copy = pltpu.make_async_copy(x_hbm, buf, sem)
-        copy.start()
-        o_ref[...] = buf[...]  # reads the DMA's destination before the wait
-        copy.wait()
-
-    return pl.pallas_call(
-        kernel, out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32),
-        in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
-        scratch_shapes=[pltpu.VMEM((8, 128), jnp.float32), pltpu.SemaphoreType.DMA],
-        interpret=InterpretParams(detect_races=True, on_race="collect"))
+    return racy_call(InterpretParams(detect_races=True, on_race="collect"))
 
 
 @pytest.fixture(autouse=True)

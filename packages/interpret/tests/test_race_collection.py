@@ -5,8 +5,7 @@ ties the reports of the launches within it to the list it yields."""
 import jax
 import jax.numpy as jnp
 import pytest
-from jax.experimental import pallas as pl
-from jax.experimental.pallas import tpu as pltpu
+from _launch_harness import racy_call
 
 from palladium.interpret import (
     InterpretParams,
@@ -19,17 +18,7 @@ from palladium.race_detect import RaceReport, RaceWarning
 
 
 def _racy_call():
-    def kernel(x_hbm, o_ref, buf, sem):
-        copy = pltpu.make_async_copy(x_hbm, buf, sem)
-        copy.start()
-        o_ref[...] = buf[...]  # reads the DMA's destination before the wait
-        copy.wait()
-
-    return jax.jit(pl.pallas_call(
-        kernel, out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32),
-        in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
-        scratch_shapes=[pltpu.VMEM((8, 128), jnp.float32), pltpu.SemaphoreType.DMA],
-        interpret=InterpretParams(detect_races=True, on_race="collect")))
+    return jax.jit(racy_call(InterpretParams(detect_races=True, on_race="collect")))
 
 
 def test_scope_collects_its_launches_reports():
