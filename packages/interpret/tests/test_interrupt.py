@@ -26,8 +26,16 @@ _CHILD = textwrap.dedent("""
     # Python's own handler, once XLA returns) from racing the report below.
     signal.signal(signal.SIGINT, lambda *args: None)
     MODE = sys.argv[1]
+    started = threading.Event()
+
+    def recorder(point, core):  # the first grid point runs: the cores are in the kernel
+        if not started.is_set():
+            started.set()
+            print("running", flush=True)
+
     params = InterpretParams(watchdog_timeout=None, rendezvous_timeout=600,
-                             num_cores_or_threads=2 if MODE == "megacore" else 1)
+                             num_cores_or_threads=2 if MODE == "megacore" else 1,
+                             grid_point_recorder=recorder)
 
     def spin_kernel(x_ref, o_ref, flag):
         def spin(n):
@@ -41,7 +49,6 @@ _CHILD = textwrap.dedent("""
                               scratch_shapes=[pltpu.SMEM((1,), jnp.int32)],
                               interpret=params)(x)
 
-    threading.Timer(0.5, lambda: print("running", flush=True)).start()
     try:
         if MODE == "megacore":
             x = jnp.ones((16, 128))
@@ -77,7 +84,7 @@ def test_ctrl_c_cancels_the_launch_and_joins_its_threads(mode, tmp_path):
     try:
         assert child.stdout is not None
         assert child.stdout.readline().strip() == "running"
-        time.sleep(1.0)  # the cores are spinning
+        time.sleep(1.0)  # the cores are spinning (they printed "running" from the kernel)
         child.send_signal(signal.SIGINT)
         out, _ = child.communicate(timeout=60)
     finally:
