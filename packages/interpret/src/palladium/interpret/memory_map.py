@@ -30,6 +30,12 @@ from palladium.shared_memory import (
 __all__ = ["MemoryMap", "hbm_name"]
 
 
+def _owner(space: Any, core: CoreId) -> Any:
+    """Who owns a buffer of ``space`` allocated on ``core``: the core, or for HBM its
+    device."""
+    return ("hbm", core[0]) if space == MemorySpace.HBM else core
+
+
 def _core_label(core: CoreId) -> str:
     return f"device {core[0]} core {core[1]}"
 
@@ -56,17 +62,16 @@ class MemoryMap:
         self.num_cores = num_cores
         self.kernel = kernel
         self.params = params
-        # Buffers each core allocated, in program order.
-        self._core_buffers: dict[CoreId, list[BufferRef]] = {}
+        # Buffers in allocation order, per owner (_owner: a core for VMEM/SMEM, a device
+        # for HBM): a remote DMA targets "the buffer the other owner allocated at the
+        # same position".
+        self._allocated: dict[Any, list[BufferRef]] = {}
         self._position: dict[int, int] = {}
         self._shared_hbm: dict[tuple[int, int], BufferRef] = {}
         self._scoped_hbm_exits: dict[int, int] = {}  # buffer key -> cores that left its scope
-        # HBM buffers of each device in allocation order: a remote DMA into HBM targets
-        # "the buffer the other device allocated at the same position".
-        self._device_hbm: dict[int, list[BufferRef]] = {}
         self._hbm_seq: dict[CoreId, int] = {}
-        # Buffers a remote DMA wrote before their owner allocated them, by (owner list
-        # key, position): the owner's allocation at that position adopts the buffer.
+        # Buffers a remote DMA wrote before their owner allocated them, by (owner,
+        # position): the owner's allocation at that position adopts the buffer.
         self._early: dict[tuple[Any, int], BufferRef] = {}
 
     def fill_value(self, dtype: Any) -> Any:
@@ -76,9 +81,8 @@ class MemoryMap:
     def allocate(self, core: CoreId, space: Any, name: str, shape: Any, dtype: Any,
                  value: Any = None, where: Where | None = None) -> BufferRef:
         """A new buffer of ``core`` (HBM: of its device), remembered in allocation order."""
-        owner: Any = ("hbm", core[0]) if space == MemorySpace.HBM else core
-        lst = (self._device_hbm.setdefault(core[0], []) if space == MemorySpace.HBM
-               else self._core_buffers.setdefault(core, []))
+        owner = _owner(space, core)
+        lst = self._allocated.setdefault(owner, [])
         early = self._early.pop((owner, len(lst)), None) if self._early else None
         if early is not None and value is None:
             buf = self._adopt(early, core, name, tuple(shape), np.dtype(dtype), where)
@@ -112,15 +116,10 @@ class MemoryMap:
 
     def peer_buffer(self, buf: BufferRef, target: CoreId) -> BufferRef:
         """The buffer on ``target`` that corresponds to ``buf`` (same allocation position)."""
-        owner: Any
-        if buf.space == MemorySpace.HBM:
-            if target[0] == buf.device:
-                return buf
-            owner = ("hbm", target[0])
-            peers = self._device_hbm.get(target[0], [])
-        else:
-            owner = target
-            peers = self._core_buffers.get(target, [])
+        if buf.space == MemorySpace.HBM and target[0] == buf.device:
+            return buf
+        owner = _owner(buf.space, target)
+        peers = self._allocated.get(owner, [])
         pos = self._position[buf.key]
         if pos < len(peers):
             return peers[pos]
