@@ -181,7 +181,12 @@ def matrix(session: nox.Session, python: str) -> None:
         env = venv_root / name
         shutil.rmtree(env, ignore_errors=True)  # a fresh install each time
         session.run(uv, "venv", "-q", "-p", exe, str(env), external=True)
-        session.run(uv, "pip", "install", "-q", "-p", str(env / "bin" / "python"),
+        # uv caches a --find-links wheel by its file name, as it would a registry's: a
+        # palladium dependency pulled from .nox/dist (e.g. shared-memory under interpret)
+        # would come from an earlier build of the same version in the same folder. So the
+        # four are always read afresh.
+        refresh = [arg for pkg in ALL for arg in ("--refresh-package", f"palladium-{Path(pkg).name}")]
+        session.run(uv, "pip", "install", "-q", "-p", str(env / "bin" / "python"), *refresh,
                     "--find-links", str(DIST), *requirements, *TEST_DEPS, external=True)
         return env
 
