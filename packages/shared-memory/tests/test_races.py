@@ -149,3 +149,54 @@ def test_remote_dma_observed_by_the_receiver_is_ordered():
     sim.run({(0, 0): sender, (1, 0): receiver})
     assert sim.race_detector.reports == []
     np.testing.assert_array_equal(sim.value(dst), np.arange(4))
+
+
+def _dma_loop(sim, core, src, dst, sem, steps):
+    for _ in range(steps):
+        sim.dma_start(src, None, dst, None, core=core, dst_sem=sem)
+        sim.dma_wait(sem, 16, core=core)
+        sim.read(dst, None, core=core)
+
+
+@pytest.mark.parametrize("mode", ["eager", "on_wait"])
+def test_a_waited_dma_gives_its_clock_slot_to_the_next_one(mode):
+    # A DMA's last release carries its final time, so the core that waited on it may give
+    # its slot to the next DMA: the clocks stay at (cores + DMAs in flight) entries instead
+    # of growing by one per DMA (a ring collective's per-DMA cost grew with its length).
+    def slots(steps):
+        sim = Simulation(detect_races=True, dma_execution_mode=mode)
+        src = sim.allocate(HBM, 0, 0, name="x", value=np.arange(4, dtype=np.float32))
+        dst = sim.allocate(VMEM, 0, 0, name="x_vmem", shape=(4,), dtype=np.float32)
+        sem = sim.allocate_semaphores(0, 0, kind=SemaphoreKind.DMA, name="sem")
+        sim.run({(0, 0): lambda: _dma_loop(sim, (0, 0), src, dst, sem, steps)})
+        assert sim.race_detector.reports == []
+        return sim.race_detector.num_slots
+
+    assert slots(50) == slots(1) == 3  # the launch's root, the core, one DMA
+
+
+def test_a_ring_of_remote_dmas_reuses_clock_slots():
+    # Each device waits for its neighbour's DMA, then sends on (the pattern of a ring
+    # all-gather): the receiver saw the DMA's final time, so its DMA takes that slot.
+    n, rounds = 4, 12
+    sim = Simulation(num_devices=n, detect_races=True)
+    src = {d: sim.allocate(HBM, d, 0, name="send", value=np.full(4, d, np.float32))
+           for d in range(n)}
+    dst = {d: sim.allocate(HBM, d, 0, name="recv", shape=(4,), dtype=np.float32)
+           for d in range(n)}
+    sems = {d: sim.allocate_semaphores(d, 0, kind=SemaphoreKind.DMA, name="sem") for d in range(n)}
+    seen = {d: [] for d in range(n)}
+
+    def device(d):
+        for r in range(rounds):
+            if d != 0 or r > 0:
+                sim.dma_wait(sems[d], 16, core=(d, 0))
+                seen[d].append(sim.read(dst[d], None, core=(d, 0))[0])
+            if d != n - 1 or r < rounds - 1:
+                sim.dma_start(src[d], None, dst[(d + 1) % n], None, core=(d, 0),
+                              dst_sem=sems[d], dst_core=((d + 1) % n, 0))
+
+    sim.run({(d, 0): (lambda d=d: device(d)) for d in range(n)})
+    assert seen[1] == [0.0] * rounds and seen[0] == [float(n - 1)] * (rounds - 1)
+    assert sim.race_detector.reports == []
+    assert sim.race_detector.num_slots <= 1 + 2 * n  # the root, n cores, n DMAs in flight

@@ -151,8 +151,11 @@ class Dma:
         if det is not None:
             if plan.index is not None:
                 _report(det.write, self.actor, self.dst, plan, self.dst_mask, self.site)
-            clock = det.release(self.actor)
+            # Finished first, so the release does not tick: the clock it hands to the
+            # receive semaphore holds the DMA's final time, and a core that waited on it
+            # can give the DMA's slot to its next DMA (RaceDetector._reusable_slot).
             det.finish(self.actor)
+            clock = det.release(self.actor)
         self.data = None
         self.state = DmaState.DONE
         if self.queued:
