@@ -25,6 +25,27 @@ def test_dma_slots_recycle_once_the_dma_was_waited_for():
     assert det.reports == []
 
 
+def test_a_dma_finished_before_its_last_release_recycles_through_a_semaphore():
+    # The simulator's order: the DMA finishes, then releases (signals its semaphore) without
+    # a tick, so the waiter's acquire holds the DMA's final time. Finished DMAs nobody
+    # waited for stay around as free slots nobody may reuse; they must not be taken.
+    det = RaceDetector(on_race="collect")
+    det.register_buffer("x", (64,), "x")
+    core = det.new_actor("core 0")
+    for i in range(5):
+        det.finish(det.new_actor(f"unwaited #{i}", parent=core))
+    for i in range(100):
+        dma = det.new_actor(f"DMA #{i}", parent=core)
+        det.write(dma, "x", slice(i % 8 * 8, i % 8 * 8 + 8))
+        det.finish(dma)
+        clock = det.release(dma)
+        assert clock.finished_slot == dma.slot and clock.time(dma.slot) == dma.time
+        det.acquire(core, clock)
+        det.read(core, "x", slice(i % 8 * 8, i % 8 * 8 + 8))
+    assert det.num_slots == 1 + 5 + 1
+    assert det.reports == []
+
+
 def test_a_finished_dma_nobody_waited_for_keeps_its_slot():
     det = RaceDetector(on_race="collect")
     det.register_buffer("x", (4,), "x")

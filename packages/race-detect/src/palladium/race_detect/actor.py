@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from collections import deque
+
 from palladium.race_detect.clock import Clock, VectorClock
+
+_REUSABLE_HINTS = 64
 
 
 class Actor:
@@ -12,13 +16,16 @@ class Actor:
     ``slot`` is the vector-clock slot it occupies (slots of finished actors are reused).
     """
 
-    __slots__ = ("name", "slot", "finished", "_clock")
+    __slots__ = ("name", "slot", "finished", "_clock", "_reusable")
 
     def __init__(self, name: str, slot: int, clock: VectorClock) -> None:
         self.name = name
         self.slot = slot
         self.finished = False
         self._clock = clock
+        # Slots of finished actors whose final time this actor acquired, newest last:
+        # where ``RaceDetector.new_actor`` looks first for a slot to give its child.
+        self._reusable: deque[int] = deque(maxlen=_REUSABLE_HINTS)
 
     def clock(self) -> Clock:
         """A snapshot of the actor's vector clock."""

@@ -13,7 +13,9 @@ clocks).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from itertools import compress, count
+from operator import gt
 
 Entries = tuple[tuple[str, int], ...]
 
@@ -31,6 +33,9 @@ class Clock:
 
     times: tuple[int, ...] = ()
     names: tuple[str, ...] = ()
+    # The slot of the finished actor whose last release this is (-1: any other): whoever
+    # acquires it has that actor's whole past and may give its slot to a new actor.
+    finished_slot: int = field(default=-1, compare=False)
 
     def time(self, slot: int) -> int:
         """The time of ``slot`` (0 if this clock never heard of it)."""
@@ -99,11 +104,16 @@ class VectorClock:
             grow = len(other_times) - len(times)
             times.extend([0] * grow)
             names.extend([""] * grow)
-        for slot, t in enumerate(other_times):
-            if t > times[slot]:
-                times[slot] = t
-                names[slot] = other_names[slot]
-        self._entries = self._snapshot = None
+            self._entries = self._snapshot = None
+        # The slots to update are found in C (map/compress), then visited: an acquire of
+        # a clock that knows little new costs a scan at C speed, not a Python loop.
+        changed = False
+        for slot in compress(count(), map(gt, other_times, times)):
+            times[slot] = other_times[slot]
+            names[slot] = other_names[slot]
+            changed = True
+        if changed:
+            self._entries = self._snapshot = None
 
     def copy(self) -> VectorClock:
         """An independent copy."""

@@ -80,7 +80,14 @@ class RaceDetector:
         # new occupant's start, so such slots stay unused until someone's past has them.
         if parent is None:
             return None
-        candidates = [s for s in self._free if parent._clock.time(s) >= self._final[s]]
+        times, final, free = parent._clock.times, self._final, self._free
+        hints = parent._reusable
+        while hints:  # the slots of the DMAs the parent waited for: O(1), not O(free)
+            slot = hints.pop()
+            if slot in free and times[slot] >= final[slot]:
+                return slot
+        n = len(times)
+        candidates = [s for s in free if s < n and times[s] >= final[s]]
         return min(candidates) if candidates else None
 
     def finish(self, actor: Actor) -> None:
@@ -106,12 +113,16 @@ class RaceDetector:
             if observer is other:
                 return
             observer._clock.join(other._clock)
+            if other.finished:
+                observer._reusable.append(other.slot)
             _tick(other)
 
     def release(self, actor: Actor) -> Clock:
         """A snapshot of ``actor``'s clock for a later ``acquire`` (then ``actor`` ticks)."""
         with self._lock:
             snapshot = actor._clock.snapshot()
+            if actor.finished:
+                return Clock(snapshot.times, snapshot.names, actor.slot)
             _tick(actor)
             return snapshot
 
@@ -119,6 +130,8 @@ class RaceDetector:
         """Everything before the ``release`` that made ``clock`` happens-before ``actor``'s future."""
         with self._lock:
             actor._clock.join(clock)
+            if clock.finished_slot >= 0:
+                actor._reusable.append(clock.finished_slot)
 
     def barrier(self, actors: Sequence[Actor]) -> None:
         """All of ``actors`` join each other."""
