@@ -56,3 +56,27 @@ def racy_call(interpret):
         in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
         scratch_shapes=[pltpu.VMEM((8, 128), jnp.float32), pltpu.SemaphoreType.DMA],
         interpret=interpret)
+
+
+def core_map_call(kernel, params, num_cores=2):
+    """``jit(f)``: ``f(x)`` runs ``kernel(x_ref, o_ref)`` on every core of a
+    ``num_cores`` TensorCore mesh (``pl.core_map`` inside ``pl.run_state``, both refs in
+    HBM, ``o`` starting as zeros) and returns ``o``. The kernel reads its core from
+    ``jax.lax.axis_index("core")``; errors name it by its ``__name__``."""
+    mesh = pltpu.create_tensorcore_mesh("core", num_cores=num_cores)
+
+    @jax.jit
+    def f(x):
+        def body(refs):
+            x_ref, o_ref = refs
+
+            def per_core():
+                kernel(x_ref, o_ref)
+
+            per_core.__name__ = kernel.__name__  # what errors call the kernel
+            pl.core_map(mesh, interpret=params)(per_core)
+
+        _, out = pl.run_state(body)((x, jnp.zeros_like(x)))
+        return out
+
+    return f

@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _launch_harness import core_map_call
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
@@ -25,19 +26,8 @@ def _copy(x_ref, flag, send, recv):
 
 
 def _run(kernel, params, x):
-    mesh = pltpu.create_tensorcore_mesh("core", num_cores=2)
-
-    @jax.jit
-    def f(x):
-        def body(refs):
-            x_ref, o_ref = refs
-            pl.core_map(mesh, interpret=params)(lambda: kernel(x_ref, o_ref))
-
-        _, out = pl.run_state(body)((x, jnp.zeros_like(x)))
-        return out
-
     with errors_as_raised():
-        return np.asarray(f(x))
+        return np.asarray(core_map_call(kernel, params)(x))
 
 
 def _send_into_peer_scope(x_ref, o_ref):

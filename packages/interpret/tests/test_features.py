@@ -4,6 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _launch_harness import core_map_call
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
@@ -399,27 +400,19 @@ def test_grid_order_is_reproducible_from_seed():
 
 @pytest.mark.parametrize("num_cores", [1, 2, 4])
 def test_core_map_over_tensorcore_mesh(num_cores):
-    mesh = pltpu.create_tensorcore_mesh("core", num_cores=num_cores)
     x = _iota((num_cores * 8, 128))
 
-    @jax.jit
-    def f(x):
-        def body(refs):
-            x_ref, o_ref = refs
+    def kernel(x_ref, o_ref):
+        c = jax.lax.axis_index("core")
 
-            @pl.core_map(mesh, interpret=InterpretParams())
-            def _():
-                c = jax.lax.axis_index("core")
+        def scoped(buf, sem):
+            pltpu.async_copy(x_ref.at[pl.ds(c * 8, 8)], buf, sem).wait()
+            buf[...] = buf[...] * 2 + c.astype(jnp.float32)
+            pltpu.async_copy(buf, o_ref.at[pl.ds(c * 8, 8)], sem).wait()
 
-                def scoped(buf, sem):
-                    pltpu.async_copy(x_ref.at[pl.ds(c * 8, 8)], buf, sem).wait()
-                    buf[...] = buf[...] * 2 + c.astype(jnp.float32)
-                    pltpu.async_copy(buf, o_ref.at[pl.ds(c * 8, 8)], sem).wait()
+        pl.run_scoped(scoped, pltpu.VMEM((8, 128), jnp.float32), pltpu.SemaphoreType.DMA)
 
-                pl.run_scoped(scoped, pltpu.VMEM((8, 128), jnp.float32), pltpu.SemaphoreType.DMA)
-
-        _, out = pl.run_state(body)((x, jnp.zeros_like(x)))
-        return out
+    f = core_map_call(kernel, InterpretParams(), num_cores)
 
     out = f(x)
     expected = x * 2 + np.repeat(np.arange(num_cores, dtype=np.float32), 8)[:, None]
@@ -427,42 +420,34 @@ def test_core_map_over_tensorcore_mesh(num_cores):
 
 
 def test_core_map_remote_signal_between_cores():
-    mesh = pltpu.create_tensorcore_mesh("core", num_cores=2)
     x = _iota((16, 128))
 
-    @jax.jit
-    def f(x):
-        def body(refs):
-            x_ref, o_ref = refs
+    def kernel(x_ref, o_ref):
+        c = jax.lax.axis_index("core")
 
-            @pl.core_map(mesh, interpret=InterpretParams(detect_races=True))
+        def scoped(buf, sem, flag):
+            # core 0 writes row block 0, then tells core 1, which then reads it
+            @pl.when(c == 0)
             def _():
-                c = jax.lax.axis_index("core")
+                pltpu.async_copy(x_ref.at[pl.ds(0, 8)], buf, sem).wait()
+                pltpu.async_copy(buf, o_ref.at[pl.ds(0, 8)], sem).wait()
+                pl.semaphore_signal(flag, 1, core_index=1)
 
-                def scoped(buf, sem, flag):
-                    # core 0 writes row block 0, then tells core 1, which then reads it
-                    @pl.when(c == 0)
-                    def _():
-                        pltpu.async_copy(x_ref.at[pl.ds(0, 8)], buf, sem).wait()
-                        pltpu.async_copy(buf, o_ref.at[pl.ds(0, 8)], sem).wait()
-                        pl.semaphore_signal(flag, 1, core_index=1)
+            @pl.when(c == 1)
+            def _():
+                pl.semaphore_wait(flag, 1)
+                pltpu.async_copy(o_ref.at[pl.ds(0, 8)], buf, sem).wait()
+                buf[...] = buf[...] + 100
+                pltpu.async_copy(buf, o_ref.at[pl.ds(8, 8)], sem).wait()
 
-                    @pl.when(c == 1)
-                    def _():
-                        pl.semaphore_wait(flag, 1)
-                        pltpu.async_copy(o_ref.at[pl.ds(0, 8)], buf, sem).wait()
-                        buf[...] = buf[...] + 100
-                        pltpu.async_copy(buf, o_ref.at[pl.ds(8, 8)], sem).wait()
+        pl.run_scoped(
+            scoped,
+            pltpu.VMEM((8, 128), jnp.float32),
+            pltpu.SemaphoreType.DMA,
+            pltpu.SemaphoreType.REGULAR,
+        )
 
-                pl.run_scoped(
-                    scoped,
-                    pltpu.VMEM((8, 128), jnp.float32),
-                    pltpu.SemaphoreType.DMA,
-                    pltpu.SemaphoreType.REGULAR,
-                )
-
-        _, out = pl.run_state(body)((x, jnp.zeros_like(x)))
-        return out
+    f = core_map_call(kernel, InterpretParams(detect_races=True))
 
     np.testing.assert_array_equal(f(x), np.concatenate([x[:8], x[:8] + 100]))
 
@@ -550,50 +535,42 @@ def test_logging_mode_logs_launch_and_grid(caplog):
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_spin_wait_with_delay_sees_the_other_cores_signal(seed):
-    mesh = pltpu.create_tensorcore_mesh("core", num_cores=2)
     x = _iota((8, 128))
 
     def run(params):
-        @jax.jit
-        def f(x):
-            def body(refs):
-                x_ref, o_ref = refs
+        def kernel(x_ref, o_ref):
+            c = jax.lax.axis_index("core")
 
-                @pl.core_map(mesh, interpret=params)
+            def scoped(buf, sem, flag):
+                @pl.when(c == 0)
                 def _():
-                    c = jax.lax.axis_index("core")
+                    pltpu.async_copy(x_ref, buf, sem).wait()
+                    buf[...] = buf[...] * 3
+                    pltpu.async_copy(buf, o_ref, sem).wait()
+                    pl.semaphore_signal(flag, 1, core_index=1)
 
-                    def scoped(buf, sem, flag):
-                        @pl.when(c == 0)
-                        def _():
-                            pltpu.async_copy(x_ref, buf, sem).wait()
-                            buf[...] = buf[...] * 3
-                            pltpu.async_copy(buf, o_ref, sem).wait()
-                            pl.semaphore_signal(flag, 1, core_index=1)
+                @pl.when(c == 1)
+                def _():
+                    def spin(n):
+                        pl.delay(100)
+                        return n + 1
 
-                        @pl.when(c == 1)
-                        def _():
-                            def spin(n):
-                                pl.delay(100)
-                                return n + 1
-
-                            jax.lax.while_loop(
-                                lambda n: pltpu.semaphore_read(flag) == 0, spin, 0
-                            )
-                            pl.semaphore_wait(flag, 1)
-                            pltpu.async_copy(o_ref, buf, sem).wait()
-                            buf[...] = buf[...] + 1
-                            pltpu.async_copy(buf, o_ref, sem).wait()
-
-                    pl.run_scoped(
-                        scoped,
-                        pltpu.VMEM((8, 128), jnp.float32),
-                        pltpu.SemaphoreType.DMA,
-                        pltpu.SemaphoreType.REGULAR,
+                    jax.lax.while_loop(
+                        lambda n: pltpu.semaphore_read(flag) == 0, spin, 0
                     )
+                    pl.semaphore_wait(flag, 1)
+                    pltpu.async_copy(o_ref, buf, sem).wait()
+                    buf[...] = buf[...] + 1
+                    pltpu.async_copy(buf, o_ref, sem).wait()
 
-            _, out = pl.run_state(body)((x, jnp.zeros_like(x)))
-            return out
+            pl.run_scoped(
+                scoped,
+                pltpu.VMEM((8, 128), jnp.float32),
+                pltpu.SemaphoreType.DMA,
+                pltpu.SemaphoreType.REGULAR,
+            )
+
+        f = core_map_call(kernel, params)
 
         return np.asarray(f(x))
 

@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _launch_harness import core_map_call
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 from jax.sharding import NamedSharding
@@ -72,36 +73,28 @@ def test_polling_sees_a_dma_nobody_waits_for(poll, seed, dma_order):
 def _spin_and_wait(params, *, delay):
     """core 0 loops forever (with or without pl.delay), core 1 waits on a semaphore
     nobody signals."""
-    mesh = pltpu.create_tensorcore_mesh("core", num_cores=2)
 
-    @jax.jit
-    def f(x):
-        def body(refs):
-            x_ref, o_ref = refs
+    def kernel(x_ref, o_ref):
+        c = jax.lax.axis_index("core")
 
-            @pl.core_map(mesh, interpret=params)
+        def scoped(sem, count):
+            @pl.when(c == 0)
             def _():
-                c = jax.lax.axis_index("core")
+                def spin(n):
+                    if delay:
+                        pl.delay(10)  # delay line
+                    return n + 1
 
-                def scoped(sem, count):
-                    @pl.when(c == 0)
-                    def _():
-                        def spin(n):
-                            if delay:
-                                pl.delay(10)  # delay line
-                            return n + 1
+                count[0] = jax.lax.while_loop(lambda n: n >= 0, spin, 0)  # spin line
 
-                        count[0] = jax.lax.while_loop(lambda n: n >= 0, spin, 0)  # spin line
+            @pl.when(c == 1)
+            def _():
+                pl.semaphore_wait(sem, 1)  # wait line
+                o_ref[...] = x_ref[...]
 
-                    @pl.when(c == 1)
-                    def _():
-                        pl.semaphore_wait(sem, 1)  # wait line
-                        o_ref[...] = x_ref[...]
+        pl.run_scoped(scoped, pltpu.SemaphoreType.REGULAR, pltpu.SMEM((1,), jnp.int32))
 
-                pl.run_scoped(scoped, pltpu.SemaphoreType.REGULAR, pltpu.SMEM((1,), jnp.int32))
-
-        _, out = pl.run_state(body)((x, jnp.zeros_like(x)))
-        return out
+    f = core_map_call(kernel, params)
 
     return f(jnp.ones((8, 128), jnp.float32))
 
@@ -124,10 +117,10 @@ def test_watchdog_reports_a_looping_core_and_a_blocked_one(delay):
     # The loop's line, or (whichever the watchdog fired at) the pl.delay's inside it.
     lines = [_line_of("# spin line")] + ([_line_of("# delay line")] if delay else [])
     wait = _line_of("# wait line")
-    assert "device 0 core 0 is looping at kernel '_'" in text
+    assert "device 0 core 0 is looping at kernel 'kernel'" in text
     assert any(f"(test_scheduling_points.py:{line})" in text for line in lines)
     assert ("device 0 core 1 is blocked: waits on semaphore 'sem' (id 1) for 1, count 0 at "
-            "kernel '_'") in text
+            "kernel 'kernel'") in text
     assert f"(test_scheduling_points.py:{wait})" in text
     assert "InterpretParams(watchdog_timeout=...)" in text
 

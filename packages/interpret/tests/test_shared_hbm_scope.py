@@ -5,6 +5,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _launch_harness import core_map_call
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
@@ -14,46 +15,36 @@ from palladium.interpret import InterpretParams
 def _handoff(first, mode, space, seed=0):
     """Core ``first`` copies x into the scoped HBM buffer and leaves the scope, then signals
     the other core, which only then copies the buffer into the output."""
-    mesh = pltpu.create_tensorcore_mesh("core", num_cores=2)
     second = 1 - first
     params = InterpretParams(detect_races=True, allow_hbm_allocation_in_run_scoped=True,
                              dma_execution_mode=mode, random_seed=seed)
 
-    @jax.jit
-    def f(x):
-        def body(refs):
-            x_ref, o_ref = refs
+    def kernel(x_ref, o_ref):
+        c = jax.lax.axis_index("core")
 
-            @pl.core_map(mesh, interpret=params)
+        def with_flag(flag):
+            @pl.when(c == second)
             def _():
-                c = jax.lax.axis_index("core")
+                pl.semaphore_wait(flag, 1)
 
-                def with_flag(flag):
-                    @pl.when(c == second)
-                    def _():
-                        pl.semaphore_wait(flag, 1)
+            def scoped(shared):
+                @pl.when(c == first)
+                def _():
+                    pltpu.sync_copy(x_ref, shared)
 
-                    def scoped(shared):
-                        @pl.when(c == first)
-                        def _():
-                            pltpu.sync_copy(x_ref, shared)
+                @pl.when(c == second)
+                def _():
+                    pltpu.sync_copy(shared, o_ref)
 
-                        @pl.when(c == second)
-                        def _():
-                            pltpu.sync_copy(shared, o_ref)
+            pl.run_scoped(scoped, space(x_ref.shape, x_ref.dtype))
 
-                    pl.run_scoped(scoped, space(x_ref.shape, x_ref.dtype))
+            @pl.when(c == first)
+            def _():
+                pl.semaphore_signal(flag, 1, core_index=second)
 
-                    @pl.when(c == first)
-                    def _():
-                        pl.semaphore_signal(flag, 1, core_index=second)
+        pl.run_scoped(with_flag, pltpu.SemaphoreType.REGULAR)
 
-                pl.run_scoped(with_flag, pltpu.SemaphoreType.REGULAR)
-
-        _, out = pl.run_state(body)((x, jnp.zeros_like(x)))
-        return out
-
-    return f
+    return core_map_call(kernel, params)
 
 
 @pytest.mark.timeout(60)
