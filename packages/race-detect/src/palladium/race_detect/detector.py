@@ -118,7 +118,10 @@ class RaceDetector:
             _tick(other)
 
     def release(self, actor: Actor) -> Clock:
-        """A snapshot of ``actor``'s clock for a later ``acquire`` (then ``actor`` ticks)."""
+        """A snapshot of ``actor``'s clock for a later ``acquire`` (then ``actor`` ticks).
+
+        A finished actor does not tick: its snapshot holds its final time and names its
+        slot (``Clock.finished_slot``), which the acquirer may then reuse."""
         with self._lock:
             snapshot = actor._clock.snapshot()
             if actor.finished:
