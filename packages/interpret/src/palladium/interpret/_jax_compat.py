@@ -7,6 +7,8 @@ jax upgrade a one-file change. Nothing here is jax's own TPU interpreter.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import inspect
 from collections.abc import Callable, Sequence
@@ -345,13 +347,47 @@ def mosaic_lower(ctx: Any, grid_mapping: Any, jaxpr: Any, compiler_params: Any, 
     ctx = ctx.replace(module_context=module_context)
     kwargs = {"fuse_transposed_lhs_in_matmul": fuse} if "fuse_transposed_lhs_in_matmul" in (
         inspect.signature(mosaic_lowering.lower_jaxpr_to_pipelined_module).parameters) else {}
-    with mesh_lib.use_abstract_mesh(tpu_mesh), mlir_ctx, ir.Location.unknown(mlir_ctx):
+    with (simulated_tpu(device_kind, num_cores), mesh_lib.use_abstract_mesh(tpu_mesh),
+          mlir_ctx, ir.Location.unknown(mlir_ctx)):
         module = mosaic_lowering.lower_jaxpr_to_pipelined_module(
             ctx, grid_mapping, jaxpr, dimension_semantics=semantics,
             kernel_type=mosaic_core.CoreType.TC, mesh=jax_mesh, **kwargs)
         if not module.operation.verify():
             raise ValueError(f"Mosaic module failed verification:\n{module}")
     return module
+
+
+# Mosaic's lowering rules that ask ``tpu_info.get_tpu_info()`` for "the current TPU" (the
+# rule of ``sign``, of ``iota``'s layout...) look at the default device, as jax enters each
+# equation's own trace context (and its abstract mesh, usually empty) while lowering it.
+# On a CPU that device is the CPU ("Unsupported TPU device kind: cpu"). Within
+# ``simulated_tpu`` they get the simulated chip's facts instead; elsewhere jax's own
+# function answers, and its cache is never filled with a simulated chip's facts.
+_SIMULATED_TPU: contextvars.ContextVar[tuple[str, int] | None] = contextvars.ContextVar(
+    "palladium_simulated_tpu", default=None)
+_JAX_GET_TPU_INFO = tpu_info.get_tpu_info
+
+
+def _get_tpu_info() -> Any:
+    simulated = _SIMULATED_TPU.get()
+    if simulated is None:
+        return _JAX_GET_TPU_INFO()
+    kind, num_cores = simulated
+    version = tpu_info.chip_version_from_device_kind(kind)
+    return tpu_info.get_tpu_info_for_chip(version, num_cores)
+
+
+@contextlib.contextmanager
+def simulated_tpu(device_kind: str, num_cores: int) -> Any:
+    """Within this context jax's ``tpu_info.get_tpu_info()`` describes the TPU of
+    ``device_kind`` (this thread and task only)."""
+    if tpu_info.get_tpu_info is not _get_tpu_info:
+        tpu_info.get_tpu_info = _get_tpu_info
+    token = _SIMULATED_TPU.set((device_kind, max(num_cores, 1)))
+    try:
+        yield
+    finally:
+        _SIMULATED_TPU.reset(token)
 
 
 def mosaic_failing_equations(exc: BaseException | None) -> list:

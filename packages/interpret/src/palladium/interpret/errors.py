@@ -37,6 +37,7 @@ __all__ = [
     "RevisitError",
     "SemaphoreLeakError",
     "SimulationError",
+    "TpuCompilerError",
     "TpuLoweringError",
     "TpuLoweringWarning",
     "TpuResourceError",
@@ -135,17 +136,25 @@ def jax_revisit_phrase(block: tuple[int, ...], output: int, point: tuple[int, ..
 class TpuResourceError(KernelError):
     """The kernel needs more VMEM or SMEM per core than the TPU it simulates gives it.
 
-    Checked before the kernel runs, from what the compiled kernel certainly holds (see
+    Said by the TPU compiler itself when libtpu is installed (its numbers, whole), else
+    checked before the kernel runs from what the compiled kernel certainly holds (see
     ``palladium.interpret.fidelity.memory_budget``); a TPU fails to compile such a kernel
     ("Ran out of memory in memory space vmem").
     """
 
 
 class TpuLoweringError(KernelError):
-    """jax's Mosaic lowering (the TPU compiler's front end) rejects the kernel.
+    """The TPU compiler (libtpu's Mosaic passes, when installed) or jax's Mosaic lowering
+    (its front end, always) rejects the kernel.
 
     The message keeps Mosaic's own whole and names the kernel line it was lowering.
     """
+
+
+class TpuCompilerError(KernelError):
+    """The TPU compiler (libtpu, ``InterpretParams(compile_check=...)``) rejects the
+    kernel for a reason that is neither a resource nor a lowering failure; the message
+    keeps the compiler's whole."""
 
 
 class TpuLoweringWarning(UserWarning):

@@ -172,11 +172,17 @@ def _pallas_call_lowering(ctx: Any, *in_nodes: Any, interpret: Any, **params: An
     check_prepared_kernel(kernel, interpret)
     if interpret.chip is None:  # the abstract mesh of the tracing context decides
         interpret = dataclasses.replace(interpret, chip=resolve_chip(None))
-    check_kernel(kernel, interpret, ctx)
+    mesh_axes = {k: v for k, v in jc.axis_sizes().items() if k not in kernel.core_axis_names}
+
+    def bind_for_tpu(*args: Any) -> Any:
+        return jc.PALLAS_CALL_P.bind(*args, interpret=False, **params)
+
+    bind_for_tpu.__name__ = bind_for_tpu.__qualname__ = kernel.name  # the compiler's op_name
+
+    check_kernel(kernel, interpret, ctx, bind=bind_for_tpu, avals_in=ctx.avals_in,
+                 mesh_axes=mesh_axes)
     out_shapes = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in ctx.avals_out]
-    mesh = DeviceMesh.from_axis_env(
-        {k: v for k, v in jc.axis_sizes().items() if k not in kernel.core_axis_names}
-    )
+    mesh = DeviceMesh.from_axis_env(mesh_axes)
     site = _LaunchSite(kernel, interpret, mesh)
 
     def impl(*args: Any) -> Any:

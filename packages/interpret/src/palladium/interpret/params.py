@@ -6,7 +6,7 @@ import dataclasses
 import enum
 import inspect
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -24,6 +24,10 @@ from palladium.shared_memory.options import (
     check_choice,
     check_on_race,
 )
+
+#: ``InterpretParams.compile_check``: who says whether a kernel compiles and fits.
+CompileCheck = Literal["auto", "compiler", "approximate", "off"]
+COMPILE_CHECKS: tuple[str, ...] = ("auto", "compiler", "approximate", "off")
 
 
 class LoggingMode(enum.Flag):
@@ -126,6 +130,14 @@ class InterpretParams:
         (``pltpu.CompilerParams(vmem_limit_bytes=...)`` or XLA's default scoped limit;
         see ``palladium.interpret.fidelity.memory_budget``). The numbers are counted
         either way (``LaunchInfo.memory``, ``LoggingMode.LAUNCH``).
+      compile_check: who decides whether the kernel compiles and fits on ``chip``
+        (``palladium.interpret.fidelity.checks``): ``"auto"`` (default) the TPU compiler
+        itself when libtpu is installed (``pip install 'palladium-interpret[compiler]'``)
+        and can compile for ``chip``, else palladium's approximation (jax's Mosaic
+        lowering and the VMEM/SMEM count above); ``"compiler"`` the TPU compiler or a
+        ``ConfigError`` saying how to install it; ``"approximate"`` the approximation
+        only; ``"off"`` no check. ``check_lowering=False`` / ``check_memory=False`` turn
+        off their half of either checker.
     """
 
     detect_races: bool = False
@@ -148,6 +160,7 @@ class InterpretParams:
     watchdog_timeout: float | None = 300.0
     check_lowering: bool = True
     check_memory: bool = True
+    compile_check: CompileCheck = "auto"
 
     def __post_init__(self) -> None:
         for field in _BOOLS:
@@ -201,6 +214,11 @@ class InterpretParams:
             raise ConfigError(
                 "InterpretParams.rendezvous_timeout must be a number of seconds > 0, got "
                 f"{self.rendezvous_timeout!r}."
+            )
+        if self.compile_check not in COMPILE_CHECKS:
+            raise ConfigError(
+                f"InterpretParams.compile_check must be one of {COMPILE_CHECKS}, got "
+                f"{self.compile_check!r}."
             )
         if self.chip is not None and self.chip not in CHIPS:
             raise ConfigError(f"InterpretParams.chip must be one of {CHIPS}, got {self.chip!r}.")

@@ -36,7 +36,8 @@ from palladium.interpret.errors import TpuLoweringError, TpuLoweringWarning
 from palladium.interpret.eval.registry import RULES
 from palladium.interpret.kernel import PreparedKernel
 
-__all__ = ["check_lowering", "device_kind"]
+__all__ = ["check_lowering", "device_kind", "kernel_line", "not_the_kernels_fault",
+           "unknown_everywhere"]
 
 # Mosaic's own block-shape checks run before any equation is lowered; a failure there is
 # the kernel's (its BlockSpecs), although no kernel equation is on the stack.
@@ -70,11 +71,10 @@ def _report(kernel: PreparedKernel, chip: str, exc: Exception) -> None:
     where = f"kernel '{kernel.name}'"
     if kernel.launch_location:
         where += f" (pallas_call at {kernel.launch_location})"
-    eqns = jc.mosaic_failing_equations(exc)
-    if eqns and _unknown_everywhere(eqns[-1].primitive):
+    if unknown_everywhere(exc):
         return  # the interpreter's UnsupportedPrimitiveError says it better
-    line, primitive = _kernel_line(kernel, exc)
-    not_ours = _not_the_kernels_fault(kernel, exc)
+    line, primitive = kernel_line(kernel, exc)
+    not_ours = not_the_kernels_fault(kernel, exc)
     if not_ours is None and (line is not None or str(exc).startswith(_BLOCK_CHECKS)):
         at = f" at {line} ({primitive})" if line else _operand(kernel, message)
         raise TpuLoweringError(
@@ -115,7 +115,7 @@ def _mosaic_message(exc: BaseException) -> str:
     return text
 
 
-def _kernel_line(kernel: PreparedKernel, exc: BaseException) -> tuple[str | None, str | None]:
+def kernel_line(kernel: PreparedKernel, exc: BaseException) -> tuple[str | None, str | None]:
     """``file.py:line`` of the innermost kernel equation Mosaic was lowering that has a
     user source line, and the primitive Mosaic failed on (the innermost equation's: the
     line may belong to an enclosing one, e.g. the ``jit`` of ``jnp.cumsum``)."""
@@ -128,13 +128,18 @@ def _kernel_line(kernel: PreparedKernel, exc: BaseException) -> tuple[str | None
     return None, None
 
 
-def _unknown_everywhere(primitive: Any) -> bool:
-    """A primitive neither palladium nor jax can evaluate on CPU (nor Mosaic lower)."""
+def unknown_everywhere(exc: BaseException) -> bool:
+    """Mosaic failed on a primitive neither palladium nor jax can evaluate on CPU (nor
+    Mosaic lower)."""
+    eqns = jc.mosaic_failing_equations(exc)
+    if not eqns:
+        return False
+    primitive = eqns[-1].primitive
     return (primitive not in RULES and RULES.compiler(primitive) is None
             and not jc.has_cpu_lowering(primitive))
 
 
-def _not_the_kernels_fault(kernel: PreparedKernel, exc: BaseException) -> str | None:
+def not_the_kernels_fault(kernel: PreparedKernel, exc: BaseException) -> str | None:
     """Why a Mosaic failure is a limit of jax's lowering rather than the kernel's, or None."""
     for start, reason in _JAX_LIMITS.items():
         if str(exc).startswith(start):

@@ -106,13 +106,24 @@ class MemoryUse:
     vmem: SpaceUse
     smem: SpaceUse
     intermediates_peak_bytes: int
+    #: Who decided whether the kernel compiles and fits: the TPU compiler
+    #: ("libtpu 0.0.42.1 (jax 0.10.2)") or "approximation".
+    checker: str = "approximation"
+    #: The scoped VMEM the TPU compiler allocated for the kernel (its own figure, which
+    #: includes Mosaic's internal scratch and may leave out buffers it proved dead), when
+    #: the compiler accepted it.
+    compiler_vmem_bytes: int | None = None
 
     def summary(self) -> str:
         """``VMEM 6.00 MiB of 16.00 MiB, SMEM 8 bytes of 1.00 MiB per core (v5e)``."""
-        return (f"VMEM {_mib(self.vmem.peak_bytes)} of {_mib(self.vmem.limit_bytes)}, "
+        text = (f"VMEM {_mib(self.vmem.peak_bytes)} of {_mib(self.vmem.limit_bytes)}, "
                 f"SMEM {_mib(self.smem.peak_bytes)} of {_mib(self.smem.limit_bytes)} per "
                 f"core ({self.chip}); intermediates up to "
                 f"{_mib(self.intermediates_peak_bytes)}")
+        if self.compiler_vmem_bytes is not None:
+            text += (f"; the TPU compiler ({self.checker}) allocates "
+                     f"{_mib(self.compiler_vmem_bytes)} of scoped VMEM")
+        return text
 
 
 def measure(kernel: PreparedKernel, chip: str) -> MemoryUse:

@@ -166,6 +166,10 @@ class LaunchRecord:
             "  top primitives      "
             + (", ".join(f"{name} {_us(t)}" for name, t in self.top_primitives()) or "none"),
         ]
+        memory = self.info.memory
+        if getattr(memory, "compiler_vmem_bytes", None) is not None:
+            lines.insert(-1, f"  compiler's VMEM     {_mib(memory.compiler_vmem_bytes)} "
+                             f"(scoped, {memory.checker})")
         return "\n".join(lines)
 
     def __repr__(self) -> str:
@@ -182,4 +186,5 @@ class LaunchRecord:
             "overhead_seconds": self.overhead_seconds, "flops": self.flops,
             "dma_bytes": self.dma_bytes, "mxu_utilisation": self.mxu_utilisation,
             "vmem_peak_bytes": self.vmem_peak_bytes,
+            "compiler_vmem_bytes": getattr(self.info.memory, "compiler_vmem_bytes", None),
         }

@@ -1,0 +1,348 @@
+"""The TPU compiler's own verdict on a kernel, on a CPU: libtpu compiles it for a TPU
+topology of the simulated chip (no TPU needed), exactly as ``jax.jit`` would on a TPU.
+
+``pip install 'palladium-interpret[compiler]'`` installs the libtpu that the installed
+jax pins (``jax[tpu]``: jax 0.10.2 -> libtpu 0.0.42.*, 0.10.0 -> 0.0.40.*). With it, a
+``pallas_call`` (or ``core_map``, or a ``shard_map``-ped multi-device kernel, compiled over
+a mesh of the topology's devices of the launch's mesh shape) is bound again with
+``interpret=False`` and compiled by ``jax.jit(...).trace(...).lower(lowering_platforms=
+("tpu",)).compile()`` with a topology device as jax's default device.
+
+A verdict is cached in memory and on disk (``$PALLADIUM_CACHE_DIR``, else
+``$XDG_CACHE_HOME/palladium`` or ``~/.cache/palladium``; one small JSON file per kernel),
+keyed by the lowered TPU module's text with its source locations, the chip, the topology
+and the versions of libtpu, jax and jaxlib: another libtpu or jax, or a kernel moved to
+other lines, misses.
+
+What the compiler knows on acceptance is kept: the scoped VMEM the kernel uses (from the
+compiled ``tpu_custom_call``'s ``used_scoped_memory_configs``).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import dataclasses
+import functools
+import hashlib
+import importlib.metadata
+import importlib.util
+import json
+import os
+import re
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+
+from palladium.interpret._version import __version__ as palladium_version
+
+__all__ = [
+    "INSTALL_COMMAND",
+    "Verdict",
+    "can_compile_for",
+    "compilable_chips",
+    "compile_verdict",
+    "compiler_version",
+    "topology_name",
+]
+
+INSTALL_COMMAND = "pip install 'palladium-interpret[compiler]'"
+
+#: palladium's chip name -> the topology family libtpu knows it by, and whether its
+#: topologies are 3-D. Chips absent here (v4i, v7, TPU8i) are not compiled for by the
+#: libtpu jax 0.10.x pins ("Invalid TPU external name"): their verdict is the
+#: approximation's.
+_TOPOLOGY_FAMILY: dict[str, tuple[str, bool]] = {
+    "v2": ("v2", False), "v3": ("v3", False), "v5e": ("v5e", False), "v6e": ("v6e", False),
+    "v4": ("v4", True), "v5p": ("v5p", True), "v7x": ("tpu7x", True),
+}
+_SHAPES_2D = ("2x2", "2x4", "4x4", "4x8", "8x8", "8x16", "16x16")
+_SHAPES_3D = ("2x2x1", "2x2x2", "2x2x4", "2x4x4", "4x4x4", "4x4x8", "4x8x8", "8x8x8")
+
+# Resource failures (the compiler's codes and words for "does not fit").
+_RESOURCE = re.compile(r"E1001|[Rr]an out of memory|would exceed memory|exceeds? the "
+                       r"(?:scoped )?(?:vmem|smem|memory) limit|RESOURCE_EXHAUSTED")
+_LOCATION = re.compile(r'"([^"]+\.py)":(\d+):\d+')
+
+
+@functools.cache
+def compiler_version() -> str | None:
+    """The installed libtpu's version, or None when there is none (or this jax cannot
+    compile for a topology without devices)."""
+    if importlib.util.find_spec("libtpu") is None:
+        return None
+    try:
+        from jax.experimental import topologies  # noqa: F401
+    except ImportError:
+        return None
+    try:
+        return importlib.metadata.version("libtpu")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def checker_name() -> str:
+    """How reports name the compiler: ``libtpu 0.0.42.1 (jax 0.10.2)``."""
+    return f"libtpu {compiler_version()} (jax {jax.__version__})"
+
+
+def can_compile_for(chip: str) -> bool:
+    """Whether the installed libtpu compiles for ``chip``."""
+    return compiler_version() is not None and chip in _TOPOLOGY_FAMILY
+
+
+def compilable_chips() -> list[str]:
+    """The chips the installed libtpu compiles for (none without libtpu)."""
+    return list(_TOPOLOGY_FAMILY) if compiler_version() is not None else []
+
+
+def topology_name(chip: str, num_devices: int) -> str:
+    """The smallest topology of ``chip`` with at least ``num_devices`` devices."""
+    family, three_d = _TOPOLOGY_FAMILY[chip]
+    for shape in (_SHAPES_3D if three_d else _SHAPES_2D):
+        name = f"{family}:{shape}"
+        if len(_topology(name).devices) >= num_devices:
+            return name
+    raise ValueError(f"no {chip} topology has {num_devices} devices")
+
+
+@contextlib.contextmanager
+def _quiet_stderr() -> Iterator[None]:
+    """libtpu writes warnings about the missing TPU host straight to file descriptor 2
+    when it starts; they do not reach the user."""
+    try:
+        saved = os.dup(2)
+    except OSError:
+        yield
+        return
+    with tempfile.TemporaryFile() as sink:
+        os.dup2(sink.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+
+
+_TOPOLOGY_LOCK = threading.Lock()
+
+
+@functools.cache
+def _topology(name: str) -> Any:
+    from jax.experimental import topologies
+
+    # Several processes (pytest-xdist workers) may load libtpu at once on a CPU box.
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    with _TOPOLOGY_LOCK, _quiet_stderr():
+        return topologies.get_topology_desc(platform="tpu", topology_name=name)
+
+
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+    """What the TPU compiler said of one kernel.
+
+    ``kind``: "accepted", "resource" (does not fit: VMEM/SMEM), "lowering" (Mosaic or
+    jax's TPU lowering rejects it) or "other". ``message`` is the compiler's, whole.
+    ``error`` is the exception of a failure raised while lowering (not cached), for the
+    kernel line it was lowering. ``vmem_bytes``: the scoped VMEM the compiled kernel
+    uses. ``source``: "compiled", "memory" or "disk" (where the verdict came from).
+    """
+
+    kind: str
+    message: str
+    checker: str
+    topology: str
+    seconds: float
+    vmem_bytes: int | None = None
+    source: str = "compiled"
+    error: BaseException | None = None
+
+    @property
+    def accepted(self) -> bool:
+        return self.kind == "accepted"
+
+    @property
+    def location(self) -> str | None:
+        """``file.py:line`` of the kernel line the compiler's MLIR location names."""
+        found = _LOCATION.search(self.message.split("at location:", 1)[-1])
+        return f"{os.path.basename(found.group(1))}:{found.group(2)}" if found else None
+
+
+# Bumped whenever what a cached verdict holds, or how its message is made, changes.
+_FORMAT = 1
+
+_MEMORY: dict[str, Verdict] = {}
+_MEMORY_LOCK = threading.Lock()
+
+
+def cache_dir() -> Path:
+    """Where verdicts are kept across processes."""
+    root = os.environ.get("PALLADIUM_CACHE_DIR")
+    if root:
+        return Path(root) / "tpu-compiler"
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "palladium" / "tpu-compiler"
+
+
+def clear_memory_cache() -> None:
+    """Forget the verdicts kept in this process (the disk cache stays)."""
+    with _MEMORY_LOCK:
+        _MEMORY.clear()
+
+
+_WORKER = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="palladium-tpu-compiler")
+
+
+def compile_verdict(bind: Callable[..., Any], avals_in: Sequence[Any], *, chip: str,
+                    mesh_axes: dict[str, int], use_disk: bool = True) -> Verdict:
+    """Compile ``bind`` (the kernel's primitive bound with ``interpret=False``) for
+    ``chip`` with operands ``avals_in`` (per device), over a mesh of ``mesh_axes`` when
+    there is one; return the compiler's verdict.
+
+    It is traced, lowered and compiled on a thread of its own: jax's trace state and
+    context meshes are per thread, and the caller (a lowering rule, possibly inside a
+    ``shard_map``) is in the middle of another trace.
+    """
+    return _WORKER.submit(_compile_verdict, bind, avals_in, chip=chip,
+                          mesh_axes=mesh_axes, use_disk=use_disk).result()
+
+
+def _compile_verdict(bind: Callable[..., Any], avals_in: Sequence[Any], *, chip: str,
+                     mesh_axes: dict[str, int], use_disk: bool) -> Verdict:
+    start = time.perf_counter()
+    num_devices = int(np.prod(list(mesh_axes.values()))) if mesh_axes else 1
+    topo_name = topology_name(chip, num_devices)
+    devices = _topology(topo_name).devices
+    checker = checker_name()
+    fn, shardings = _program(bind, mesh_axes, devices)
+    structs = [jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s)
+               for a, s in zip(avals_in, shardings(len(avals_in)))]
+    with jax.default_device(devices[0]):
+        try:
+            lowered = jax.jit(fn).trace(*structs).lower(lowering_platforms=("tpu",))
+        except Exception as exc:  # noqa: BLE001  (jax's TPU lowering rejects the kernel)
+            return Verdict(_kind(exc), _message(exc), checker, topo_name,
+                           time.perf_counter() - start, error=exc)
+        key = _key(lowered.as_text(debug_info=True), chip, topo_name)
+        with _MEMORY_LOCK:
+            known = _MEMORY.get(key)
+        if known is not None:
+            return dataclasses.replace(known, source="memory",
+                                       seconds=time.perf_counter() - start)
+        found = _read_disk(key) if use_disk else None
+        if found is not None:
+            verdict = dataclasses.replace(found, seconds=time.perf_counter() - start)
+        else:
+            try:
+                compiled = lowered.compile()
+            except Exception as exc:  # noqa: BLE001  (the compiler rejects the kernel)
+                verdict = Verdict(_kind(exc), _message(exc), checker, topo_name,
+                                  time.perf_counter() - start)
+            else:
+                verdict = Verdict("accepted", "", checker, topo_name,
+                                  time.perf_counter() - start,
+                                  vmem_bytes=_used_vmem(compiled.as_text()))
+            if use_disk:
+                _write_disk(key, verdict)
+    with _MEMORY_LOCK:
+        _MEMORY[key] = verdict
+    return verdict
+
+
+def _program(bind: Callable[..., Any], mesh_axes: dict[str, int],
+             devices: Sequence[Any]) -> tuple[Callable[..., Any], Callable[[int], list[Any]]]:
+    """The function to compile and the shardings of its operands."""
+    if not mesh_axes:
+        single = jax.sharding.SingleDeviceSharding(devices[0])
+        return bind, lambda n: [single] * n
+    sizes = tuple(mesh_axes.values())
+    mesh = jax.sharding.Mesh(np.array(devices[: int(np.prod(sizes))]).reshape(sizes),
+                             tuple(mesh_axes))
+    spec = jax.sharding.PartitionSpec()
+    # Replicated operands: every device sees the per-device shapes the kernel was traced
+    # with, as under the user's shard_map.
+    fn = jax.shard_map(bind, mesh=mesh, in_specs=spec, out_specs=spec, check_vma=False)
+    named = jax.sharding.NamedSharding(mesh, spec)
+    return fn, lambda n: [named] * n
+
+
+def _kind(exc: BaseException) -> str:
+    text = _message(exc)
+    if _RESOURCE.search(text):
+        return "resource"
+    name = type(exc).__name__
+    if ("Mosaic" in text or "Mosaic" in name or "LoweringException" in name
+            or "verif" in text.lower() or not isinstance(exc, jax.errors.JaxRuntimeError)):
+        return "lowering"
+    return "other"
+
+
+def _message(exc: BaseException) -> str:
+    text = f"{type(exc).__name__}: {exc}"
+    cause = exc.__cause__
+    first = str(exc).strip().split("\n", 1)[0]
+    if cause is not None and first and first in str(cause):
+        # jax's MosaicError repeats its cause's text without the MLIR location: keep the
+        # cause's whole (it has the location) under the error's name.
+        return f"{type(exc).__name__}: {cause}"
+    if (cause is not None and type(cause).__name__ != "JaxStackTraceBeforeTransformation"
+            and str(cause) not in text):
+        text += f"\n(caused by {type(cause).__name__}: {cause})"
+    return text
+
+
+_USED_SCOPED = re.compile(r'"used_scoped_memory_configs":\[([^\]]*)\]')
+_CONFIG = re.compile(r'\{"memory_space":"(\d+)","offset":"(\d+)","size":"(\d+)"\}')
+_VMEM_SPACE = "1"
+
+
+def _used_vmem(hlo_text: str) -> int | None:
+    """The scoped VMEM the compiled kernel(s) use: the largest of the custom calls'."""
+    sizes = [int(size) for block in _USED_SCOPED.findall(hlo_text)
+             for space, _, size in _CONFIG.findall(block) if space == _VMEM_SPACE]
+    return max(sizes) if sizes else None
+
+
+def _key(lowered_text: str, chip: str, topology: str) -> str:
+    h = hashlib.sha256()
+    versions = (_FORMAT, palladium_version, compiler_version(), jax.__version__,
+                _jaxlib_version(), chip, topology)
+    h.update(repr(versions).encode())
+    h.update(lowered_text.encode())
+    return h.hexdigest()
+
+
+def _jaxlib_version() -> str:
+    try:
+        return importlib.metadata.version("jaxlib")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def _read_disk(key: str) -> Verdict | None:
+    try:
+        data = json.loads((cache_dir() / f"{key}.json").read_text())
+        return Verdict(kind=data["kind"], message=data["message"], checker=data["checker"],
+                       topology=data["topology"], seconds=0.0, vmem_bytes=data["vmem_bytes"],
+                       source="disk")
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _write_disk(key: str, verdict: Verdict) -> None:
+    data = {"kind": verdict.kind, "message": verdict.message, "checker": verdict.checker,
+            "topology": verdict.topology, "vmem_bytes": verdict.vmem_bytes}
+    folder = cache_dir()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", dir=folder, suffix=".tmp", delete=False) as f:
+            json.dump(data, f)
+        os.replace(f.name, folder / f"{key}.json")
+    except OSError:
+        pass  # a cache that cannot be written only costs time
