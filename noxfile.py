@@ -2,6 +2,7 @@
 
     nox -s demo          run examples/demo.py
     nox -s lint tests    what CI runs (see .ci/run)
+    nox -s compiler      the TPU compiler's verdicts (installs libtpu)
     nox -s matrix        wheel installs on Python 3.11-3.13 x every supported jax, sdists
     nox -s dists         build the wheels and sdists (.nox/dist), twine check --strict
     nox -s bench         benchmarks against jax's own TPU interpret mode
@@ -223,6 +224,24 @@ def _test_sdist(session: nox.Session, make_env: Any, name: str) -> None:
     folder = unpacked / sdist.name.removesuffix(".tar.gz")
     env = make_env(f"sdist-{name}", [f"{folder}[test]"])
     _pytest(session, env, "tests", cwd=folder)
+
+
+@nox.session
+def compiler(session: nox.Session) -> None:
+    """With palladium-interpret[compiler] (libtpu): the TPU compiler's own verdicts
+    (packages/interpret/tests/compiler, collected only where libtpu is installed) and the
+    README's examples, compiler-only ones included."""
+    args: list[str] = []
+    for pkg in ALL:
+        args += ["-e", f"{pkg}[compiler]" if pkg == "packages/interpret" else pkg]
+    session.install(*args, *TEST_DEPS)
+    # jax would otherwise try libtpu's TPU backend on this CPU box (and print its
+    # warnings); the compiler compiles for a topology whatever the platforms are.
+    session.run(
+        "pytest", "-q", "packages/interpret/tests/compiler",
+        "integration_tests/test_readme.py", *session.posargs,
+        env={"JAX_PLATFORMS": "cpu"},
+    )
 
 
 @nox.session

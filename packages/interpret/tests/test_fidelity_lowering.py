@@ -12,6 +12,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from palladium.interpret import (
+    ConfigError,
     InterpretParams,
     KernelError,
     TpuLoweringError,
@@ -151,3 +152,86 @@ def test_more_than_two_blockspec_buffers_are_a_jax_0_10_limit_warning(buffers):
         [text] = texts
         assert "buffers a BlockSpec operand at most twice" in text
         assert "Only single (1) and double (2) buffering are supported. Got 3." in text
+
+
+# -- the approximation's Mosaic rules that ask for "the current TPU" -----------------------
+@pytest.mark.parametrize("chip", CHIPS)
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16, jnp.int32])
+def test_sign_is_not_rejected_and_matches_numpy(chip, dtype):
+    # Mosaic's rule for sign asks tpu_info for the current TPU's generation; on a CPU that
+    # was the CPU ("Unsupported TPU device kind: cpu"), a false reject of jnp.sign.
+    def sign(x_ref, o_ref):
+        o_ref[...] = jnp.sign(x_ref[...])
+
+    x = (X * 4 - 12).astype(dtype)
+    out = pl.pallas_call(sign, out_shape=jax.ShapeDtypeStruct(x.shape, dtype),
+                         interpret=InterpretParams(chip=chip, compile_check="approximate"))(x)
+    np.testing.assert_array_equal(np.asarray(out, np.float32),
+                                  np.sign(np.asarray(x, np.float32)))
+
+
+@pytest.mark.parametrize("chip", CHIPS)
+def test_integer_floor_division_is_not_rejected(chip):
+    def floordiv(x_ref, o_ref):
+        o_ref[...] = x_ref[...] // 3
+
+    x = jnp.arange(-512, 512, dtype=jnp.int32).reshape(8, 128)
+    out = pl.pallas_call(floordiv, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+                         interpret=InterpretParams(chip=chip))(x)
+    np.testing.assert_array_equal(out, np.asarray(x) // 3)
+
+
+def test_compile_check_off_runs_what_mosaic_rejects():
+    out = _elementwise(lambda v: jnp.cumsum(v, axis=0), "v5e", compile_check="off")(X)
+    np.testing.assert_allclose(out, np.cumsum(np.asarray(X), axis=0), rtol=1e-6)
+
+
+def test_compile_check_must_be_a_known_choice():
+    with pytest.raises(ConfigError) as info:
+        InterpretParams(compile_check="libtpu")
+    assert str(info.value) == (
+        "InterpretParams.compile_check must be one of ('auto', 'compiler', 'approximate', "
+        "'off'), got 'libtpu'.")
+
+
+def test_requiring_the_compiler_without_libtpu_says_how_to_install_it(monkeypatch):
+    from palladium.interpret.fidelity import tpu_compiler
+
+    monkeypatch.setattr(tpu_compiler, "compiler_version", lambda: None)
+    call = _elementwise(lambda v: v + 1, "v5e", compile_check="compiler")
+    with pytest.raises(ConfigError) as info:
+        call(X)
+    assert str(info.value) == (
+        "InterpretParams(compile_check='compiler') needs the TPU compiler (libtpu), which is "
+        "not installed: pip install 'palladium-interpret[compiler]' installs the libtpu "
+        "matching your jax. compile_check='auto' falls back to palladium's approximate "
+        "checks without it.")
+
+
+def test_auto_without_libtpu_is_the_approximation(monkeypatch):
+    from palladium.interpret import timeline
+    from palladium.interpret.fidelity import tpu_compiler
+
+    monkeypatch.setattr(tpu_compiler, "compiler_version", lambda: None)
+    with timeline() as tl:
+        out = _elementwise(lambda v: v + 1, "v5e")(X)
+    np.testing.assert_array_equal(out, np.asarray(X) + 1)
+    assert tl.launches[-1].info.memory.checker == "approximation"
+    with pytest.raises(TpuLoweringError, match="jax's Mosaic lowering says"):
+        _elementwise(lambda v: jnp.cumsum(v, axis=0), "v5e")(X)
+
+
+def test_a_tpu_palladium_does_not_know_is_an_error_not_a_silent_v5e():
+    from jax.sharding import AbstractMesh
+
+    from palladium.interpret import _jax_compat as jc
+
+    device = jc.abstract_device(device_kind="TPU8i", num_cores=1)
+    mesh = AbstractMesh((), (), axis_types=(), abstract_device=device)
+    call = _elementwise(lambda v: v + 1, None)
+    with jax.sharding.use_abstract_mesh(mesh), pytest.raises(ConfigError) as info:
+        jax.jit(call).trace(X).lower()
+    assert str(info.value).startswith(
+        "the abstract mesh's device is a 'TPU8i', a TPU palladium does not simulate; it "
+        "knows ('v2', 'v3', 'v4', ")
+    assert str(info.value).endswith("(InterpretParams(chip=...) chooses one).")

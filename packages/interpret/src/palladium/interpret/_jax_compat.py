@@ -308,6 +308,15 @@ def mosaic_lowering_available() -> bool:
     return hasattr(mosaic_lowering, "lower_jaxpr_to_pipelined_module")
 
 
+def abstract_device(*, device_kind: str, num_cores: int) -> Any:
+    """jax's abstract TPU device of ``device_kind`` (for an ``AbstractMesh``)."""
+    from jax._src import mesh as mesh_lib
+
+    has_platform = "platform" in inspect.signature(mesh_lib.AbstractDevice).parameters
+    return mesh_lib.AbstractDevice(device_kind=device_kind, num_cores=num_cores,
+                                   **({"platform": "tpu"} if has_platform else {}))
+
+
 def mosaic_lower(ctx: Any, grid_mapping: Any, jaxpr: Any, compiler_params: Any, *,
                  device_kind: str, num_cores: int) -> Any:
     """Lower a ``pallas_call``'s kernel to a Mosaic module as jax's TPU lowering rule does
@@ -332,9 +341,7 @@ def mosaic_lower(ctx: Any, grid_mapping: Any, jaxpr: Any, compiler_params: Any, 
     jax_mesh = (axis_context.mesh if isinstance(axis_context, sharding_impls.SPMDAxisContext)
                 else None)
     current = mesh_lib.get_abstract_mesh()
-    has_platform = "platform" in inspect.signature(mesh_lib.AbstractDevice).parameters
-    device = mesh_lib.AbstractDevice(device_kind=device_kind, num_cores=num_cores,
-                                     **({"platform": "tpu"} if has_platform else {}))
+    device = abstract_device(device_kind=device_kind, num_cores=num_cores)
     tpu_mesh = mesh_lib.AbstractMesh(
         tuple(current.axis_sizes), tuple(current.axis_names),
         axis_types=tuple(current.axis_types), abstract_device=device)

@@ -164,12 +164,24 @@ def resolve_chip(chip: str | None) -> str:
     if chip is not None:
         return chip
     device = jax.sharding.get_abstract_mesh().abstract_device
-    found = chip_of_device_kind(getattr(device, "device_kind", None))
+    kind = getattr(device, "device_kind", None)
+    found = chip_of_device_kind(kind)
     if found is not None:
         return found
+    _refuse_unknown_tpu(kind, "the abstract mesh's device")
     default = jax.devices()[0]
     if default.platform == "tpu":
         found = chip_of_device_kind(default.device_kind)
         if found is not None:
             return found
+        _refuse_unknown_tpu(default.device_kind, "the default device")
     return DEFAULT_CHIP
+
+
+def _refuse_unknown_tpu(kind: str | None, whose: str) -> None:
+    """A TPU device kind palladium does not simulate is an error, never a silent v5e."""
+    if kind and (kind.upper().startswith("TPU")
+                 or jc.tpu_chip_version_from_device_kind(kind) is not None):
+        raise ConfigError(
+            f"{whose} is a {kind!r}, a TPU palladium does not simulate; it knows {CHIPS} "
+            "(InterpretParams(chip=...) chooses one).")

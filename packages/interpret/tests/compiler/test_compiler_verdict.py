@@ -1,0 +1,366 @@
+"""With libtpu installed, the TPU compiler decides whether a kernel compiles and fits on
+the simulated chip, for every kind of kernel palladium runs; its failures are palladium's
+typed errors with the compiler's message whole and the kernel line."""
+
+import os
+import re
+import subprocess
+import sys
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from _launch_harness import core_map_call
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import palladium.interpret as pi
+from palladium.interpret import ConfigError, TpuLoweringError, TpuResourceError
+from palladium.interpret.fidelity import tpu_compiler
+
+CHECKER = f"libtpu {tpu_compiler.compiler_version()} (jax {jax.__version__})"
+X = jnp.arange(8 * 128, dtype=jnp.float32).reshape(8, 128) / 128 - 3
+
+
+def _call(kernel, shape, dtype, out_shape=None, **params):
+    return pl.pallas_call(
+        kernel, out_shape=jax.ShapeDtypeStruct(out_shape or shape, dtype),
+        interpret=pi.InterpretParams(**params))
+
+
+def i8_double(x_ref, o_ref):
+    o_ref[...] = x_ref[...] * 2  # i8 vector arithmetic: Mosaic supports i16/i32 only
+
+
+def test_a_kernel_only_the_compiler_rejects_is_a_lowering_error_at_its_line():
+    call = _call(i8_double, (8, 128), jnp.int8, compile_check="compiler")
+    with pytest.raises(TpuLoweringError) as info:
+        call(jnp.ones((8, 128), jnp.int8))
+    msg = str(info.value)
+    line = i8_double.__code__.co_firstlineno + 1
+    assert msg.startswith(
+        f"kernel 'i8_double' (pallas_call at test_compiler_verdict.py:")
+    assert (f"does not compile for TPU v5e at test_compiler_verdict.py:{line}: the TPU "
+            f"compiler ({CHECKER}, topology v5e:2x2) says:") in msg
+    # The compiler's message, whole: its words, the MLIR location and operation.
+    assert ("Not implemented: Only vector<i16> and vector<i32> are supported, but got 'i8'."
+            in msg)
+    assert "at location: loc(" in msg and '"arith.muli"' in msg
+    assert "check_lowering=False" in msg
+
+
+def test_the_same_kernel_in_i32_compiles_and_runs():
+    def i32_double(x_ref, o_ref):
+        o_ref[...] = x_ref[...] * 2
+
+    x = jnp.arange(8 * 128, dtype=jnp.int32).reshape(8, 128)
+    out = _call(i32_double, (8, 128), jnp.int32, compile_check="compiler")(x)
+    np.testing.assert_array_equal(out, np.asarray(x) * 2)
+
+
+@pytest.mark.parametrize("chip", ["v4", "v5e", "v6e"])
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16, jnp.int32])
+def test_sign_compiles_and_matches_numpy(chip, dtype):
+    def sign(x_ref, o_ref):
+        o_ref[...] = jnp.sign(x_ref[...])
+
+    x = (X * 4).astype(dtype)
+    out = _call(sign, (8, 128), dtype, chip=chip, compile_check="compiler")(x)
+    np.testing.assert_array_equal(np.asarray(out, np.float32),
+                                  np.sign(np.asarray(x, np.float32)))
+
+
+def _live_scratch_kernel(x_ref, o_ref, s):
+    # Run-time rows: the compiler cannot prove the scratch dead and must allocate it.
+    i = pl.program_id(0)
+    s[pl.ds(i * 8, 8)] = x_ref[...]
+    o_ref[...] = s[pl.ds((1 - i) * 8, 8)]
+
+
+def _scratch_call(rows, **params):
+    return pl.pallas_call(
+        _live_scratch_kernel, grid=(2,),
+        in_specs=[pl.BlockSpec((8, 128), lambda i: (0, 0))],
+        out_specs=pl.BlockSpec((8, 128), lambda i: (0, 0)),
+        out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32),
+        scratch_shapes=[pltpu.VMEM((rows, 128), jnp.float32)],
+        interpret=pi.InterpretParams(compile_check="compiler", **params))
+
+
+def test_too_much_vmem_is_a_resource_error_with_the_compilers_numbers():
+    with pytest.raises(TpuResourceError) as info:
+        _scratch_call(24 * 2048)(X)  # 24 MiB of live scratch, v5e's default limit is 16
+    msg = str(info.value)
+    assert msg.startswith("kernel '_live_scratch_kernel' (pallas_call at ")
+    assert f"does not fit on TPU v5e: the TPU compiler ({CHECKER}, topology v5e:2x2)" in msg
+    assert "Ran out of memory in memory space vmem" in msg
+    assert "Scoped allocation with size 24.00M and limit 16.00M exceeded scoped vmem limit" in msg
+    assert "check_memory=False" in msg
+
+
+def test_under_the_limit_it_runs_and_the_compilers_vmem_is_reported():
+    with pi.timeline() as tl:
+        out = _scratch_call(15 * 2048)(X)
+    np.testing.assert_array_equal(out, X)
+    memory = tl.launches[-1].info.memory
+    assert memory.checker == CHECKER
+    # the compiler's own figure: the 15 MiB scratch and the blocks, at most a little more
+    assert 15 * 2**20 <= memory.compiler_vmem_bytes <= 16 * 2**20
+    assert f"of scoped VMEM" in memory.summary()
+    assert "compiler's VMEM" in tl.launches[-1].summary()
+
+
+def test_check_memory_false_runs_what_does_not_fit():
+    out = _scratch_call(24 * 2048, check_memory=False)(X)
+    np.testing.assert_array_equal(out, X)
+
+
+def test_too_much_smem_is_a_resource_error():
+    def smem_kernel(x_ref, o_ref, s):
+        i = pl.program_id(0)
+        s[i] = i + 5
+        o_ref[...] = x_ref[...] + s[1 - i]  # the last step reads s[0] = 5
+
+    def call(words):
+        return pl.pallas_call(
+            smem_kernel, grid=(2,),
+            in_specs=[pl.BlockSpec((8, 128), lambda i: (0, 0))],
+            out_specs=pl.BlockSpec((8, 128), lambda i: (0, 0)),
+            out_shape=jax.ShapeDtypeStruct((8, 128), jnp.int32),
+            scratch_shapes=[pltpu.SMEM((words,), jnp.int32)],
+            interpret=pi.InterpretParams(compile_check="compiler"))
+
+    x = jnp.ones((8, 128), jnp.int32)
+    with pytest.raises(TpuResourceError, match="Ran out of memory in memory space smem"):
+        call((2**20 - 256) // 4)(x)  # the compiler keeps some of the 1 MiB for itself
+    np.testing.assert_array_equal(call(2**14)(x), np.asarray(x) + 5)
+
+
+def test_core_map_kernels_are_compiled():
+    def i8_core_kernel(x_ref, o_ref):
+        def body(buf):
+            pltpu.sync_copy(x_ref, buf)
+            buf[...] = buf[...] * 2
+            pltpu.sync_copy(buf, o_ref)
+
+        pl.run_scoped(body, pltpu.VMEM((8, 128), jnp.int8))
+
+    params = pi.InterpretParams(compile_check="compiler")
+    with pytest.raises(TpuLoweringError, match="got 'i8'") as info:
+        core_map_call(i8_core_kernel, params, num_cores=1)(jnp.ones((8, 128), jnp.int8))
+    assert "kernel 'i8_core_kernel'" in str(info.value)
+
+    def copy_kernel(x_ref, o_ref):
+        pltpu.sync_copy(x_ref, o_ref)
+
+    out = core_map_call(copy_kernel, params, num_cores=1)(X)
+    np.testing.assert_array_equal(out, X)
+
+
+def _right_permute(x_ref, o_ref, send, recv):
+    me = jax.lax.axis_index("x")
+    copy = pltpu.make_async_remote_copy(
+        x_ref, o_ref, send, recv, device_id=(jax.lax.rem(me + 1, 4),),
+        device_id_type=pl.DeviceIdType.MESH)
+    copy.start()
+    copy.wait()
+
+
+def _sharded(kernel, dtype):
+    mesh = jax.make_mesh((4,), ("x",))
+
+    def per_device(x):
+        return pl.pallas_call(
+            kernel, out_shape=jax.ShapeDtypeStruct((8, 128), dtype),
+            in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
+            out_specs=pl.BlockSpec(memory_space=pl.ANY),
+            scratch_shapes=[pltpu.SemaphoreType.DMA, pltpu.SemaphoreType.DMA],
+            interpret=pi.InterpretParams(compile_check="compiler"))(x)
+
+    f = jax.jit(jax.shard_map(per_device, mesh=mesh, in_specs=P("x"), out_specs=P("x"),
+                              check_vma=False))
+    return f, NamedSharding(mesh, P("x"))
+
+
+def test_a_multi_device_kernel_with_remote_dmas_compiles_over_a_mesh_and_runs():
+    f, sharding = _sharded(_right_permute, jnp.float32)
+    x = jax.device_put(jnp.arange(32 * 128, dtype=jnp.float32).reshape(32, 128), sharding)
+    out = np.asarray(f(x))
+    np.testing.assert_array_equal(out, np.roll(np.asarray(x), 8, axis=0))
+
+
+def test_a_multi_device_kernel_the_compiler_rejects_is_an_error():
+    def permute_then_double(x_ref, o_ref, send, recv):
+        _right_permute(x_ref, o_ref, send, recv)
+
+        def body(buf):
+            pltpu.sync_copy(o_ref, buf)
+            buf[...] = buf[...] * 2
+            pltpu.sync_copy(buf, o_ref)
+
+        pl.run_scoped(body, pltpu.VMEM((8, 128), jnp.int8))
+
+    f, sharding = _sharded(permute_then_double, jnp.int8)
+    x = jax.device_put(jnp.ones((32, 128), jnp.int8), sharding)
+    with pytest.raises(TpuLoweringError, match="got 'i8'") as info:
+        f(x)
+    assert "topology v5e:2x2" in str(info.value)
+
+
+def test_vmap_and_jit_kernels_are_compiled():
+    def double(x_ref, o_ref):
+        o_ref[...] = x_ref[...] * 2
+
+    def f(x):
+        return _call(double, x.shape, x.dtype, compile_check="compiler")(x)
+
+    xs = jnp.ones((3, 8, 128), jnp.float32)
+    np.testing.assert_array_equal(jax.jit(jax.vmap(f))(xs), np.asarray(xs) * 2)
+    with pytest.raises(TpuLoweringError, match="got 'i8'"):
+        jax.jit(jax.vmap(f))(xs.astype(jnp.int8))
+
+
+def test_grad_through_a_custom_vjp_kernel_is_compiled():
+    def square(x_ref, o_ref):
+        o_ref[...] = x_ref[...] * x_ref[...]
+
+    def times2(x_ref, g_ref, o_ref):
+        o_ref[...] = 2 * x_ref[...] * g_ref[...]
+
+    params = pi.InterpretParams(compile_check="compiler")
+    spec = jax.ShapeDtypeStruct(X.shape, X.dtype)
+
+    @jax.custom_vjp
+    def f(x):
+        return pl.pallas_call(square, out_shape=spec, interpret=params)(x)
+
+    f.defvjp(lambda x: (f(x), x),
+             lambda x, g: (pl.pallas_call(times2, out_shape=spec, interpret=params)(x, g),))
+    np.testing.assert_allclose(jax.jit(jax.grad(lambda x: f(x).sum()))(X), 2 * np.asarray(X),
+                               rtol=1e-6)
+    # the backward kernel was compiled (grad needs no forward output: jit drops it)
+    assert len(tpu_compiler._MEMORY) == 1
+
+
+def test_a_palladium_pipeline_kernel_is_compiled():
+    from palladium.pipeline import emit_pipeline
+
+    def outer(x_hbm, o_hbm):
+        def inner(x_ref, o_ref):
+            o_ref[...] = x_ref[...] + 1.0
+
+        emit_pipeline(inner, grid=(4,), in_specs=[pl.BlockSpec((8, 128), lambda i: (i, 0))],
+                      out_specs=[pl.BlockSpec((8, 128), lambda i: (i, 0))])(x_hbm, o_hbm)
+
+    x = jnp.arange(32 * 128, dtype=jnp.float32).reshape(32, 128)
+    call = pl.pallas_call(
+        outer, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+        in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
+        out_specs=pl.BlockSpec(memory_space=pl.ANY),
+        interpret=pi.InterpretParams(compile_check="compiler"))
+    with pi.timeline() as tl:
+        out = call(x)
+    np.testing.assert_array_equal(out, np.asarray(x) + 1)
+    assert tl.launches[-1].info.memory.checker == CHECKER
+
+
+def test_approximate_leaves_the_compiler_out():
+    # compile_check="approximate" decides without the compiler, even where it is installed.
+    with pi.timeline() as tl:
+        out = pl.pallas_call(
+            _live_scratch_kernel, grid=(2,),
+            in_specs=[pl.BlockSpec((8, 128), lambda i: (0, 0))],
+            out_specs=pl.BlockSpec((8, 128), lambda i: (0, 0)),
+            out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32),
+            scratch_shapes=[pltpu.VMEM((64, 128), jnp.float32)],
+            interpret=pi.InterpretParams(compile_check="approximate"))(X)
+    np.testing.assert_array_equal(out, X)
+    memory = tl.launches[-1].info.memory
+    assert memory.checker == "approximation" and memory.compiler_vmem_bytes is None
+
+
+def test_a_chip_libtpu_cannot_compile_for_is_a_config_error_when_the_compiler_is_required():
+    call = _call(i8_double, (8, 128), jnp.int8, chip="v4i", compile_check="compiler")
+    with pytest.raises(ConfigError) as info:
+        call(jnp.ones((8, 128), jnp.int8))
+    assert str(info.value) == (
+        f"InterpretParams(compile_check='compiler'): libtpu {tpu_compiler.compiler_version()} "
+        "cannot compile for TPU v4i; it compiles for ('v2', 'v3', 'v5e', 'v6e', 'v4', 'v5p', "
+        "'v7x'). Use compile_check='auto' (palladium's approximate checks for this chip).")
+
+
+def test_auto_uses_the_approximation_for_a_chip_libtpu_cannot_compile_for():
+    def double(x_ref, o_ref):
+        o_ref[...] = x_ref[...] * 2
+
+    with pi.timeline() as tl:
+        out = _call(double, (8, 128), jnp.float32, chip="v4i")(X)
+    np.testing.assert_array_equal(out, np.asarray(X) * 2)
+    assert tl.launches[-1].info.memory.checker == "approximation"
+
+
+_CHILD = textwrap.dedent("""
+    import jax, jax.numpy as jnp
+    from jax.experimental import pallas as pl
+    import palladium.interpret as pi
+    from palladium.interpret.fidelity import tpu_compiler
+
+    def i8_double(x_ref, o_ref):
+        o_ref[...] = x_ref[...] * 2
+
+    seen = []
+    real = tpu_compiler._compile_verdict
+    def spy(*args, **kwargs):
+        verdict = real(*args, **kwargs)
+        seen.append(verdict.source)
+        return verdict
+    tpu_compiler._compile_verdict = spy
+    call = pl.pallas_call(i8_double, out_shape=jax.ShapeDtypeStruct((8, 128), jnp.int8),
+                          interpret=pi.InterpretParams(compile_check="compiler"))
+    try:
+        call(jnp.ones((8, 128), jnp.int8))
+    except pi.TpuLoweringError as e:
+        assert "got 'i8'" in str(e), e
+    else:
+        raise AssertionError("not rejected")
+    print("SOURCES", seen)
+""")
+
+
+def test_verdicts_are_cached_on_disk_across_processes(fresh_verdict_cache):
+    env = dict(os.environ, PALLADIUM_CACHE_DIR=str(fresh_verdict_cache),
+               JAX_PLATFORMS="cpu")
+
+    def child():
+        done = subprocess.run([sys.executable, "-c", _CHILD], env=env, capture_output=True,
+                              text=True, timeout=240)
+        assert done.returncode == 0, done.stderr[-3000:]
+        return re.search(r"SOURCES \[(.*)\]", done.stdout).group(1)
+
+    assert child() == "'compiled'"
+    assert len(list((fresh_verdict_cache / "tpu-compiler").glob("*.json"))) == 1
+    assert child() == "'disk'"  # the second process reads the first one's verdict
+
+
+def test_the_cache_key_changes_with_the_compiler_and_jax_versions(monkeypatch):
+    key = tpu_compiler._key("module", "v5e", "v5e:2x2")
+    assert key == tpu_compiler._key("module", "v5e", "v5e:2x2")
+    assert key != tpu_compiler._key("module 2", "v5e", "v5e:2x2")
+    assert key != tpu_compiler._key("module", "v6e", "v6e:2x2")
+    monkeypatch.setattr(jax, "__version__", "0.10.1")
+    assert key != tpu_compiler._key("module", "v5e", "v5e:2x2")
+    monkeypatch.undo()
+    monkeypatch.setattr(tpu_compiler, "compiler_version", lambda: "0.0.43")
+    assert key != tpu_compiler._key("module", "v5e", "v5e:2x2")
+
+
+def test_an_in_memory_verdict_is_reused():
+    call = _call(i8_double, (8, 128), jnp.int8, compile_check="compiler")
+    for _ in range(2):
+        with pytest.raises(TpuLoweringError):
+            jax.jit(lambda x: call(x) + 0)(jnp.ones((8, 128), jnp.int8))
+    assert len(tpu_compiler._MEMORY) == 1
