@@ -397,6 +397,15 @@ def simulated_tpu(device_kind: str, num_cores: int) -> Any:
         _SIMULATED_TPU.reset(token)
 
 
+def _mosaic_lowering_file() -> str:
+    from jax._src.pallas.mosaic import lowering as mosaic_lowering
+
+    return mosaic_lowering.__file__
+
+
+_MOSAIC_LOWERING_FILE = _mosaic_lowering_file()
+
+
 def mosaic_failing_equations(exc: BaseException | None) -> list:
     """The kernel equations Mosaic was lowering when it raised ``exc``, outermost first
     (the ``eqn`` of each ``jaxpr_subcomp`` frame of its traceback, or of its cause's);
@@ -408,7 +417,10 @@ def mosaic_failing_equations(exc: BaseException | None) -> list:
         tb = exc.__traceback__
         while tb is not None:
             frame = tb.tb_frame
-            if frame.f_code.co_name == "jaxpr_subcomp" and "eqn" in frame.f_locals:
+            # Mosaic's own jaxpr_subcomp (not XLA's, which lowers the program around the
+            # kernel when the TPU compiler check lowers a whole jitted call).
+            if (frame.f_code.co_name == "jaxpr_subcomp" and "eqn" in frame.f_locals
+                    and frame.f_code.co_filename == _MOSAIC_LOWERING_FILE):
                 eqns.append(frame.f_locals["eqn"])
             tb = tb.tb_next
         if eqns:

@@ -283,9 +283,15 @@ def _kind(exc: BaseException) -> str:
     return "other"
 
 
+_JAX_TRACE_NOTE = "\n\nThe preceding stack trace is the source of the JAX operation"
+
+
 def _message(exc: BaseException) -> str:
     text = f"{type(exc).__name__}: {exc}"
     cause = exc.__cause__
+    if cause is not None and type(cause).__name__ == "JaxStackTraceBeforeTransformation":
+        # jax's marker of where the user's traceback was: the error's own text is whole.
+        return f"{type(exc).__name__}: {str(exc).split(_JAX_TRACE_NOTE, 1)[0].rstrip()}"
     first = str(exc).strip().split("\n", 1)[0]
     if cause is not None and first and first in str(cause):
         # jax's MosaicError repeats its cause's text without the MLIR location: keep the
