@@ -43,7 +43,7 @@ def test_a_kernel_only_the_compiler_rejects_is_a_lowering_error_at_its_line():
     msg = str(info.value)
     line = i8_double.__code__.co_firstlineno + 1
     assert msg.startswith(
-        f"kernel 'i8_double' (pallas_call at test_compiler_verdict.py:")
+        "kernel 'i8_double' (pallas_call at test_compiler_verdict.py:")
     assert (f"does not compile for TPU v5e at test_compiler_verdict.py:{line}: the TPU "
             f"compiler ({CHECKER}, topology v5e:2x2) says:") in msg
     # The compiler's message, whole: its words, the MLIR location and operation.
@@ -110,7 +110,7 @@ def test_under_the_limit_it_runs_and_the_compilers_vmem_is_reported():
     assert memory.checker == CHECKER
     # the compiler's own figure: the 15 MiB scratch and the blocks, at most a little more
     assert 15 * 2**20 <= memory.compiler_vmem_bytes <= 16 * 2**20
-    assert f"of scoped VMEM" in memory.summary()
+    assert "of scoped VMEM" in memory.summary()
     assert "compiler's VMEM" in tl.launches[-1].summary()
 
 
