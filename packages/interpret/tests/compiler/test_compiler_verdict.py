@@ -364,3 +364,21 @@ def test_an_in_memory_verdict_is_reused():
         with pytest.raises(TpuLoweringError):
             jax.jit(lambda x: call(x) + 0)(jnp.ones((8, 128), jnp.int8))
     assert len(tpu_compiler._MEMORY) == 1
+
+
+def test_a_block_the_compiler_would_abort_on_is_not_compiled_and_the_simulation_reports_it():
+    # libtpu aborts the process (a failed check in its pipeline emitter) on a first block
+    # that starts past its array; palladium does not hand it such a kernel.
+    from _launch_harness import out_of_bounds_block_call
+
+    def copy(x_ref, o_ref):
+        o_ref[...] = x_ref[...]
+
+    f = out_of_bounds_block_call(copy, pi.InterpretParams(compile_check="compiler"))
+    with pytest.warns(pi.TpuLoweringWarning) as warned, \
+            pytest.raises(pi.OutOfBoundsError) as info, pi.errors_as_raised():
+        f(X)
+    assert ("not compiled for TPU v5e: block (5, 0) of 'x_ref' starts at 40 on axis 0 of its "
+            "(8, 128) array at grid point (0,); the TPU compiler aborts the process on such "
+            "a kernel") in str(warned[0].message)
+    assert "block (5, 0)" in str(info.value) and "x_ref" in str(info.value)

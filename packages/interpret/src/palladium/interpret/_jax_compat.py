@@ -174,6 +174,7 @@ Var = jax_core.Var
 DropVar = jax_core.DropVar
 ShapedArray = jax_core.ShapedArray
 trace_to_jaxpr_dynamic = pe.trace_to_jaxpr_dynamic
+eval_jaxpr = jax_core.eval_jaxpr
 source_info_util = source_info_util
 register_lowering = mlir.register_lowering
 lower_fun = mlir.lower_fun

@@ -74,8 +74,9 @@ def check_kernel(kernel: PreparedKernel, params: InterpretParams, ctx: Any, *,
         verdict = check_with_compiler(
             kernel, bind, avals_in, chip=params.chip, mesh_axes=mesh_axes or {},
             check_lowering=params.check_lowering, check_memory=params.check_memory)
-        kernel.memory_use = dataclasses.replace(
-            use, checker=verdict.checker, compiler_vmem_bytes=verdict.vmem_bytes)
+        if verdict is not None:
+            kernel.memory_use = dataclasses.replace(
+                use, checker=verdict.checker, compiler_vmem_bytes=verdict.vmem_bytes)
         return
     num_cores = (math.prod(kernel.mesh.shape.values()) if kernel.is_core_map
                  else params.num_cores_or_threads)

@@ -18,6 +18,9 @@ import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
+
+from palladium.interpret import _jax_compat as jc
 from palladium.interpret.errors import (
     TpuCompilerError,
     TpuLoweringError,
@@ -32,16 +35,25 @@ __all__ = ["check_with_compiler"]
 
 def check_with_compiler(kernel: PreparedKernel, bind: Callable[..., Any],
                         avals_in: Sequence[Any], *, chip: str, mesh_axes: dict[str, int],
-                        check_lowering: bool, check_memory: bool) -> tpu_compiler.Verdict:
+                        check_lowering: bool, check_memory: bool) -> tpu_compiler.Verdict | None:
     """Compile ``kernel`` for ``chip`` with libtpu; raise what the compiler says as
     palladium's typed error (its resource half only with ``check_memory``, the rest only
-    with ``check_lowering``); return the verdict."""
-    verdict = tpu_compiler.compile_verdict(bind, avals_in, chip=chip, mesh_axes=mesh_axes)
-    if verdict.accepted:
-        return verdict
+    with ``check_lowering``); return the verdict (None: not compiled, see
+    ``compiler_would_abort``)."""
     where = f"kernel '{kernel.name}'"
     if kernel.launch_location:
         where += f" (pallas_call at {kernel.launch_location})"
+    aborts = compiler_would_abort(kernel)
+    if aborts is not None:
+        warnings.warn(
+            f"{where}: not compiled for TPU {chip}: {aborts}; the TPU compiler aborts the "
+            "process on such a kernel (a failed check in its pipeline emitter), so the "
+            "kernel runs unchecked and its simulation reports the block.",
+            TpuLoweringWarning, stacklevel=3)
+        return None
+    verdict = tpu_compiler.compile_verdict(bind, avals_in, chip=chip, mesh_axes=mesh_axes)
+    if verdict.accepted:
+        return verdict
     said = f"the TPU compiler ({verdict.checker}, topology {verdict.topology}) says:"
     if verdict.kind == "resource":
         if check_memory:
@@ -78,3 +90,49 @@ def check_with_compiler(kernel: PreparedKernel, bind: Callable[..., Any],
         "(supported dtypes for each operation on this chip, layouts Mosaic can infer, "
         "blocks whose last two dimensions are divisible by 8 and 128 or equal to the "
         "array's); InterpretParams(check_lowering=False) skips this check.")
+
+
+def compiler_would_abort(kernel: PreparedKernel) -> str | None:
+    """Why libtpu would abort the process compiling ``kernel``, or None.
+
+    The compiler's pipeline emitter computes the first grid point's block windows at
+    compile time and fails a check (``math_util.cc: Check failed: CouldLeS32``, then
+    ``abort()``) when one starts past its array: a block index that is a constant, or a
+    computation of the grid indices only, out of bounds at grid point 0. palladium's
+    simulation reports such a block as an ``OutOfBoundsError`` naming it instead.
+    """
+    grid = tuple(kernel.grid_mapping.grid)
+    if not all(isinstance(g, int) for g in grid):
+        return None
+    point = (0,) * len(grid)
+    for info in (*kernel.inputs, *kernel.outputs):
+        if info.in_hbm or not info.dims:
+            continue
+        block = _static_block_index(info.index_map, len(grid))
+        if block is None:
+            continue
+        try:
+            region = info.region(block)
+        except (ValueError, TypeError, IndexError):
+            continue
+        for axis, (r, size) in enumerate(zip(region, info.array_shape)):
+            start = r.start if isinstance(r, slice) else r
+            if isinstance(start, int) and not 0 <= start < max(size, 1):
+                return (f"block {block} of '{info.name}' starts at {start} on axis {axis} of "
+                        f"its {info.array_shape} array at grid point {point}")
+    return None
+
+
+def _static_block_index(closed: Any, n_grid: int) -> tuple[int, ...] | None:
+    """The block index map's value at grid point 0, when it reads no scalar-prefetch
+    operand (the compiler folds it then), else None."""
+    jaxpr = closed.jaxpr
+    used = {id(v) for eqn in jaxpr.eqns for v in eqn.invars} | {id(v) for v in jaxpr.outvars}
+    if any(id(v) in used for v in jaxpr.invars[n_grid:]):
+        return None
+    args = [np.int32(0)] * n_grid + [None] * (len(jaxpr.invars) - n_grid)
+    try:
+        values = jc.eval_jaxpr(jaxpr, closed.consts, *args)
+        return tuple(int(np.asarray(v)) for v in values)
+    except Exception:  # noqa: BLE001  (a map this cannot fold: the compiler decides)
+        return None
