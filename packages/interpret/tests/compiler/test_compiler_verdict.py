@@ -382,3 +382,34 @@ def test_a_block_the_compiler_would_abort_on_is_not_compiled_and_the_simulation_
             "(8, 128) array at grid point (0,); the TPU compiler aborts the process on such "
             "a kernel") in str(warned[0].message)
     assert "block (5, 0)" in str(info.value) and "x_ref" in str(info.value)
+
+
+@pytest.mark.parametrize("chip", tpu_compiler.compilable_chips())
+def test_the_chip_facts_vmem_limits_are_the_compilers(chip):
+    # palladium's chip table (jax's tpu_info, and XLA's default scoped limit kept by hand)
+    # against what the compiler enforces: the default scoped limit and the capacity.
+    from palladium.interpret.chip import chip_facts
+
+    facts = chip_facts(chip)
+
+    def verdict(nbytes):
+        call = pl.pallas_call(
+            _live_scratch_kernel, grid=(2,),
+            in_specs=[pl.BlockSpec((8, 128), lambda i: (0, 0))],
+            out_specs=pl.BlockSpec((8, 128), lambda i: (0, 0)),
+            out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32),
+            scratch_shapes=[pltpu.VMEM((nbytes // 512, 128), jnp.float32)],
+            interpret=pi.InterpretParams(chip=chip, compile_check="compiler"))
+        try:
+            call(X)
+        except TpuResourceError as e:
+            return str(e)
+        return None
+
+    limit = facts.default_scoped_vmem_limit_bytes
+    if limit < facts.vmem_capacity_bytes:
+        said = verdict(limit + 2**20)
+        assert f"limit {limit / 2**20:.2f}M exceeded scoped vmem limit" in said
+        assert verdict(limit - 2**20) is None
+    said = verdict(facts.vmem_capacity_bytes + 2**20)
+    assert f"would exceed memory (size={facts.vmem_capacity_bytes})" in said
