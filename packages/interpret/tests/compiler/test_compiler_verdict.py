@@ -413,3 +413,33 @@ def test_the_chip_facts_vmem_limits_are_the_compilers(chip):
         assert verdict(limit - 2**20) is None
     said = verdict(facts.vmem_capacity_bytes + 2**20)
     assert f"would exceed memory (size={facts.vmem_capacity_bytes})" in said
+
+
+def test_check_lowering_false_runs_a_debug_print_and_still_counts_memory():
+    # Mosaic rejects a float debug_print; check_lowering=False runs it, and whether the
+    # kernel fits is then the approximation's to say (the compiler stopped before).
+    def printing(x_ref, o_ref, s):
+        pl.debug_print("x = {}", x_ref[0, 0])
+        i = pl.program_id(0)
+        s[pl.ds(i * 8, 8)] = x_ref[...]
+        o_ref[...] = s[pl.ds((1 - i) * 8, 8)]
+
+    def call(rows):
+        return pl.pallas_call(
+            printing, grid=(2,),
+            in_specs=[pl.BlockSpec((8, 128), lambda i: (0, 0))],
+            out_specs=pl.BlockSpec((8, 128), lambda i: (0, 0)),
+            out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32),
+            scratch_shapes=[pltpu.VMEM((rows, 128), jnp.float32)],
+            interpret=pi.InterpretParams(compile_check="compiler", check_lowering=False))
+
+    with pytest.raises(TpuLoweringError):
+        pl.pallas_call(printing, grid=(2,),
+                       in_specs=[pl.BlockSpec((8, 128), lambda i: (0, 0))],
+                       out_specs=pl.BlockSpec((8, 128), lambda i: (0, 0)),
+                       out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32),
+                       scratch_shapes=[pltpu.VMEM((64, 128), jnp.float32)],
+                       interpret=pi.InterpretParams(compile_check="compiler"))(X)
+    np.testing.assert_array_equal(call(64)(X), X)
+    with pytest.raises(TpuResourceError, match="needs 24.01 MiB"):
+        call(24 * 2048)(X)

@@ -74,9 +74,15 @@ def check_kernel(kernel: PreparedKernel, params: InterpretParams, ctx: Any, *,
         verdict = check_with_compiler(
             kernel, bind, avals_in, chip=params.chip, mesh_axes=mesh_axes or {},
             check_lowering=params.check_lowering, check_memory=params.check_memory)
-        if verdict is not None:
+        if verdict is not None and verdict.kind in ("accepted", "resource"):
             kernel.memory_use = dataclasses.replace(
                 use, checker=verdict.checker, compiler_vmem_bytes=verdict.vmem_bytes)
+            return
+        # The compiler did not get as far as placing the kernel in memory (it was not
+        # handed the kernel, or stopped at a lowering failure check_lowering=False lets
+        # through): whether it fits is the approximation's to say.
+        if params.check_memory:
+            check_fits(kernel, use)
         return
     num_cores = (math.prod(kernel.mesh.shape.values()) if kernel.is_core_map
                  else params.num_cores_or_threads)
