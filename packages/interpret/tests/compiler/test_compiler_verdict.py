@@ -443,3 +443,31 @@ def test_check_lowering_false_runs_a_debug_print_and_still_counts_memory():
     np.testing.assert_array_equal(call(64)(X), X)
     with pytest.raises(TpuResourceError, match="needs 24.01 MiB"):
         call(24 * 2048)(X)
+
+
+def test_scalar_prefetch_aliases_and_every_memory_space_are_compiled():
+    def kernel(idx_ref, x_ref, s_ref, h_ref, o_ref, sem):
+        del h_ref
+        o_ref[...] = x_ref[...] + s_ref[0, 0].astype(jnp.float32) + idx_ref[0]
+
+    def call(dtype):
+        return pl.pallas_call(
+            kernel,
+            grid_spec=pltpu.PrefetchScalarGridSpec(
+                num_scalar_prefetch=1, grid=(2,),
+                in_specs=[pl.BlockSpec((8, 128), lambda i, idx: (idx[i], 0)),
+                          pl.BlockSpec(memory_space=pltpu.SMEM),
+                          pl.BlockSpec(memory_space=pl.ANY)],
+                out_specs=pl.BlockSpec((8, 128), lambda i, idx: (i, 0)),
+                scratch_shapes=[pltpu.SemaphoreType.DMA]),
+            out_shape=jax.ShapeDtypeStruct((16, 128), dtype),
+            input_output_aliases={1: 0},
+            interpret=pi.InterpretParams(compile_check="compiler"))
+
+    idx = jnp.array([0, 1], jnp.int32)  # each step reads the block it writes (aliased)
+    x = jnp.arange(16 * 128, dtype=jnp.float32).reshape(16, 128)
+    s = jnp.full((1, 1), 3, jnp.int32)
+    out = call(jnp.float32)(idx, x, s, x)
+    expected = np.asarray(x) + 3 + 0  # idx[0]
+    np.testing.assert_array_equal(out, expected)
+    assert len(tpu_compiler._MEMORY) == 1  # compiled (and accepted)
