@@ -64,3 +64,27 @@ def test_philox_kernel_matches_jax_interpreter():
     with force_tpu_interpret_mode(True):  # jax's own (HLO) interpreter as the reference
         ref = jax.random.bits(key, (16, 256), jnp.uint32)
     np.testing.assert_array_equal(bits, ref)
+
+
+def ragged_paged_attention_case():
+    """jax's shipped ragged paged attention (it uses jnp.sign and integer //) on three
+    sequences of mixed prefill and decode, and its reference."""
+    from jax.experimental.pallas.ops.tpu.ragged_paged_attention import kernel as rpa
+
+    rng = np.random.default_rng(0)
+    q_lens, kv_lens = np.array([5, 1, 18]), np.array([40, 17, 90, 0])
+    q = jnp.asarray(rng.standard_normal((32, 8, 128)), jnp.float32)
+    kv = jnp.asarray(rng.standard_normal((64, 16, 4, 128)), jnp.float32)
+    pages = jnp.asarray(rng.permutation(64)[:32].reshape(4, 8), jnp.int32)
+    cu_q = jnp.asarray(np.concatenate([[0], np.cumsum(q_lens), [q_lens.sum()]]), jnp.int32)
+    args = (q, kv, jnp.asarray(kv_lens, jnp.int32), pages, cu_q, jnp.array([3], jnp.int32))
+    out = rpa.ragged_paged_attention(*args, num_kv_pages_per_block=4, num_queries_per_block=8)
+    n = int(q_lens.sum())
+    return np.asarray(out)[:n], np.asarray(rpa.ref_ragged_paged_attention(*args))[:n]
+
+
+def test_ragged_paged_attention_is_not_rejected_and_matches_its_reference():
+    # It failed the lowering check ("Unsupported TPU device kind: cpu" at its jnp.sign).
+    with force_tpu_interpret_mode(InterpretParams(compile_check="approximate")):
+        out, ref = ragged_paged_attention_case()
+    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5)

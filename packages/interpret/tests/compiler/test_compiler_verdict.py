@@ -471,3 +471,13 @@ def test_scalar_prefetch_aliases_and_every_memory_space_are_compiled():
     expected = np.asarray(x) + 3 + 0  # idx[0]
     np.testing.assert_array_equal(out, expected)
     assert len(tpu_compiler._MEMORY) == 1  # compiled (and accepted)
+
+
+def test_jaxs_ragged_paged_attention_compiles_and_matches_its_reference():
+    from test_jax_kernels import ragged_paged_attention_case
+
+    with pi.force_tpu_interpret_mode(pi.InterpretParams(compile_check="compiler")), \
+            pi.timeline() as tl:
+        out, ref = ragged_paged_attention_case()
+    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5)
+    assert tl.launches[-1].info.memory.checker == CHECKER
