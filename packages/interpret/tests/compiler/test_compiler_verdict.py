@@ -481,3 +481,24 @@ def test_jaxs_ragged_paged_attention_compiles_and_matches_its_reference():
         out, ref = ragged_paged_attention_case()
     np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5)
     assert tl.launches[-1].info.memory.checker == CHECKER
+
+
+def test_a_compiler_crash_is_a_verdict_not_the_end_of_this_process():
+    # libtpu aborts on a first block past its array; it compiles in a process of its own,
+    # so the crash is reported (and cached) and this process goes on.
+    def copy(x_ref, o_ref):
+        o_ref[...] = x_ref[...]
+
+    call = pl.pallas_call(copy, grid=(1,), in_specs=[pl.BlockSpec((8, 128), lambda i: (5, 0))],
+                          out_specs=pl.BlockSpec((8, 128), lambda i: (0, 0)),
+                          out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32))
+    spec = jax.ShapeDtypeStruct((8, 128), jnp.float32)
+    verdict = tpu_compiler.compile_verdict(call, [spec], chip="v5e", mesh_axes={})
+    assert verdict.kind == "crashed"
+    assert verdict.message.startswith("the TPU compiler's process died (signal SIGABRT)")
+    assert "Check failed" in verdict.message
+    again = tpu_compiler.compile_verdict(call, [spec], chip="v5e", mesh_axes={})
+    assert again.kind == "crashed" and again.source == "memory"
+    # the compiler's process is started again for the next kernel
+    fine = pl.pallas_call(copy, out_shape=spec)
+    assert tpu_compiler.compile_verdict(fine, [spec], chip="v5e", mesh_axes={}).accepted

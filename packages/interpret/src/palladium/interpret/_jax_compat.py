@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
+import importlib
 import inspect
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -37,6 +38,8 @@ from jax._src.pjit import jit_p
 from jax._src.state import indexing
 from jax._src.state import primitives as state_primitives
 from jax._src.state import types as state_types
+
+_MOSAIC_LOWERING = "jax._src.pallas.mosaic.lowering"
 
 # --- pallas_call and its parameters ---------------------------------------------------
 PALLAS_CALL_P = pallas_call_p
@@ -304,9 +307,31 @@ def tpu_info_for_chip(chip_version: str) -> tpu_info.TpuInfo:
 def mosaic_lowering_available() -> bool:
     """Whether this jax has the Mosaic entry point the lowering check uses (jax 0.10.0
     lacks ``lower_jaxpr_to_pipelined_module``; the check is then skipped)."""
-    from jax._src.pallas.mosaic import lowering as mosaic_lowering
+    return hasattr(importlib.import_module(_MOSAIC_LOWERING),
+                   "lower_jaxpr_to_pipelined_module")
 
-    return hasattr(mosaic_lowering, "lower_jaxpr_to_pipelined_module")
+
+def module_bytecode(lowered: Any) -> bytes:  # a jax.stages.Lowered's, locations kept
+    return mlir.module_to_bytecode(lowered.compiler_ir("stablehlo"))
+
+
+def compile_for_devices(bytecode: bytes, devices: np.ndarray, num_args: int,
+                        num_outputs: int) -> str:
+    """Compile ``module_bytecode``'s program for ``devices`` (a TPU topology's) as
+    ``jax.jit``'s ``compile()`` does: its HLO text, or what the compiler raises."""
+    from jax._src import compiler
+    from jax._src.interpreters import pxla
+    from jax._src.lib import xla_client
+    from jax._src.lib.mlir import ir
+
+    backend = devices.flat[0].client
+    with mlir.make_ir_context():
+        module = ir.Module.parse(bytecode)
+        options = pxla.create_compile_options(
+            module, False, [False] * num_args, [False] * num_outputs, backend, devices, {})
+        executable = compiler.backend_compile_and_load(
+            backend, module, xla_client.DeviceList(tuple(devices.flat)), options, [])
+    return "\n".join(m.to_string() for m in executable.hlo_modules())
 
 
 def abstract_device(*, device_kind: str, num_cores: int) -> Any:
@@ -365,24 +390,19 @@ def mosaic_lower(ctx: Any, grid_mapping: Any, jaxpr: Any, compiler_params: Any, 
     return module
 
 
-# Mosaic's lowering rules that ask ``tpu_info.get_tpu_info()`` for "the current TPU" (the
-# rule of ``sign``, of ``iota``'s layout...) look at the default device, as jax enters each
-# equation's own trace context (and its abstract mesh, usually empty) while lowering it.
-# On a CPU that device is the CPU ("Unsupported TPU device kind: cpu"). Within
-# ``simulated_tpu`` they get the simulated chip's facts instead; elsewhere jax's own
-# function answers, and its cache is never filled with a simulated chip's facts.
+# Mosaic's rules that ask ``tpu_info.get_tpu_info()`` for "the current TPU" (``sign``...)
+# see the default device (jax enters each equation's own, usually empty, abstract mesh):
+# on a CPU the CPU. Within ``simulated_tpu`` they get the simulated chip's facts instead.
 _SIMULATED_TPU: contextvars.ContextVar[tuple[str, int] | None] = contextvars.ContextVar(
     "palladium_simulated_tpu", default=None)
 _JAX_GET_TPU_INFO = tpu_info.get_tpu_info
 
 
 def _get_tpu_info() -> Any:
-    simulated = _SIMULATED_TPU.get()
-    if simulated is None:
+    if (simulated := _SIMULATED_TPU.get()) is None:
         return _JAX_GET_TPU_INFO()
-    kind, num_cores = simulated
-    version = tpu_info.chip_version_from_device_kind(kind)
-    return tpu_info.get_tpu_info_for_chip(version, num_cores)
+    version = tpu_info.chip_version_from_device_kind(simulated[0])
+    return tpu_info.get_tpu_info_for_chip(version, simulated[1])
 
 
 @contextlib.contextmanager
@@ -398,13 +418,7 @@ def simulated_tpu(device_kind: str, num_cores: int) -> Any:
         _SIMULATED_TPU.reset(token)
 
 
-def _mosaic_lowering_file() -> str:
-    from jax._src.pallas.mosaic import lowering as mosaic_lowering
-
-    return mosaic_lowering.__file__
-
-
-_MOSAIC_LOWERING_FILE = _mosaic_lowering_file()
+_MOSAIC_LOWERING_FILE = importlib.import_module(_MOSAIC_LOWERING).__file__
 
 
 def mosaic_failing_equations(exc: BaseException | None) -> list:
@@ -418,8 +432,7 @@ def mosaic_failing_equations(exc: BaseException | None) -> list:
         tb = exc.__traceback__
         while tb is not None:
             frame = tb.tb_frame
-            # Mosaic's own jaxpr_subcomp (not XLA's, which lowers the program around the
-            # kernel when the TPU compiler check lowers a whole jitted call).
+            # Mosaic's own jaxpr_subcomp (not XLA's, around the kernel in a jitted call).
             if (frame.f_code.co_name == "jaxpr_subcomp" and "eqn" in frame.f_locals
                     and frame.f_code.co_filename == _MOSAIC_LOWERING_FILE):
                 eqns.append(frame.f_locals["eqn"])

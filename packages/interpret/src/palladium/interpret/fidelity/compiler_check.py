@@ -54,6 +54,12 @@ def check_with_compiler(kernel: PreparedKernel, bind: Callable[..., Any],
     verdict = tpu_compiler.compile_verdict(bind, avals_in, chip=chip, mesh_axes=mesh_axes)
     if verdict.accepted:
         return verdict
+    if verdict.kind in ("crashed", "timeout"):
+        warnings.warn(
+            f"{where}: the TPU compiler check for TPU {chip} could not decide "
+            f"({verdict.message}); the kernel runs unchecked. A TPU's compiler ends the "
+            "process the same way on this kernel.", TpuLoweringWarning, stacklevel=3)
+        return verdict
     said = f"the TPU compiler ({verdict.checker}, topology {verdict.topology}) says:"
     if verdict.kind == "resource":
         if check_memory:

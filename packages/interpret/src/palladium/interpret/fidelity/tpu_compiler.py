@@ -5,8 +5,10 @@ topology of the simulated chip (no TPU needed), exactly as ``jax.jit`` would on 
 jax pins (``jax[tpu]``: jax 0.10.2 -> libtpu 0.0.42.*, 0.10.0 -> 0.0.40.*). With it, a
 ``pallas_call`` (or ``core_map``, or a ``shard_map``-ped multi-device kernel, compiled over
 a mesh of the topology's devices of the launch's mesh shape) is bound again with
-``interpret=False`` and compiled by ``jax.jit(...).trace(...).lower(lowering_platforms=
-("tpu",)).compile()`` with a topology device as jax's default device.
+``interpret=False`` and lowered by ``jax.jit(...).trace(...).lower(lowering_platforms=
+("tpu",))`` with a topology device as jax's default device, here; libtpu compiles the
+lowered program in a process of its own (``compiler_process``: it aborts its process on
+some kernels).
 
 A verdict is cached in memory and on disk (``$PALLADIUM_CACHE_DIR``, else
 ``$XDG_CACHE_HOME/palladium`` or ``~/.cache/palladium``; one small JSON file per kernel),
@@ -40,7 +42,9 @@ from typing import Any
 import jax
 import numpy as np
 
+from palladium.interpret import _jax_compat as jc
 from palladium.interpret._version import __version__ as palladium_version
+from palladium.interpret.fidelity.compiler_process import COMPILER_PROCESS
 
 __all__ = [
     "INSTALL_COMMAND",
@@ -148,7 +152,8 @@ class Verdict:
     """What the TPU compiler said of one kernel.
 
     ``kind``: "accepted", "resource" (does not fit: VMEM/SMEM), "lowering" (Mosaic or
-    jax's TPU lowering rejects it) or "other". ``message`` is the compiler's, whole.
+    jax's TPU lowering rejects it), "other" (another compiler error), "crashed" (the
+    compiler's process died on it) or "timeout". ``message`` is the compiler's, whole.
     ``error`` is the exception of a failure raised while lowering (not cached), for the
     kernel line it was lowering. ``vmem_bytes``: the scoped VMEM the compiled kernel
     uses. ``source``: "compiled", "memory" or "disk" (where the verdict came from).
@@ -199,6 +204,8 @@ def clear_memory_cache() -> None:
 _WORKER = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="palladium-tpu-compiler")
 
 
+
+
 def compile_verdict(bind: Callable[..., Any], avals_in: Sequence[Any], *, chip: str,
                     mesh_axes: dict[str, int], use_disk: bool = True) -> Verdict:
     """Compile ``bind`` (the kernel's primitive bound with ``interpret=False``) for
@@ -239,15 +246,21 @@ def _compile_verdict(bind: Callable[..., Any], avals_in: Sequence[Any], *, chip:
         if found is not None:
             verdict = dataclasses.replace(found, seconds=time.perf_counter() - start)
         else:
-            try:
-                compiled = lowered.compile()
-            except Exception as exc:  # noqa: BLE001  (the compiler rejects the kernel)
-                verdict = Verdict(_kind(exc), _message(exc), checker, topo_name,
-                                  time.perf_counter() - start)
-            else:
-                verdict = Verdict("accepted", "", checker, topo_name,
-                                  time.perf_counter() - start,
-                                  vmem_bytes=_used_vmem(compiled.as_text()))
+            outcome, message, vmem = COMPILER_PROCESS.compile(
+                jc.module_bytecode(lowered), topo_name, num_devices, len(avals_in),
+                len(lowered.out_info) if isinstance(lowered.out_info, (list, tuple))
+                else len(jax.tree_util.tree_leaves(lowered.out_info)))
+            seconds = time.perf_counter() - start
+            if outcome == "accepted":
+                verdict = Verdict("accepted", "", checker, topo_name, seconds,
+                                  vmem_bytes=vmem)
+            elif outcome == "failed":
+                verdict = Verdict(_kind_of_text(message), message, checker, topo_name,
+                                  seconds)
+            else:  # the compiler's process died, or took longer than COMPILE_TIMEOUT
+                verdict = Verdict(outcome, message, checker, topo_name, seconds)
+            if verdict.kind == "timeout":
+                return verdict  # not a verdict on the kernel: ask again next time
             if use_disk:
                 _write_disk(key, verdict)
     with _MEMORY_LOCK:
@@ -273,12 +286,17 @@ def _program(bind: Callable[..., Any], mesh_axes: dict[str, int],
 
 
 def _kind(exc: BaseException) -> str:
+    """The kind of a failure raised while lowering (jax's TPU lowering, in this process)."""
     text = _message(exc)
-    if _RESOURCE.search(text):
+    return "resource" if _RESOURCE.search(text) else "lowering"
+
+
+def _kind_of_text(message: str) -> str:
+    """The kind of a compiler failure, from its message (``"Type: text"``)."""
+    if _RESOURCE.search(message):
         return "resource"
-    name = type(exc).__name__
-    if ("Mosaic" in text or "Mosaic" in name or "LoweringException" in name
-            or "verif" in text.lower() or not isinstance(exc, jax.errors.JaxRuntimeError)):
+    name = message.split(":", 1)[0]
+    if "Mosaic" in message or "verif" in message.lower() or name != "JaxRuntimeError":
         return "lowering"
     return "other"
 
@@ -301,18 +319,6 @@ def _message(exc: BaseException) -> str:
             and str(cause) not in text):
         text += f"\n(caused by {type(cause).__name__}: {cause})"
     return text
-
-
-_USED_SCOPED = re.compile(r'"used_scoped_memory_configs":\[([^\]]*)\]')
-_CONFIG = re.compile(r'\{"memory_space":"(\d+)","offset":"(\d+)","size":"(\d+)"\}')
-_VMEM_SPACE = "1"
-
-
-def _used_vmem(hlo_text: str) -> int | None:
-    """The scoped VMEM the compiled kernel(s) use: the largest of the custom calls'."""
-    sizes = [int(size) for block in _USED_SCOPED.findall(hlo_text)
-             for space, _, size in _CONFIG.findall(block) if space == _VMEM_SPACE]
-    return max(sizes) if sizes else None
 
 
 def _key(lowered_text: str, chip: str, topology: str) -> str:

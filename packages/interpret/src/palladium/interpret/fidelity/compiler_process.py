@@ -1,0 +1,109 @@
+"""The process libtpu compiles in, seen from the user's process (see ``compiler_worker``).
+
+Started on the first compile and kept for the next ones; started again after it died. A
+compile that ends it (libtpu aborts on some kernels) or outlasts ``COMPILE_TIMEOUT`` is an
+outcome ("crashed", "timeout"), never this process's end or a hang.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import select
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+from typing import Any
+
+from palladium.interpret.fidelity.compiler_protocol import read_frame, write_frame
+
+__all__ = ["COMPILER_PROCESS", "COMPILE_TIMEOUT", "CompilerProcess"]
+
+#: Seconds one compile may take in the compiler's process before it is ended and the
+#: kernel runs unchecked (libtpu compiles palladium's test kernels in 0.05-2 s).
+COMPILE_TIMEOUT = 300.0
+
+
+class CompilerProcess:
+    """The process libtpu compiles in (``compiler_worker``): started on the first compile,
+    kept for the next ones, started again after it died."""
+
+    def __init__(self) -> None:
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._stderr: Any = None
+        self._lock = threading.Lock()
+
+    def compile(self, bytecode: bytes, topology: str, num_devices: int, num_args: int,
+                num_outputs: int) -> tuple[str, str, int | None]:
+        """``(outcome, message, vmem_bytes)``: outcome "accepted", "failed", "crashed"
+        or "timeout"."""
+        with self._lock:
+            proc = self._start()
+            request = (bytecode, topology, num_devices, num_args, num_outputs)
+            assert proc.stdin is not None and proc.stdout is not None
+            try:
+                write_frame(proc.stdin, request)
+                ready, _, _ = select.select([proc.stdout], [], [], COMPILE_TIMEOUT)
+                reply = read_frame(proc.stdout) if ready else None
+            except (BrokenPipeError, OSError):
+                ready, reply = [proc.stdout], None
+            if reply is not None:
+                return reply  # type: ignore[no-any-return]
+            return self._failure(proc, timed_out=not ready)
+
+    def _start(self) -> subprocess.Popen[bytes]:
+        if self._proc is not None and self._proc.poll() is None:
+            return self._proc
+        env = dict(os.environ, JAX_PLATFORMS="cpu", ALLOW_MULTIPLE_LIBTPU_LOAD="1")
+        if self._stderr is not None:
+            self._stderr.close()
+        self._stderr = tempfile.TemporaryFile()  # noqa: SIM115  (kept with the process)
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "palladium.interpret.fidelity.compiler_worker"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr, env=env)
+        return self._proc
+
+    def _failure(self, proc: subprocess.Popen[bytes],
+                 timed_out: bool) -> tuple[str, str, int | None]:
+        if not timed_out:  # its replies ended: it is dying (libtpu's handler writes first)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=60)
+        if proc.poll() is None:  # no reply in time: end it
+            proc.kill()
+            proc.wait()
+            self._proc = None
+            return ("timeout", f"the TPU compiler did not finish within {COMPILE_TIMEOUT:.0f} "
+                    "s", None)
+        code = proc.returncode
+        self._proc = None
+        said = _last_words(self._stderr)
+        how = (f"signal {signal.Signals(-code).name}" if code < 0 else f"exit status {code}")
+        return ("crashed", f"the TPU compiler's process died ({how})"
+                + (f"; libtpu said: {said}" if said else ""), None)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._proc is not None and self._proc.poll() is None:
+                self._proc.kill()
+                self._proc.wait()
+            self._proc = None
+
+
+def _last_words(stderr: Any) -> str:
+    """libtpu's failed check, from what the compiler's process wrote before it died."""
+    if stderr is None:
+        return ""
+    try:
+        stderr.seek(0)
+        text = stderr.read().decode(errors="replace")
+    except OSError:
+        return ""
+    checks = [line for line in text.splitlines() if "Check failed" in line or "CHECK" in line]
+    return checks[0].strip() if checks else ""
+
+
+COMPILER_PROCESS = CompilerProcess()
+atexit.register(COMPILER_PROCESS.close)
