@@ -28,6 +28,7 @@ from palladium.interpret.blas import single_threaded_blas
 from palladium.interpret.chip import resolve_chip
 from palladium.interpret.devices import DeviceMesh
 from palladium.interpret.errors import DataRaceError, SimulationError
+from palladium.interpret.fidelity import tpu_compiler
 from palladium.interpret.fidelity.checks import check_kernel
 from palladium.interpret.host_call import host_call
 from palladium.interpret.kernel import PreparedKernel
@@ -222,6 +223,7 @@ def install() -> None:
     if _FAILURE_FILTER not in logger.filters:
         logger.addFilter(_FAILURE_FILTER)
     jc.register_lowering(jc.PALLAS_CALL_P, _pallas_call_lowering, platform="cpu")
+    tpu_compiler.prestart()  # where libtpu is installed: the TPU compiler's process
     # core_map lowers through jax's mpmd fallback, which calls the pallas_call lowering
     # function directly rather than through the registry.
     jc.route_direct_pallas_call_lowering(_pallas_call_lowering)

@@ -20,7 +20,11 @@ from typing import Any
 
 from palladium.interpret.fidelity.compiler_protocol import read_frame, write_frame
 
-__all__ = ["COMPILER_PROCESS", "COMPILE_TIMEOUT", "CompilerProcess"]
+__all__ = ["COMPILER_PROCESS", "COMPILE_TIMEOUT", "PRESTART_VARIABLE", "CompilerProcess"]
+
+#: ``PALLADIUM_COMPILER_PRESTART=0`` keeps ``import palladium.interpret`` from starting the
+#: compiler's process where libtpu is installed (it is then started on the first compile).
+PRESTART_VARIABLE = "PALLADIUM_COMPILER_PRESTART"
 
 #: Seconds one compile may take in the compiler's process before it is ended and the
 #: kernel runs unchecked (libtpu compiles palladium's test kernels in 0.05-2 s).
@@ -54,10 +58,17 @@ class CompilerProcess:
                 return reply  # type: ignore[no-any-return]
             return self._failure(proc, timed_out=not ready)
 
+    def prestart(self) -> None:
+        """Start the process now, in the background (its imports take seconds), so that
+        the first compile finds it ready."""
+        with self._lock:
+            self._start()
+
     def _start(self) -> subprocess.Popen[bytes]:
         if self._proc is not None and self._proc.poll() is None:
             return self._proc
-        env = dict(os.environ, JAX_PLATFORMS="cpu", ALLOW_MULTIPLE_LIBTPU_LOAD="1")
+        env = dict(os.environ, JAX_PLATFORMS="cpu", ALLOW_MULTIPLE_LIBTPU_LOAD="1",
+                   **{PRESTART_VARIABLE: "0"})  # the worker imports palladium.interpret
         if self._stderr is not None:
             self._stderr.close()
         self._stderr = tempfile.TemporaryFile()  # noqa: SIM115  (kept with the process)

@@ -44,7 +44,7 @@ import numpy as np
 
 from palladium.interpret import _jax_compat as jc
 from palladium.interpret._version import __version__ as palladium_version
-from palladium.interpret.fidelity.compiler_process import COMPILER_PROCESS
+from palladium.interpret.fidelity.compiler_process import COMPILER_PROCESS, PRESTART_VARIABLE
 
 __all__ = [
     "INSTALL_COMMAND",
@@ -89,6 +89,14 @@ def compiler_version() -> str | None:
         return importlib.metadata.version("libtpu")
     except importlib.metadata.PackageNotFoundError:
         return "unknown"
+
+
+def prestart() -> None:
+    """Where libtpu is installed, start the compiler's process in the background (unless
+    ``PALLADIUM_COMPILER_PRESTART=0``): the first new kernel then does not wait for its
+    imports."""
+    if compiler_version() is not None and os.environ.get(PRESTART_VARIABLE, "1") != "0":
+        COMPILER_PROCESS.prestart()
 
 
 def checker_name() -> str:
