@@ -17,6 +17,7 @@ from palladium.interpret import (
     KernelError,
     TpuLoweringError,
     TpuLoweringWarning,
+    TpuResourceError,
 )
 
 CHIPS = ["v4", "v5e", "v6e"]
@@ -235,3 +236,23 @@ def test_a_tpu_palladium_does_not_know_is_an_error_not_a_silent_v5e():
         "the abstract mesh's device is a 'TPU8i', a TPU palladium does not simulate; it "
         "knows ('v2', 'v3', 'v4', ")
     assert str(info.value).endswith("(InterpretParams(chip=...) chooses one).")
+
+
+def test_the_approximations_verdicts_say_who_spoke():
+    with pytest.raises(TpuLoweringError) as info:
+        _elementwise(lambda v: jnp.cumsum(v, axis=0), "v5e", compile_check="approximate")(X)
+    assert str(info.value).endswith(
+        "(Checked by palladium's approximation; where libtpu is installed, the TPU compiler "
+        "itself decides: pip install 'palladium-interpret[compiler]'.)")
+
+    def big(x_ref, o_ref, s):
+        s[...] = jnp.zeros_like(s)
+        o_ref[...] = x_ref[...]
+
+    call = pl.pallas_call(big, out_shape=jax.ShapeDtypeStruct(X.shape, X.dtype),
+                          scratch_shapes=[pltpu.VMEM((8 * 4096, 128), jnp.float32)],
+                          interpret=InterpretParams(compile_check="approximate"))
+    with pytest.raises(TpuResourceError) as info:
+        call(X)
+    assert str(info.value).endswith("itself decides: pip install "
+                                    "'palladium-interpret[compiler]'.)")

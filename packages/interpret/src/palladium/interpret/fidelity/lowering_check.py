@@ -36,7 +36,12 @@ from palladium.interpret.errors import TpuLoweringError, TpuLoweringWarning
 from palladium.interpret.eval.registry import RULES
 from palladium.interpret.kernel import PreparedKernel
 
-__all__ = ["check_lowering", "device_kind", "kernel_line", "not_the_kernels_fault",
+#: Said under every verdict of the approximation: which checker spoke.
+APPROXIMATION_NOTE = (
+    "(Checked by palladium's approximation; where libtpu is installed, the TPU compiler "
+    "itself decides: pip install 'palladium-interpret[compiler]'.)")
+
+__all__ = ["APPROXIMATION_NOTE", "check_lowering", "device_kind", "kernel_line", "not_the_kernels_fault",
            "unknown_everywhere"]
 
 # Mosaic's own block-shape checks run before any equation is lowered; a failure there is
@@ -83,7 +88,7 @@ def _report(kernel: PreparedKernel, chip: str, exc: Exception) -> None:
             "A TPU rejects this kernel at compile time. Change the kernel as Mosaic asks "
             "(blocks whose last two dimensions are divisible by 8 and 128 or equal to the "
             "array's, operations Mosaic lowers, supported dtypes); "
-            "InterpretParams(check_lowering=False) skips this check."
+            "InterpretParams(check_lowering=False) skips this check.\n" + APPROXIMATION_NOTE
         ) from exc
     reason = not_ours or "the failure is outside the kernel's equations and block specs"
     warnings.warn(
