@@ -215,3 +215,42 @@ def test_readme_example(pytester):
     result = pytester.runpytest_subprocess("-rA", "-p", "no:randomly")
     assert outcomes(result) == {"test_kernels.py::test_double": "failed",
                                 "test_kernels.py::test_double_has_no_race": "passed"}
+
+
+BAD_MARKERS = '''
+import pytest
+
+
+@pytest.mark.palladium(no_such_field=1)
+def test_unknown_field():
+    pass
+
+
+@pytest.mark.palladium(chip="v99")
+def test_bad_value():
+    pass
+
+
+def test_unmarked():
+    pass
+'''
+
+
+@pytest.mark.timeout(300)
+def test_a_bad_marker_field_is_one_config_error_at_setup(pytester):
+    """It used to be reported twice, as a setup and a teardown error (a TypeError)."""
+    pytester.makepyfile(test_bad=BAD_MARKERS)
+    result = pytester.runpytest_subprocess("-rA", "-p", "no:randomly")
+    text = result.stdout.str()
+    assert sorted(re.findall(r"^(PASSED|FAILED|ERROR) (\S+)", text, re.M)) == [
+        ("ERROR", "test_bad.py::test_bad_value"),
+        ("ERROR", "test_bad.py::test_unknown_field"),
+        ("PASSED", "test_bad.py::test_unmarked"),
+    ], text
+    assert "at teardown" not in text, text
+    assert re.search(
+        r"ConfigError: test_bad.py::test_unknown_field: @pytest.mark.palladium\(no_such_field=1\)"
+        r": InterpretParams has no field 'no_such_field'; its fields are detect_races, .*", text)
+    assert re.search(
+        r"ConfigError: test_bad.py::test_bad_value: @pytest.mark.palladium\(chip='v99'\): "
+        r"InterpretParams.chip must be one of", text)

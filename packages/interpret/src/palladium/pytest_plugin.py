@@ -40,6 +40,7 @@ from typing import Any
 import pytest
 
 _RECORDS = pytest.StashKey["KernelRecords"]()
+_INVALID = pytest.StashKey[bool]()  # the item's marker was reported bad at setup
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,13 +133,26 @@ def _base_fields(config: pytest.Config) -> dict[str, Any] | None:
 
 
 def _make_params(
-    fields: dict[str, Any], where: str, error: type[Exception] = pytest.UsageError
+    fields: dict[str, Any], where: str, error: type[Exception] | None = pytest.UsageError
 ) -> Any:
+    """``InterpretParams(**fields)``; a bad field is ``error`` (None: palladium's
+    ``ConfigError``) naming ``where`` it came from."""
+    import dataclasses as dc
+
     import palladium.interpret as pi
 
+    known = [f.name for f in dc.fields(pi.InterpretParams)]
+    unknown = [name for name in fields if name not in known]
     try:
+        if unknown:
+            raise pi.ConfigError(
+                f"InterpretParams has no field {unknown[0]!r}; its fields are "
+                f"{', '.join(known)}."
+            )
         return pi.InterpretParams(**fields)
     except (TypeError, ValueError) as e:
+        if error is None:
+            raise pi.ConfigError(f"{where}: {e}") from None
         raise error(f"{where}: {e}") from None
 
 
@@ -186,7 +200,7 @@ class _Plugin:
     def _records(self, item: pytest.Item) -> KernelRecords | None:
         """The item's records, made on its first phase; None: not under palladium."""
         records = item.stash.get(_RECORDS, None)
-        if records is not None:
+        if records is not None or item.stash.get(_INVALID, False):
             return records
         marker = item.get_closest_marker("palladium")
         wants_fixture = "palladium" in getattr(item, "fixturenames", ())
@@ -194,15 +208,26 @@ class _Plugin:
             return None
         fields = dict(self.fields or {})
         if marker is not None:
+            shown = ", ".join([*map(repr, marker.args),
+                               *(f"{k}={v!r}" for k, v in marker.kwargs.items())])
+            where = f"{item.nodeid}: @pytest.mark.palladium({shown})"
             if marker.args:
-                raise TypeError(
-                    f"{item.nodeid}: @pytest.mark.palladium takes InterpretParams fields "
-                    f"as keywords only, got {marker.args!r}"
+                item.stash[_INVALID] = True  # reported once, at setup
+                from palladium.interpret import ConfigError
+
+                raise ConfigError(
+                    f"{where}: the marker takes InterpretParams fields as keywords only, "
+                    f"e.g. @pytest.mark.palladium(detect_races=True)"
                 )
             fields.update(marker.kwargs)
-        records = KernelRecords(
-            _make_params(fields, f"{item.nodeid}: @pytest.mark.palladium", TypeError)
-        )
+        else:
+            where = f"{item.nodeid}: --palladium options"
+        try:
+            params = _make_params(fields, where, None)
+        except Exception:
+            item.stash[_INVALID] = True  # reported once, at setup
+            raise
+        records = KernelRecords(params)
         import palladium.interpret as pi
 
         pi.collected_race_reports()  # earlier tests' reports are not this test's

@@ -168,7 +168,7 @@ class _LaunchSite:
 def _pallas_call_lowering(ctx: Any, *in_nodes: Any, interpret: Any, **params: Any) -> Any:
     if not isinstance(interpret, InterpretParams):
         return _ORIGINAL_RULE(ctx, *in_nodes, interpret=interpret, **params)
-    kernel = PreparedKernel.from_params(call_site=jc.lowering_call_site(ctx), **params)
+    kernel = PreparedKernel.from_params(call_site=jc.lowering_call_frame(ctx), **params)
     check_prepared_kernel(kernel, interpret)
     if interpret.chip is None:  # the abstract mesh of the tracing context decides
         interpret = dataclasses.replace(interpret, chip=resolve_chip(None))
