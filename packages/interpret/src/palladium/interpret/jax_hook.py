@@ -289,7 +289,7 @@ def errors_as_raised() -> Iterator[None]:
     ``jax.errors.JaxRuntimeError`` whose message contains palladium's. Within this
     context the original typed exception (``OutOfBoundsError``, ``RevisitError``,
     ``RendezvousTimeoutError``, ...) is raised instead, chained from the wrapper. It is
-    found by the failure id its message carries (``[palladium failure #N]``); its
+    found by the failure id its message carries (``[palladium failure #N: ...]``); its
     traceback keeps file and line of each frame, not their locals (see ``failures``)::
 
         with errors_as_raised():
