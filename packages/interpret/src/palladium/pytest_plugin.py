@@ -82,19 +82,19 @@ class KernelRecords:
 
 class _LaunchRecorder:
     """A launch observer factory (``palladium.interpret.observers``) that appends a
-    :class:`LaunchRecord` per launch to the current test's records (launches run on
-    XLA's callback threads); it observes nothing else."""
+    :class:`LaunchRecord` per launch to one test's records; it observes nothing else.
+    It is scoped to the test's context (``scoped_launch_observer``): launches of other
+    threads are not the test's."""
 
-    def __init__(self) -> None:
-        self.current: KernelRecords | None = None
+    def __init__(self, records: KernelRecords) -> None:
+        self.records = records
         self._lock = threading.Lock()
 
     def __call__(self, info: Any) -> None:
         record = LaunchRecord(str(info.kernel_name), tuple(info.grid), int(info.num_devices),
                               int(info.num_cores), str(info.chip))
-        with self._lock:
-            if self.current is not None:
-                self.current.launches.append(record)
+        with self._lock:  # a multi-device launch reports from XLA's threads
+            self.records.launches.append(record)
 
 
 _OPTIONS = {  # option dest -> InterpretParams field
@@ -169,7 +169,6 @@ class _Plugin:
     def __init__(self, config: pytest.Config) -> None:
         self.fields = _base_fields(config)
         self.timeline_dir: Path | None = None
-        self.recorder: _LaunchRecorder | None = None
         if self.fields is None:
             return
         import palladium.interpret as pi
@@ -192,10 +191,6 @@ class _Plugin:
             import palladium.interpret as pi
 
             pi.reset_tpu_interpret_mode_state()
-        if self.recorder is not None:
-            from palladium.interpret.observers import remove_launch_observer
-
-            remove_launch_observer(self.recorder)
 
     def _records(self, item: pytest.Item) -> KernelRecords | None:
         """The item's records, made on its first phase; None: not under palladium."""
@@ -242,14 +237,11 @@ class _Plugin:
             yield
             return
         import palladium.interpret as pi
-        from palladium.interpret.observers import add_launch_observer
+        from palladium.interpret.observers import scoped_launch_observer
 
-        if self.recorder is None:
-            self.recorder = _LaunchRecorder()
-        add_launch_observer(self.recorder)  # again each time: a process_state.reset() drops it
-        self.recorder.current = records
         try:
             with contextlib.ExitStack() as stack:
+                stack.enter_context(scoped_launch_observer(_LaunchRecorder(records)))
                 stack.enter_context(pi.force_tpu_interpret_mode(records.params))
                 if phase == "call" and self.timeline_dir is not None:
                     tl = stack.enter_context(pi.timeline())  # type: ignore[attr-defined]
@@ -267,7 +259,6 @@ class _Plugin:
             raise e.with_traceback(wrapper.__traceback__) from None
         finally:
             records._drain()
-            self.recorder.current = None
 
     def _save_timeline(self, tl: Any, item: pytest.Item) -> None:
         assert self.timeline_dir is not None

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from palladium.interpret.logging_observer import register_mode_logger
-from palladium.interpret.observers import LaunchInfo, add_launch_observer, remove_launch_observer
+from palladium.interpret.observers import LaunchInfo, scoped_launch_observer
 from palladium.interpret.params import LoggingMode
 from palladium.interpret.perf.model import chip_model
 from palladium.interpret.perf.record import LaunchRecord
@@ -81,7 +81,9 @@ class Timeline:
 
 @contextlib.contextmanager
 def timeline(chip: str | None = None) -> Iterator[Timeline]:
-    """Record every palladium launch run inside the block (eager, jit, any devices).
+    """Record every palladium launch run inside the block (eager, jit, any devices) by
+    this thread or asyncio task, not other threads' (see
+    ``palladium.interpret.observers.scoped_launch_observer``).
 
     Under ``jax.jit`` a launch runs when its result is computed: block on the results
     (``jax.block_until_ready``) inside the block so they are recorded.
@@ -93,11 +95,8 @@ def timeline(chip: str | None = None) -> Iterator[Timeline]:
     []
     """
     tl = Timeline(chip)
-    add_launch_observer(tl._observe)
-    try:
+    with scoped_launch_observer(tl._observe):
         yield tl
-    finally:
-        remove_launch_observer(tl._observe)
 
 
 class SummaryLogger(TimelineRecorder):
