@@ -52,7 +52,7 @@ _OPTION_OF_FIELD: dict[str, str] = {
 }
 
 _BOOLS = ("detect_races", "skip_floating_point_ops", "allow_hbm_allocation_in_run_scoped",
-          "check_lowering", "check_memory")
+          "check_lowering", "check_memory", "deterministic_dot")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -126,6 +126,13 @@ class InterpretParams:
         (``pltpu.CompilerParams(vmem_limit_bytes=...)`` or XLA's default scoped limit;
         see ``palladium.interpret.fidelity.memory_budget``). The numbers are counted
         either way (``LaunchInfo.memory``, ``LoggingMode.LAUNCH``).
+      deterministic_dot: evaluate float ``dot_general`` (``jnp.dot``, ``einsum``, ...) by
+        summing the contracted dimension in order, each product and sum rounded to f32 on
+        its own, instead of through numpy's BLAS, whose kernel (and so accumulation order,
+        and the result's last bits) depends on the host CPU. Then the same inputs give
+        the same bits on every host (golden-file tests across CI machines); the order is
+        neither BLAS's nor a TPU's, and it costs up to ~10x per dot (see the package
+        README). Integer dots are exact either way. Default False.
     """
 
     detect_races: bool = False
@@ -148,6 +155,7 @@ class InterpretParams:
     watchdog_timeout: float | None = 300.0
     check_lowering: bool = True
     check_memory: bool = True
+    deterministic_dot: bool = False
 
     def __post_init__(self) -> None:
         for field in _BOOLS:
