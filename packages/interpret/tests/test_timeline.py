@@ -316,7 +316,7 @@ def test_a_long_launch_keeps_its_summary_and_drops_detail_past_the_limit(tmp_pat
     with pytest.raises(pi.ConfigError, match=r"^the spans of kernel 'kernel' \(launch #0\) were "
                                              r"dropped: the timeline keeps at most 100 spans "
                                              r"\(detail_limit\)"):
-        first.spans
+        _ = first.spans
     with pytest.raises(pi.ConfigError, match=r"were dropped"):
         tl.save(str(tmp_path / "again.json"))
     streamed = json.loads(trace.read_text())["traceEvents"]

@@ -38,9 +38,9 @@ from __future__ import annotations
 import _thread
 import atexit
 import contextlib
+import operator
 import os
 import signal
-import operator
 import socket
 import threading
 import types

@@ -11,7 +11,6 @@ from palladium.interpret import _jax_compat as jc
 from palladium.interpret.blocks import BlockSpecInfo, memory_space_of
 from palladium.interpret.eval.evaluator import ProgramCache
 
-
 # Names that say nothing: a ``core_map`` body written as ``@pl.core_map(mesh) def _():``
 # (jax's documented style) or a lambda is reported under the function that wrote it.
 _ANONYMOUS = ("_", "<lambda>")

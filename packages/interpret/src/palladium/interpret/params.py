@@ -131,8 +131,9 @@ class InterpretParams:
         its own, instead of through numpy's BLAS, whose kernel (and so accumulation order,
         and the result's last bits) depends on the host CPU. Then the same inputs give
         the same bits on every host (golden-file tests across CI machines); the order is
-        neither BLAS's nor a TPU's, and it costs up to ~10x per dot (see the package
-        README). Integer dots are exact either way. Default False.
+        neither BLAS's nor a TPU's, and matmul kernels ran 5-13x slower with it
+        (benchmarks/README.md, "Deterministic dot"). Integer dots are exact either way.
+        Default False.
     """
 
     detect_races: bool = False
