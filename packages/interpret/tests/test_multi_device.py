@@ -6,6 +6,7 @@ device count is tested with examples/collectives.py in integration_tests/test_co
 
 import dataclasses
 import functools
+import re
 
 import jax
 import jax.numpy as jnp
@@ -267,3 +268,30 @@ def test_megacore_pallas_call_inside_shard_map():
     blocks = np.asarray(x).reshape(2, 4, 8, 128)
     np.testing.assert_array_equal(out.reshape(2, 4, 8, 128), blocks[::-1])
     assert sorted(seen) == [0] * 4 + [1] * 4  # 2 grid points per core on each device
+
+
+def _two_device_deadlock(x, n):
+    def waiting_kernel(x_ref, o_ref, sem):
+        pl.semaphore_wait(sem, 1)  # nobody signals it
+        o_ref[...] = x_ref[...]
+
+    return pl.pallas_call(waiting_kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+                          scratch_shapes=[pltpu.SemaphoreType.REGULAR],
+                          interpret=InterpretParams())(x)
+
+
+@pytest.mark.timeout(120)
+def test_outside_errors_as_raised_the_wrapper_says_how_to_get_the_typed_exception():
+    """jax turns a host callback's exception into its own ``JaxRuntimeError`` (jaxlib
+    keeps only the text), so a 2-device deadlock cannot reach the caller as
+    ``DeadlockError`` unless the caller asks: the message names the type and says how."""
+    with pytest.raises(jax.errors.JaxRuntimeError) as info:
+        _run(_two_device_deadlock, 2, _iota((16, 128)))
+    assert re.search(
+        r"DeadlockError: deadlock: every core is blocked.*\n\[palladium failure #\d+: a "
+        r"palladium\.interpret\.DeadlockError; use palladium\.interpret\.errors_as_raised\(\) "
+        r"to get the typed exception\]", str(info.value), re.S), str(info.value)
+    with pytest.raises(DeadlockError, match=r"^deadlock: every core is blocked") as typed, \
+            errors_as_raised():
+        _run(_two_device_deadlock, 2, _iota((16, 128)))
+    assert "palladium failure" not in str(typed.value)

@@ -38,3 +38,32 @@ def test_good_values_are_accepted(kwargs):
     params = InterpretParams(**kwargs)
     for name, value in kwargs.items():
         assert getattr(params, name) == value
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(random_seed=2**70),
+     r"^InterpretParams.random_seed must be None or an int in \[0, 2\*\*63\) \(jax.random.key "
+     r"takes a signed 64-bit seed\), got 1180591620717411303424\. Reduce it modulo 2\*\*63\.$"),
+    (dict(random_seed=2**63),
+     r"random_seed must be None or an int in \[0, 2\*\*63\) .* got 9223372036854775808\."),
+    (dict(random_seed=2**63 - 2, dma_order="random", dma_order_trials=3),
+     r"^InterpretParams.random_seed \+ dma_order_trials must stay below 2\*\*63 \(the trials "
+     r"run seeds random_seed\+1 \.\. random_seed\+dma_order_trials\), got random_seed="
+     r"9223372036854775806 and dma_order_trials=3\.$"),
+    (dict(num_cores_or_threads=1000),
+     r"^InterpretParams.num_cores_or_threads must be at most 16 TensorCores per device \(a TPU "
+     r"chip has 1 or 2\), got 1000\. To simulate more chips, run the kernel under shard_map "
+     r"on more devices\.$"),
+])
+def test_out_of_range_values_are_config_errors(kwargs, match):
+    """They used to be accepted: a seed past 64 bits then killed the launch with
+    ``OverflowError`` inside jax.random, 1000 cores ran 1000 simulated cores."""
+    from palladium.interpret import ConfigError
+
+    with pytest.raises(ConfigError, match=match):
+        InterpretParams(**kwargs)
+
+
+def test_the_largest_accepted_values_run():
+    params = InterpretParams(random_seed=2**63 - 1, num_cores_or_threads=16)
+    assert (params.seed, params.num_cores_per_device) == (2**63 - 1, 16)

@@ -215,3 +215,90 @@ def test_readme_example(pytester):
     result = pytester.runpytest_subprocess("-rA", "-p", "no:randomly")
     assert outcomes(result) == {"test_kernels.py::test_double": "failed",
                                 "test_kernels.py::test_double_has_no_race": "passed"}
+
+
+BAD_MARKERS = '''
+import pytest
+
+
+@pytest.mark.palladium(no_such_field=1)
+def test_unknown_field():
+    pass
+
+
+@pytest.mark.palladium(chip="v99")
+def test_bad_value():
+    pass
+
+
+def test_unmarked():
+    pass
+'''
+
+
+@pytest.mark.timeout(300)
+def test_a_bad_marker_field_is_one_config_error_at_setup(pytester):
+    """It used to be reported twice, as a setup and a teardown error (a TypeError)."""
+    pytester.makepyfile(test_bad=BAD_MARKERS)
+    result = pytester.runpytest_subprocess("-rA", "-p", "no:randomly")
+    text = result.stdout.str()
+    assert sorted(re.findall(r"^(PASSED|FAILED|ERROR) (\S+)", text, re.M)) == [
+        ("ERROR", "test_bad.py::test_bad_value"),
+        ("ERROR", "test_bad.py::test_unknown_field"),
+        ("PASSED", "test_bad.py::test_unmarked"),
+    ], text
+    assert "at teardown" not in text, text
+    assert re.search(
+        r"ConfigError: test_bad.py::test_unknown_field: @pytest.mark.palladium\(no_such_field=1\)"
+        r": InterpretParams has no field 'no_such_field'; its fields are detect_races, .*", text)
+    assert re.search(
+        r"ConfigError: test_bad.py::test_bad_value: @pytest.mark.palladium\(chip='v99'\): "
+        r"InterpretParams.chip must be one of", text)
+
+
+BACKGROUND = '''
+import threading
+import time
+
+from kernels import *
+
+stop = threading.Event()
+launched = [0]
+
+
+def test_starts_a_background_launcher():
+    def loop():
+        while not stop.is_set():
+            jax.block_until_ready(call(clean_kernel)(X))
+            launched[0] += 1
+
+    threading.Thread(target=loop, daemon=True).start()
+    deadline = time.monotonic() + 60
+    while launched[0] == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert launched[0] > 0
+
+
+def test_records_only_its_own(palladium):
+    before = launched[0]
+    for _ in range(3):
+        jax.block_until_ready(call(clean_kernel, grid=(2,))(X))
+    deadline = time.monotonic() + 60
+    while launched[0] < before + 2 and time.monotonic() < deadline:  # theirs ran meanwhile
+        time.sleep(0.01)
+    stop.set()
+    assert launched[0] >= before + 2
+    assert [(l.kernel, l.grid) for l in palladium.launches] == [("clean_kernel", (2,))] * 3
+'''
+
+
+@pytest.mark.timeout(300)
+def test_a_test_records_only_its_own_threads_launches(suite):
+    """Another thread's launches (here a background thread an earlier test started) are
+    not the test's; the plugin's recorder used to be process-wide."""
+    suite.makepyfile(test_background=BACKGROUND)
+    result = suite.runpytest_subprocess("-rA", "-p", "no:randomly", "--palladium",
+                                        "test_background.py")
+    assert outcomes(result) == {"test_background.py::test_starts_a_background_launcher": "passed",
+                                "test_background.py::test_records_only_its_own": "passed"}, \
+        result.stdout.str()

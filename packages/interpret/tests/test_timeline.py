@@ -244,3 +244,82 @@ def test_docstring_examples(module):
     mod = importlib.import_module(f"palladium.interpret.{module}")
     failures, tried = doctest.testmod(mod)
     assert tried > 0 and failures == 0
+
+
+def _leaky_call():
+    def leaky_kernel(x_ref, o_ref, sem):
+        pltpu.make_async_copy(x_ref, o_ref, sem).start()  # never waited: a leak
+
+    x = jnp.ones((16, 128), jnp.float32)
+    f = pl.pallas_call(leaky_kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+                       in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
+                       out_specs=pl.BlockSpec(memory_space=pl.ANY),
+                       scratch_shapes=[pltpu.SemaphoreType.DMA], interpret=InterpretParams())
+    return lambda: f(x)
+
+
+def _live_recorders():
+    import gc
+
+    from palladium.interpret.perf.recorder import TimelineRecorder
+
+    gc.collect()
+    return [o for o in gc.get_objects() if isinstance(o, TimelineRecorder)]
+
+
+@pytest.mark.timeout(120)
+def test_failed_launches_leave_nothing_in_the_timeline():
+    """A timeline used to keep the recorder (every event) of each failed launch."""
+    run = _leaky_call()
+    with pi.timeline() as tl:
+        for _ in range(20):
+            with pytest.raises(pi.SemaphoreLeakError), pi.errors_as_raised():
+                jax.block_until_ready(run())
+        assert _live_recorders() == []
+    assert tl.launches == []
+
+
+@pytest.mark.timeout(120)
+def test_failed_launches_are_recorded_when_asked():
+    run = _leaky_call()
+    with pi.timeline(keep_failed=True) as tl:
+        with pytest.raises(pi.SemaphoreLeakError), pi.errors_as_raised():
+            jax.block_until_ready(run())
+        jax.block_until_ready(elementwise(64, 32)())
+    failed, ok = tl.launches
+    assert (failed.kernel_name, failed.failed, ok.failed) == ("leaky_kernel", True, False)
+    assert failed.error == "SemaphoreLeakError: semaphores with a non-zero count at kernel exit:"
+    assert failed.summary().endswith(": FAILED (SemaphoreLeakError: semaphores with a non-zero "
+                                     "count at kernel exit:)")
+    assert _live_recorders() == []
+
+
+@pytest.mark.timeout(300)
+def test_a_long_launch_keeps_its_summary_and_drops_detail_past_the_limit(tmp_path):
+    """A 10^5-step launch used to hold its every event (+168 MiB) as long as the
+    timeline lived. Its recorder is dropped when it ends; the spans past
+    ``detail_limit`` are dropped too, the summary stays, and ``trace_file`` streams
+    every launch's trace as it ends."""
+    run = elementwise(4096, 8, cols=128)  # 512 grid steps
+    with pi.timeline() as full:
+        jax.block_until_ready(run())
+    trace = tmp_path / "trace.json"
+    with pi.timeline(detail_limit=100, trace_file=str(trace)) as tl:
+        jax.block_until_ready(run())
+        jax.block_until_ready(run())
+        assert _live_recorders() == []
+    (kept,) = full.launches
+    first, second = tl.launches
+    assert first.detail_dropped and second.detail_dropped and not kept.detail_dropped
+    assert first.summary() == second.summary() == kept.summary()
+    assert first.to_dict() == kept.to_dict()
+    with pytest.raises(pi.ConfigError, match=r"^the spans of kernel 'kernel' \(launch #0\) were "
+                                             r"dropped: the timeline keeps at most 100 spans "
+                                             r"\(detail_limit\)"):
+        _ = first.spans
+    with pytest.raises(pi.ConfigError, match=r"were dropped"):
+        tl.save(str(tmp_path / "again.json"))
+    streamed = json.loads(trace.read_text())["traceEvents"]
+    expected = full.trace()["traceEvents"]
+    assert len([e for e in streamed if e["ph"] == "X"]) == 2 * len(
+        [e for e in expected if e["ph"] == "X"])

@@ -40,6 +40,7 @@ from typing import Any
 import pytest
 
 _RECORDS = pytest.StashKey["KernelRecords"]()
+_INVALID = pytest.StashKey[bool]()  # the item's marker was reported bad at setup
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,19 +82,19 @@ class KernelRecords:
 
 class _LaunchRecorder:
     """A launch observer factory (``palladium.interpret.observers``) that appends a
-    :class:`LaunchRecord` per launch to the current test's records (launches run on
-    XLA's callback threads); it observes nothing else."""
+    :class:`LaunchRecord` per launch to one test's records; it observes nothing else.
+    It is scoped to the test's context (``scoped_launch_observer``): launches of other
+    threads are not the test's."""
 
-    def __init__(self) -> None:
-        self.current: KernelRecords | None = None
+    def __init__(self, records: KernelRecords) -> None:
+        self.records = records
         self._lock = threading.Lock()
 
     def __call__(self, info: Any) -> None:
         record = LaunchRecord(str(info.kernel_name), tuple(info.grid), int(info.num_devices),
                               int(info.num_cores), str(info.chip))
-        with self._lock:
-            if self.current is not None:
-                self.current.launches.append(record)
+        with self._lock:  # a multi-device launch reports from XLA's threads
+            self.records.launches.append(record)
 
 
 _OPTIONS = {  # option dest -> InterpretParams field
@@ -132,13 +133,26 @@ def _base_fields(config: pytest.Config) -> dict[str, Any] | None:
 
 
 def _make_params(
-    fields: dict[str, Any], where: str, error: type[Exception] = pytest.UsageError
+    fields: dict[str, Any], where: str, error: type[Exception] | None = pytest.UsageError
 ) -> Any:
+    """``InterpretParams(**fields)``; a bad field is ``error`` (None: palladium's
+    ``ConfigError``) naming ``where`` it came from."""
+    import dataclasses as dc
+
     import palladium.interpret as pi
 
+    known = [f.name for f in dc.fields(pi.InterpretParams)]
+    unknown = [name for name in fields if name not in known]
     try:
+        if unknown:
+            raise pi.ConfigError(
+                f"InterpretParams has no field {unknown[0]!r}; its fields are "
+                f"{', '.join(known)}."
+            )
         return pi.InterpretParams(**fields)
     except (TypeError, ValueError) as e:
+        if error is None:
+            raise pi.ConfigError(f"{where}: {e}") from None
         raise error(f"{where}: {e}") from None
 
 
@@ -155,7 +169,6 @@ class _Plugin:
     def __init__(self, config: pytest.Config) -> None:
         self.fields = _base_fields(config)
         self.timeline_dir: Path | None = None
-        self.recorder: _LaunchRecorder | None = None
         if self.fields is None:
             return
         import palladium.interpret as pi
@@ -178,15 +191,11 @@ class _Plugin:
             import palladium.interpret as pi
 
             pi.reset_tpu_interpret_mode_state()
-        if self.recorder is not None:
-            from palladium.interpret.observers import remove_launch_observer
-
-            remove_launch_observer(self.recorder)
 
     def _records(self, item: pytest.Item) -> KernelRecords | None:
         """The item's records, made on its first phase; None: not under palladium."""
         records = item.stash.get(_RECORDS, None)
-        if records is not None:
+        if records is not None or item.stash.get(_INVALID, False):
             return records
         marker = item.get_closest_marker("palladium")
         wants_fixture = "palladium" in getattr(item, "fixturenames", ())
@@ -194,15 +203,26 @@ class _Plugin:
             return None
         fields = dict(self.fields or {})
         if marker is not None:
+            shown = ", ".join([*map(repr, marker.args),
+                               *(f"{k}={v!r}" for k, v in marker.kwargs.items())])
+            where = f"{item.nodeid}: @pytest.mark.palladium({shown})"
             if marker.args:
-                raise TypeError(
-                    f"{item.nodeid}: @pytest.mark.palladium takes InterpretParams fields "
-                    f"as keywords only, got {marker.args!r}"
+                item.stash[_INVALID] = True  # reported once, at setup
+                from palladium.interpret import ConfigError
+
+                raise ConfigError(
+                    f"{where}: the marker takes InterpretParams fields as keywords only, "
+                    f"e.g. @pytest.mark.palladium(detect_races=True)"
                 )
             fields.update(marker.kwargs)
-        records = KernelRecords(
-            _make_params(fields, f"{item.nodeid}: @pytest.mark.palladium", TypeError)
-        )
+        else:
+            where = f"{item.nodeid}: --palladium options"
+        try:
+            params = _make_params(fields, where, None)
+        except Exception:
+            item.stash[_INVALID] = True  # reported once, at setup
+            raise
+        records = KernelRecords(params)
         import palladium.interpret as pi
 
         pi.collected_race_reports()  # earlier tests' reports are not this test's
@@ -217,14 +237,11 @@ class _Plugin:
             yield
             return
         import palladium.interpret as pi
-        from palladium.interpret.observers import add_launch_observer
+        from palladium.interpret.observers import scoped_launch_observer
 
-        if self.recorder is None:
-            self.recorder = _LaunchRecorder()
-        add_launch_observer(self.recorder)  # again each time: a process_state.reset() drops it
-        self.recorder.current = records
         try:
             with contextlib.ExitStack() as stack:
+                stack.enter_context(scoped_launch_observer(_LaunchRecorder(records)))
                 stack.enter_context(pi.force_tpu_interpret_mode(records.params))
                 if phase == "call" and self.timeline_dir is not None:
                     tl = stack.enter_context(pi.timeline())  # type: ignore[attr-defined]
@@ -242,7 +259,6 @@ class _Plugin:
             raise e.with_traceback(wrapper.__traceback__) from None
         finally:
             records._drain()
-            self.recorder.current = None
 
     def _save_timeline(self, tl: Any, item: pytest.Item) -> None:
         assert self.timeline_dir is not None

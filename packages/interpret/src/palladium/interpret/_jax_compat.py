@@ -234,7 +234,14 @@ def axis_sizes() -> dict:
 
 def lowering_call_site(ctx: Any) -> tuple[str, int] | None:
     """(file, line) of the user code that called ``pl.pallas_call(...)(x)`` whose
-    equation a lowering rule lowers, or None.
+    equation a lowering rule lowers, or None (see ``lowering_call_frame``)."""
+    frame = lowering_call_frame(ctx)
+    return None if frame is None else (frame[0], frame[1])
+
+
+def lowering_call_frame(ctx: Any) -> tuple[str, int, str] | None:
+    """(file, line, function name) of the user code that called ``pl.pallas_call(...)(x)``
+    (or ``pl.core_map``) whose equation a lowering rule lowers, or None.
 
     jax lowers without the equation's traceback in ``ctx`` (lowerings are cached), but
     under ``jit`` the equation's traceback is the current source-info context. An eager
@@ -254,12 +261,12 @@ def lowering_call_site(ctx: Any) -> tuple[str, int] | None:
     for traceback in (getattr(ctx, "traceback", None), source_info_util.current().traceback):
         for frame in source_info_util.user_frames(traceback):
             if not ours(frame.file_name):
-                return frame.file_name, frame.start_line
+                return frame.file_name, frame.start_line, frame.function_name
     live: types.FrameType | None = sys._getframe(1)
     while live is not None:
         file_name = live.f_code.co_filename
         if source_info_util.is_user_filename(file_name) and not ours(file_name):
-            return file_name, live.f_lineno
+            return file_name, live.f_lineno, live.f_code.co_name
         live = live.f_back
     return None
 

@@ -3,7 +3,8 @@
 A kernel failing inside a host callback reaches the caller as jax's
 ``JaxRuntimeError``, whose message is the text of the callback's exception. At the
 callback boundary each exception is given a failure id, carried in its message
-(``[palladium failure #N]``), and kept here so ``errors_as_raised`` can re-raise that very
+(``[palladium failure #N: a palladium.interpret.DeadlockError; use
+palladium.interpret.errors_as_raised() to get the typed exception]``), and kept here so ``errors_as_raised`` can re-raise that very
 exception, found by id, not by matching message text. The same exception raised by
 every device of a multi-device launch keeps one id.
 
@@ -27,8 +28,11 @@ from contextlib import contextmanager
 
 __all__ = ["FailureLog"]
 
-_TAG = "[palladium failure #{}]"
-_TAG_RE = re.compile(r"\[palladium failure #(\d+)\]")
+# What jax's JaxRuntimeError shows of the exception ends with this line: the id, and for
+# the reader the type and how to catch it as such (jaxlib keeps only the text).
+_TAG = ("[palladium failure #{}: a {}; use palladium.interpret.errors_as_raised() to get "
+        "the typed exception]")
+_TAG_RE = re.compile(r"\[palladium failure #(\d+)[:\]]")
 _ID_ATTR = "_palladium_failure_id"
 
 
@@ -97,7 +101,7 @@ class FailureLog:
             except AttributeError:
                 return fid  # an exception type without a __dict__: cannot be claimed
             self._entries[fid] = (kept, kept.args)
-            exc.args = _tagged(exc.args, _TAG.format(fid))
+            exc.args = _tagged(exc.args, _TAG.format(fid, _type_name(exc)))
             while len(self._entries) > self._capacity:
                 old, old_args = self._entries.popitem(last=False)[1]
                 old.args = old_args
@@ -116,6 +120,15 @@ class FailureLog:
         exc, original_args = entry
         exc.args = original_args
         return exc
+
+
+def _type_name(exc: BaseException) -> str:
+    """``palladium.interpret.DeadlockError`` for palladium's types (every one of them
+    is exported there), the bare name for others."""
+    cls = type(exc)
+    if cls.__module__.startswith("palladium."):
+        return f"palladium.interpret.{cls.__name__}"
+    return cls.__name__
 
 
 def _tagged(args: tuple, tag: str) -> tuple:

@@ -174,7 +174,12 @@ class CoreRun:
         prev: list[tuple[int, ...]] | None = None
         obs = sim.observers
         record = params.grid_point_recorder_call()
+        tick, step_site = sim.tick, self._site
         for step, point in enumerate(self.points):
+            # Ctrl-C (a cancelled run) and the watchdog are seen here at every grid step,
+            # also by a kernel with no scheduling point of its own: a flag read and a
+            # clock read (the site is formatted only for the watchdog's message).
+            tick(step_site(point, "grid step"))
             self.ev.grid_point = point
             if record is not None:
                 record(point, self.core[1])

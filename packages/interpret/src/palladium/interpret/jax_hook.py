@@ -88,6 +88,8 @@ def _execute(kernel: PreparedKernel, params: InterpretParams, mesh: DeviceMesh,
                     params, results, kernel.name, [o.name for o in kernel.outputs],
                 )
         return results
+    except interrupts.LaunchInterrupted:
+        raise  # not a failure of the kernel (see interrupts)
     except BaseException as e:
         _FAILURES.record(e)
         raise
@@ -137,9 +139,14 @@ class _LaunchSite:
         self._launches = [0] * max(mesh.num_devices, 1)
 
     def run(self, *args: Any) -> list[np.ndarray]:
-        with _FAILURES.tagging():
-            return _execute(self.kernel, self.params, self.mesh,
-                            [[np.asarray(a) for a in args]])[0]
+        try:
+            with interrupts.main_thread_launch(), _FAILURES.tagging():
+                return _execute(self.kernel, self.params, self.mesh,
+                                [[np.asarray(a) for a in args]])[0]
+        except interrupts.LaunchInterrupted:
+            if interrupts.abandon_on_interrupt():
+                return self._placeholders()
+            raise
 
     def run_device(self, device: Any, *args: Any) -> list[np.ndarray]:
         d = int(np.asarray(device))
@@ -147,8 +154,20 @@ class _LaunchSite:
             seq = self._launches[d]
             self._launches[d] += 1
         n = self.mesh.num_devices
-        with _FAILURES.tagging():  # a rendezvous timeout too
-            return self._join(seq, d, n, args)
+        try:
+            with interrupts.main_thread_launch(), _FAILURES.tagging():  # a timeout too
+                return self._join(seq, d, n, args)
+        except interrupts.LaunchInterrupted:
+            if interrupts.abandon_on_interrupt():
+                return self._placeholders()
+            raise
+
+    def _placeholders(self) -> list[np.ndarray]:
+        """The outputs of a launch abandoned on Ctrl-C (see ``interrupts``): NaN, or 0
+        where the dtype has no NaN. Nobody reads them: the main thread raises
+        ``KeyboardInterrupt`` as soon as it runs Python again."""
+        return [np.full(a.shape, np.nan if np.issubdtype(a.dtype, np.inexact) else 0,
+                        dtype=a.dtype) for a in self.kernel.out_avals]
 
     def _join(self, seq: int, d: int, n: int, args: tuple[Any, ...]) -> list[np.ndarray]:
         return _RENDEZVOUS.join(
@@ -169,7 +188,7 @@ class _LaunchSite:
 def _pallas_call_lowering(ctx: Any, *in_nodes: Any, interpret: Any, **params: Any) -> Any:
     if not isinstance(interpret, InterpretParams):
         return _ORIGINAL_RULE(ctx, *in_nodes, interpret=interpret, **params)
-    kernel = PreparedKernel.from_params(call_site=jc.lowering_call_site(ctx), **params)
+    kernel = PreparedKernel.from_params(call_site=jc.lowering_call_frame(ctx), **params)
     check_prepared_kernel(kernel, interpret)
     if interpret.chip is None:  # the abstract mesh of the tracing context decides
         interpret = dataclasses.replace(interpret, chip=resolve_chip(None))
@@ -278,7 +297,7 @@ def errors_as_raised() -> Iterator[None]:
     ``jax.errors.JaxRuntimeError`` whose message contains palladium's. Within this
     context the original typed exception (``OutOfBoundsError``, ``RevisitError``,
     ``RendezvousTimeoutError``, ...) is raised instead, chained from the wrapper. It is
-    found by the failure id its message carries (``[palladium failure #N]``); its
+    found by the failure id its message carries (``[palladium failure #N: ...]``); its
     traceback keeps file and line of each frame, not their locals (see ``failures``)::
 
         with errors_as_raised():

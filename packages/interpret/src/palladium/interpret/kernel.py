@@ -11,14 +11,21 @@ from palladium.interpret import _jax_compat as jc
 from palladium.interpret.blocks import BlockSpecInfo, memory_space_of
 from palladium.interpret.eval.evaluator import ProgramCache
 
+# Names that say nothing: a ``core_map`` body written as ``@pl.core_map(mesh) def _():``
+# (jax's documented style) or a lambda is reported under the function that wrote it.
+_ANONYMOUS = ("_", "<lambda>")
 
-def _kernel_name(jaxpr: Any, name: str | None) -> str:
+
+def _kernel_name(jaxpr: Any, name: str | None, enclosing: str | None = None) -> str:
     if name:
-        return str(name)
-    info = getattr(jaxpr.debug_info, "func_src_info", None) if jaxpr.debug_info else None
-    if info:
-        return str(info).split(" at ")[0]
-    return "<kernel>"
+        out = str(name)
+    else:
+        info = getattr(jaxpr.debug_info, "func_src_info", None) if jaxpr.debug_info else None
+        out = str(info).split(" at ")[0] if info else "<kernel>"
+    enclosing = enclosing.rsplit(".", 1)[-1] if enclosing else None  # jax gives qualnames
+    if out in _ANONYMOUS and enclosing and enclosing not in _ANONYMOUS + ("<module>",):
+        return f"{enclosing}.{out}"
+    return out
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,7 +76,9 @@ class PreparedKernel:
     @classmethod
     def from_params(cls, *, jaxpr: Any, grid_mapping: Any, mesh: Any, compiler_params: Any,
                     input_output_aliases: Any, out_avals: Any, name: Any = None,
-                    call_site: tuple[str, int] | None = None, **_: Any) -> PreparedKernel:
+                    call_site: tuple[str, int] | tuple[str, int, str] | None = None,
+                    **_: Any) -> PreparedKernel:
+        """``call_site``: (file, line[, enclosing function]) of the user's call."""
         gm = grid_mapping
         arg_names = getattr(jaxpr.debug_info, "arg_names", None) if jaxpr.debug_info else None
         n_idx, n_in, n_out = gm.num_index_operands, gm.num_inputs, gm.num_outputs
@@ -105,7 +114,8 @@ class PreparedKernel:
             compiler_params=compiler_params,
             input_output_aliases=tuple(input_output_aliases),
             out_avals=tuple(out_avals),
-            name=_kernel_name(jaxpr, name),
+            name=_kernel_name(jaxpr, name, call_site[2] if call_site and len(call_site) > 2
+                              else None),
             scalar_names=scalar_names,
             inputs=inputs,
             outputs=outputs,

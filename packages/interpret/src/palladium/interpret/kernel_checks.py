@@ -10,6 +10,7 @@ checked here; the evaluator still checks every access at run time.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Iterator
 from typing import Any
@@ -17,6 +18,7 @@ from typing import Any
 from palladium.interpret import _jax_compat as jc
 from palladium.interpret import errors
 from palladium.interpret.blocks import memory_space_of
+from palladium.interpret.params_validation import check_cores_per_device
 from palladium.shared_memory import MemorySpace
 
 # The primitives that read or write a ref's contents, and the name jax's interpreter
@@ -128,8 +130,12 @@ def is_parallel(semantic: Any) -> bool:
 
 
 def check_grid(kernel: Any) -> None:
-    """Raise ``DynamicParallelDimensionError`` if a parallel grid dimension is dynamic."""
+    """Raise ``InvalidKernelError`` for a negative static grid size and
+    ``DynamicParallelDimensionError`` if a parallel grid dimension is dynamic."""
     gm = kernel.grid_mapping
+    for d, size in enumerate(gm.grid):
+        if isinstance(size, int) and size < 0:
+            raise errors.InvalidKernelError(negative_grid_message(kernel, d, size, tuple(gm.grid)))
     cp = kernel.compiler_params
     semantics = getattr(cp, "dimension_semantics", None) if cp is not None else None
     if not semantics or kernel.is_core_map:
@@ -148,10 +154,29 @@ def check_grid(kernel: Any) -> None:
             )
 
 
+def negative_grid_message(kernel: Any, dim: int, size: int, grid: tuple[Any, ...],
+                          dynamic: bool = False) -> str:
+    """The message of a grid dimension of negative ``size`` (static or at run time)."""
+    where = f" ({kernel.launch_location})" if kernel.launch_location else ""
+    shown = tuple(g if isinstance(g, int) else "dynamic" for g in grid)
+    return (
+        f"kernel '{kernel.name}'{where}: grid dimension {dim} has size {size}"
+        + (" at run time" if dynamic else "")
+        + f" (grid {shown}); a grid size must be >= 0 (0 runs no grid point). "
+        + ("Check the value passed as the dynamic grid size." if dynamic
+           else "Check how the grid is computed (pl.cdiv of the array and block sizes).")
+    )
+
+
 def check_prepared_kernel(kernel: Any, params: Any) -> None:
     """``check_grid`` and ``check_kernel`` for a ``PreparedKernel`` launched with
-    ``params``."""
+    ``params``; a ``core_map`` mesh of more cores than palladium simulates is a
+    ``ConfigError``."""
     check_grid(kernel)
+    if kernel.is_core_map:
+        where = f" ({kernel.launch_location})" if kernel.launch_location else ""
+        check_cores_per_device(math.prod(kernel.mesh.shape.values()), "the core_map mesh",
+                               kernel=f"kernel '{kernel.name}'{where}")
     names = [*kernel.scalar_names, *(i.name for i in kernel.inputs),
              *(o.name for o in kernel.outputs), *(s.name for s in kernel.scratch)]
     check_kernel(kernel.jaxpr, kernel.name, names,

@@ -24,6 +24,7 @@ from palladium.interpret.eval.program import ProgramCache
 from palladium.interpret.eval.refs import MemRef, SemaphoreRef
 from palladium.interpret.grid_loop import CoreRun, schedule
 from palladium.interpret.kernel import PreparedKernel
+from palladium.interpret.kernel_checks import negative_grid_message
 from palladium.interpret.memory_map import MemoryMap
 from palladium.interpret.observers import LaunchInfo, launch_observers
 from palladium.interpret.params import InterpretParams
@@ -211,11 +212,15 @@ class Launch:
 
     def _grid(self, dyn: list[Any]) -> tuple[int, ...]:
         dyn_iter = iter(dyn)
-        return tuple(
+        grid = tuple(
             int(np.asarray(next(dyn_iter))) if isinstance(g, jc.DynamicGridDim) or g is None
             else int(g)
             for g in self.kernel.grid_mapping.grid
         )
+        for d, size in enumerate(grid):
+            if size < 0:
+                raise KernelError(negative_grid_message(self.kernel, d, size, grid, dynamic=True))
+        return grid
 
     @property
     def needs_initial_barrier(self) -> bool:

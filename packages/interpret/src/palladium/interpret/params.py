@@ -56,7 +56,7 @@ _OPTION_OF_FIELD: dict[str, str] = {
 }
 
 _BOOLS = ("detect_races", "skip_floating_point_ops", "allow_hbm_allocation_in_run_scoped",
-          "check_lowering", "check_memory")
+          "check_lowering", "check_memory", "deterministic_dot")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -138,6 +138,14 @@ class InterpretParams:
         ``ConfigError`` saying how to install it; ``"approximate"`` the approximation
         only; ``"off"`` no check. ``check_lowering=False`` / ``check_memory=False`` turn
         off their half of either checker.
+      deterministic_dot: evaluate float ``dot_general`` (``jnp.dot``, ``einsum``, ...) by
+        summing the contracted dimension in order, each product and sum rounded to f32 on
+        its own, instead of through numpy's BLAS, whose kernel (and so accumulation order,
+        and the result's last bits) depends on the host CPU. Then the same inputs give
+        the same bits on every host (golden-file tests across CI machines); the order is
+        neither BLAS's nor a TPU's, and matmul kernels ran 5-13x slower with it
+        (benchmarks/README.md, "Deterministic dot"). Integer dots are exact either way.
+        Default False.
     """
 
     detect_races: bool = False
@@ -161,6 +169,7 @@ class InterpretParams:
     check_lowering: bool = True
     check_memory: bool = True
     compile_check: CompileCheck = "auto"
+    deterministic_dot: bool = False
 
     def __post_init__(self) -> None:
         for field in _BOOLS:

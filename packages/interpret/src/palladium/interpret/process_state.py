@@ -17,6 +17,10 @@ blas               the reference-counted one-BLAS-thread      must be idle (no l
 rules              primitive -> interpreter rule              back to the table at import
                                                               (built-ins + entry points)
 launch_observers   factories of ``add_launch_observer``       removed
+launch_scopes      the ``scoped_launch_observer`` factories   untouched (each block ends
+                   of the current context (a ContextVar) and   its own)
+                   every open block's (for launches on XLA's
+                   threads)
 mode_loggers       ``LoggingMode`` -> observer factory        back to the ones at import
 =================  ========================================  ==============================
 
@@ -32,6 +36,7 @@ registered.
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import threading
 from collections.abc import Callable
@@ -59,6 +64,12 @@ class ProcessState:
     # factory(LaunchInfo) -> Observer | None, in registration order (observers.py)
     launch_observers: list[Callable[[Any], Any]] = dataclasses.field(default_factory=list)
     observers_lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+    # The scoped factories of the current context (thread, asyncio task), innermost last,
+    # and those of every open scope by scope (observers.py).
+    launch_scopes: contextvars.ContextVar[tuple[Callable[[Any], Any], ...]] = dataclasses.field(
+        default_factory=lambda: contextvars.ContextVar("palladium_launch_scopes", default=()))
+    open_scopes: dict[int, tuple[Callable[[Any], Any], ...]] = dataclasses.field(
+        default_factory=dict)
     # LoggingMode -> factory(LaunchInfo) -> Observer (logging_observer.py)
     mode_loggers: dict[Any, Callable[[Any], Any]] = dataclasses.field(default_factory=dict)
     _rules_at_import: RuleSnapshot | None = None

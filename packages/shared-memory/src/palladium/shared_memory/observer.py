@@ -157,6 +157,10 @@ class Observer:
         """``Simulation.run`` succeeded: every body returned, pending DMAs executed and
         (with ``check_leaks``) no semaphore leaked. A failed run never reports it."""
 
+    def run_failed(self, cores: tuple[CoreId, ...], error: BaseException) -> None:
+        """``Simulation.run`` failed with ``error`` (raised right after): the run's last
+        event, instead of ``run_end``."""
+
     # -- reported by the client that drives the simulation ---------------------------
     def grid_step_begin(self, core: CoreId, step: int, grid_point: tuple[int, ...]) -> None:
         """``core`` starts its ``step``-th grid step, at ``grid_point``."""

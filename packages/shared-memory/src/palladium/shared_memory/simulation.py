@@ -233,7 +233,7 @@ class Simulation(BufferOps, SemaphoreOps):
         """Run each body as one simulated core, one at a time, until all finish.
 
         Re-raises the first exception of any body (the others are unwound); raises
-        ``DeadlockError`` when every body is blocked. Then pending DMAs execute and, with
+        ``DeadlockError`` when every body is blocked; observers hear ``run_failed``. Then pending DMAs execute and, with
         ``check_leaks``, semaphore counts are checked.
         """
         cores = [self._check_core(c, "body for") for c in bodies]
@@ -246,15 +246,20 @@ class Simulation(BufferOps, SemaphoreOps):
         if self._obs is not None:
             self._obs.run_begin(tuple(self._run_cores))
         try:
-            self._sched.run(bodies)
-        finally:
-            self._run_cores = []
-            # A cancelled scheduler would cancel every later call: start afresh.
-            self._sched = self._scheduler()
-        self._flush_dmas()
-        if self._det is not None and self._root is not None:
-            self._det.barrier([self._root, *(self._actor(c) for c in cores)])
-        if check_leaks:
-            self.check_semaphores()
+            try:
+                self._sched.run(bodies)
+            finally:
+                self._run_cores = []
+                # A cancelled scheduler would cancel every later call: start afresh.
+                self._sched = self._scheduler()
+            self._flush_dmas()
+            if self._det is not None and self._root is not None:
+                self._det.barrier([self._root, *(self._actor(c) for c in cores)])
+            if check_leaks:
+                self.check_semaphores()
+        except BaseException as e:
+            if self._obs is not None:
+                self._obs.run_failed(tuple(sorted(cores)), e)
+            raise
         if self._obs is not None:
             self._obs.run_end(tuple(sorted(cores)))

@@ -102,6 +102,7 @@ class KernelContext(Protocol):
     grid_point: tuple[int, ...] | None
     prng: np.random.Generator | None
     skip_floating_point_ops: bool
+    deterministic_dot: bool
 
     @property
     def sim(self) -> Simulation: ...

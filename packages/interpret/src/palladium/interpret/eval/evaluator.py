@@ -40,11 +40,13 @@ class CoreEvaluator:
     grid_point: tuple[int, ...] | None = None
     prng: np.random.Generator | None = None
     skip_floating_point_ops: bool = dataclasses.field(init=False, default=False)
+    deterministic_dot: bool = dataclasses.field(init=False, default=False)
     _quiet: bool = dataclasses.field(init=False, default=False, repr=False)
 
     def __post_init__(self) -> None:
         params = getattr(self.launch, "params", None)
         self.skip_floating_point_ops = bool(getattr(params, "skip_floating_point_ops", False))
+        self.deterministic_dot = bool(getattr(params, "deterministic_dot", False))
         self._inherited: dict[int, Any] = getattr(self.launch, "inherited_sources", {})
         # The launch's observers, told of every equation (None: the plain loop below).
         obs = getattr(getattr(self.launch, "sim", None), "observers", None)

@@ -21,6 +21,7 @@ from palladium.interpret.eval.refs import MemRef, SemaphoreRef
 from palladium.interpret.eval.registry import RULES, Rule
 from palladium.interpret.eval.rules_unsupported import UNSUPPORTED, refusal
 from palladium.interpret.numpy_rules import (
+    DETERMINISTIC_RULES,
     FLUSHING,
     NUMPY_RULES,
     PREFLUSHED_RULES,
@@ -105,6 +106,7 @@ def _compute_rule(eqn: Any, operands_flushed: bool = False) -> Rule:
     """
     prim = eqn.primitive
     np_rule = (PREFLUSHED_RULES.get(prim) if operands_flushed else None) or NUMPY_RULES.get(prim)
+    ordered_rule = DETERMINISTIC_RULES.get(prim)  # InterpretParams(deterministic_dot=True)
     multiple = prim.multiple_results
     params = dict(eqn.params)
     float_outs = bool(eqn.outvars) and all(_is_float(v.aval) for v in eqn.outvars)
@@ -112,6 +114,10 @@ def _compute_rule(eqn: Any, operands_flushed: bool = False) -> Rule:
     def rule(ev: KernelContext, eqn: Equation, invals: list[Value]) -> list[Value]:
         if float_outs and ev.skip_floating_point_ops:
             return [np.full(v.aval.shape, np.inf, v.aval.dtype) for v in eqn.outvars]
+        if ordered_rule is not None and ev.deterministic_dot:
+            out = ordered_rule(*invals, **params)
+            if out is not NotImplemented:
+                return list(out) if multiple else [out]
         if np_rule is not None:
             out = np_rule(*invals, **params)
             if out is not NotImplemented:

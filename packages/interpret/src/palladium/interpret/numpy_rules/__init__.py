@@ -69,6 +69,7 @@ from palladium.interpret.numpy_rules import (  # noqa: F401  (each registers its
     structural,
 )
 from palladium.interpret.numpy_rules.common import (
+    DETERMINISTIC_RULES,
     NUMPY_RULES,
     PREFLUSHED_RULES,
     Rule,
@@ -79,6 +80,7 @@ from palladium.interpret.numpy_rules.elementwise import ARITH, PASS_THROUGH
 
 __all__ = [
     "FLUSHING",
+    "DETERMINISTIC_RULES",
     "NUMPY_RULES",
     "PREFLUSHED_RULES",
     "PRESERVING",

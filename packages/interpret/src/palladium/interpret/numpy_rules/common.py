@@ -23,6 +23,10 @@ PREFLUSHED_RULES: dict[Primitive, Rule] = {}
 subnormals (the evaluator knows it of the results of ``FLUSHING`` and ``PRESERVING``
 primitives): they skip flushing their operands. On such operands each gives the same
 result as its ``NUMPY_RULES`` rule."""
+DETERMINISTIC_RULES: dict[Primitive, Rule] = {}
+"""Rules that give the same bits on every CPU, used instead of ``NUMPY_RULES``' with
+``InterpretParams(deterministic_dot=True)`` (``dot_general``: summed in order)."""
+
 
 F32 = np.dtype(np.float32)
 BF16 = np.dtype(ml_dtypes.bfloat16)

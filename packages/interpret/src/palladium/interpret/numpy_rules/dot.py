@@ -1,8 +1,11 @@
 """``dot_general`` as one batched numpy matmul (f32 accumulation for floats, 64-bit for integers).
 
 Float results depend on the host CPU: numpy's BLAS (OpenBLAS) picks its kernel family, and so
-its accumulation order, per CPU, as XLA's own CPU dot does; integer results are exact. There is
-deliberately no bit-reproducible mode (see "Edge cases and numerics" in the package README).
+its accumulation order, per CPU, as XLA's own CPU dot does; integer results are exact.
+``InterpretParams(deterministic_dot=True)`` selects ``DETERMINISTIC_RULES``' dot instead: the
+contracted dimension summed in order, one correctly rounded f32 multiply and add per term
+(elementwise numpy operations, which no CPU's SIMD width or BLAS changes), the same bits on
+every host; its cost is in benchmarks/README.md ("Deterministic dot").
 
 See the package docstring for the rule contract and the accuracy classes."""
 
@@ -16,6 +19,7 @@ import numpy as np
 from jax import lax
 
 from palladium.interpret.numpy_rules.common import (
+    DETERMINISTIC_RULES,
     F32,
     FLOATS,
     INTS,
@@ -47,18 +51,44 @@ def _dot_general_rule(flushed_inputs: bool) -> Rule:
     return rule
 
 
+def _deterministic_dot_general(
+    lhs: Any,
+    rhs: Any,
+    *,
+    dimension_numbers: Any,
+    precision: Any = None,
+    preferred_element_type: Any = None,
+    out_sharding: Any = None,
+) -> Any:
+    return _dot_general(lhs, rhs, dimension_numbers, preferred_element_type, f32, ordered=True)
+
+
+def _ordered_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``a @ b`` (batched, f32) summed over k in order: ``acc = acc + a[.., k] * b[k, ..]``,
+    each product and sum rounded to f32 on its own (no FMA, no reassociation)."""
+    batch, m, k = a.shape
+    acc = np.zeros((batch, m, b.shape[2]), F32)
+    term = np.empty_like(acc)
+    for t in range(k):
+        np.multiply(a[:, :, t : t + 1], b[:, t : t + 1, :], out=term)
+        np.add(acc, term, out=acc)
+    return acc
+
+
 def _dot_general(
     lhs: Any,
     rhs: Any,
     dimension_numbers: Any,
     preferred_element_type: Any,
     widen: Callable[[np.ndarray], np.ndarray],
+    ordered: bool = False,
 ) -> Any:
     lhs, rhs = arr(lhs), arr(rhs)
     (lc, rc), (lb, rb) = dimension_numbers
     lc, rc, lb, rb = tuple(lc), tuple(rc), tuple(lb), tuple(rb)
     if lhs.dtype != rhs.dtype and not (
-        lhs.dtype in FLOATS and rhs.dtype in FLOATS and preferred_element_type is not None
+        lhs.dtype in FLOATS and rhs.dtype in FLOATS
+        and (preferred_element_type is not None or ordered)
     ):
         # Mixed floats (paged attention's f32 x bf16) widen both to f32 like equal ones.
         return NotImplemented
@@ -83,7 +113,7 @@ def _dot_general(
     else:
         a, b = a.astype(compute), b.astype(compute)
     with quiet():
-        r = np.matmul(a, b)
+        r = _ordered_matmul(a, b) if ordered and compute == F32 else np.matmul(a, b)
     shape = (*(lhs.shape[d] for d in lb), *(lhs.shape[d] for d in lf), *(rhs.shape[d] for d in rf))
     r = r.reshape(shape)
     return back(r, out_dt) if compute == F32 else r.astype(out_dt)
@@ -91,3 +121,4 @@ def _dot_general(
 
 register(lax.dot_general_p)(_dot_general_rule(flushed_inputs=False))
 register(lax.dot_general_p, table=PREFLUSHED_RULES)(_dot_general_rule(flushed_inputs=True))
+register(lax.dot_general_p, table=DETERMINISTIC_RULES)(_deterministic_dot_general)

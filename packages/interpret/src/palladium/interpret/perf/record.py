@@ -6,6 +6,7 @@ import functools
 import math
 from typing import Any
 
+from palladium.interpret.errors import ConfigError
 from palladium.interpret.observers import LaunchInfo
 from palladium.interpret.perf.model import ChipModel
 from palladium.interpret.perf.recorder import TimelineRecorder
@@ -45,52 +46,110 @@ class LaunchRecord:
     the table users read.
     """
 
-    def __init__(self, recorder: TimelineRecorder) -> None:
+    def __init__(self, recorder: TimelineRecorder, index: int = 0) -> None:
         self.info = recorder.info
+        self.index = index  # the launch's number in its timeline (#0 first)
         self.kernel_name = recorder.info.kernel_name
         self.grid = recorder.info.grid
         self.chip: ChipModel = recorder.chip
         self.num_devices = recorder.info.num_devices
         self.cores_per_device = recorder.info.num_cores
-        extra = _pipeline_vmem(recorder.info)
-        cores = recorder.cores or tuple(recorder.events)
-        replay = Replay(dict(recorder.events), cores, recorder.chip, self.cores_per_device,
-                        vmem_base=dict.fromkeys(cores, extra))
-        replay.run()
-        self.spans: list[Span] = sorted(replay.spans, key=lambda s: (s.track, s.start, -s.end))
-        self.core_stats: dict[CoreId, CoreStats] = replay.stats
-        self.vmem: dict[CoreId, list[tuple[float, int]]] = replay.vmem
-        self.resource_bytes = dict(replay.resource_bytes)
-        self.bandwidth = replay.bandwidth
+        self.failed = recorder.error is not None
+        self.error: str | None = recorder.error  # "Type: first line" of a failed launch
+        self.detail_dropped = False
+        self._detail_limit: int | None = None
+        spans: list[Span] = []
+        stats: dict[CoreId, CoreStats] = {}
+        vmem: dict[CoreId, list[tuple[float, int]]] = {}
+        resource_bytes: dict[Any, int] = {}
+        bandwidth: dict[str, float] = {}
+        if not self.failed:  # a failed launch's events stop anywhere: not replayed
+            extra = _pipeline_vmem(recorder.info)
+            cores = recorder.cores or tuple(recorder.events)
+            replay = Replay(dict(recorder.events), cores, recorder.chip, self.cores_per_device,
+                            vmem_base=dict.fromkeys(cores, extra))
+            replay.run()
+            spans = sorted(replay.spans, key=lambda s: (s.track, s.start, -s.end))
+            stats, vmem = replay.stats, replay.vmem
+            resource_bytes, bandwidth = dict(replay.resource_bytes), replay.bandwidth
+        self._spans: list[Span] = spans
+        self.core_stats: dict[CoreId, CoreStats] = stats
+        self._vmem: dict[CoreId, list[tuple[float, int]]] = vmem
+        self.resource_bytes = resource_bytes
+        self.bandwidth = bandwidth
         self.flops = recorder.flops
         self.by_primitive = dict(recorder.by_primitive)
         self.by_unit = dict(recorder.by_unit)
-        ends = [s.end for s in self.spans] + [st.end for st in self.core_stats.values()]
+        ends = [s.end for s in spans] + [st.end for st in stats.values()]
         self.predicted_seconds: float = max(ends, default=0.0)
-        self.dma_seconds = sum(s.end - s.start for s in self.spans if s.cat == "dma")
-        self.dma_bytes = sum(s.args.get("bytes", 0) for s in self.spans if s.cat == "dma")
+        self.dma_seconds = sum(s.end - s.start for s in spans if s.cat == "dma")
+        self.dma_bytes = sum(s.args.get("bytes", 0) for s in spans if s.cat == "dma")
+        self._vmem_peak = max((b for samples in vmem.values() for _, b in samples), default=0)
+
+    # -- detail: every span and VMEM sample (the summary does not need them) -------------
+    @property
+    def spans(self) -> list[Span]:
+        """Every interval (grid steps, compute, DMAs, waits, barriers) on its track;
+        ``ConfigError`` once the timeline dropped them (``detail_limit``)."""
+        self._check_detail()
+        return self._spans
+
+    @property
+    def vmem(self) -> dict[CoreId, list[tuple[float, int]]]:
+        """Per core, (time, bytes of VMEM in use) at every change (dropped with the
+        spans)."""
+        self._check_detail()
+        return self._vmem
+
+    @property
+    def num_spans(self) -> int:
+        """How many spans the record holds (0 once dropped)."""
+        return len(self._spans)
+
+    def drop_detail(self, limit: int | None = None) -> None:
+        """Forget the spans and VMEM samples, keep the summary (``limit``: the timeline's
+        ``detail_limit`` that made it drop them, for the message)."""
+        self._spans, self._vmem = [], {}
+        self.detail_dropped = True
+        self._detail_limit = limit
+
+    def _check_detail(self) -> None:
+        if self.detail_dropped:
+            raise ConfigError(
+                f"the spans of kernel '{self.kernel_name}' (launch #{self.index}) were "
+                f"dropped: the timeline keeps at most {self._detail_limit} spans "
+                f"(detail_limit), older launches' first. Pass "
+                f"palladium.interpret.timeline(trace_file=...) to stream every launch's "
+                f"trace to a file as it ends, or detail_limit=None to keep them all."
+            )
 
     # -- what the summary reports ----------------------------------------------------------
     @functools.cached_property
     def critical_core(self) -> CoreId:
-        """The core that finishes last (ties: the lowest id)."""
+        """The core that finishes last (ties: the lowest id; (0, 0) for a failed launch)."""
+        if not self.core_stats:
+            return (0, 0)
         return max(sorted(self.core_stats), key=lambda c: self.core_stats[c].end)
+
+    @property
+    def _critical_stats(self) -> CoreStats:
+        return self.core_stats.get(self.critical_core) or CoreStats()
 
     @property
     def compute_seconds(self) -> float:
         """Busy compute time of the critical core."""
-        return self.core_stats[self.critical_core].compute
+        return self._critical_stats.compute
 
     @property
     def overhead_seconds(self) -> float:
         """Per-step overhead, prologue and epilogue of the critical core."""
-        return self.core_stats[self.critical_core].overhead
+        return self._critical_stats.overhead
 
     @property
     def exposed_dma_seconds(self) -> float:
         """Time the critical core waited for DMAs (HBM and ICI): DMA time not hidden
         behind its compute."""
-        exposed = self.core_stats[self.critical_core].exposed
+        exposed = self._critical_stats.exposed
         return exposed.get("hbm", 0.0) + exposed.get("ici", 0.0)
 
     def busy_seconds(self, resource: str) -> float:
@@ -106,7 +165,7 @@ class LaunchRecord:
         ``"per-step overhead"`` (grid steps x overhead, prologue, epilogue);
         ``"synchronisation"`` when waits on other cores' signals or barriers exceed
         them all."""
-        exposed = self.core_stats[self.critical_core].exposed
+        exposed = self._critical_stats.exposed
         parts = {
             "compute": self.compute_seconds,
             "HBM": self.busy_seconds("hbm"),
@@ -128,7 +187,7 @@ class LaunchRecord:
     def vmem_peak_bytes(self) -> int:
         """The most VMEM in use on any core (allocations, plus the pipeline's extra
         ``Buffered(n)`` block buffers)."""
-        return max((b for samples in self.vmem.values() for _, b in samples), default=0)
+        return self._vmem_peak
 
     @property
     def vmem_limit_bytes(self) -> int:
@@ -146,7 +205,11 @@ class LaunchRecord:
         """A table: time, bound, compute / DMA / exposed DMA, MXU use, top primitives,
         VMEM peak vs capacity."""
         c = self.chip
-        steps = self.core_stats[self.critical_core].steps
+        if self.failed:
+            return (f"kernel '{self.kernel_name}' on {self.num_devices} x TPU {c.chip} "
+                    f"({self.cores_per_device} core(s) each), grid {self.grid}: "
+                    f"FAILED ({self.error})")
+        steps = self._critical_stats.steps
         lines = [
             f"kernel '{self.kernel_name}' on {self.num_devices} x TPU {c.chip} "
             f"({self.cores_per_device} core(s) each), grid {self.grid}",
@@ -173,6 +236,8 @@ class LaunchRecord:
         return "\n".join(lines)
 
     def __repr__(self) -> str:
+        if self.failed:
+            return f"LaunchRecord('{self.kernel_name}', failed={self.error!r})"
         return (f"LaunchRecord('{self.kernel_name}', predicted_seconds="
                 f"{self.predicted_seconds:.3e}, bound='{self.bound}')")
 

@@ -9,6 +9,7 @@ threads did.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
 from typing import Any
 
 from palladium.interpret.observers import LaunchInfo
@@ -53,7 +54,11 @@ class TimelineRecorder(Observer):
         self.flops = 0.0
         self.cores: tuple[CoreId, ...] = ()
         self.finished = False
+        self.error: str | None = None  # "Type: first line" of a failed launch
         self._costs: dict[int, tuple[Any, Cost]] = {}
+        # Called once with this recorder when the launch ended (finished or failed): the
+        # timeline then keeps what it needs and nothing holds the events any more.
+        self.on_done: Callable[[TimelineRecorder], None] | None = None
 
     def _push(self, core: CoreId, event: tuple[Any, ...]) -> None:
         # The TensorCore is VLIW: MXU, vector ALU, EUP and vector load/store slots issue
@@ -117,3 +122,14 @@ class TimelineRecorder(Observer):
         for core in list(self.pending):
             self._push(core, ("c", 0.0))
         self.finished = True
+        self._done()
+
+    def run_failed(self, cores: tuple[CoreId, ...], error: BaseException) -> None:
+        lines = str(error).splitlines()
+        self.error = f"{type(error).__name__}: {lines[0] if lines else ''}"
+        self._done()
+
+    def _done(self) -> None:
+        done, self.on_done = self.on_done, None
+        if done is not None:
+            done(self)

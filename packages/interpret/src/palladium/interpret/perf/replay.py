@@ -31,7 +31,7 @@ CoreId = tuple[int, int]
 Action = tuple[Any, ...]
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(slots=True)
 class Span:
     """One interval on a track: ``track`` is ``(device, "core c" | "DMA engine k")``."""
 

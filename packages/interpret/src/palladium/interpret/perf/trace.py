@@ -9,10 +9,41 @@ from typing import Any
 
 from palladium.interpret.perf.record import LaunchRecord
 
-__all__ = ["plot_records", "trace_events"]
+__all__ = ["TraceStream", "launch_events", "plot_records", "trace_events"]
 
 _COLOURS = {"step": "#d9d9d9", "compute": "#4e79a7", "overhead": "#bab0ac", "wait": "#e15759",
             "barrier": "#f28e2b", "dma": "#59a14f"}
+
+
+def launch_events(rec: LaunchRecord, n: int, offset: float) -> list[dict[str, Any]]:
+    """The trace events of one launch, the ``n``-th of its document (its processes are
+    ``n * 1000 + device``), starting ``offset`` seconds into it."""
+    events: list[dict[str, Any]] = []
+    tids: dict[tuple[int, str], int] = {}
+    tracks = sorted({s.track for s in rec.spans}, key=lambda t: (t[0], _track_order(t[1])))
+    for device, name in tracks:
+        pid = n * 1000 + device
+        tids[(device, name)] = tid = len([t for t in tids if t[0] == device])
+        events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid,
+                       "args": {"name": name}})
+        events.append({"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": tid,
+                       "args": {"sort_index": tid}})
+    for device in sorted({t[0] for t in tracks}):
+        events.append({"ph": "M", "name": "process_name", "pid": n * 1000 + device,
+                       "args": {"name": f"{rec.kernel_name} #{n} device {device} "
+                                        f"(TPU {rec.chip.chip})"}})
+    for s in rec.spans:
+        events.append({
+            "ph": "X", "name": s.name, "cat": s.cat, "pid": n * 1000 + s.track[0],
+            "tid": tids[s.track], "ts": (offset + s.start) * 1e6,
+            "dur": (s.end - s.start) * 1e6, "args": dict(s.args),
+        })
+    for (device, core), samples in sorted(rec.vmem.items()):
+        for t, nbytes in samples:
+            events.append({"ph": "C", "name": f"VMEM in use, core {core}",
+                           "pid": n * 1000 + device, "ts": (offset + t) * 1e6,
+                           "args": {"bytes": nbytes}})
+    return events
 
 
 def _track_order(name: str) -> tuple[int, int]:
@@ -31,34 +62,40 @@ def trace_events(records: Sequence[LaunchRecord]) -> dict[str, Any]:
     events: list[dict[str, Any]] = []
     offset = 0.0
     for n, rec in enumerate(records):
-        tids: dict[tuple[int, str], int] = {}
-        tracks = sorted({s.track for s in rec.spans}, key=lambda t: (t[0], _track_order(t[1])))
-        for device, name in tracks:
-            pid = n * 1000 + device
-            tids[(device, name)] = tid = len([t for t in tids if t[0] == device])
-            events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid,
-                           "args": {"name": name}})
-            events.append({"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": tid,
-                           "args": {"sort_index": tid}})
-        for device in sorted({t[0] for t in tracks}):
-            events.append({"ph": "M", "name": "process_name", "pid": n * 1000 + device,
-                           "args": {"name": f"{rec.kernel_name} #{n} device {device} "
-                                            f"(TPU {rec.chip.chip})"}})
-        for s in rec.spans:
-            events.append({
-                "ph": "X", "name": s.name, "cat": s.cat, "pid": n * 1000 + s.track[0],
-                "tid": tids[s.track], "ts": (offset + s.start) * 1e6,
-                "dur": (s.end - s.start) * 1e6, "args": dict(s.args),
-            })
-        for (device, core), samples in sorted(rec.vmem.items()):
-            for t, nbytes in samples:
-                events.append({"ph": "C", "name": f"VMEM in use, core {core}",
-                               "pid": n * 1000 + device, "ts": (offset + t) * 1e6,
-                               "args": {"bytes": nbytes}})
+        events.extend(launch_events(rec, n, offset))
         offset += rec.predicted_seconds
     return {"traceEvents": events, "displayTimeUnit": "ns",
             "otherData": {"producer": "palladium.interpret.timeline",
                           "launches": [r.to_dict() for r in records]}}
+
+
+class TraceStream:
+    """A Chrome trace-event file written launch by launch, as each ends (the timeline's
+    ``trace_file``): the same document :func:`trace_events` makes, without keeping the
+    launches' spans in memory. ``close()`` finishes the JSON document."""
+
+    def __init__(self, path: str) -> None:
+        self._file = open(path, "w", encoding="utf-8")  # noqa: SIM115 - closed by close()
+        self._file.write('{"traceEvents": [\n')
+        self._first = True
+        self._offset = 0.0
+        self._launches: list[dict[str, Any]] = []
+
+    def write(self, rec: LaunchRecord) -> None:
+        """Append ``rec``'s events (its processes numbered by ``rec.index``)."""
+        for event in launch_events(rec, rec.index, self._offset):
+            self._file.write(("" if self._first else ",\n") + json.dumps(event))
+            self._first = False
+        self._offset += rec.predicted_seconds
+        self._launches.append(rec.to_dict())
+
+    def close(self) -> None:
+        if self._file.closed:
+            return
+        self._file.write('\n], "displayTimeUnit": "ns", "otherData": '
+                         + json.dumps({"producer": "palladium.interpret.timeline",
+                                       "launches": self._launches}) + "}\n")
+        self._file.close()
 
 
 def save_trace(records: Sequence[LaunchRecord], path: str) -> None:
