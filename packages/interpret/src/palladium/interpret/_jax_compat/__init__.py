@@ -7,10 +7,7 @@ jax upgrade a one-file change. Nothing here is jax's own TPU interpreter.
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import functools
-import importlib
 import inspect
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -38,8 +35,6 @@ from jax._src.pjit import jit_p
 from jax._src.state import indexing
 from jax._src.state import primitives as state_primitives
 from jax._src.state import types as state_types
-
-_MOSAIC_LOWERING = "jax._src.pallas.mosaic.lowering"
 
 # --- pallas_call and its parameters ---------------------------------------------------
 PALLAS_CALL_P = pallas_call_p
@@ -253,7 +248,7 @@ def lowering_call_frame(ctx: Any) -> tuple[str, int, str] | None:
     import sys
     import types
 
-    own = os.path.dirname(os.path.abspath(__file__)) + os.sep
+    own = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # interpret/
 
     def ours(file_name: str) -> bool:
         return os.path.abspath(file_name).startswith(own)
@@ -310,144 +305,23 @@ def tpu_info_for_chip(chip_version: str) -> tpu_info.TpuInfo:
     return tpu_info.get_tpu_info_for_chip(tpu_info.ChipVersion(chip_version), 1)
 
 
-# --- Mosaic (the TPU compiler's front end), for the lowering check -------------------------
-def mosaic_lowering_available() -> bool:
-    """Whether this jax has the Mosaic entry point the lowering check uses (jax 0.10.0
-    lacks ``lower_jaxpr_to_pipelined_module``; the check is then skipped)."""
-    return hasattr(importlib.import_module(_MOSAIC_LOWERING),
-                   "lower_jaxpr_to_pipelined_module")
-
-
-def module_bytecode(lowered: Any) -> bytes:  # a jax.stages.Lowered's, locations kept
-    return mlir.module_to_bytecode(lowered.compiler_ir("stablehlo"))
-
-
-def compile_for_devices(bytecode: bytes, devices: np.ndarray, num_args: int,
-                        num_outputs: int) -> str:
-    """Compile ``module_bytecode``'s program for ``devices`` (a TPU topology's) as
-    ``jax.jit``'s ``compile()`` does: its HLO text, or what the compiler raises."""
-    from jax._src import compiler
-    from jax._src.interpreters import pxla
-    from jax._src.lib import xla_client
-    from jax._src.lib.mlir import ir
-
-    backend = devices.flat[0].client
-    with mlir.make_ir_context():
-        module = ir.Module.parse(bytecode)
-        options = pxla.create_compile_options(
-            module, False, [False] * num_args, [False] * num_outputs, backend, devices, {})
-        executable = compiler.backend_compile_and_load(
-            backend, module, xla_client.DeviceList(tuple(devices.flat)), options, [])
-    return "\n".join(m.to_string() for m in executable.hlo_modules())
-
-
-def abstract_device(*, device_kind: str, num_cores: int) -> Any:
-    """jax's abstract TPU device of ``device_kind`` (for an ``AbstractMesh``)."""
-    from jax._src import mesh as mesh_lib
-
-    has_platform = "platform" in inspect.signature(mesh_lib.AbstractDevice).parameters
-    return mesh_lib.AbstractDevice(device_kind=device_kind, num_cores=num_cores,
-                                   **({"platform": "tpu"} if has_platform else {}))
-
-
-def mosaic_lower(ctx: Any, grid_mapping: Any, jaxpr: Any, compiler_params: Any, *,
-                 device_kind: str, num_cores: int) -> Any:
-    """Lower a ``pallas_call``'s kernel to a Mosaic module as jax's TPU lowering rule does
-    (``lower_jaxpr_to_pipelined_module``, then the verifier the serialisation pass runs),
-    with ``tpu_info`` answering for the TPU ``device_kind``; raises what Mosaic raises.
-
-    ``ctx`` is the CPU lowering context of the ``pallas_call`` equation: it makes Mosaic
-    assume a current libtpu and no forward-compatibility mode, as ``jax.jit`` on a TPU.
-    """
-    import copy
-
-    from jax._src import mesh as mesh_lib
-    from jax._src import sharding_impls
-    from jax._src.lib.mlir import ir
-    from jax._src.pallas.mosaic import lowering as mosaic_lowering
-    from jax.experimental.mosaic.dialects import tpu as tpu_dialect
-
-    params = compiler_params if isinstance(compiler_params, TPUCompilerParams) else None
-    semantics = params.dimension_semantics if params is not None else None
-    fuse = bool(getattr(params, "fuse_transposed_lhs_in_matmul", False))
-    axis_context = ctx.module_context.axis_context
-    jax_mesh = (axis_context.mesh if isinstance(axis_context, sharding_impls.SPMDAxisContext)
-                else None)
-    current = mesh_lib.get_abstract_mesh()
-    device = abstract_device(device_kind=device_kind, num_cores=num_cores)
-    tpu_mesh = mesh_lib.AbstractMesh(
-        tuple(current.axis_sizes), tuple(current.axis_names),
-        axis_types=tuple(current.axis_types), abstract_device=device)
-    # A fresh MLIR context, and a module context of our own with an empty cache of
-    # lowered functions (the caller's cache holds functions of its own context).
-    mlir_ctx = mlir.make_ir_context()
-    tpu_dialect.register_dialect(mlir_ctx)
-    module_context = copy.copy(ctx.module_context)
-    module_context.pallas_lowering_cache = {}
-    ctx = ctx.replace(module_context=module_context)
-    kwargs = {"fuse_transposed_lhs_in_matmul": fuse} if "fuse_transposed_lhs_in_matmul" in (
-        inspect.signature(mosaic_lowering.lower_jaxpr_to_pipelined_module).parameters) else {}
-    with (simulated_tpu(device_kind, num_cores), mesh_lib.use_abstract_mesh(tpu_mesh),
-          mlir_ctx, ir.Location.unknown(mlir_ctx)):
-        module = mosaic_lowering.lower_jaxpr_to_pipelined_module(
-            ctx, grid_mapping, jaxpr, dimension_semantics=semantics,
-            kernel_type=mosaic_core.CoreType.TC, mesh=jax_mesh, **kwargs)
-        if not module.operation.verify():
-            raise ValueError(f"Mosaic module failed verification:\n{module}")
-    return module
-
-
-# Mosaic's rules that ask ``tpu_info.get_tpu_info()`` for "the current TPU" (``sign``...)
-# see the default device (jax enters each equation's own, usually empty, abstract mesh):
-# on a CPU the CPU. Within ``simulated_tpu`` they get the simulated chip's facts instead.
-_SIMULATED_TPU: contextvars.ContextVar[tuple[str, int] | None] = contextvars.ContextVar(
-    "palladium_simulated_tpu", default=None)
-_JAX_GET_TPU_INFO = tpu_info.get_tpu_info
-
-
-def _get_tpu_info() -> Any:
-    if (simulated := _SIMULATED_TPU.get()) is None:
-        return _JAX_GET_TPU_INFO()
-    version = tpu_info.chip_version_from_device_kind(simulated[0])
-    return tpu_info.get_tpu_info_for_chip(version, simulated[1])
-
-
-@contextlib.contextmanager
-def simulated_tpu(device_kind: str, num_cores: int) -> Any:
-    """Within this context jax's ``tpu_info.get_tpu_info()`` describes the TPU of
-    ``device_kind`` (this thread and task only)."""
-    if tpu_info.get_tpu_info is not _get_tpu_info:
-        tpu_info.get_tpu_info = _get_tpu_info
-    token = _SIMULATED_TPU.set((device_kind, max(num_cores, 1)))
-    try:
-        yield
-    finally:
-        _SIMULATED_TPU.reset(token)
-
-
-_MOSAIC_LOWERING_FILE = importlib.import_module(_MOSAIC_LOWERING).__file__
-
-
-def mosaic_failing_equations(exc: BaseException | None) -> list:
-    """The kernel equations Mosaic was lowering when it raised ``exc``, outermost first
-    (the ``eqn`` of each ``jaxpr_subcomp`` frame of its traceback, or of its cause's);
-    empty when the error came from outside any equation (e.g. the block-shape checks)."""
-    seen: set[int] = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        eqns = []
-        tb = exc.__traceback__
-        while tb is not None:
-            frame = tb.tb_frame
-            # Mosaic's own jaxpr_subcomp (not XLA's, around the kernel in a jitted call).
-            if (frame.f_code.co_name == "jaxpr_subcomp" and "eqn" in frame.f_locals
-                    and frame.f_code.co_filename == _MOSAIC_LOWERING_FILE):
-                eqns.append(frame.f_locals["eqn"])
-            tb = tb.tb_next
-        if eqns:
-            return eqns
-        exc = exc.__cause__
-    return []
+from palladium.interpret._jax_compat.mosaic import (  # noqa: E402  (re-exported)
+    abstract_device as abstract_device,
+)
+from palladium.interpret._jax_compat.mosaic import (  # noqa: E402
+    compile_for_devices as compile_for_devices,
+)
+from palladium.interpret._jax_compat.mosaic import (  # noqa: E402
+    module_bytecode as module_bytecode,
+)
+from palladium.interpret._jax_compat.mosaic import (  # noqa: E402
+    mosaic_failing_equations as mosaic_failing_equations,
+)
+from palladium.interpret._jax_compat.mosaic import mosaic_lower as mosaic_lower  # noqa: E402
+from palladium.interpret._jax_compat.mosaic import (  # noqa: E402
+    mosaic_lowering_available as mosaic_lowering_available,
+)
+from palladium.interpret._jax_compat.mosaic import simulated_tpu as simulated_tpu  # noqa: E402
 
 
 def default_prng_is_partitionable_threefry() -> bool:
