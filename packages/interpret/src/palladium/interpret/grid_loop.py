@@ -87,6 +87,19 @@ def schedule(kernel: PreparedKernel, grid: GridPoint, num_cores: int,
     return out
 
 
+class _StepSite:
+    """Where a core's grid loop is, for the watchdog's message: formatted from the
+    core's current grid point only when a message needs it (no object per step)."""
+
+    __slots__ = ("run",)
+
+    def __init__(self, run: CoreRun) -> None:
+        self.run = run
+
+    def __str__(self) -> str:
+        return str(self.run._site(self.run.ev.grid_point or (), "grid step"))
+
+
 class CoreRun:
     """The grid loop of one simulated core."""
 
@@ -174,13 +187,13 @@ class CoreRun:
         prev: list[tuple[int, ...]] | None = None
         obs = sim.observers
         record = params.grid_point_recorder_call()
-        tick, step_site = sim.tick, self._site
+        tick, step_site = sim.tick, _StepSite(self)
         for step, point in enumerate(self.points):
+            self.ev.grid_point = point
             # Ctrl-C (a cancelled run) and the watchdog are seen here at every grid step,
             # also by a kernel with no scheduling point of its own: a flag read and a
             # clock read (the site is formatted only for the watchdog's message).
-            tick(step_site(point, "grid step"))
-            self.ev.grid_point = point
+            tick(step_site)
             if record is not None:
                 record(point, self.core[1])
             if obs is not None:
