@@ -29,6 +29,7 @@ unwinds; then ``run`` re-raises the first exception.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import enum
 import math
 import random
@@ -222,10 +223,9 @@ class Scheduler:
 
     def _failed(self, error: BaseException, task: Task | None) -> None:
         if self.on_error is not None:
-            try:
+            # A snapshot must never hide the error itself.
+            with contextlib.suppress(Exception):
                 self.on_error(error, task)
-            except Exception:  # noqa: S110 - a snapshot must never hide the error itself
-                pass
 
     def core_states(self, failed: Task | None = None) -> list[tuple[Any, str, str]]:
         """(core, state, where) of every task: ``failed`` (the task whose error this

@@ -91,7 +91,7 @@ class DmaOps(SimulationState):
         """A DMA's source region was never written at all (``uninitialized_reads``)."""
         src = dma.src
         region = src.describe_elements(dma.src_plan, missing)
-        text = (f"{core_name(dma.core)}: {dma.name} reads never-written memory: "
+        text = (f"{core_name(dma.core)}: a DMA ({dma.name}) reads never-written memory: "
                 f"{src.ref.label} region {region} (none of the elements it copies was ever "
                 f"written by a store, DMA, block copy or input){at_site(dma.site)}. On a TPU "
                 f"it copies whatever an earlier kernel left there.")
