@@ -201,18 +201,12 @@ class BufferOps(SimulationState):
         self._report_uninitialized(text, key, hint=False)
 
     def _report_unwritten(self, b: Buffer, plan: AccessPlan, missing: np.ndarray, what: str,
-                          core: CoreId | None, site: object) -> None:
+                          core: CoreId, site: object) -> None:
         n, total = int(np.count_nonzero(missing)), int(missing.size)
-        region = b.describe_elements(plan, missing)
-        who = core_name(core) if core is not None else "the launch"
-        if what == "read":
-            text = (f"{who}: read of never-written memory: {b.ref.label} region {region} "
-                    f"({n} of the {total} elements read were never written by a store, DMA, "
-                    f"block copy or input){at_site(site)}. On a TPU these bytes are whatever "
-                    f"an earlier kernel left there.")
-        else:
-            text = (f"{who}: {what}: {b.ref.label} region {region} ({n} of {total} "
-                    f"elements){at_site(site)}.")
+        text = (f"{core_name(core)}: {what} of never-written memory: {b.ref.label} region "
+                f"{b.describe_elements(plan, missing)} ({n} of the {total} elements read were "
+                f"never written by a store, DMA, block copy or input){at_site(site)}. On a "
+                f"TPU these bytes are whatever an earlier kernel left there.")
         self._report_uninitialized(text, (b.ref.name, b.ref.space, site_line(site)))
 
     def value(self, buf: BufferRef) -> np.ndarray:
