@@ -89,7 +89,7 @@ def test_a_pending_dma_is_listed_with_its_line():
     assert (dma.core, dma.state, dma.nbytes) == ((0, 0), "started", 4096)
     line = racy.__code__.co_firstlineno + 2
     assert f"test_failure_snapshot.py:{line}" in dma.site
-    assert f"x_hbm->buf (4096 bytes, started) at kernel 'racy'" in e.value.snapshot.summary()
+    assert "x_hbm->buf (4096 bytes, started) at kernel 'racy'" in e.value.snapshot.summary()
 
 
 def out_of_bounds(x_ref, o_ref):

@@ -133,7 +133,7 @@ def test_reads_agree_with_a_set_of_written_indices(ops, lo, size):
 
 def test_a_failed_run_carries_a_snapshot_taken_before_the_cores_unwind():
     sim = _sim("off", num_devices=1, cores_per_device=2, snapshot_bytes=1 << 20)
-    v = sim.allocate(MemorySpace.VMEM, 0, 0, name="v", value=np.arange(4.0))
+    sim.allocate(MemorySpace.VMEM, 0, 0, name="v", value=np.arange(4.0))
     [sem] = sim.allocate_semaphores(0, 1, kind=SemaphoreKind.REGULAR, name="sem", shape=(1,))
     sim.grid_point_of = lambda core: (core[1], 7)
 

@@ -27,10 +27,10 @@ from palladium.interpret.errors import (
     TpuLoweringError,
     TpuLoweringWarning,
     TpuResourceError,
-    UnsupportedFeatureError,
-    UnsupportedPrimitiveError,
     UninitializedReadError,
     UninitializedReadWarning,
+    UnsupportedFeatureError,
+    UnsupportedPrimitiveError,
     WatchdogError,
 )
 from palladium.interpret.eval import (  # noqa: F401  (registers the rules)

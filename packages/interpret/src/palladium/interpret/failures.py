@@ -64,7 +64,7 @@ def _clone(exc: BaseException, depth: int = 0) -> BaseException:
 class FailureLog:
     """Recently failed launches' exceptions, by failure id (thread-safe, bounded)."""
 
-    def __init__(self, capacity: int = 32, snapshots_with_contents: int = 4) -> None:
+    def __init__(self, capacity: int = 32, snapshots_with_contents: int = 1) -> None:
         self._with_contents = snapshots_with_contents
         self._entries: collections.OrderedDict[int, tuple[BaseException, tuple]] = (
             collections.OrderedDict()
@@ -107,7 +107,7 @@ class FailureLog:
                 old, old_args = self._entries.popitem(last=False)[1]
                 old.args = old_args
             if len(self._entries) > self._with_contents:
-                # The entry that just left the newest few: its snapshot's arrays go.
+                # The entry that just left the newest ones: its snapshot's arrays go.
                 _drop_contents(list(self._entries.values())[-1 - self._with_contents][0])
         return fid
 

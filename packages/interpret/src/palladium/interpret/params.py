@@ -88,8 +88,8 @@ _OPTION_OF_FIELD: dict[str, str] = {
 
 #: ``InterpretParams.progress_interval``'s default: seconds between two progress reports.
 PROGRESS_INTERVAL_DEFAULT = 60.0
-#: ``InterpretParams.failure_snapshot_bytes``'s default: array bytes a failure snapshot keeps.
-SNAPSHOT_BYTES_DEFAULT = 8 << 20
+#: ``InterpretParams.failure_snapshot_bytes``'s default: array bytes a failure snapshot keeps (the failure log keeps one snapshot with contents).
+SNAPSHOT_BYTES_DEFAULT = 2 << 20
 
 _BOOLS = ("detect_races", "skip_floating_point_ops", "allow_hbm_allocation_in_run_scoped",
           "check_lowering", "check_memory")

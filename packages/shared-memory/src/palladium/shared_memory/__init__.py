@@ -21,13 +21,6 @@ from palladium.shared_memory.errors import (
     UninitializedReadWarning,
     WatchdogError,
 )
-from palladium.shared_memory.snapshot import (
-    BufferState,
-    CoreState,
-    DmaState,
-    SemaphoreState,
-    Snapshot,
-)
 from palladium.shared_memory.observer import (
     BlockCopy,
     DmaEvent,
@@ -40,6 +33,13 @@ from palladium.shared_memory.regions import AccessPlan
 from palladium.shared_memory.scheduler import interrupt_all
 from palladium.shared_memory.semaphores import SemaphoreKind
 from palladium.shared_memory.simulation import CoreId, Simulation
+from palladium.shared_memory.snapshot import (
+    BufferState,
+    CoreState,
+    DmaState,
+    SemaphoreState,
+    Snapshot,
+)
 from palladium.shared_memory.tpu_facts import (
     GENERATION_DEFAULT,
     TILING_DEFAULT,
