@@ -181,6 +181,18 @@ def test_options_reach_the_params(suite):
 
 
 @pytest.mark.timeout(300)
+def test_uninitialized_option_reports_reads_of_never_written_memory(suite):
+    result = suite.runpytest_subprocess(
+        "-rA", "-p", "no:randomly", "test_suite.py::test_clean", "test_suite.py::test_racy",
+        "--palladium-uninitialized=raise")
+    assert outcomes(result) == {"test_suite.py::test_clean": "passed",
+                                "test_suite.py::test_racy": "failed"}
+    text = failure(result, "test_racy")
+    assert "UninitializedReadError" in text
+    assert "read of never-written memory: 'buf' (VMEM, device 0 core 0)" in text
+
+
+@pytest.mark.timeout(300)
 def test_under_xdist_the_outcomes_are_the_serial_ones(suite):
     pytest.importorskip("xdist")
     result = suite.runpytest_subprocess("-rA", "-p", "no:randomly", "-n", "2", "--palladium",

@@ -7,6 +7,7 @@ nothing (and imports nothing beyond pytest) unless asked:
     pytest --palladium --palladium-races    # ... with the race detector (DataRaceError)
     pytest --palladium --palladium-chip=v6e --palladium-dma-order=random --palladium-seed=3
     pytest --palladium --palladium-timeline=traces/   # one Chrome trace per test
+    pytest --palladium --palladium-uninitialized=raise   # reads of never-written memory
     pytest -n 4 --palladium                 # with pytest-xdist: each worker alone
 
 ``--palladium`` runs every kernel of the run (kernels that take no ``interpret=``
@@ -101,6 +102,7 @@ _OPTIONS = {  # option dest -> InterpretParams field
     "palladium_chip": "chip",
     "palladium_dma_order": "dma_order",
     "palladium_seed": "random_seed",
+    "palladium_uninitialized": "uninitialized_reads",
 }
 
 
@@ -117,6 +119,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="the order pending DMAs complete in")
     group.addoption("--palladium-seed", type=int, metavar="N",
                     help="InterpretParams.random_seed (grid order, schedules, DMA order)")
+    group.addoption("--palladium-uninitialized", choices=("off", "warn", "raise"),
+                    help="InterpretParams.uninitialized_reads: report reads of memory nothing "
+                         "wrote and outputs left unwritten (raise: UninitializedReadError)")
     group.addoption("--palladium-timeline", metavar="DIR",
                     help="write a Chrome trace (palladium.interpret.timeline) per test to DIR")
 

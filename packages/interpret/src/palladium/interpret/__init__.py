@@ -27,6 +27,8 @@ from palladium.interpret.errors import (
     TpuLoweringError,
     TpuLoweringWarning,
     TpuResourceError,
+    UninitializedReadError,
+    UninitializedReadWarning,
     UnsupportedFeatureError,
     UnsupportedPrimitiveError,
     WatchdogError,
@@ -53,6 +55,7 @@ from palladium.interpret.params import InterpretParams, LoggingMode
 from palladium.interpret.perf import LaunchRecord, Timeline, timeline
 from palladium.interpret.process_state import STATE
 from palladium.interpret.rule_plugins import InterpretRuleWarning, load_entry_point_rules
+from palladium.shared_memory import Snapshot
 
 install()
 load_entry_point_rules()
@@ -78,6 +81,7 @@ __all__ = [
     "RevisitError",
     "SemaphoreLeakError",
     "SimulationError",
+    "Snapshot",
     "Timeline",
     "TpuCompilerError",
     "TpuLoweringError",
@@ -85,6 +89,8 @@ __all__ = [
     "TpuResourceError",
     "UnsupportedFeatureError",
     "UnsupportedPrimitiveError",
+    "UninitializedReadError",
+    "UninitializedReadWarning",
     "WatchdogError",
     "__version__",
     "chip_facts",

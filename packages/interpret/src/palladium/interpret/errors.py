@@ -2,7 +2,8 @@
 
 Every exception the interpreter raises is a ``PalladiumError``. Every failure of a
 simulated kernel is a ``SimulationError``: the simulator's own (``OutOfBoundsError``,
-``DataRaceError``, ``DeadlockError``, ``SemaphoreLeakError``, re-exported here) and the
+``DataRaceError``, ``DeadlockError``, ``SemaphoreLeakError``,
+``UninitializedReadError``, re-exported here) and the
 interpreter's (below); a parameter it does not accept is a ``ConfigError`` (a
 ``ValueError``). Messages name the kernel, the operand
 as the kernel names it, the grid point, the core and the source line.
@@ -20,6 +21,8 @@ from palladium.shared_memory import (
     PalladiumError,
     SemaphoreLeakError,
     SimulationError,
+    UninitializedReadError,
+    UninitializedReadWarning,
     WatchdogError,
 )
 
@@ -43,6 +46,8 @@ __all__ = [
     "TpuResourceError",
     "UnsupportedPrimitiveError",
     "UnsupportedFeatureError",
+    "UninitializedReadError",
+    "UninitializedReadWarning",
     "WatchdogError",
 ]
 

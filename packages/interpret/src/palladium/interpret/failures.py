@@ -13,12 +13,16 @@ attributes such as a ``DataRaceError``'s report, chained causes) without its tra
 whose frames held the launch's whole simulation and, through their callers, its
 operands (100 failing launches of a 64 MiB input kept ~4 GiB alive). Where it failed
 stays readable as ``exc.launch_traceback`` (a ``traceback.StackSummary``). At most ``capacity`` failures are kept (oldest forgotten first); an
-entry is removed when claimed.
+entry is removed when claimed. A failure's ``snapshot`` (its simulated state, bounded by
+``InterpretParams.failure_snapshot_bytes``) keeps its buffers' contents only in the
+newest ``snapshots_with_contents`` entries; older ones keep the rest (cores, semaphores,
+DMAs, buffer names and shapes), so the log holds at most that many snapshots' arrays.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import itertools
 import re
 import threading
@@ -64,7 +68,8 @@ def _clone(exc: BaseException, depth: int = 0) -> BaseException:
 class FailureLog:
     """Recently failed launches' exceptions, by failure id (thread-safe, bounded)."""
 
-    def __init__(self, capacity: int = 32) -> None:
+    def __init__(self, capacity: int = 32, snapshots_with_contents: int = 1) -> None:
+        self._with_contents = snapshots_with_contents
         self._entries: collections.OrderedDict[int, tuple[BaseException, tuple]] = (
             collections.OrderedDict()
         )
@@ -105,6 +110,9 @@ class FailureLog:
             while len(self._entries) > self._capacity:
                 old, old_args = self._entries.popitem(last=False)[1]
                 old.args = old_args
+            if len(self._entries) > self._with_contents:
+                # The entry that just left the newest ones: its snapshot's arrays go.
+                _drop_contents(list(self._entries.values())[-1 - self._with_contents][0])
         return fid
 
     def claim(self, message: str) -> BaseException | None:
@@ -129,6 +137,12 @@ def _type_name(exc: BaseException) -> str:
     if cls.__module__.startswith("palladium."):
         return f"palladium.interpret.{cls.__name__}"
     return cls.__name__
+def _drop_contents(exc: BaseException) -> None:
+    """Replace ``exc.snapshot`` by the same snapshot without its buffers' contents."""
+    snapshot = getattr(exc, "snapshot", None)
+    if snapshot is not None and hasattr(snapshot, "without_contents"):
+        with contextlib.suppress(AttributeError):
+            exc.snapshot = snapshot.without_contents()  # type: ignore[attr-defined]
 
 
 def _tagged(args: tuple, tag: str) -> tuple:

@@ -205,8 +205,8 @@ class CoreRun:
                                          f"{info.space.name}",
                                   jax_block_index_phrase(cur[i], "input", info.name, point))
                 hbm, vmem = self._copy_plans(i, cur[i])
-                data = sim.read(self.hbm_inputs[i], hbm, core=self.core, site=site)
-                sim.write(self.input_refs[i].buffer, vmem, data, core=self.core, site=site)
+                data = sim.copy(self.hbm_inputs[i], hbm, self.input_refs[i].buffer, vmem,
+                                core=self.core, site=site)
                 if obs is not None:
                     obs.block_copy(BlockCopy(self.core, info.name, "in", cur[i], data.nbytes,
                                              step, point, info.buffer_count, info.space))
@@ -222,8 +222,10 @@ class CoreRun:
                     site = self._site(point, f"copy of block {b} of output '{info.name}' to HBM",
                                       jax_block_index_phrase(b, "output", info.name, point))
                     hbm, vmem = self._copy_plans(n_in + o, b)
-                    data = sim.read(self.output_refs[o].buffer, vmem, core=self.core, site=site)
-                    sim.write(self.hbm_outputs[o], hbm, data, core=self.core, site=site)
+                    data = sim.copy(self.output_refs[o].buffer, vmem, self.hbm_outputs[o], hbm,
+                                    core=self.core, site=site)
+                    if nxt is not None:  # the buffer's next block starts unwritten
+                        sim.mark_written(self.output_refs[o].buffer, False)
                     if obs is not None:
                         obs.block_copy(BlockCopy(self.core, info.name, "out", b, data.nbytes,
                                                  step, point, info.buffer_count, info.space))

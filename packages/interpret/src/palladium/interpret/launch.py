@@ -18,7 +18,7 @@ import numpy as np
 from palladium.interpret import _jax_compat as jc
 from palladium.interpret.chip import DEFAULT_CHIP, chip_facts
 from palladium.interpret.devices import DeviceMesh
-from palladium.interpret.errors import KernelError, UnsupportedFeatureError
+from palladium.interpret.errors import KernelError, PalladiumError, UnsupportedFeatureError
 from palladium.interpret.eval.context import CoreId, Where
 from palladium.interpret.eval.program import ProgramCache
 from palladium.interpret.eval.refs import MemRef, SemaphoreRef
@@ -28,7 +28,14 @@ from palladium.interpret.kernel_checks import negative_grid_message
 from palladium.interpret.memory_map import MemoryMap
 from palladium.interpret.observers import LaunchInfo, launch_observers
 from palladium.interpret.params import InterpretParams
+from palladium.interpret.process_state import STATE
 from palladium.shared_memory import BufferRef, SemaphoreLeakError, Simulation
+
+_UNINITIALIZED_HINT = (
+    "Write every element before it is read (initialise scratch and accumulators, e.g. "
+    "under pl.when(pl.program_id(...) == 0)); for a kernel that means it, pass "
+    "InterpretParams(uninitialized_reads='off')."
+)
 
 _OUT_OF_BOUNDS_HINT = (
     "Pass InterpretParams(out_of_bounds_reads='uninitialized') to read uninitialised values "
@@ -63,7 +70,11 @@ class Launch:
             watchdog_hint=("Raise InterpretParams(watchdog_timeout=...) if the kernel is "
                            "merely slow, or pass None to turn the watchdog off."),
             out_of_bounds_hint=_OUT_OF_BOUNDS_HINT,
+            uninitialized_hint=_UNINITIALIZED_HINT,
+            snapshot_bytes=params.failure_snapshot_bytes,
         )
+        self.core_runs: dict[CoreId, CoreRun] = {}
+        self.sim.grid_point_of = self._grid_point_of
         self.memory = MemoryMap(self.sim, kernel, params, self.num_cores)
         self.vmapped_dims = tuple(gm.vmapped_dims)
         self.grid_names = tuple(gm.grid_names) if gm.grid_names is not None else ()
@@ -188,17 +199,19 @@ class Launch:
             for c in range(self.num_cores):
                 core = (device, c)
                 operands = self.memory.core_operands(core, scalars, hbm_inputs, hbm_outputs)
-                bodies[core] = CoreRun(self, core, operands, points[c], hbm_inputs,
-                                       hbm_outputs, set(aliases)).run
+                run = CoreRun(self, core, operands, points[c], hbm_inputs, hbm_outputs,
+                              set(aliases))
+                self.core_runs[core] = run
+                bodies[core] = run.run
         try:
-            self.sim.run(bodies, check_leaks=True)
-        except SemaphoreLeakError as e:
-            if f"kernel '{self.kernel_name}'" in str(e):
-                raise
-            where = self.kernel.launch_location
-            raise SemaphoreLeakError(
-                f"kernel '{self.kernel_name}'" + (f" ({where})" if where else "") + f": {e}"
-            ) from e
+            self._run(bodies)
+            for hbm_outputs in device_outputs:
+                self._check_outputs_written(hbm_outputs, aliases)
+        except PalladiumError as e:
+            if getattr(e, "snapshot", None) is None and self.params.failure_snapshot_bytes:
+                e.snapshot = self.sim.snapshot(  # type: ignore[attr-defined]
+                    self.params.failure_snapshot_bytes, title=f"simulated state at the failure ({type(e).__name__}):")
+            raise
         results = []
         for hbm_outputs in device_outputs:
             outs = []
@@ -209,6 +222,59 @@ class Launch:
                 outs.append(np.ascontiguousarray(value, dtype=aval.dtype).reshape(aval.shape))
             results.append(outs)
         return results
+
+    def _run(self, bodies: dict[CoreId, Any]) -> None:
+        """Run the cores (with progress reports while it lasts)."""
+        interval = self.params.progress_interval
+        key = None if interval is None else STATE.progress.register(
+            self.kernel_name, interval, self.progress_text)
+        try:
+            self.sim.run(bodies, check_leaks=True)
+        except SemaphoreLeakError as e:
+            if f"kernel '{self.kernel_name}'" in str(e):
+                raise
+            where = self.kernel.launch_location
+            raise SemaphoreLeakError(
+                f"kernel '{self.kernel_name}'" + (f" ({where})" if where else "") + f": {e}"
+            ) from e
+        finally:
+            if key is not None:
+                STATE.progress.unregister(key)
+
+    def _check_outputs_written(self, hbm_outputs: list[BufferRef], aliases: dict[int, int]) -> None:
+        """``uninitialized_reads``: report each output region nothing wrote."""
+        k = self.kernel
+        for o, (buf, aval, info) in enumerate(zip(hbm_outputs, k.out_avals, k.outputs)):
+            if o in aliases:
+                continue
+            found = self.sim.unwritten(buf, info.array_region(tuple(aval.shape)))
+            if found is None:
+                continue
+            region, n, total = found
+            where = k.launch_location
+            self.sim.report_uninitialized(
+                f"kernel '{self.kernel_name}'" + (f" ({where})" if where else "")
+                + f": output '{info.name}' (HBM, device {buf.device}) was never written in "
+                f"region {region} ({n} of its {total} elements) by the end of the launch: "
+                f"the caller receives uninitialised memory (on a TPU, garbage). Write every "
+                f"output block the grid visits (or give the output an input_output_alias); "
+                f"for a kernel that means it, pass InterpretParams(uninitialized_reads='off').",
+                (info.name, "output"),
+            )
+
+    def _grid_point_of(self, core: CoreId) -> tuple[int, ...] | None:
+        run = self.core_runs.get(core)
+        return None if run is None else run.ev.grid_point
+
+    def progress_text(self) -> str:
+        """Where the launch is now: each core and the DMAs in flight (a progress report)."""
+        lines = [f"  {state}" for state in self.sim.core_states()]
+        dmas = self.sim.dmas_in_flight()
+        lines.append(f"  DMAs in flight: {len(dmas)}" + ("" if not dmas else ""))
+        lines += [f"    {d}" for d in dmas[:16]]
+        if len(dmas) > 16:
+            lines.append(f"    ... and {len(dmas) - 16} more")
+        return "\n".join(lines)
 
     def _grid(self, dyn: list[Any]) -> tuple[int, ...]:
         dyn_iter = iter(dyn)

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from palladium.interpret.params import LoggingMode
 from palladium.interpret.process_state import STATE
-from palladium.shared_memory import BlockCopy, BufferRef, MemorySpace, Observer
+from palladium.shared_memory import BlockCopy, BufferRef, MemorySpace, Observer, SemaphoreInfo
 
 if TYPE_CHECKING:  # observers imports this module to build the logging observer
     from palladium.interpret.observers import LaunchInfo
@@ -21,7 +21,7 @@ CoreId = tuple[int, int]
 class LoggingObserver(Observer):
     """Logs (DEBUG, logger ``palladium.interpret``) what ``mode`` asks for: ``LAUNCH``
     the launch, ``GRID`` every grid point a core runs, ``MEMORY`` every allocation and
-    pipeline block copy."""
+    pipeline block copy, ``SEMAPHORE`` every signal and wait, ``BARRIER`` every barrier."""
 
     def __init__(self, info: LaunchInfo, mode: LoggingMode) -> None:
         self.name = info.kernel_name
@@ -38,6 +38,30 @@ class LoggingObserver(Observer):
         if LoggingMode.MEMORY not in mode:
             vars(self)["allocate"] = Observer.allocate.__get__(self)
             vars(self)["block_copy"] = Observer.block_copy.__get__(self)
+        if LoggingMode.SEMAPHORE not in mode:
+            for hook in ("semaphore_signal", "semaphore_wait_begin", "semaphore_wait_end"):
+                vars(self)[hook] = getattr(Observer, hook).__get__(self)
+        if LoggingMode.BARRIER not in mode:
+            for hook in ("barrier_begin", "barrier_end"):
+                vars(self)[hook] = getattr(Observer, hook).__get__(self)
+
+    def semaphore_signal(self, core: CoreId, sem: SemaphoreInfo, inc: int) -> None:
+        logger.debug("%s: device %d core %d signals semaphore %s of device %d core %d by %d",
+                     self.name, core[0], core[1], sem.label, sem.core[0], sem.core[1], inc)
+
+    def semaphore_wait_begin(self, core: CoreId, sem: SemaphoreInfo, value: int) -> None:
+        logger.debug("%s: device %d core %d waits for %d on semaphore %s", self.name,
+                     core[0], core[1], value, sem.label)
+
+    def semaphore_wait_end(self, core: CoreId, sem: SemaphoreInfo, value: int) -> None:
+        logger.debug("%s: device %d core %d got %d from semaphore %s", self.name, core[0],
+                     core[1], value, sem.label)
+
+    def barrier_begin(self, core: CoreId) -> None:
+        logger.debug("%s: device %d core %d enters the barrier", self.name, core[0], core[1])
+
+    def barrier_end(self, core: CoreId) -> None:
+        logger.debug("%s: device %d core %d leaves the barrier", self.name, core[0], core[1])
 
     def grid_step_begin(self, core: CoreId, step: int, grid_point: tuple[int, ...]) -> None:
         logger.debug("%s: core %d grid point %s", self.name, core[1], grid_point)

@@ -21,6 +21,7 @@ from palladium.shared_memory.options import (
     OutOfBounds,
     SimulationOptions,
     Uninitialized,
+    UninitializedReads,
     check_choice,
     check_on_race,
 )
@@ -36,13 +37,42 @@ class LoggingMode(enum.Flag):
     ``LAUNCH`` logs each kernel launch (kernel name, grid, cores, chip); ``GRID`` each grid
     point a core runs; ``MEMORY`` every simulated buffer allocation and block copy;
     ``TIMELINE`` each launch's predicted TPU timeline summary (see
-    ``palladium.interpret.timeline``).
+    ``palladium.interpret.timeline``); ``SEMAPHORE`` every semaphore signal and wait;
+    ``BARRIER`` every barrier a core enters and leaves. jax's own
+    ``LoggingMode`` (``BARRIER``, ``SEMAPHORE``, ``SHARED_MEMORY``) is accepted too:
+    ``SHARED_MEMORY`` is ``MEMORY`` here (see ``from_jax``).
     """
 
     LAUNCH = enum.auto()
     GRID = enum.auto()
     MEMORY = enum.auto()
     TIMELINE = enum.auto()
+    SEMAPHORE = enum.auto()
+    BARRIER = enum.auto()
+
+    @classmethod
+    def from_jax(cls, mode: Any) -> LoggingMode:
+        """palladium's flag for a value of jax 0.10.2's
+        ``jax._src.pallas.mosaic.interpret.params.LoggingMode`` (matched by member
+        names, so jax's interpreter module is never imported): ``BARRIER`` and
+        ``SEMAPHORE`` as they are, ``SHARED_MEMORY`` as ``MEMORY``."""
+        out = cls(0)
+        for member in type(mode):
+            if member & mode:
+                out |= cls[_JAX_LOGGING_NAMES.get(member.name, member.name)]
+        return out
+
+
+# jax's LoggingMode member -> palladium's (the others keep their name).
+_JAX_LOGGING_NAMES = {"SHARED_MEMORY": "MEMORY"}
+
+
+def _is_jax_logging_mode(value: Any) -> bool:
+    """Whether ``value`` is a value of jax's interpret-mode ``LoggingMode`` flag."""
+    cls = type(value)
+    return (isinstance(value, enum.Flag) and cls.__name__ == "LoggingMode"
+            and cls.__module__.startswith("jax.")
+            and {m.name for m in cls} <= {"BARRIER", "SEMAPHORE", "SHARED_MEMORY"})
 
 
 # InterpretParams field (jax's names) -> the simulator's option (one vocabulary:
@@ -53,7 +83,13 @@ _OPTION_OF_FIELD: dict[str, str] = {
     "uninitialized_memory": "uninitialized",
     "buffer_bounds": "bounds",
     "dma_order": "dma_order",
+    "uninitialized_reads": "uninitialized_reads",
 }
+
+#: ``InterpretParams.progress_interval``'s default: seconds between two progress reports.
+PROGRESS_INTERVAL_DEFAULT = 60.0
+#: ``InterpretParams.failure_snapshot_bytes``'s default: array bytes a failure snapshot keeps (the failure log keeps one snapshot with contents).
+SNAPSHOT_BYTES_DEFAULT = 2 << 20
 
 _BOOLS = ("detect_races", "skip_floating_point_ops", "allow_hbm_allocation_in_run_scoped",
           "check_lowering", "check_memory", "deterministic_dot")
@@ -102,7 +138,8 @@ class InterpretParams:
         is never padded.
       vector_clock_size: accepted for compatibility and ignored (palladium's race
         detector sizes its clocks itself).
-      logging_mode: a ``LoggingMode`` flag, or None.
+      logging_mode: a ``LoggingMode`` flag (palladium's, or jax's own: its
+        ``SHARED_MEMORY`` is ``MEMORY``), or None.
       chip: the TPU chip (``"v2"``, ``"v3"``, ``"v4"``, ``"v4i"``, ``"v5e"``, ``"v5p"``,
         ``"v6e"``, ``"v7"``, ``"v7x"``) whose tiling decides the padded shape. None (the
         default): the TPU of the current abstract mesh's abstract device
@@ -146,6 +183,23 @@ class InterpretParams:
         neither BLAS's nor a TPU's, and matmul kernels ran 5-13x slower with it
         (benchmarks/README.md, "Deterministic dot"). Integer dots are exact either way.
         Default False.
+      uninitialized_reads: what a read of memory nothing wrote does (a scratch, a
+        ``run_scoped`` buffer, an SMEM buffer, a VMEM block, a DMA whose whole source
+        region was never written), and an output region nothing wrote by the end of the
+        launch: ``"raise"`` (``UninitializedReadError`` naming the kernel line, grid
+        point, core, operand and region), ``"warn"`` (``UninitializedReadWarning``, once
+        per operand and line) or ``"off"`` (nothing tracked, no cost). What was written
+        is tracked per element: stores, DMAs and block copies (which carry the
+        written-ness of what they copy), inputs, aliased outputs; the padding of a
+        partial edge block counts as written.
+      progress_interval: a launch still running after this many seconds logs where it
+        is (each core's grid point, state and line; the DMAs in flight) to the
+        ``palladium.interpret`` logger at WARNING, and again at every interval; None:
+        never. Default 60 s (the watchdog's default is 300 s).
+      failure_snapshot_bytes: a failed launch's exception carries ``snapshot``, its
+        simulated state (each core's grid point and line, semaphores, DMAs in flight,
+        buffers); the buffers' contents are copied up to this many bytes in all (the
+        largest are left out first). 0: contents of no buffer.
     """
 
     detect_races: bool = False
@@ -170,8 +224,13 @@ class InterpretParams:
     check_memory: bool = True
     compile_check: CompileCheck = "auto"
     deterministic_dot: bool = False
+    uninitialized_reads: UninitializedReads = "off"
+    progress_interval: float | None = PROGRESS_INTERVAL_DEFAULT
+    failure_snapshot_bytes: int = SNAPSHOT_BYTES_DEFAULT
 
     def __post_init__(self) -> None:
+        if _is_jax_logging_mode(self.logging_mode):  # jax's own flag: palladium's equivalent
+            object.__setattr__(self, "logging_mode", LoggingMode.from_jax(self.logging_mode))
         for field in _BOOLS:
             if not isinstance(getattr(self, field), bool):
                 raise ConfigError(
@@ -199,8 +258,21 @@ class InterpretParams:
             )
         if self.logging_mode is not None and not isinstance(self.logging_mode, LoggingMode):
             raise ConfigError(
-                "InterpretParams.logging_mode must be None or a palladium.interpret."
-                f"LoggingMode, got {self.logging_mode!r}."
+                "InterpretParams.logging_mode must be None or a LoggingMode flag (palladium."
+                f"interpret.LoggingMode or jax's pltpu interpret LoggingMode), got "
+                f"{self.logging_mode!r}."
+            )
+        p = self.progress_interval
+        if p is not None and (isinstance(p, bool) or not isinstance(p, int | float)
+                              or not 0 < p < 1e9):
+            raise ConfigError(
+                "InterpretParams.progress_interval must be a number of seconds > 0 (and "
+                f"< 1e9), or None for no progress reports, got {p!r}."
+            )
+        b = self.failure_snapshot_bytes
+        if isinstance(b, bool) or not isinstance(b, int) or b < 0:
+            raise ConfigError(
+                f"InterpretParams.failure_snapshot_bytes must be an int >= 0, got {b!r}."
             )
         if not isinstance(self.dma_order_trials, int) or self.dma_order_trials < 0:
             raise ConfigError(
@@ -263,7 +335,23 @@ class InterpretParams:
             bounds=self.buffer_bounds,
             tpu_generation=tpu_generation,
             watchdog=self.watchdog_timeout,
+            uninitialized_reads=self.uninitialized_reads,
         )
+
+    def get_vector_clock_size(self, num_devices: int) -> int:
+        """jax's method: the vector clock size its race detector would use for
+        ``num_devices`` devices (``vector_clock_size``, or twice the cores). palladium's
+        detector sizes its clocks itself; this answers as jax does, ``ValueError``
+        included, for code that calls it."""
+        cores = num_devices * self.num_cores_or_threads
+        if self.vector_clock_size is None:
+            return 2 * cores
+        if cores >= self.vector_clock_size:
+            raise ConfigError(
+                f"InterpretParams.vector_clock_size ({self.vector_clock_size}) must be "
+                f"greater than the total number of cores ({cores})."
+            )
+        return self.vector_clock_size
 
     @property
     def num_cores_per_device(self) -> int:

@@ -22,6 +22,8 @@ launch_scopes      the ``scoped_launch_observer`` factories   untouched (each bl
                    every open block's (for launches on XLA's
                    threads)
 mode_loggers       ``LoggingMode`` -> observer factory        back to the ones at import
+progress           the launches running now that report      nothing (empty when no launch
+                   their progress, and its one thread        runs)
 =================  ========================================  ==============================
 
 (``palladium.shared_memory.scheduler`` keeps one more set, of the schedulers running
@@ -46,6 +48,7 @@ from palladium.interpret.blas_limit import SingleThreadLimit
 from palladium.interpret.errors import ConfigError
 from palladium.interpret.eval.rule_table import RuleRegistry, RuleSnapshot
 from palladium.interpret.failures import FailureLog
+from palladium.interpret.progress import ProgressMonitor
 from palladium.interpret.race_log import RaceLog
 from palladium.interpret.rendezvous import RendezvousRegistry
 
@@ -59,6 +62,8 @@ class ProcessState:
     failures: FailureLog = dataclasses.field(default_factory=FailureLog)
     races: RaceLog = dataclasses.field(default_factory=RaceLog)
     rendezvous: RendezvousRegistry = dataclasses.field(default_factory=RendezvousRegistry)
+    # launches running now that report their progress (progress.py)
+    progress: ProgressMonitor = dataclasses.field(default_factory=ProgressMonitor)
     blas: SingleThreadLimit = dataclasses.field(default_factory=SingleThreadLimit)
     rules: RuleRegistry = dataclasses.field(default_factory=RuleRegistry)
     # factory(LaunchInfo) -> Observer | None, in registration order (observers.py)

@@ -17,6 +17,8 @@ from palladium.shared_memory.errors import (
     PalladiumError,
     SemaphoreLeakError,
     SimulationError,
+    UninitializedReadError,
+    UninitializedReadWarning,
     WatchdogError,
 )
 from palladium.shared_memory.observer import (
@@ -31,6 +33,13 @@ from palladium.shared_memory.regions import AccessPlan
 from palladium.shared_memory.scheduler import interrupt_all
 from palladium.shared_memory.semaphores import SemaphoreKind
 from palladium.shared_memory.simulation import CoreId, Simulation
+from palladium.shared_memory.snapshot import (
+    BufferState,
+    CoreState,
+    DmaState,
+    SemaphoreState,
+    Snapshot,
+)
 from palladium.shared_memory.tpu_facts import (
     GENERATION_DEFAULT,
     TILING_DEFAULT,
@@ -43,12 +52,15 @@ __all__ = [
     "TILING_DEFAULT",
     "AccessPlan",
     "BlockCopy",
+    "BufferState",
     "BufferRef",
     "ConfigError",
     "CoreId",
+    "CoreState",
     "DataRaceError",
     "DeadlockError",
     "DmaEvent",
+    "DmaState",
     "DmaView",
     "MemorySpace",
     "Observer",
@@ -57,10 +69,14 @@ __all__ = [
     "PalladiumError",
     "SemaphoreInfo",
     "SemaphoreKind",
+    "SemaphoreState",
     "SemaphoreLeakError",
     "Simulation",
     "SimulationOptions",
     "SimulationError",
+    "Snapshot",
+    "UninitializedReadError",
+    "UninitializedReadWarning",
     "WatchdogError",
     "__version__",
     "interrupt_all",

@@ -79,11 +79,13 @@ def stored_mask(plan: AccessPlan, mask: Any) -> np.ndarray:
 class Buffer:
     """The storage and bounds of one allocation (owned by a ``Simulation``)."""
 
-    __slots__ = ("bound", "data", "fill", "logical", "oob_hint", "ref", "refcount")
+    __slots__ = ("bound", "data", "fill", "logical", "oob_hint", "ref", "refcount", "written")
 
     def __init__(self, ref: BufferRef, data: np.ndarray, bound: tuple[int, ...], fill: Any,
-                 oob_hint: str = OUT_OF_BOUNDS_HINT) -> None:
+                 oob_hint: str = OUT_OF_BOUNDS_HINT, written: np.ndarray | None = None) -> None:
         self.ref = ref
+        # Per element, whether anything ever wrote it (None: not tracked, the default).
+        self.written = written
         self.oob_hint = oob_hint
         self.data = data
         self.logical = data.shape
@@ -132,12 +134,17 @@ class Buffer:
         when no mask was given.
         """
         data = self.data
+        written = self.written
         if plan.full:
             if mask is None:
                 data[plan.index] = value
+                if written is not None:
+                    written[plan.index] = True
                 return None
             mask = np.asarray(mask, dtype=bool)
             np.copyto(data[plan.index + _ELLIPSIS], value, casting="unsafe", where=mask)
+            if written is not None:
+                written[plan.index + _ELLIPSIS] |= mask
             return mask
         self.check_write_bounds(plan, mask, what, core, site)
         if plan.index is None:
@@ -145,10 +152,62 @@ class Buffer:
         value = np.broadcast_to(np.asarray(value), plan.shape)[plan.pos]
         if mask is None:
             data[plan.index] = value
+            if written is not None:
+                written[plan.index] = True
             return None
         sub_mask = np.broadcast_to(np.asarray(mask, dtype=bool), plan.shape)[plan.pos]
         np.copyto(data[plan.index + _ELLIPSIS], value, casting="unsafe", where=sub_mask)
+        if written is not None:
+            written[plan.index + _ELLIPSIS] |= sub_mask
         return sub_mask
+
+    # -- what was written (``uninitialized_reads``) ------------------------------------
+
+    def unwritten(self, plan: AccessPlan, mask: Any = None) -> np.ndarray | None:
+        """Of the stored elements ``plan`` reads (where ``mask``), those nothing wrote,
+        as a mask of ``data[plan.index]``'s shape; None if there are none (or nothing is
+        tracked). Elements beyond the logical shape (tile padding, out of bounds) are
+        the user's explicit choice and never count."""
+        written = self.written
+        if written is None or plan.index is None:
+            return None
+        part = written[plan.index + _ELLIPSIS]
+        if part.all():
+            return None
+        missing = ~part
+        if mask is not None:
+            missing &= np.broadcast_to(stored_mask(plan, mask), missing.shape)
+            if not missing.any():
+                return None
+        return missing
+
+    def written_bits(self, plan: AccessPlan) -> np.ndarray | None:
+        """A copy of the written-mask of ``plan``'s stored elements (None: not tracked)."""
+        if self.written is None or plan.index is None:
+            return None
+        return self.written[plan.index + _ELLIPSIS].copy()
+
+    def set_written(self, plan: AccessPlan, bits: Any, mask: Any = None) -> None:
+        """Set the written-mask of ``plan``'s stored elements to ``bits`` (where
+        ``mask``): a copy carries the written-ness of its source along."""
+        if self.written is None or plan.index is None:
+            return
+        part = self.written[plan.index + _ELLIPSIS]
+        bits = np.broadcast_to(np.asarray(bits, dtype=bool), part.shape)
+        if mask is None:
+            part[...] = bits
+        else:
+            np.copyto(part, bits, where=np.broadcast_to(stored_mask(plan, mask), part.shape))
+
+    def describe_elements(self, plan: AccessPlan, elements: np.ndarray) -> str:
+        """The bounding box, in this buffer's coordinates, of ``elements`` (a mask of
+        ``data[plan.index]``'s shape), e.g. ``[0:8, 0:128]``."""
+        hit = np.zeros(self.logical, dtype=bool)
+        hit[plan.index + _ELLIPSIS] = elements
+        where = np.nonzero(hit)
+        if not self.logical:
+            return "[]"
+        return "[" + ", ".join(f"{int(w.min())}:{int(w.max()) + 1}" for w in where) + "]"
 
     def check_write_bounds(self, plan: AccessPlan, mask: Any, what: str, core: Any, site: object) -> None:
         """Raise if an element that would be written lies outside the bound shape."""

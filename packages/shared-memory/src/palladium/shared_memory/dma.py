@@ -60,9 +60,9 @@ class Dma:
     """One DMA in flight (owned by a ``Simulation``)."""
 
     __slots__ = (
-        "actor", "add", "convert", "core", "data", "dst", "dst_mask", "dst_plan", "dst_sem", "id",
-        "name", "nbytes", "on_done", "queued", "site", "src", "src_mask", "src_plan", "src_sem",
-        "state",
+        "actor", "add", "bits", "convert", "core", "data", "dst", "dst_mask", "dst_plan", "dst_sem",
+        "id", "name", "nbytes", "on_done", "on_unwritten", "queued", "site", "src", "src_mask",
+        "src_plan", "src_sem", "state",
     )
 
     def __init__(
@@ -90,6 +90,10 @@ class Dma:
         self.convert = view.convert
         self.add = add
         self.on_done: Callable[[], None] | None = None  # told when the DMA completes
+        # uninitialized_reads: the written-ness of the source region (read phase), and who
+        # is told when the DMA reads a source region nothing ever wrote.
+        self.bits: np.ndarray | None = None
+        self.on_unwritten: Callable[[Dma, np.ndarray], None] | None = None
         count = (math.prod(src_plan.shape) if view.src_mask is None
                  else int(np.count_nonzero(view.src_mask)))
         self.nbytes = count * src.data.dtype.itemsize
@@ -122,6 +126,8 @@ class Dma:
             return
         plan = self.src_plan
         self.data = self.src.read(plan, False, "DMA read", self.core, self.site, self.src_mask)
+        if self.src.written is not None:
+            self._read_bits()
         clock = None
         if det is not None:
             if plan.index is not None:
@@ -132,6 +138,47 @@ class Dma:
             if self.queued and self.src_sem is not self.dst_sem:
                 self.src_sem.add_live(-1)
             self.src_sem.signal(self.nbytes, clock)
+
+    def _read_bits(self) -> None:
+        """Keep which elements of the source region were ever written (region-shaped;
+        elements beyond the buffer or not read count as written); report a source
+        region of which nothing was."""
+        plan = self.src_plan
+        stored = self.src.written_bits(plan)
+        if stored is None:
+            return
+        if plan.full:
+            bits = stored
+        else:
+            bits = np.ones(plan.shape, bool)
+            bits[plan.pos] = stored
+        if self.src_mask is not None:
+            read = np.broadcast_to(np.asarray(self.src_mask, bool), plan.shape)
+            bits = bits | ~read
+            stored_read = stored_mask(plan, self.src_mask)
+        else:
+            stored_read = None
+        self.bits = bits
+        if self.on_unwritten is not None and stored.size and not stored.all():
+            missing = ~stored if stored_read is None else ~stored & np.broadcast_to(
+                stored_read, stored.shape)
+            if missing.any() and not (stored if stored_read is None
+                                      else stored & stored_read).any():
+                self.on_unwritten(self, missing)
+
+    def _write_bits(self, old: np.ndarray | None) -> None:
+        """Carry the source's written-ness to the destination region."""
+        bits = self.bits
+        assert bits is not None
+        plan = self.dst_plan
+        if self.convert is not None or bits.shape != plan.shape:
+            bits = np.asarray(bits.all())  # a reshaped or bitcast view: all or nothing
+        if not plan.full and bits.ndim:
+            bits = bits[plan.pos]
+        if old is not None:  # dst += src: written where both were
+            bits = bits & old
+        self.dst.set_written(plan, bits, self.dst_mask)
+        self.bits = None
 
     def execute(self, det: Any) -> None:
         """Run both phases; signal the receive semaphore with the bytes written."""
@@ -146,7 +193,10 @@ class Dma:
         if self.add:  # the destination accumulates: dst += data
             old = self.dst.read(plan, False, "DMA add", self.core, self.site, self.dst_mask)
             data = (old + data).astype(old.dtype, copy=False)
+        old_bits = self.dst.written_bits(plan) if self.add else None
         self.dst.write(plan, data, self.dst_mask, "DMA write", self.core, self.site)
+        if self.bits is not None and self.dst.written is not None:
+            self._write_bits(old_bits)
         clock = None
         if det is not None:
             if plan.index is not None:

@@ -15,6 +15,8 @@ __all__ = [
     "PalladiumError",
     "SemaphoreLeakError",
     "SimulationError",
+    "UninitializedReadError",
+    "UninitializedReadWarning",
     "WatchdogError",
     "core_name",
 ]
@@ -32,6 +34,17 @@ class WatchdogError(SimulationError):
     """A run went on longer than its watchdog budget: some core loops (a spin-wait that
     nothing will end) while the others wait or loop too. The message gives each core's
     state and source line."""
+
+
+class UninitializedReadError(SimulationError):
+    """A read of memory nothing wrote (no store, DMA, block copy or input), or an output
+    region nothing wrote by the end of the launch. On a TPU those bytes are whatever an
+    earlier kernel left there."""
+
+
+class UninitializedReadWarning(UserWarning):
+    """``uninitialized_reads="warn"``: the message an ``UninitializedReadError`` would
+    carry, as a warning (once per buffer and source line per launch)."""
 
 
 class SemaphoreLeakError(SimulationError):

@@ -31,6 +31,7 @@ __all__ = [
     "OutOfBounds",
     "SimulationOptions",
     "Uninitialized",
+    "UninitializedReads",
     "check_choice",
     "check_on_race",
 ]
@@ -50,12 +51,17 @@ Uninitialized: TypeAlias = Literal["nan", "zero"]
 Bounds: TypeAlias = Literal["logical", "padded"]
 """Where a buffer ends: its array shape, or its TPU tile-padded shape."""
 
+UninitializedReads: TypeAlias = Literal["off", "warn", "raise"]
+"""What a read of never-written memory does: nothing (nothing is tracked), a warning,
+or ``UninitializedReadError``."""
+
 CHOICES: dict[str, tuple[str, ...]] = {
     "dma_execution_mode": get_args(DmaExecutionMode),
     "dma_order": get_args(DmaOrder),
     "out_of_bounds": get_args(OutOfBounds),
     "uninitialized": get_args(Uninitialized),
     "bounds": get_args(Bounds),
+    "uninitialized_reads": get_args(UninitializedReads),
 }
 """The allowed values of each option, by the simulator's option name."""
 
@@ -94,6 +100,7 @@ class SimulationOptions:
     tiling: tuple[int, int] = TILING_DEFAULT
     tpu_generation: int = GENERATION_DEFAULT
     watchdog: float | None = None  # seconds a run may take before WatchdogError (None: any)
+    uninitialized_reads: UninitializedReads = "off"
 
     def __post_init__(self) -> None:
         for option in CHOICES:

@@ -29,6 +29,7 @@ unwinds; then ``run`` re-raises the first exception.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import enum
 import math
 import random
@@ -118,6 +119,9 @@ class Scheduler:
         self.watchdog = watchdog
         self.watchdog_hint = watchdog_hint
         self.deadline = math.inf
+        # Told of the run's first error while every core is still where it was (before
+        # the others unwind): the simulation snapshots its state there.
+        self.on_error: Callable[[BaseException, Task | None], None] | None = None
 
     # -- running -----------------------------------------------------------------------
 
@@ -140,6 +144,9 @@ class Scheduler:
                 error, self.error = self.error, None
                 assert error is not None
                 raise error from None
+            except BaseException as e:
+                self._failed(e, task)
+                raise
             finally:
                 with _RUNNING_LOCK:
                     _RUNNING.discard(self)
@@ -190,6 +197,7 @@ class Scheduler:
             pass
         except BaseException as e:  # the body's error ends the whole run
             if self.error is None:
+                self._failed(e, task)
                 self.error = e
             self.cancelled = True
         return self._finish(task)
@@ -203,6 +211,7 @@ class Scheduler:
             nxt = self._pick()
             if nxt is None and any(t.state is _State.BLOCKED for t in self.tasks):
                 self.error = DeadlockError(self.deadlock_message())
+                self._failed(self.error, None)
                 self.cancelled = True
         if self.cancelled:
             nxt = next((t for t in self.tasks if t.state is not _State.DONE), None)
@@ -211,6 +220,31 @@ class Scheduler:
         return nxt
 
     # -- synchronisation points ----------------------------------------------------------
+
+    def _failed(self, error: BaseException, task: Task | None) -> None:
+        if self.on_error is not None:
+            # A snapshot must never hide the error itself.
+            with contextlib.suppress(Exception):
+                self.on_error(error, task)
+
+    def core_states(self, failed: Task | None = None) -> list[tuple[Any, str, str]]:
+        """(core, state, where) of every task: ``failed`` (the task whose error this
+        is), blocked (with what it waits for), runnable, finished; ``where`` is what
+        it waits for, or where it last reached a scheduling point."""
+        out = []
+        for t in self.tasks:
+            seen = "" if t.site is None else f"last seen at {t.site}"
+            if t is failed:
+                out.append((t.core, "failed", seen))
+            elif t.state is _State.BLOCKED and t.describe is not None:
+                out.append((t.core, "blocked", t.describe()))
+            elif t.state is _State.DONE:
+                out.append((t.core, "finished", ""))
+            elif len(self.tasks) == 1 or (self.trace and self.trace[-1] == t.core):
+                out.append((t.core, "running", seen))  # it holds the baton
+            else:
+                out.append((t.core, "runnable", seen))
+        return out
 
     def check(self) -> None:
         """Raise the cancellation exception if the run was cancelled."""

@@ -7,9 +7,9 @@ from typing import Any
 import numpy as np
 
 from palladium.shared_memory.buffers import Buffer, BufferRef, MemorySpace, stored_mask
-from palladium.shared_memory.errors import ConfigError
+from palladium.shared_memory.errors import ConfigError, at_site, core_name
 from palladium.shared_memory.regions import AccessPlan
-from palladium.shared_memory.sim_state import CoreId, SimulationState
+from palladium.shared_memory.sim_state import CoreId, SimulationState, site_line
 from palladium.shared_memory.tpu_facts import padded_shape, uninitialized_value
 
 _ELLIPSIS = (Ellipsis,)
@@ -56,6 +56,7 @@ class BufferOps(SimulationState):
         self._buffers[key] = Buffer(
             ref, data, bound, uninitialized_value(data.dtype, fill or self.uninitialized),
             self.out_of_bounds_hint,
+            np.full(data.shape, value is not None) if self._track_written else None,
         )
         if self._det is not None:
             self._det.register_buffer(key, data.shape, f"{name} ({ref.where})")
@@ -89,12 +90,14 @@ class BufferOps(SimulationState):
         the region again. A plan is immutable; keep it as long as the region is used."""
         return self._buffer(buf).plan(region)
 
-    def read(self, buf: BufferRef, region: Any, *, mask: Any = None, core: CoreId, site: object = None) -> np.ndarray:
+    def read(self, buf: BufferRef, region: Any, *, mask: Any = None, core: CoreId, site: object = None,
+             check_written: bool = True) -> np.ndarray:
         """A copy of ``buf[region]`` as read by ``core``.
 
         With ``mask`` (broadcastable to the region's shape) only the True elements are
         read: a False element may lie out of bounds (it reads the fill), and the race
-        detector sees only the True ones.
+        detector sees only the True ones. With ``uninitialized_reads`` on, reading an
+        element nothing wrote is reported.
         """
         b = self._buffers.get(buf.key) or self._buffer(buf)
         plan = b.plan(region)
@@ -102,6 +105,10 @@ class BufferOps(SimulationState):
             out = b.data[plan.index + _ELLIPSIS].copy()
         else:
             out = b.read(plan, self._oob_raise, "read", core, site, mask)
+        if b.written is not None and check_written:
+            missing = b.unwritten(plan, mask)
+            if missing is not None:
+                self._report_unwritten(b, plan, missing, "read", core, site)
         if self._det is not None and plan.index is not None:
             race = plan.prepared or plan.race_access()
             if mask is None:
@@ -140,6 +147,67 @@ class BufferOps(SimulationState):
             shape = self._buffers[key].data[plan.index + (Ellipsis,)].shape
             self._det.write(self._actor(core), key, race, site=site,
                             mask=np.broadcast_to(mask, shape))
+
+    # -- what was written (``uninitialized_reads``) ------------------------------------
+
+    def copy(self, src: BufferRef, src_region: Any, dst: BufferRef, dst_region: Any, *,
+             core: CoreId, site: object = None) -> np.ndarray:
+        """``dst[dst_region] = src[src_region]`` done by ``core`` (a block copy): a read
+        and a write for the race detector. With ``uninitialized_reads`` on, the copy
+        carries the written-ness of each element along (copying never-written bytes is
+        not itself reported, a later read of them is); elements of the source region
+        beyond its buffer (a partial edge block) count as written. Returns the data."""
+        sb = self._buffers.get(src.key) or self._buffer(src)
+        splan = sb.plan(src_region)
+        data = self.read(src, splan, core=core, site=site, check_written=False)
+        db = self._buffers.get(dst.key) or self._buffer(dst)
+        dplan = db.plan(dst_region)
+        self.write(dst, dplan, data, core=core, site=site)
+        if db.written is not None:
+            bits = sb.written_bits(splan)
+            if bits is None:
+                bits = np.ones(splan.shape, bool)
+            elif not splan.full:
+                whole = np.ones(splan.shape, bool)
+                whole[splan.pos] = bits
+                bits = whole
+            db.set_written(dplan, bits if dplan.full else bits[dplan.pos])
+        return data
+
+    def mark_written(self, buf: BufferRef, written: bool = True) -> None:
+        """Mark every element of ``buf`` as written (or, ``written=False``, as never
+        written: a block buffer about to hold the next block)."""
+        b = self._buffer(buf)
+        if b.written is not None:
+            b.written[...] = written
+
+    def unwritten(self, buf: BufferRef, region: Any) -> tuple[str, int, int] | None:
+        """The elements of ``buf[region]`` nothing wrote, as (their bounding box in the
+        buffer, e.g. ``[8:16, 0:128]``, how many, of how many); None if every element
+        was written or ``uninitialized_reads`` is off. Not a read: nothing is reported."""
+        b = self._buffer(buf)
+        if b.written is None:
+            return None
+        plan = b.plan(region)
+        missing = b.unwritten(plan)
+        if missing is None:
+            return None
+        return b.describe_elements(plan, missing), int(np.count_nonzero(missing)), missing.size
+
+    def report_uninitialized(self, text: str, key: object) -> None:
+        """Deliver a client's uninitialised-memory report (an output nothing wrote) as
+        the simulation's own: per ``uninitialized_reads``, once per ``key`` when warning.
+        ``text`` is whole (the simulation's hint is not appended)."""
+        self._report_uninitialized(text, key, hint=False)
+
+    def _report_unwritten(self, b: Buffer, plan: AccessPlan, missing: np.ndarray, what: str,
+                          core: CoreId, site: object) -> None:
+        n, total = int(np.count_nonzero(missing)), int(missing.size)
+        text = (f"{core_name(core)}: {what} of never-written memory: {b.ref.label} region "
+                f"{b.describe_elements(plan, missing)} ({n} of the {total} elements read were "
+                f"never written by a store, DMA, block copy or input){at_site(site)}. On a "
+                f"TPU these bytes are whatever an earlier kernel left there.")
+        self._report_uninitialized(text, (b.ref.name, b.ref.space, site_line(site)))
 
     def value(self, buf: BufferRef) -> np.ndarray:
         """The whole logical contents of ``buf`` (a copy; no race check)."""

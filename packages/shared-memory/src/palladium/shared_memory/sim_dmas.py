@@ -10,7 +10,7 @@ from palladium.shared_memory.errors import ConfigError, at_site, core_name
 from palladium.shared_memory.observer import dma_event
 from palladium.shared_memory.regions import AccessPlan, describe_region
 from palladium.shared_memory.semaphores import Semaphore
-from palladium.shared_memory.sim_state import CoreId, SimulationState
+from palladium.shared_memory.sim_state import CoreId, SimulationState, site_line
 
 
 def _described(region: Any) -> str:
@@ -74,6 +74,8 @@ class DmaOps(SimulationState):
         if self._det is not None:
             actor = self._det.new_actor(name, parent=self._actor(core))
         dma = Dma(dma_id, name, core, sb, sp, db, dp, ssem, dsem, actor, site, view, add)
+        if sb.written is not None:
+            dma.on_unwritten = self._dma_of_unwritten
         if self._obs is not None:
             event = dma_event(dma, dst_core)
             self._obs.dma_start(event)
@@ -84,6 +86,16 @@ class DmaOps(SimulationState):
             self._dmas.append(dma)
             dma.queue()
         self._sched.yield_point(task)
+
+    def _dma_of_unwritten(self, dma: Dma, missing: Any) -> None:
+        """A DMA's source region was never written at all (``uninitialized_reads``)."""
+        src = dma.src
+        region = src.describe_elements(dma.src_plan, missing)
+        text = (f"{core_name(dma.core)}: a DMA ({dma.name}) reads never-written memory: "
+                f"{src.ref.label} region {region} (none of the elements it copies was ever "
+                f"written by a store, DMA, block copy or input){at_site(dma.site)}. On a TPU "
+                f"it copies whatever an earlier kernel left there.")
+        self._report_uninitialized(text, (src.ref.name, src.ref.space, site_line(dma.site)))
 
     def _progress(self, sem: Semaphore, value: int) -> None:
         """Execute pending DMAs that signal ``sem`` until its count reaches ``value``.

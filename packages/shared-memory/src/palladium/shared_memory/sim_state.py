@@ -11,21 +11,37 @@ from __future__ import annotations
 
 import random
 import threading
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
 from palladium.race_detect import Actor, RaceDetector
 from palladium.shared_memory.buffers import Buffer, BufferRef
 from palladium.shared_memory.dma import Dma
-from palladium.shared_memory.errors import SimulationError, core_name
+from palladium.shared_memory.errors import (
+    SimulationError,
+    UninitializedReadError,
+    UninitializedReadWarning,
+    core_name,
+)
 from palladium.shared_memory.observer import ObserverSet
 from palladium.shared_memory.options import DmaOrder, SimulationOptions, Uninitialized
 from palladium.shared_memory.scheduler import Scheduler, Task
 from palladium.shared_memory.semaphores import Semaphore
 
-__all__ = ["CoreId", "SimulationState"]
+__all__ = ["CoreId", "SimulationState", "site_line"]
 
 CoreId = tuple[int, int]
+
+# Reports an ``uninitialized_reads`` launch keeps (``uninitialized_reports``), at most.
+_REPORTS_KEPT = 1000
+
+
+def site_line(site: object) -> str:
+    """The source line of ``site`` if it has one (``site.source_line``), else its text:
+    what one warning per line is keyed by."""
+    line = getattr(site, "source_line", None)
+    return str(line) if line else str(site)
 
 
 class SimulationState:
@@ -60,6 +76,25 @@ class SimulationState:
     _det: RaceDetector | None
     _root: Actor | None
     _actors: dict[CoreId, Actor]
+    uninitialized_reads: str
+    uninitialized_hint: str
+    uninitialized_reports: list[str]
+    _track_written: bool
+    _uninitialized_seen: set[object]
+
+    def _report_uninitialized(self, text: str, key: object, *, hint: bool = True) -> None:
+        """Deliver one uninitialised-memory report per ``uninitialized_reads``: raise
+        ``UninitializedReadError``, or warn once per ``key`` (buffer and source line).
+        Every report is kept in ``uninitialized_reports`` (the first 1000)."""
+        if hint and self.uninitialized_hint:
+            text = f"{text} {self.uninitialized_hint}"
+        if len(self.uninitialized_reports) < _REPORTS_KEPT:
+            self.uninitialized_reports.append(text)
+        if self.uninitialized_reads == "raise":
+            raise UninitializedReadError(text)
+        if key not in self._uninitialized_seen:
+            self._uninitialized_seen.add(key)
+            warnings.warn(UninitializedReadWarning(text), stacklevel=3)
 
     def current_core(self) -> CoreId | None:
         """The core whose body runs on this thread (None outside ``run``)."""

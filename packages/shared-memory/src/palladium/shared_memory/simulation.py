@@ -20,6 +20,7 @@ import itertools
 import random
 import threading
 from collections.abc import Callable, Iterable
+from typing import Any
 
 from palladium.race_detect import OnRace, RaceDetector
 from palladium.shared_memory.buffers import (
@@ -27,6 +28,7 @@ from palladium.shared_memory.buffers import (
     Buffer,
 )
 from palladium.shared_memory.dma import Dma
+from palladium.shared_memory.dma import DmaState as DmaStep
 from palladium.shared_memory.errors import (
     ConfigError,
     at_site,
@@ -39,6 +41,7 @@ from palladium.shared_memory.options import (
     OutOfBounds,
     SimulationOptions,
     Uninitialized,
+    UninitializedReads,
 )
 from palladium.shared_memory.scheduler import Scheduler, WaitPoint
 from palladium.shared_memory.semaphores import (
@@ -49,12 +52,24 @@ from palladium.shared_memory.semaphores import (
 from palladium.shared_memory.sim_buffers import BufferOps
 from palladium.shared_memory.sim_semaphores import SemaphoreOps
 from palladium.shared_memory.sim_state import CoreId
+from palladium.shared_memory.snapshot import (
+    BufferState,
+    CoreState,
+    DmaState,
+    SemaphoreState,
+    Snapshot,
+    keep_within,
+)
 from palladium.shared_memory.tpu_facts import (
     GENERATION_DEFAULT,
     TILING_DEFAULT,
 )
 
 __all__ = ["CoreId", "Simulation"]
+
+_UNINITIALIZED_HINT = (
+    "Write it first (a store, a DMA into it), or pass uninitialized_reads='off'."
+)
 
 
 class Simulation(BufferOps, SemaphoreOps):
@@ -87,6 +102,9 @@ class Simulation(BufferOps, SemaphoreOps):
         watchdog: float | None = None,
         watchdog_hint: str = "",
         scheduler_oracle: bool = False,
+        snapshot_bytes: int | None = None,
+        uninitialized_reads: UninitializedReads = "off",
+        uninitialized_hint: str = _UNINITIALIZED_HINT,
     ):
         # ``options`` (a SimulationOptions, as the interpreter passes) or the same
         # choices one keyword each.
@@ -96,6 +114,7 @@ class Simulation(BufferOps, SemaphoreOps):
                 dma_execution_mode=dma_execution_mode, dma_order=dma_order,
                 out_of_bounds=out_of_bounds, uninitialized=uninitialized, bounds=bounds,
                 tiling=tiling, tpu_generation=tpu_generation, watchdog=watchdog,
+                uninitialized_reads=uninitialized_reads,
             )
         if num_devices < 1 or cores_per_device < 1:
             raise ConfigError("a simulation needs at least one device and one core per device")
@@ -111,6 +130,12 @@ class Simulation(BufferOps, SemaphoreOps):
         self.tiling = options.tiling
         self.tpu_generation = options.tpu_generation
         self.out_of_bounds_hint = out_of_bounds_hint
+        # Reads of never-written memory (see sim_buffers): tracked per element only when on.
+        self.uninitialized_reads = options.uninitialized_reads
+        self.uninitialized_hint = uninitialized_hint
+        self.uninitialized_reports = []
+        self._track_written = options.uninitialized_reads != "off"
+        self._uninitialized_seen = set()
         self._eager = options.dma_execution_mode == "eager"
         self._oob_raise = options.out_of_bounds == "raise"
         self._rng = random.Random(options.seed)
@@ -121,6 +146,11 @@ class Simulation(BufferOps, SemaphoreOps):
         self.watchdog = options.watchdog
         self._watchdog_hint = watchdog_hint
         self._scheduler_oracle = scheduler_oracle
+        # A failed run's exception carries ``snapshot`` with contents up to this many
+        # bytes (None: no snapshot); ``grid_point_of(core)`` is a client's say of where
+        # each core is in its grid (the interpreter's), shown in snapshots and progress.
+        self.snapshot_bytes = snapshot_bytes
+        self.grid_point_of: Callable[[CoreId], Any] | None = None
         self._sched = self._scheduler()
         self._buffers: dict[int, Buffer] = {}
         self._next_key = itertools.count()
@@ -179,9 +209,51 @@ class Simulation(BufferOps, SemaphoreOps):
                 self._sched.observers = None
 
     def _scheduler(self) -> Scheduler:
-        return Scheduler(self._rng, self._local, self._trace, self._obs,
-                         watchdog=self.watchdog, watchdog_hint=self._watchdog_hint,
-                         oracle=self._scheduler_oracle)
+        sched = Scheduler(self._rng, self._local, self._trace, self._obs,
+                          watchdog=self.watchdog, watchdog_hint=self._watchdog_hint,
+                          oracle=self._scheduler_oracle)
+        if self.snapshot_bytes is not None:
+            sched.on_error = self._snapshot_on_error
+        return sched
+
+    # -- the state, to look at (a failure's snapshot, progress reports) --------------------
+
+    def _snapshot_on_error(self, error: BaseException, task: Any) -> None:
+        """The run's first error: keep the state as it is now on the exception (as
+        ``error.snapshot``), before the other cores unwind."""
+        if getattr(error, "snapshot", None) is None:
+            error.snapshot = self.snapshot(  # type: ignore[attr-defined]
+                self.snapshot_bytes or 0, failed=task, title=f"simulated state at the failure ({type(error).__name__}):")
+
+    def core_states(self, failed: Any = None) -> list[CoreState]:
+        """Each core's state now (``failed``: the scheduler task that raised)."""
+        states = self._sched.core_states(failed) if self._sched.tasks else [
+            (c, "not running", "") for c in self._cores]
+        where = self.grid_point_of
+        return [CoreState(c, state, text, None if where is None else where(c))
+                for c, state, text in states]
+
+    def dmas_in_flight(self) -> list[DmaState]:
+        """The DMAs started and not yet complete, in issue order."""
+        return [DmaState(d.name, d.core, "started" if d.state is DmaStep.STARTED else "read",
+                         d.nbytes, "" if d.site is None else str(d.site))
+                for d in list(self._dmas) if d.state is not DmaStep.DONE]
+
+    def snapshot(self, max_bytes: int = 8 << 20, *, failed: Any = None, title: str = "") -> Snapshot:
+        """The simulated state now: cores, DMAs in flight, semaphores, and every buffer
+        with a copy of its contents while they fit in ``max_bytes`` together."""
+        buffers = list(self._buffers.values())
+        kept = keep_within(((b.ref.key, b.data) for b in buffers), max_bytes)
+        return Snapshot(
+            cores=tuple(self.core_states(failed)),
+            buffers=tuple(BufferState(b.ref.name, b.ref.space.value, b.ref.device, b.ref.core,
+                                      tuple(b.logical), str(b.data.dtype), kept.get(b.ref.key))
+                          for b in buffers),
+            semaphores=tuple(SemaphoreState(s.label, s.kind.value, c[0], c[1], int(s.count))
+                             for c, table in self._sems.items() for s in table.values()),
+            dmas=tuple(self.dmas_in_flight()),
+            title=title,
+        )
 
     # -- running ---------------------------------------------------------------------------
 

@@ -35,9 +35,10 @@ def access_of(ref: MemRef, transforms: Any) -> Access:
     return resolve(tuple(buf.shape), np.dtype(buf.dtype), transforms, buf.name)
 
 
-def read(ev: KernelContext, ref: Any, transforms: Any, eqn: Equation, op: str = "read") -> np.ndarray:
+def read(ev: KernelContext, ref: Any, transforms: Any, eqn: Equation, op: str = "read",
+         check_written: bool = True) -> np.ndarray:
     ref = _checked(ev, ref, eqn, op)
-    return read_access(ev, ref, access_of(ref, transforms), eqn)
+    return read_access(ev, ref, access_of(ref, transforms), eqn, check_written=check_written)
 
 
 def read_masked(ev: KernelContext, ref: Any, transforms: Any, mask: Any, eqn: Equation) -> np.ndarray:
@@ -66,11 +67,13 @@ def read_masked(ev: KernelContext, ref: Any, transforms: Any, mask: Any, eqn: Eq
 
 
 def read_access(ev: KernelContext, ref: MemRef, acc: Access, eqn: Equation,
-                plan: AccessPlan | None = None) -> np.ndarray:
+                plan: AccessPlan | None = None, *, check_written: bool = True) -> np.ndarray:
     """Read a resolved access of a checked ref (through the simulator's ``plan`` of its
-    region when the caller keeps one)."""
+    region when the caller keeps one). ``check_written=False``: the old value a store
+    replaces, not a read of the kernel's (``uninitialized_reads`` does not check it)."""
     region = acc.region if plan is None else plan
-    data = ev.sim.read(ref.buffer, region, core=ev.core, site=ev.site(eqn))
+    data = ev.sim.read(ref.buffer, region, core=ev.core, site=ev.site(eqn),
+                       check_written=check_written)
     return acc.apply(np.asarray(data)) if acc.post else data
 
 
@@ -125,7 +128,8 @@ def _write_through_bitcast(ev: KernelContext, ref: MemRef, acc: Any, value: Any,
         )
     sim = ev.sim
     site = ev.site(eqn)
-    old = np.asarray(sim.read(ref.buffer, acc.region, core=ev.core, site=site))
+    old = np.asarray(sim.read(ref.buffer, acc.region, core=ev.core, site=site,
+                              check_written=False))  # the words the store completes
     view = tpu_bitcast(old, post[0].dtype).copy()
     rest = Access(acc.region, view.shape, post[1:])
     positions = rest.positions()
@@ -152,6 +156,6 @@ def swap(ev: KernelContext, ref: Any, transforms: Any, value: Any, eqn: Equation
                 checked.buffer, acc.region, value, mask=mask, core=ev.core, site=ev.site(eqn)
             )
         )
-    old = read(ev, ref, transforms, eqn, "swap")
+    old = read(ev, ref, transforms, eqn, "swap", check_written=False)
     write(ev, ref, transforms, value, eqn, mask=mask, op="swap")
     return old

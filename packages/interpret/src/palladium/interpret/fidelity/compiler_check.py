@@ -71,6 +71,7 @@ def check_with_compiler(kernel: PreparedKernel, bind: Callable[..., Any],
         return verdict
     if not check_lowering:
         return verdict
+    primitive: object = None
     if verdict.error is not None:
         if lowering_check.unknown_everywhere(verdict.error):
             return verdict  # the interpreter's UnsupportedPrimitiveError says it better
@@ -95,7 +96,8 @@ def check_with_compiler(kernel: PreparedKernel, bind: Callable[..., Any],
         "A TPU rejects this kernel at compile time. Change the kernel as the compiler asks "
         "(supported dtypes for each operation on this chip, layouts Mosaic can infer, "
         "blocks whose last two dimensions are divisible by 8 and 128 or equal to the "
-        "array's); InterpretParams(check_lowering=False) skips this check.")
+        "array's); InterpretParams(check_lowering=False) skips this check."
+        + lowering_check.print_hint(primitive))
 
 
 def compiler_would_abort(kernel: PreparedKernel) -> str | None:

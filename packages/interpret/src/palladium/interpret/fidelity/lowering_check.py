@@ -88,13 +88,27 @@ def _report(kernel: PreparedKernel, chip: str, exc: Exception) -> None:
             "A TPU rejects this kernel at compile time. Change the kernel as Mosaic asks "
             "(blocks whose last two dimensions are divisible by 8 and 128 or equal to the "
             "array's, operations Mosaic lowers, supported dtypes); "
-            "InterpretParams(check_lowering=False) skips this check.\n" + APPROXIMATION_NOTE
+            "InterpretParams(check_lowering=False) skips this check."
+            + print_hint(primitive) + "\n" + APPROXIMATION_NOTE
         ) from exc
     reason = not_ours or "the failure is outside the kernel's equations and block specs"
     warnings.warn(
         f"{where}: the TPU lowering check for TPU {chip} could not decide ({reason}); "
         f"the kernel runs unchecked. jax's Mosaic lowering said:\n{message}",
         TpuLoweringWarning, stacklevel=2,
+    )
+
+
+def print_hint(primitive: object) -> str:
+    """For a print the TPU rejects (``pl.debug_print`` / ``jax.debug.print`` of a float
+    or an array with a placeholder): how to print while debugging on the CPU."""
+    if primitive != "debug_print":
+        return ""
+    return (
+        "\nTo print while debugging on the CPU, pass InterpretParams(check_lowering=False): "
+        "palladium then prints any value, as jax.debug.print does (on a TPU, Mosaic prints "
+        "only 32-bit integer scalars through placeholders, or a plain message followed by "
+        "one array). Remove the print, or keep it off the TPU, before compiling for it."
     )
 
 
