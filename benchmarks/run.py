@@ -28,6 +28,7 @@ SCRIPTS = {
     "pipeline_trace.py": ["--repeats", "3"],
     "timeline_model.py": ["--quick"],
     "fidelity_checks.py": ["--quick", "--repeats", "2"],
+    "compiler_agreement.py": ["--quick"],
 }
 
 

@@ -1,0 +1,183 @@
+"""How often palladium's approximation agrees with the TPU compiler on "does this kernel
+compile and fit on chip X".
+
+Every kernel of ``compiler_corpus.py`` (a few hundred small ones at the boundaries the
+compiler decides per generation) is run on each chip twice: with
+``InterpretParams(chip=..., compile_check="compiler")`` (libtpu's verdict) and with
+``compile_check="approximate"`` (jax's Mosaic lowering, palladium's rules and the
+VMEM/SMEM count). A ``TpuLoweringError``, ``TpuResourceError`` or ``TpuCompilerError``
+is "reject", a clean run "accept", a ``TpuLoweringWarning`` "could not decide". Any
+other failure of the run is the interpreter's, not the checker's: the pair counts as an
+accept and is listed.
+
+Per chip: pairs, agreement, false accepts (the compiler rejects, the approximation runs
+the kernel) by cause, and every false reject (the approximation rejects what the
+compiler accepts: a bug). Needs libtpu (``pip install 'palladium-interpret[compiler]'``);
+the compiler's verdicts are cached on disk (``$PALLADIUM_CACHE_DIR``), so a second run
+mostly times the approximation.
+
+    python benchmarks/compiler_agreement.py [--quick] [--chips v5e,v6e] [-k dot]
+        [--save verdicts.json] [--show-false-accepts]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import jax  # noqa: E402
+from compiler_corpus import Case, corpus  # noqa: E402
+
+from palladium.interpret import (  # noqa: E402
+    ConfigError,
+    InterpretParams,
+    TpuCompilerError,
+    TpuLoweringError,
+    TpuLoweringWarning,
+    TpuResourceError,
+)
+from palladium.interpret.fidelity import tpu_compiler  # noqa: E402
+
+CHIPS = ("v5e", "v6e", "v5p", "v4", "v7x")
+REJECTIONS = (TpuLoweringError, TpuResourceError, TpuCompilerError)
+
+#: A disagreement's cause, by the case's family.
+CAUSES = {
+    "dtype": "vector dtype", "reshape": "reshape", "transpose": "transpose",
+    "slice": "slicing/layout", "mxu": "MXU dtypes", "block": "block shape",
+    "vmem": "VMEM", "smem": "SMEM", "scalar": "scalar dtype in SMEM",
+    "bool": "bool scratch", "grid": "grid semantics",
+}
+
+
+def verdict(case: Case, chip: str, check: str) -> tuple[str, str]:
+    """("accept" | "reject" | "undecided" | "run failed", the message's gist)."""
+    params = InterpretParams(chip=chip, compile_check=check)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", TpuLoweringWarning)
+        try:
+            call, args = case.make(params)
+            jax.block_until_ready(call(*args))
+        except REJECTIONS as exc:
+            return "reject", _gist(str(exc))
+        except ConfigError as exc:
+            return "run failed", f"{type(exc).__name__}: {_gist(str(exc))}"
+        except Exception as exc:  # noqa: BLE001  (the interpreter's failure, listed)
+            return "run failed", f"{type(exc).__name__}: {_gist(str(exc))}"
+    for w in caught:
+        if issubclass(w.category, TpuLoweringWarning):
+            return "undecided", _gist(str(w.message))
+    return "accept", ""
+
+
+def _gist(message: str) -> str:
+    """The checker's own words: the line after "says:", else the first line."""
+    lines = message.splitlines()
+    for i, line in enumerate(lines):
+        if line.endswith("says:") and i + 1 < len(lines):
+            return lines[i + 1][:200]
+    return lines[0][:200] if lines else ""
+
+
+def _select(cases: list[Case], quick: bool, patterns: list[str]) -> list[Case]:
+    if patterns:
+        cases = [c for c in cases if any(p in c.name for p in patterns)]
+    if quick:
+        cases = cases[::6]
+    return cases
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="every sixth kernel")
+    parser.add_argument("--chips", default=",".join(CHIPS))
+    parser.add_argument("-k", action="append", default=[], help="kernels whose name has this")
+    parser.add_argument("--save", help="write every pair's verdicts to this JSON file")
+    parser.add_argument("--show-false-accepts", action="store_true",
+                        help="list every false accept with the compiler's words")
+    opts = parser.parse_args()
+    if tpu_compiler.compiler_version() is None:
+        print(f"needs libtpu: {tpu_compiler.INSTALL_COMMAND}")
+        return 2
+    chips = [c for c in opts.chips.split(",") if c]
+    cases = _select(corpus(), opts.quick, opts.k)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True, cwd=Path(__file__).parent).stdout.strip()
+    print(f"{len(cases)} kernels x {len(chips)} chips; {tpu_compiler.checker_name()}; "
+          f"code of {commit or 'unknown'}", flush=True)
+    rows = []
+    start = time.perf_counter()
+    for n, case in enumerate(cases):
+        for chip in chips:
+            compiler = verdict(case, chip, "compiler")
+            approx = verdict(case, chip, "approximate")
+            rows.append({"kernel": case.name, "family": case.family, "chip": chip,
+                         "compiler": compiler[0], "compiler_says": compiler[1],
+                         "approximation": approx[0], "approximation_says": approx[1]})
+        if n % 50 == 49:
+            jax.clear_caches()
+            print(f"  {n + 1}/{len(cases)} kernels, {time.perf_counter() - start:.0f} s",
+                  file=sys.stderr, flush=True)
+    _report(rows, chips, opts.show_false_accepts)
+    print(f"\n({len(rows)} pairs in {time.perf_counter() - start:.0f} s)")
+    if opts.save:
+        Path(opts.save).write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+def _accepts(v: str) -> bool:
+    return v in ("accept", "run failed")
+
+
+def _report(rows: list[dict], chips: list[str], show_false_accepts: bool) -> None:
+    print()
+    print("| chip | pairs | agree | false accepts (by cause) | false rejects | undecided |")
+    print("|---|---|---|---|---|---|")
+    false_rejects = []
+    false_accepts = []
+    for chip in chips:
+        mine = [r for r in rows if r["chip"] == chip]
+        decided = [r for r in mine if "undecided" not in (r["compiler"], r["approximation"])]
+        agree = sum(_accepts(r["compiler"]) == _accepts(r["approximation"]) for r in decided)
+        fa = [r for r in decided if not _accepts(r["compiler"]) and _accepts(r["approximation"])]
+        fr = [r for r in decided if _accepts(r["compiler"]) and not _accepts(r["approximation"])]
+        false_accepts += fa
+        false_rejects += fr
+        causes = collections.Counter(CAUSES[r["family"]] for r in fa)
+        by_cause = ", ".join(f"{cause} {n}" for cause, n in causes.most_common()) or "-"
+        pct = 100 * agree / len(decided) if decided else 100.0
+        print(f"| {chip} | {len(mine)} | {agree}/{len(decided)} ({pct:.1f}%) | "
+              f"{len(fa)}: {by_cause} | {len(fr)} | {len(mine) - len(decided)} |")
+    print()
+    print(f"False rejects ({len(false_rejects)}):" if false_rejects else "False rejects: none")
+    for r in false_rejects:
+        print(f"- {r['chip']} `{r['kernel']}`: {r['approximation_says']}")
+    failed = [r for r in rows if "run failed" in (r["compiler"], r["approximation"])]
+    if failed:
+        print(f"\nAccepted, then the interpreter failed ({len(failed)} pairs):")
+        for r in failed:
+            says = r["compiler_says"] if r["compiler"] == "run failed" else r["approximation_says"]
+            print(f"- {r['chip']} `{r['kernel']}`: {says}")
+    undecided = [r for r in rows if "undecided" in (r["compiler"], r["approximation"])]
+    if undecided:
+        print(f"\nCould not decide ({len(undecided)} pairs):")
+        for r in undecided:
+            print(f"- {r['chip']} `{r['kernel']}`: compiler {r['compiler']}, approximation "
+                  f"{r['approximation']}")
+    if show_false_accepts:
+        print(f"\nFalse accepts ({len(false_accepts)}):")
+        for r in false_accepts:
+            print(f"- {r['chip']} `{r['kernel']}`: {r['compiler_says']}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
