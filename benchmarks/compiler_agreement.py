@@ -96,6 +96,56 @@ def _select(cases: list[Case], quick: bool, patterns: list[str]) -> list[Case]:
     return cases
 
 
+def _pairs(opts: argparse.Namespace) -> list[tuple[Case, str]]:
+    chips = [c for c in opts.chips.split(",") if c]
+    return [(case, chip) for case in _select(corpus(), opts.quick, opts.k) for chip in chips]
+
+
+def _worker(opts: argparse.Namespace) -> int:
+    """Print each pair's verdicts from pair ``opts.start`` on, one JSON line per verdict
+    (the approximation's first: libtpu may abort the process while compiling)."""
+    for n, (case, chip) in enumerate(_pairs(opts)):
+        if n < opts.start:
+            continue
+        for check in ("approximate", "compiler"):
+            found, says = verdict(case, chip, check)
+            print(json.dumps({"pair": n, "check": check, "verdict": found, "says": says}),
+                  flush=True)
+        if n % 200 == 199:
+            jax.clear_caches()
+    return 0
+
+
+def _run_workers(opts: argparse.Namespace, total: int) -> dict[int, dict[str, tuple]]:
+    """Every pair's verdicts, from worker processes: when libtpu aborts one (it does,
+    on some kernels: a failed CHECK in XLA's TPU backend), the compiler's verdict of that
+    pair is "crashed" and a new worker goes on from the next pair."""
+    found: dict[int, dict[str, tuple]] = collections.defaultdict(dict)
+    start = 0
+    argv = ["--chips", opts.chips, *(["--quick"] if opts.quick else []),
+            *[arg for k in opts.k for arg in ("-k", k)]]
+    while start < total:
+        proc = subprocess.Popen(
+            [sys.executable, __file__, *argv, "--worker", "--start", str(start)],
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if not line.startswith("{"):
+                continue
+            got = json.loads(line)
+            found[got["pair"]][got["check"]] = (got["verdict"], got["says"])
+            if got["pair"] % 100 == 99 and got["check"] == "compiler":
+                print(f"  {got['pair'] + 1}/{total} pairs", file=sys.stderr, flush=True)
+        rc = proc.wait()
+        done = [n for n, v in found.items() if len(v) == 2]
+        start = max(done, default=-1) + 1
+        if rc != 0 and start < total:
+            found[start].setdefault("approximate", ("run failed", f"worker exited {rc}"))
+            found[start]["compiler"] = ("crashed", f"libtpu aborted the process (exit {rc})")
+            start += 1
+    return found
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="every sixth kernel")
@@ -104,29 +154,29 @@ def main() -> int:
     parser.add_argument("--save", help="write every pair's verdicts to this JSON file")
     parser.add_argument("--show-false-accepts", action="store_true",
                         help="list every false accept with the compiler's words")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--start", type=int, default=0, help=argparse.SUPPRESS)
     opts = parser.parse_args()
     if tpu_compiler.compiler_version() is None:
         print(f"needs libtpu: {tpu_compiler.INSTALL_COMMAND}")
         return 2
+    if opts.worker:
+        return _worker(opts)
+    pairs = _pairs(opts)
     chips = [c for c in opts.chips.split(",") if c]
-    cases = _select(corpus(), opts.quick, opts.k)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True, cwd=Path(__file__).parent).stdout.strip()
-    print(f"{len(cases)} kernels x {len(chips)} chips; {tpu_compiler.checker_name()}; "
-          f"code of {commit or 'unknown'}", flush=True)
-    rows = []
+    print(f"{len(pairs) // max(len(chips), 1)} kernels x {len(chips)} chips; "
+          f"{tpu_compiler.checker_name()}; code of {commit or 'unknown'}", flush=True)
     start = time.perf_counter()
-    for n, case in enumerate(cases):
-        for chip in chips:
-            compiler = verdict(case, chip, "compiler")
-            approx = verdict(case, chip, "approximate")
-            rows.append({"kernel": case.name, "family": case.family, "chip": chip,
-                         "compiler": compiler[0], "compiler_says": compiler[1],
-                         "approximation": approx[0], "approximation_says": approx[1]})
-        if n % 50 == 49:
-            jax.clear_caches()
-            print(f"  {n + 1}/{len(cases)} kernels, {time.perf_counter() - start:.0f} s",
-                  file=sys.stderr, flush=True)
+    found = _run_workers(opts, len(pairs))
+    rows = []
+    for n, (case, chip) in enumerate(pairs):
+        compiler = found[n].get("compiler", ("crashed", "no verdict"))
+        approx = found[n].get("approximate", ("run failed", "no verdict"))
+        rows.append({"kernel": case.name, "family": case.family, "chip": chip,
+                     "compiler": compiler[0], "compiler_says": compiler[1],
+                     "approximation": approx[0], "approximation_says": approx[1]})
     _report(rows, chips, opts.show_false_accepts)
     print(f"\n({len(rows)} pairs in {time.perf_counter() - start:.0f} s)")
     if opts.save:
@@ -140,13 +190,14 @@ def _accepts(v: str) -> bool:
 
 def _report(rows: list[dict], chips: list[str], show_false_accepts: bool) -> None:
     print()
-    print("| chip | pairs | agree | false accepts (by cause) | false rejects | undecided |")
+    print("| chip | pairs | agree | false accepts (by cause) | false rejects | not compared |")
     print("|---|---|---|---|---|---|")
     false_rejects = []
     false_accepts = []
     for chip in chips:
         mine = [r for r in rows if r["chip"] == chip]
-        decided = [r for r in mine if "undecided" not in (r["compiler"], r["approximation"])]
+        decided = [r for r in mine if not {"undecided", "crashed"} & {
+            r["compiler"], r["approximation"]}]
         agree = sum(_accepts(r["compiler"]) == _accepts(r["approximation"]) for r in decided)
         fa = [r for r in decided if not _accepts(r["compiler"]) and _accepts(r["approximation"])]
         fr = [r for r in decided if _accepts(r["compiler"]) and not _accepts(r["approximation"])]
@@ -167,9 +218,10 @@ def _report(rows: list[dict], chips: list[str], show_false_accepts: bool) -> Non
         for r in failed:
             says = r["compiler_says"] if r["compiler"] == "run failed" else r["approximation_says"]
             print(f"- {r['chip']} `{r['kernel']}`: {says}")
-    undecided = [r for r in rows if "undecided" in (r["compiler"], r["approximation"])]
+    undecided = [r for r in rows if {"undecided", "crashed"} & {
+        r["compiler"], r["approximation"]}]
     if undecided:
-        print(f"\nCould not decide ({len(undecided)} pairs):")
+        print(f"\nNot compared: could not decide, or libtpu crashed ({len(undecided)} pairs):")
         for r in undecided:
             print(f"- {r['chip']} `{r['kernel']}`: compiler {r['compiler']}, approximation "
                   f"{r['approximation']}")
