@@ -65,6 +65,7 @@ SHAPE = (32, 128)  # one tile of every dtype down to 8 bits
 _BINARY = {
     "add": jnp.add, "mul": jnp.multiply, "max": jnp.maximum, "min": jnp.minimum,
     "select_lt": lambda a, b: jnp.where(a < b, a, b),
+    "select_gt": lambda a, b: jnp.where(a > b, a, b),
     "sub": jnp.subtract,
 }
 _INT_ONLY = {
@@ -183,7 +184,7 @@ def _reduce(dtype, op, axis):
 
 def reduction_cases() -> list[Case]:
     cases = []
-    for name in ("f32", "bf16", "f16", "i32", "i16", "i8", "u8", "e4m3"):
+    for name in ("f32", "bf16", "f16", "i32", "i16", "i8", "u8", "e4m3", "e5m2"):
         for op_name, op in (("sum", jnp.sum), ("max", jnp.max), ("min", jnp.min)):
             for axis in (0, 1):
                 cases.append(Case(f"{op_name} axis {axis} {name}", "dtype",
@@ -199,6 +200,8 @@ RESHAPES = [
     ((1, 1024), (8, 128)), ((8, 128), (8, 1, 128)), ((32, 128), (4, 8, 128)),
     ((32, 128), (2, 16, 128)), ((16, 256), (16, 2, 128)), ((16, 2, 128), (16, 256)),
     ((8, 128), (8, 2, 64)), ((4, 8, 128), (32, 128)), ((64, 128), (8, 8, 128)),
+    ((16, 128), (32, 64)), ((8, 256), (32, 64)), ((16, 128), (16, 2, 64)),
+    ((8, 256), (8, 4, 64)), ((32, 128), (64, 64)), ((8, 128), (32, 32)),
 ]
 
 
@@ -247,7 +250,7 @@ def layout_cases() -> list[Case]:
 SLICE_SRC = (32, 256)
 
 
-def _slice_case(dtype, index, out_shape, grid=(2,), from_value=False):
+def _slice_case(dtype, index, out_shape, grid=(2,), from_value=False, src=SLICE_SRC):
     def kernel(x_ref, o_ref):
         i = pl.program_id(0)
         if from_value:
@@ -256,13 +259,13 @@ def _slice_case(dtype, index, out_shape, grid=(2,), from_value=False):
             o_ref[...] = x_ref[index(None, i)]
 
     def make(params):
-        spec = pl.BlockSpec(SLICE_SRC, lambda i: (0, 0))
+        spec = pl.BlockSpec(src, lambda i: (0, 0))
         ospec = pl.BlockSpec(out_shape, lambda i: (0, 0))
         return (_call(kernel, jax.ShapeDtypeStruct(out_shape, dtype), params, grid=grid,
                       in_specs=[spec], out_specs=ospec,
                       compiler_params=pltpu.CompilerParams(
                           dimension_semantics=("arbitrary",))),
-                (_array(SLICE_SRC, dtype),))
+                (_array(src, dtype),))
 
     return make
 
@@ -292,6 +295,53 @@ _SLICES: list[tuple[str, Callable, tuple[int, int], bool]] = [
 ]
 
 
+_SLICES += [
+    ("static rows 1:9", lambda v, i: (slice(1, 9), slice(None)), (8, 256), False),
+    ("static rows 4:12", lambda v, i: (slice(4, 12), slice(None)), (8, 256), False),
+    ("static rows 16:24", lambda v, i: (slice(16, 24), slice(None)), (8, 256), False),
+    ("dynamic rows i*16", lambda v, i: (pl.ds(i * 16, 16), slice(None)), (16, 256), False),
+    ("dynamic rows i*32", lambda v, i: (pl.ds(i * 32, 32), slice(None)), (32, 256), False),
+]
+# Refs of 128 lanes.
+_SLICES_128: list[tuple[str, Callable, tuple[int, int], bool]] = [
+    ("strided rows ::2 of (32, 128)", lambda v, i: (pl.ds(0, 16, stride=2), slice(None)),
+     (16, 128), False),
+    ("strided lanes ::2 of (32, 128)", lambda v, i: (slice(None), pl.ds(0, 64, stride=2)),
+     (32, 64), False),
+    ("dynamic rows i*8 of (32, 128)", lambda v, i: (pl.ds(i * 8, 8), slice(None)), (8, 128),
+     False),
+]
+
+
+def _store_case(dtype, index, value_shape):
+    """A store at ``index(i)`` into a (32, 256) output block."""
+
+    def kernel(x_ref, o_ref):
+        i = pl.program_id(0)
+        o_ref[...] = jnp.zeros(o_ref.shape, o_ref.dtype)
+        o_ref[index(i)] = x_ref[...]
+
+    def make(params):
+        spec = pl.BlockSpec(value_shape, lambda i: (0, 0))
+        ospec = pl.BlockSpec(SLICE_SRC, lambda i: (0, 0))
+        return (_call(kernel, jax.ShapeDtypeStruct(SLICE_SRC, dtype), params, grid=(2,),
+                      in_specs=[spec], out_specs=ospec,
+                      compiler_params=pltpu.CompilerParams(
+                          dimension_semantics=("arbitrary",))),
+                (_array(value_shape, dtype),))
+
+    return make
+
+
+_STORES = [
+    ("store dynamic rows i*8", lambda i: (pl.ds(i * 8, 8), slice(None)), (8, 256)),
+    ("store dynamic rows i*3", lambda i: (pl.ds(i * 3, 8), slice(None)), (8, 256)),
+    ("store dynamic rows i*16", lambda i: (pl.ds(i * 16, 8), slice(None)), (8, 256)),
+    ("store dynamic lanes i*64", lambda i: (slice(None), pl.ds(i * 64, 128)), (32, 128)),
+    ("store strided rows ::2", lambda i: (pl.ds(0, 16, stride=2), slice(None)), (16, 256)),
+]
+
+
 def slice_cases() -> list[Case]:
     cases = []
     for name in ("f32", "bf16", "i8"):
@@ -299,6 +349,13 @@ def slice_cases() -> list[Case]:
             cases.append(Case(f"{label} {name}", "slice",
                               _slice_case(DTYPES[name], index, out_shape,
                                           from_value=from_value)))
+        for label, index, out_shape, from_value in _SLICES_128:
+            cases.append(Case(f"{label} {name}", "slice",
+                              _slice_case(DTYPES[name], index, out_shape,
+                                          from_value=from_value, src=(32, 128))))
+        for label, index, value_shape in _STORES:
+            cases.append(Case(f"{label} {name}", "slice",
+                              _store_case(DTYPES[name], index, value_shape)))
     return cases
 
 
