@@ -5,6 +5,7 @@
     nox -s matrix        wheel installs on Python 3.11-3.13 x every supported jax, sdists
     nox -s dists         build the wheels and sdists (.nox/dist), twine check --strict
     nox -s bench         benchmarks against jax's own TPU interpret mode
+    nox -s compiler      the tests that ask the TPU compiler itself (installs libtpu)
 """
 
 from __future__ import annotations
@@ -232,6 +233,14 @@ def lint(session: nox.Session) -> None:
     session.run("ruff", "check", ".")
     session.run("mypy")
     session.run("lint-imports")
+
+
+@nox.session
+def compiler(session: nox.Session) -> None:
+    """The tests that ask the TPU compiler itself (libtpu, which compiles for a TPU
+    topology on this CPU): the approximation agrees with it. Not collected without libtpu."""
+    _install_all(session, "jax[tpu]")
+    session.run("pytest", "-q", "packages/interpret/tests/compiler", *session.posargs)
 
 
 @nox.session

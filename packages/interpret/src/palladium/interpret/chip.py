@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from typing import Any
 
 import jax
 
@@ -253,7 +254,7 @@ class CompilerFacts:
     smem_allocation_bytes: int = 512
 
 
-def _measured(**overrides: object) -> CompilerFacts:
+def _measured(**overrides: Any) -> CompilerFacts:
     return dataclasses.replace(
         CompilerFacts(vector_rejects=_VECTOR_REJECTS, scalar_rejects=_SCALAR_REJECTS),
         **overrides)

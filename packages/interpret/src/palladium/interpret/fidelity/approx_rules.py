@@ -150,10 +150,11 @@ def vector_dtype(site: Site) -> str | None:
         if dtype is None or _rank(var) == 0:
             continue
         if dtype in site.facts.vector_rejects.get(name, ()):
-            words = _VECTOR_WORDS.get(dtype, f"failed to legalize the {dtype} vector operation")
+            words = _VECTOR_WORDS.get(dtype, "\"failed to legalize operation\"")
+            wide = "int32" if np.issubdtype(np.dtype(dtype), np.integer) else "float32"
             return (f"the TPU compiler has no {dtype} vector '{name}' on TPU {site.chip} "
-                    f"({words}). Compute in float32 or int32 (or bfloat16 for floats): "
-                    f"x.astype(jnp.float32) before the operation, .astype(jnp.{dtype}) after.")
+                    f"({words}). Compute in {wide}: x.astype(jnp.{wide}) before the "
+                    f"operation, .astype(jnp.{dtype}) after it.")
     return None
 
 
@@ -174,6 +175,8 @@ def float16_vectors(site: Site) -> str | None:
 def scalar_dtype(site: Site) -> str | None:
     """Scalar (SMEM) arithmetic exists for 32-bit values only."""
     name = site.eqn.primitive.name
+    if any(_rank(var) for var in (*site.eqn.invars, *site.eqn.outvars)):
+        return None  # a vector operation (perhaps with a scalar operand)
     for var in site.eqn.invars:
         dtype = _dtype(var)
         if (dtype is not None and _rank(var) == 0
@@ -252,6 +255,12 @@ def _in_vmem(ref_aval: Any) -> bool:
     return memory_space_of(getattr(ref_aval, "memory_space", None)) == MemorySpace.VMEM
 
 
+def _vmem_itemsize(dtype: Any) -> int:
+    """Bytes per element in VMEM: bool is kept as 32-bit words."""
+    dt = np.dtype(dtype)
+    return 4 if dt == np.bool_ else dt.itemsize
+
+
 @rule("get")
 def strided_access(site: Site) -> str | None:
     """Strided VMEM loads: only of 32-bit data, from refs whose minor dimension is 128."""
@@ -261,6 +270,8 @@ def strided_access(site: Site) -> str | None:
     ref, indexer = found
     if not any(isinstance(i, jc.Slice) and i.stride > 1 for i in indexer.indices):
         return None
+    if np.dtype(ref.dtype) == np.bool_:
+        return None  # not measured
     itemsize = np.dtype(ref.dtype).itemsize
     if itemsize != 4:
         return (f"the TPU compiler has no strided access to {np.dtype(ref.dtype).name} data "
@@ -278,7 +289,7 @@ def strided_access(site: Site) -> str | None:
 def _multiple(var: Any, site: Site, depth: int = 0) -> int | None:
     """What ``var`` is provably a multiple of, as Mosaic proves it (constants, products
     by constants, sums, pl.multiple_of), or None when the rule cannot tell."""
-    if isinstance(var, jc.Literal) or isinstance(var, int | np.integer):
+    if isinstance(var, jc.Literal | int | np.integer):
         value = int(var.val if isinstance(var, jc.Literal) else var)
         return abs(value) if value else 0
     made = site.producer(var)
@@ -315,7 +326,7 @@ def unproven_alignment(site: Site) -> str | None:
     rank = len(ref.shape)
     if rank < 2:
         return None
-    itemsize = np.dtype(ref.dtype).itemsize
+    itemsize = _vmem_itemsize(ref.dtype)
     for dim in (rank - 2, rank - 1):
         index = indexer.indices[dim]
         if not isinstance(index, jc.Slice) or not isinstance(index.start, jc.Var):
@@ -357,10 +368,10 @@ def matmul_dtypes(site: Site) -> str | None:
     what = None
     if lhs in wide_int and rhs in wide_int:
         what = f"no {lhs} x {rhs} matmul (\"Bad lhs/rhs type\")"
-    elif (not _is_int(lhs) and not _is_int(rhs) and _is_int(out)
+    elif (not _is_int(lhs) and not _is_int(rhs) and out == "int32"
           and not facts.matmul_float_to_int):
         what = f"no {lhs} matmul with an {out} accumulator (\"int acc with float lhs\")"
-    elif (lhs == "int8" and rhs in ("int8", "int32") and not _is_int(out)
+    elif (lhs == "int8" and rhs in ("int8", "int32") and out == "float32"
           and not facts.matmul_int8_to_float):
         what = (f"no {lhs} x {rhs} matmul with a {out} accumulator (\"float acc with int "
                 "lhs\", \"Mix int/int - NYI\")")

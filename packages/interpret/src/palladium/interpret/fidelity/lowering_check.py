@@ -82,8 +82,9 @@ def _where(kernel: PreparedKernel) -> str:
 
 
 def _report_rule(kernel: PreparedKernel, chip: str, violation: approx_rules.Violation) -> None:
-    line = equation_line(kernel, violation.eqn) if violation.eqn is not None else None
-    at = f" at {line} ({violation.eqn.primitive.name})" if line else ""
+    eqn = violation.eqn
+    line = equation_line(kernel, eqn) if eqn is not None else None
+    at = f" at {line} ({eqn.primitive.name})" if eqn is not None and line else ""
     raise TpuLoweringError(
         f"{_where(kernel)} does not compile for TPU {chip}{at}: palladium's approximation "
         f"of the TPU compiler says: {violation.message}\n"

@@ -219,7 +219,7 @@ def _block_buffer(kind: str, info: BlockSpecInfo, bm: Any, pipelined: bool,
     trivial = bm.has_trivial_window()
     count = 1 if (not pipelined or trivial or info.space == MemorySpace.SMEM) else (
         info.buffer_count)
-    return Buffer(kind, info.name, window, str(info.dtype),
+    return Buffer(kind, info.name, window, _label(info.dtype, info.space, generation),
                   _nbytes(window, info.dtype, info.space, generation), count)
 
 
@@ -250,8 +250,15 @@ def _is_array(aval: Any) -> bool:
 def _array_buffer(kind: str, name: str, aval: Any, space: MemorySpace,
                   generation: _Layout) -> Buffer:
     shape = tuple(int(d) for d in aval.shape)
-    return Buffer(kind, name, shape, str(np.dtype(aval.dtype)),
+    return Buffer(kind, name, shape, _label(aval.dtype, space, generation),
                   _nbytes(shape, aval.dtype, space, generation))
+
+
+def _label(dtype: Any, space: MemorySpace, layout: _Layout) -> str:
+    dt = np.dtype(dtype)
+    if dt == np.bool_ and space == MemorySpace.VMEM and layout.compiler is not None:
+        return "bool (as 32-bit words)"
+    return str(dt)
 
 
 _Peak = tuple[int, list[Buffer]]
@@ -355,8 +362,8 @@ def check_fits(kernel: PreparedKernel, use: MemoryUse) -> None:
 def _kept(space: SpaceUse) -> str:
     if not space.reserved_bytes:
         return ""
-    return (f" less the {_mib(space.reserved_bytes)} the TPU compiler keeps "
-            f"({_mib(space.capacity_bytes - space.reserved_bytes)} for the kernel)")
+    return (f" less the {space.reserved_bytes} bytes the TPU compiler keeps "
+            f"({space.capacity_bytes - space.reserved_bytes} bytes for the kernel)")
 
 
 def _over_message(kernel: PreparedKernel, chip: str, space: SpaceUse) -> str:
@@ -382,7 +389,7 @@ def _over_message(kernel: PreparedKernel, chip: str, space: SpaceUse) -> str:
         + ":",
     ]
     lines += [f"  {b.describe()}" for b in space.buffers if b.total_bytes]
-    if name == "VMEM" and space.peak_bytes <= space.capacity_bytes:
+    if name == "VMEM" and space.peak_bytes <= space.capacity_bytes - space.reserved_bytes:
         lines.append(
             f"Raise pltpu.CompilerParams(vmem_limit_bytes=...) to at least {space.peak_bytes} "
             f"(up to the core's {_mib(space.capacity_bytes)}), or use fewer buffers "
@@ -390,7 +397,8 @@ def _over_message(kernel: PreparedKernel, chip: str, space: SpaceUse) -> str:
             "smaller blocks.")
     elif name == "VMEM":
         lines.append(
-            f"Even the core's whole VMEM ({_mib(space.capacity_bytes)}) is too small: use "
+            f"Even the core's whole VMEM ({_mib(space.capacity_bytes)}{_kept(space)}) is too "
+            "small: use "
             "smaller blocks or fewer buffers (pipeline_mode=pl.Buffered(1)).")
     else:
         lines.append("Use smaller scalar-prefetch operands, SMEM blocks or SMEM scratch.")
