@@ -300,7 +300,6 @@ _SLICES += [
     ("static rows 4:12", lambda v, i: (slice(4, 12), slice(None)), (8, 256), False),
     ("static rows 16:24", lambda v, i: (slice(16, 24), slice(None)), (8, 256), False),
     ("dynamic rows i*16", lambda v, i: (pl.ds(i * 16, 16), slice(None)), (16, 256), False),
-    ("dynamic rows i*32", lambda v, i: (pl.ds(i * 32, 32), slice(None)), (32, 256), False),
 ]
 # Refs of 128 lanes.
 _SLICES_128: list[tuple[str, Callable, tuple[int, int], bool]] = [
@@ -353,6 +352,9 @@ def slice_cases() -> list[Case]:
             cases.append(Case(f"{label} {name}", "slice",
                               _slice_case(DTYPES[name], index, out_shape,
                                           from_value=from_value, src=(32, 128))))
+        cases.append(Case(f"dynamic rows i*32 of (64, 256) {name}", "slice", _slice_case(
+            DTYPES[name], lambda v, i: (pl.ds(i * 32, 32), slice(None)), (32, 256),
+            src=(64, 256))))
         for label, index, value_shape in _STORES:
             cases.append(Case(f"{label} {name}", "slice",
                               _store_case(DTYPES[name], index, value_shape)))

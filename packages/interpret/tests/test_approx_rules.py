@@ -105,6 +105,17 @@ def test_float8_max_is_rejected_and_its_float32_twin_runs(chip):
     np.testing.assert_array_equal(np.asarray(out, np.float32), want)
 
 
+def test_int8_compares_are_rejected():
+    x, y = _ints((32, 128), jnp.int8, 0), _ints((32, 128), jnp.int8, 1)
+    with pytest.raises(TpuLoweringError) as info:
+        _elementwise(lambda a, b: jnp.where(a > b, a, b), x.shape, jnp.int8, "v7x")(x, y)
+    _assert_rejected(
+        info, "v7x", "the TPU compiler has no int8 vector 'gt' on TPU v7x (\"Target does not "
+        "support this comparison\"). Compute in int32: "
+        "x.astype(jnp.int32) before the operation, .astype(jnp.int8) after it.",
+        primitive="gt")
+
+
 def test_int16_max_is_rejected_but_int16_add_runs():
     x, y = _ints((32, 128), jnp.int16, 0), _ints((32, 128), jnp.int16, 1)
     with pytest.raises(TpuLoweringError) as info:
@@ -246,9 +257,9 @@ def test_a_strided_load_of_bfloat16_is_rejected_and_of_float32_runs():
     with pytest.raises(TpuLoweringError) as info:
         _sliced(rows, (32, 128), (16, 128), jnp.bfloat16, "v5e")(x)
     _assert_rejected(
-        info, "v5e", "the TPU compiler has no strided access to bfloat16 data on TPU v5e "
-        "(\"Strided load with non 32-bit data\"). Load the rows contiguously and select them "
-        "from the value, or keep this operand in 32 bits.", primitive="get")
+        info, "v5e", "the TPU compiler has no strided load of bfloat16 data on TPU v5e "
+        "(\"Strided load with non 32-bit data\"). Access the rows contiguously and select "
+        "them from the value, or keep this operand in 32 bits.", primitive="get")
     x32 = x.astype(jnp.float32)
     out = _sliced(rows, (32, 128), (16, 128), jnp.float32, "v5e")(x32)
     np.testing.assert_array_equal(out, np.asarray(x32)[::2])
@@ -260,10 +271,72 @@ def test_a_strided_load_from_a_ref_wider_than_128_lanes_is_rejected():
     with pytest.raises(TpuLoweringError) as info:
         _sliced(rows, (32, 256), (16, 256), jnp.float32, "v7x")(x)
     _assert_rejected(
-        info, "v7x", "the TPU compiler accesses a ref with a stride only when its minor "
+        info, "v7x", "the TPU compiler loads with a stride only from refs whose minor "
         "dimension is 128 on TPU v7x (\"The last dim size is not 128 in original base "
         "memref\"; this one is (32, 256)). Use blocks of 128 lanes for the strided operand.",
         primitive="get")
+
+
+def test_a_strided_load_along_the_lanes_is_rejected():
+    lanes = lambda i: (slice(None), pl.ds(0, 64, stride=2))  # noqa: E731
+    x = _floats((32, 128), jnp.float32)
+    with pytest.raises(TpuLoweringError) as info:
+        _sliced(lanes, (32, 128), (32, 64), jnp.float32, "v6e")(x)
+    _assert_rejected(
+        info, "v6e", "the TPU compiler has no strided load along the minor (lane) dimension "
+        "on TPU v6e (\"Stride on last dim is not 1\"). Access the lanes contiguously and "
+        "select them from the value.", primitive="get")
+
+
+def _stored(index, value_shape, dtype, chip):
+    def kernel(x_ref, o_ref):
+        o_ref[...] = jnp.zeros(o_ref.shape, o_ref.dtype)
+        o_ref[index(pl.program_id(0))] = x_ref[...]
+
+    return pl.pallas_call(
+        kernel, out_shape=jax.ShapeDtypeStruct((32, 256), dtype), grid=(2,),
+        in_specs=[pl.BlockSpec(value_shape, lambda i: (0, 0))],
+        out_specs=pl.BlockSpec((32, 256), lambda i: (0, 0)),
+        compiler_params=pltpu.CompilerParams(dimension_semantics=("arbitrary",)),
+        interpret=_params(chip))
+
+
+def test_stores_follow_the_same_stride_and_alignment_rules():
+    x = _floats((16, 256), jnp.bfloat16)
+    with pytest.raises(TpuLoweringError) as info:
+        _stored(lambda i: (pl.ds(0, 16, stride=2), slice(None)), (16, 256), jnp.bfloat16,
+                "v5e")(x)
+    _assert_rejected(
+        info, "v5e", "the TPU compiler has no strided store of bfloat16 data on TPU v5e "
+        "(\"Strided store with non 32-bit data\"). Access the rows contiguously and select "
+        "them from the value, or keep this operand in 32 bits.", primitive="swap")
+    y = _floats((8, 256), jnp.float32)
+    with pytest.raises(TpuLoweringError) as info:
+        _stored(lambda i: (pl.ds(i * 3, 8), slice(None)), (8, 256), jnp.float32, "v5e")(y)
+    _assert_rejected(
+        info, "v5e", "the TPU compiler cannot prove that the dynamic index in dimension 0 of "
+        "this float32 (32, 256) ref is a multiple of 8 on TPU v5e (\"E2003: "
+        "CompileTimeMosaicUnprovenMemoryAccessAlignment\"). Make it one and say so: "
+        "pl.ds(pl.multiple_of(i * 8, 8), ...).", primitive="swap")
+    out = _stored(lambda i: (pl.ds(i * 16, 8), slice(None)), (8, 256), jnp.float32, "v5e")(y)
+    want = np.zeros((32, 256), np.float32)
+    want[16:24] = np.asarray(y)  # the last step's store; the first step's was zeroed
+    np.testing.assert_array_equal(out, want)
+
+
+def test_v4_cannot_take_int8_rows_from_an_unaligned_static_offset():
+    x = _ints((32, 256), jnp.int8)
+    rows = lambda start: (lambda i: (slice(start, start + 8), slice(None)))  # noqa: E731
+    with pytest.raises(TpuLoweringError) as info:
+        _sliced(rows(3), (32, 256), (8, 256), jnp.int8, "v4")(x)
+    _assert_rejected(
+        info, "v4", "the TPU compiler cannot take int8 rows from offset 3 on TPU v4 (\"Expected "
+        "mask vector type\"): the offset must be a multiple of 8. Start at a multiple of 8 "
+        "and select the rows from the value.", primitive="get")
+    np.testing.assert_array_equal(_sliced(rows(3), (32, 256), (8, 256), jnp.int8, "v5e")(x),
+                                  np.asarray(x)[3:11])
+    np.testing.assert_array_equal(_sliced(rows(8), (32, 256), (8, 256), jnp.int8, "v4")(x),
+                                  np.asarray(x)[8:16])
 
 
 def test_an_unproven_dynamic_row_index_is_rejected_and_a_proven_one_runs():

@@ -198,7 +198,7 @@ _VECTOR_REJECTS: dict[str, frozenset[str]] = {
     "max": _I8 | _F8 | {"int16", "uint32"}, "min": _I8 | _F8 | {"int16", "uint32"},
     "shift_right_arithmetic": frozenset({"int8", "int16"}),
     "shift_right_logical": frozenset({"uint8"}),
-    "lt": _I8 | _F8, "eq": _I8 | _F8,
+    "lt": _I8 | _F8, "gt": _I8 | _F8, "eq": _I8 | _F8,
     "reduce_sum": _F8, "reduce_max": _F8, "reduce_min": _F8,
 }
 
@@ -231,6 +231,9 @@ class CompilerFacts:
     #: multiple of 32").
     dynamic_sublane_multiple: dict[int, int] = dataclasses.field(
         default_factory=lambda: {4: 8, 2: 8, 1: 32})
+    #: Static second-minor offsets of loads and value slices must be a multiple of this,
+    #: per element size in bytes ("Expected mask vector type": int8 rows 3:11 on v4).
+    static_row_offset_multiple: dict[int, int] = dataclasses.field(default_factory=dict)
     #: Splitting the minor dimension of a value into a new dimension ((8, 128) ->
     #: (8, 2, 64)) is supported.
     lane_split_into_new_dim: bool = True
@@ -262,7 +265,7 @@ def _measured(**overrides: Any) -> CompilerFacts:
 
 _COMPILER_FACTS: dict[str, CompilerFacts] = {
     "v4": _measured(lane_split_into_new_dim=False, matmul_narrow_operands=False,
-                    smem_reserved_bytes=512),
+                    smem_reserved_bytes=512, static_row_offset_multiple={1: 8}),
     "v5e": _measured(),
     "v5p": _measured(core_parallel_cores=2, vmem_reserved_bytes=60 * 2**10),
     "v6e": _measured(bf16_compare_packed_mask=True, vmem_reserved_bytes=60 * 2**10),

@@ -34,7 +34,8 @@ from palladium.interpret import _jax_compat as jc
 from palladium.interpret.chip import device_kind
 from palladium.interpret.errors import TpuLoweringError, TpuLoweringWarning
 from palladium.interpret.eval.registry import RULES
-from palladium.interpret.fidelity import approx_rules
+from palladium.interpret.fidelity import approx_access, approx_rules  # noqa: F401  (rules)
+from palladium.interpret.fidelity.approx_registry import Violation, first_violation
 from palladium.interpret.kernel import PreparedKernel
 
 __all__ = ["check_lowering", "device_kind", "equation_line", "kernel_line",
@@ -69,7 +70,7 @@ def check_lowering(kernel: PreparedKernel, ctx: Any, *, chip: str, num_cores: in
                             device_kind=device_kind(chip), num_cores=num_cores)
         except Exception as exc:  # noqa: BLE001  (every Mosaic failure is reported)
             _report(kernel, chip, exc)
-    violation = approx_rules.first_violation(kernel, chip)
+    violation = first_violation(kernel, chip)
     if violation is not None:
         _report_rule(kernel, chip, violation)
 
@@ -81,7 +82,7 @@ def _where(kernel: PreparedKernel) -> str:
     return where
 
 
-def _report_rule(kernel: PreparedKernel, chip: str, violation: approx_rules.Violation) -> None:
+def _report_rule(kernel: PreparedKernel, chip: str, violation: Violation) -> None:
     eqn = violation.eqn
     line = equation_line(kernel, eqn) if eqn is not None else None
     at = f" at {line} ({eqn.primitive.name})" if eqn is not None and line else ""
