@@ -10,6 +10,8 @@ from typing import Any
 
 import numpy as np
 
+from palladium.interpret import _jax_compat as jc
+from palladium.interpret.blocks import memory_space_of
 from palladium.interpret.chip import CompilerFacts
 from palladium.interpret.fidelity.approx_registry import (
     Site,
@@ -29,6 +31,17 @@ __all__ = ["core_parallel_grid", "float16_vectors", "lane_split_reshape", "matmu
 # --- vector and scalar dtypes per operation -------------------------------------------
 
 _COMPARISONS = ("eq", "ne", "lt", "le", "gt", "ge")
+
+
+def _from_smem(var: Any, site: Site) -> bool:
+    """``var`` is a constant or was loaded from an SMEM ref."""
+    if not isinstance(var, jc.Var):
+        return True
+    made = site.producer(var)
+    if made is None or made.primitive.name != "get":
+        return False
+    space = getattr(made.invars[0].aval, "memory_space", None)
+    return memory_space_of(space) == MemorySpace.SMEM
 
 _VECTOR_WORDS = {
     "int8": "\"Only vector<i16> and vector<i32> are supported, but got 'i8'\"",
@@ -78,6 +91,8 @@ def scalar_dtype(site: Site) -> str | None:
     name = site.eqn.primitive.name
     if any(rank(var) for var in (*site.eqn.invars, *site.eqn.outvars)):
         return None  # a vector operation (perhaps with a scalar operand)
+    if not all(_from_smem(var, site) for var in site.eqn.invars):
+        return None  # e.g. a vector reduced to a scalar: not measured
     for var in site.eqn.invars:
         dtype = dtype_name(var)
         if (dtype is not None and rank(var) == 0

@@ -10,9 +10,11 @@ as ``vmap`` of a kernel with ``pl.ANY`` operands), the check warns
 (``TpuLoweringWarning``) instead: the check never rejects a kernel a TPU accepts.
 
 The kernel is lowered as ``jax.jit`` lowers it for a TPU (the path ``jax.export(...,
-platforms=["tpu"])`` takes on a CPU box, with a current libtpu assumed); what Mosaic
-checks later, on the TPU itself (vector layouts, the register allocator), is not
-checked here. Nor are ``core_map`` kernels (they lower through jax's ``mpmd_map`` rule).
+platforms=["tpu"])`` takes on a CPU box, with a current libtpu assumed). What libtpu's
+Mosaic passes check later (vector dtypes per operation, layouts, alignment, MXU dtypes,
+grid semantics) is approximated by the rules of ``approx_registry``, learned from the
+compiler per chip and applied after the lowering. ``core_map`` kernels are not checked
+(they lower through jax's ``mpmd_map`` rule).
 
 On by default (``InterpretParams(check_lowering=True)``), in line, so that its error
 comes before anything the interpretation finds. Measured on
