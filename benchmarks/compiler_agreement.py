@@ -18,6 +18,7 @@ mostly times the approximation.
 
     python benchmarks/compiler_agreement.py [--quick] [--chips v5e,v6e] [-k dot]
         [--save verdicts.json] [--show-false-accepts]
+    python benchmarks/compiler_agreement.py --report verdicts.json   # tables again
 """
 
 from __future__ import annotations
@@ -154,9 +155,22 @@ def main() -> int:
     parser.add_argument("--save", help="write every pair's verdicts to this JSON file")
     parser.add_argument("--show-false-accepts", action="store_true",
                         help="list every false accept with the compiler's words")
+    parser.add_argument("--report", metavar="JSON", action="append", default=[],
+                        help="print the tables of verdicts saved with --save (several files "
+                        "merge, later ones replacing the pairs of earlier ones); no compiling")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--start", type=int, default=0, help=argparse.SUPPRESS)
     opts = parser.parse_args()
+    if opts.report:
+        merged: dict[tuple[str, str], dict] = {}
+        for path in opts.report:
+            for row in json.loads(Path(path).read_text()):
+                merged[(row["kernel"], row["chip"])] = row
+        names = {c.name for c in corpus()}
+        rows = [r for r in merged.values() if r["kernel"] in names]
+        chips = [c for c in opts.chips.split(",") if c]
+        _report(rows, chips, opts.show_false_accepts)
+        return 0
     if tpu_compiler.compiler_version() is None:
         print(f"needs libtpu: {tpu_compiler.INSTALL_COMMAND}")
         return 2
