@@ -352,6 +352,11 @@ def test_an_unproven_dynamic_row_index_is_rejected_and_a_proven_one_runs():
     out = _sliced(lambda i: (pl.ds(pl.multiple_of(i * 8, 8), 8), slice(None)), (32, 256),
                   (8, 256), jnp.float32, "v5e")(x)
     np.testing.assert_array_equal(out, np.asarray(x)[8:16])  # the last step's rows
+    # One tile of 128 float32 lanes takes any dynamic row (the compiler accepts i * 3).
+    x128 = _floats((32, 128), jnp.float32)
+    out = _sliced(lambda i: (pl.ds(i * 3, 8), slice(None)), (32, 128), (8, 128), jnp.float32,
+                  "v5e")(x128)
+    np.testing.assert_array_equal(out, np.asarray(x128)[3:11])
 
 
 def test_int8_rows_need_an_index_proven_a_multiple_of_32():
@@ -438,8 +443,9 @@ def test_v4_has_no_int8_right_hand_side():
     _assert_rejected(info, "v4", "the TPU compiler has no int8 x int8 matmul (\"Unsupported "
                      "matmul RHS type on target\") on TPU v4." + MXU_ADVICE,
                      primitive="dot_general")
-    xb, yb = x.astype(jnp.bfloat16), y.astype(jnp.bfloat16)
-    out = _dot(jnp.bfloat16, jnp.bfloat16, jnp.float32, "v4")(xb, yb)
+    # A bfloat16 left-hand side takes the int8 right-hand side on v4.
+    xb = x.astype(jnp.bfloat16)
+    out = _dot(jnp.bfloat16, jnp.int8, jnp.float32, "v4")(xb, y)
     np.testing.assert_array_equal(out, np.asarray(x, np.float32) @ np.asarray(y, np.float32))
 
 

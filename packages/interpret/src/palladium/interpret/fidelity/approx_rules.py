@@ -149,6 +149,9 @@ def lane_split_reshape(site: Site) -> str | None:
 
 # --- the MXU ----------------------------------------------------------------------------
 
+_F8 = ("float8_e4m3fn", "float8_e5m2")
+
+
 def _is_int(dtype: str) -> bool:
     return np.issubdtype(np.dtype(dtype), np.integer)
 
@@ -175,8 +178,7 @@ def matmul_dtypes(site: Site) -> str | None:
         what = (f"no {lhs} x {rhs} matmul with a {out} accumulator (\"float acc with int "
                 "lhs\", \"Mix int/int - NYI\")")
     elif not facts.matmul_narrow_operands and (
-            rhs in ("int8", "float8_e4m3fn", "float8_e5m2")
-            or lhs in ("float8_e4m3fn", "float8_e5m2")):
+            rhs in _F8 or lhs in _F8 or (lhs == "int8" and rhs == "int8")):
         what = (f"no {lhs} x {rhs} matmul (\"Unsupported matmul RHS type on target\")")
     if what is None:
         return None
