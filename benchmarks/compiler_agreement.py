@@ -36,7 +36,7 @@ from pathlib import Path
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import jax  # noqa: E402
-from compiler_corpus import Case, corpus  # noqa: E402
+from compiler_corpus import Case, corpus, held_out_cases  # noqa: E402
 
 from palladium.interpret import (  # noqa: E402
     ConfigError,
@@ -97,9 +97,14 @@ def _select(cases: list[Case], quick: bool, patterns: list[str]) -> list[Case]:
     return cases
 
 
+def _cases(opts: argparse.Namespace) -> list[Case]:
+    return held_out_cases() if opts.held_out else corpus()
+
+
 def _pairs(opts: argparse.Namespace) -> list[tuple[Case, str]]:
     chips = [c for c in opts.chips.split(",") if c]
-    return [(case, chip) for case in _select(corpus(), opts.quick, opts.k) for chip in chips]
+    return [(case, chip) for case in _select(_cases(opts), opts.quick, opts.k)
+            for chip in chips]
 
 
 def _worker(opts: argparse.Namespace) -> int:
@@ -124,6 +129,7 @@ def _run_workers(opts: argparse.Namespace, total: int) -> dict[int, dict[str, tu
     found: dict[int, dict[str, tuple]] = collections.defaultdict(dict)
     start = 0
     argv = ["--chips", opts.chips, *(["--quick"] if opts.quick else []),
+            *(["--held-out"] if opts.held_out else []),
             *[arg for k in opts.k for arg in ("-k", k)]]
     while start < total:
         proc = subprocess.Popen(
@@ -155,6 +161,9 @@ def main() -> int:
     parser.add_argument("--save", help="write every pair's verdicts to this JSON file")
     parser.add_argument("--show-false-accepts", action="store_true",
                         help="list every false accept with the compiler's words")
+    parser.add_argument("--held-out", action="store_true",
+                        help="the held-out kernels (written after the rules were learned) "
+                        "instead of the corpus")
     parser.add_argument("--report", metavar="JSON", action="append", default=[],
                         help="print the tables of verdicts saved with --save (several files "
                         "merge, later ones replacing the pairs of earlier ones); no compiling")
@@ -166,7 +175,7 @@ def main() -> int:
         for path in opts.report:
             for row in json.loads(Path(path).read_text()):
                 merged[(row["kernel"], row["chip"])] = row
-        names = {c.name for c in corpus()}
+        names = {c.name for c in _cases(opts)}
         rows = [r for r in merged.values() if r["kernel"] in names]
         chips = [c for c in opts.chips.split(",") if c]
         _report(rows, chips, opts.show_false_accepts)

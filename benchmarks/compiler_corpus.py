@@ -656,3 +656,95 @@ FAMILIES: dict[str, Callable[[], list[Case]]] = {
 def corpus() -> list[Case]:
     """Every case, in a fixed order."""
     return [case for make in FAMILIES.values() for case in make()]
+
+
+# --- held out -------------------------------------------------------------------------
+# Written after the approximation's rules were learned from the families above, and never
+# used to learn them: how the rules do on kernels they were not fitted to.
+
+def _held_out_elementwise() -> list[Case]:
+    u16 = jnp.uint16
+    specs = [
+        ("sub i16 (16, 256)", I16, jnp.subtract), ("mul i16 (16, 256)", I16, jnp.multiply),
+        ("min bf16 (16, 256)", BF16, jnp.minimum), ("xor i8 (32, 256)", I8, jnp.bitwise_xor),
+        ("or u8 (32, 256)", U8, jnp.bitwise_or), ("shl i8 (32, 256)", I8, lambda a, b: a << 1),
+        ("sqrt f32 (16, 256)", F32, lambda a, b: jnp.sqrt(jnp.abs(a))),
+        ("exp bf16 (16, 256)", BF16, lambda a, b: jnp.exp(a)),
+        ("sqrt e4m3 (32, 256)", E4M3, lambda a, b: jnp.sqrt(a)),
+        ("shr u32 (16, 256)", U32, lambda a, b: a >> 2),
+        ("ne->where i32 (16, 256)", I32, lambda a, b: jnp.where(a != b, a, b)),
+        ("add u16 (16, 256)", u16, jnp.add), ("max u16 (16, 256)", u16, jnp.maximum),
+        ("ge i16 select (16, 256)", I16, lambda a, b: jnp.where(a >= b, a, b)),
+        ("lt bf16 -> f32 select (16, 256)", BF16,
+         lambda a, b: jnp.where(a < b, 1.0, 0.0).astype(BF16)),
+        ("add i8 scalar operand (32, 256)", I8, lambda a, b: a + jnp.int8(3)),
+        ("mul e5m2 (32, 256)", E5M2, jnp.multiply),
+        ("add f16 (16, 256)", F16, jnp.add),
+    ]
+    cases = []
+    for label, dtype, op in specs:
+        shape = (32, 256) if np.dtype(dtype).itemsize == 1 else (16, 256)
+
+        def make(params, dtype=dtype, op=op, shape=shape):
+            def kernel(x_ref, y_ref, o_ref):
+                o_ref[...] = op(x_ref[...], y_ref[...]).astype(o_ref.dtype)
+
+            return (_call(kernel, jax.ShapeDtypeStruct(shape, dtype), params),
+                    (_array(shape, dtype, 0), _array(shape, dtype, 1)))
+
+        cases.append(Case(label, "dtype", make))
+    return cases
+
+
+def held_out_cases() -> list[Case]:
+    cases = _held_out_elementwise()
+    for src, dst, name in (((2, 16, 128), (2, 8, 256), "f32"), ((16, 256), (64, 64), "bf16"),
+                           ((8, 512), (8, 4, 128), "f32"), ((32, 256), (32, 4, 64), "i32"),
+                           ((4, 8, 128), (4, 1024), "f32"), ((16, 128), (64, 32), "i8")):
+        cases.append(Case(f"reshape {_fmt(src)}->{_fmt(dst)} {name}", "reshape",
+                          _reshape(DTYPES[name], src, dst)))
+    for label, index, out_shape, src, name in (
+            ("dynamic rows i*8 of (64, 512)", lambda v, i: (pl.ds(i * 8, 8), slice(None)),
+             (8, 512), (64, 512), "bf16"),
+            ("dynamic rows i*4 of (32, 384)", lambda v, i: (pl.ds(i * 4, 8), slice(None)),
+             (8, 384), (32, 384), "f32"),
+            ("dynamic rows i*5 of (64, 128)", lambda v, i: (pl.ds(i * 5, 8), slice(None)),
+             (8, 128), (64, 128), "f32"),
+            ("dynamic rows i*16 of (64, 128)", lambda v, i: (pl.ds(i * 16, 16), slice(None)),
+             (16, 128), (64, 128), "i8"),
+            ("dynamic lanes i*256 of (8, 512)", lambda v, i: (slice(None), pl.ds(i * 256, 256)),
+             (8, 256), (8, 512), "f32"),
+            ("strided rows ::4 of (64, 128)", lambda v, i: (pl.ds(0, 16, stride=4), slice(None)),
+             (16, 128), (64, 128), "f32"),
+            ("static rows 2:10 of (32, 128)", lambda v, i: (slice(2, 10), slice(None)),
+             (8, 128), (32, 128), "i8"),
+            ("static rows 24:32 of (32, 128)", lambda v, i: (slice(24, 32), slice(None)),
+             (8, 128), (32, 128), "i8")):
+        cases.append(Case(f"{label} {name}", "slice",
+                          _slice_case(DTYPES[name], index, out_shape, src=src)))
+    for lhs, rhs, acc in (("bf16", "bf16", F32), ("i8", "i8", I32), ("f32", "f32", I32),
+                          ("i8", "bf16", F32), ("e5m2", "bf16", F32), ("i16", "i8", I32)):
+        cases.append(Case(f"dot {lhs} x {rhs} -> {np.dtype(acc).name} (256)", "mxu",
+                          _dot(DTYPES[lhs], DTYPES[rhs], acc)))
+    cases += [
+        Case("grid (2, 3) core_parallel/arbitrary", "grid",
+             _grid((2, 3), ("core_parallel", "arbitrary"))),
+        Case("grid (3, 2) parallel/core_parallel", "grid",
+             _grid((3, 2), ("parallel", "core_parallel"))),
+        Case("SMEM scratch (3000, 3) int32", "smem", _smem_live((3000, 3), I32)),
+        Case("SMEM scratch (100, 100) int32", "smem", _smem_live((100, 100), I32)),
+        Case("SMEM scratch (260000,) int32", "smem", _smem_live((260000,), I32)),
+        Case("SMEM scratch (261000,) int32", "smem", _smem_live((261000,), I32)),
+        Case("bool VMEM scratch (32768, 128)", "bool", _live_scratch(
+            pltpu.VMEM((32768, 128), BOOL),
+            fill=lambda s, at, x: s.__setitem__((pl.ds(pl.multiple_of(at * 8, 8), 8),
+                                                 slice(None)), x[...] > 0),
+            read=lambda s, at: jnp.where(s[pl.ds(pl.multiple_of(at * 8, 8), 8), :], 1.0, 0.0))),
+        Case("VMEM scratch 64 MiB - 32 KiB, vmem_limit 64 MiB", "vmem", _live_scratch(
+            pltpu.VMEM((_vmem_rows(64 * MiB - 32 * KiB), 128), F32),
+            compiler_params=pltpu.CompilerParams(vmem_limit_bytes=64 * MiB))),
+        Case("SMEM scalar sub i16", "scalar", _scalar_smem(I16, jnp.subtract)),
+        Case("SMEM scalar min bf16", "scalar", _scalar_smem(BF16, jnp.minimum)),
+        Case("SMEM scalar sub f32", "scalar", _scalar_smem(F32, jnp.subtract)),
+    ]
+    return cases
