@@ -181,8 +181,10 @@ def main() -> int:
         _report(rows, chips, opts.show_false_accepts)
         return 0
     if tpu_compiler.compiler_version() is None:
-        print(f"needs libtpu: {tpu_compiler.INSTALL_COMMAND}")
-        return 2
+        # Not a failure of `nox -s bench` on a machine without the compiler.
+        print(f"skipped: this benchmark asks the TPU compiler (libtpu): "
+              f"{tpu_compiler.INSTALL_COMMAND}")
+        return 0
     if opts.worker:
         return _worker(opts)
     pairs = _pairs(opts)
