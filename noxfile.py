@@ -6,6 +6,7 @@
     nox -s matrix        wheel installs on Python 3.11-3.13 x every supported jax, sdists
     nox -s dists         build the wheels and sdists (.nox/dist), twine check --strict
     nox -s bench         benchmarks against jax's own TPU interpret mode
+    nox -s compiler      the tests that ask the TPU compiler itself (installs libtpu)
 """
 
 from __future__ import annotations

@@ -29,6 +29,7 @@ SCRIPTS = {
     "timeline_model.py": ["--quick"],
     "fidelity_checks.py": ["--quick", "--repeats", "2"],
     "deterministic_dot.py": ["--quick"],
+    "compiler_agreement.py": ["--quick"],
 }
 
 

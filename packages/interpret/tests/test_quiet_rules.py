@@ -33,7 +33,10 @@ def test_numpy_rules_raise_no_runtime_warning():
     ]
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        out = pl.pallas_call(_casts, out_shape=shapes, interpret=pi.InterpretParams())(x)
+        # A TPU has no float16 vectors (the approximation says so, as the compiler does);
+        # this test is about the interpreter's numpy casts, so the check is off.
+        out = pl.pallas_call(_casts, out_shape=shapes,
+                             interpret=pi.InterpretParams(check_lowering=False))(x)
         jax.block_until_ready(out)
     assert [str(w.message) for w in caught] == []
     expected = jax.jit(lambda x: [(x * 1e30).astype(jnp.float16), x.astype(jnp.int32)])(x)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from typing import Any
 
 import jax
 
@@ -39,7 +40,9 @@ __all__ = [
     "DEFAULT_CHIP",
     "DEFAULT_SCOPED_VMEM_LIMIT_BYTES",
     "ChipFacts",
+    "CompilerFacts",
     "chip_facts",
+    "compiler_facts",
     "chip_of_device_kind",
     "device_kind",
     "resolve_chip",
@@ -185,3 +188,103 @@ def _refuse_unknown_tpu(kind: str | None, whose: str) -> None:
         raise ConfigError(
             f"{whose} is a {kind!r}, a TPU palladium does not simulate; it knows {CHIPS} "
             "(InterpretParams(chip=...) chooses one).")
+# --- What the TPU compiler accepts, per chip (for the approximation) -------------------
+#
+# jax's Mosaic lowering (the approximation's front end) accepts kernels that libtpu's
+# Mosaic passes and allocator then reject. What follows was measured with libtpu 0.0.42.1
+# (jax 0.10.2) on ``benchmarks/compiler_agreement.py``'s corpus, and is only what that
+# corpus shows: the approximation rejects a kernel by these facts only where the compiler
+# rejected it, and chips the corpus did not cover (v2, v3, v4i, v7) have no entry.
+
+_F8 = frozenset({"float8_e4m3fn", "float8_e5m2"})
+_I8 = frozenset({"int8", "uint8"})
+
+#: Vector (rank >= 1) operations the compiler rejects on every measured chip: primitive
+#: -> element types of its operands. (float16 vectors are rejected by any operation,
+#: loads included: :attr:`CompilerFacts.float16_vectors`.)
+_VECTOR_REJECTS: dict[str, frozenset[str]] = {
+    "add": _I8 | _F8, "sub": _I8 | _F8, "mul": _I8 | _F8, "neg": frozenset({"int8"}) | _F8,
+    "abs": frozenset({"int8"}) | _F8, "div": _F8, "exp": _F8, "tanh": _F8,
+    "max": _I8 | _F8 | {"int16", "uint32"}, "min": _I8 | _F8 | {"int16", "uint32"},
+    "shift_right_arithmetic": frozenset({"int8", "int16"}),
+    "shift_right_logical": frozenset({"uint8"}),
+    "lt": _I8 | _F8, "gt": _I8 | _F8, "eq": _I8 | _F8,
+    "reduce_sum": _F8, "reduce_max": _F8, "reduce_min": _F8,
+}
+
+#: Scalar (SMEM, rank 0) arithmetic the compiler rejects on every measured chip: only
+#: 32-bit (and bool) scalars have an ALU ("Only i32 arith.addi is supported", "Only i1
+#: and i32 scalars are supported", no bf16/f16 arith.addf).
+_SCALAR_REJECTS: dict[str, frozenset[str]] = {
+    op: frozenset({"int8", "uint8", "int16", "bfloat16", "float16"})
+    for op in ("add", "mul", "max")
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class CompilerFacts:
+    """What the TPU compiler (libtpu's Mosaic passes and allocator) rejects on one chip,
+    beyond what jax's Mosaic lowering checks; measured, see the comment above."""
+
+    #: Vector operations rejected by operand element type (primitive -> dtype names).
+    vector_rejects: dict[str, frozenset[str]]
+    #: Scalar (rank-0) operations rejected by element type.
+    scalar_rejects: dict[str, frozenset[str]]
+    #: float16 vectors (even a load) are supported ("Invalid vector type for load").
+    float16_vectors: bool = False
+    #: A comparison of bfloat16 vectors gives a packed 16-bit mask that cannot select
+    #: 32-bit values ("Invalid relayout"); int16 compares do so on every chip.
+    bf16_compare_packed_mask: bool = False
+    #: Dynamic-index alignment the compiler must prove for VMEM accesses: the
+    #: second-minor index a multiple of this per element size in bytes, the minor index
+    #: a multiple of 128 ("cannot statically prove that index in dimension 0 is a
+    #: multiple of 32").
+    dynamic_sublane_multiple: dict[int, int] = dataclasses.field(
+        default_factory=lambda: {4: 8, 2: 8, 1: 32})
+    #: Static second-minor offsets of loads and value slices must be a multiple of this,
+    #: per element size in bytes ("Expected mask vector type": int8 rows 3:11 on v4).
+    static_row_offset_multiple: dict[int, int] = dataclasses.field(default_factory=dict)
+    #: Splitting the minor dimension of a value into a new dimension ((8, 128) ->
+    #: (8, 2, 64)) is supported.
+    lane_split_into_new_dim: bool = True
+    #: MXU: float operands with an integer accumulator ("int acc with float lhs").
+    matmul_float_to_int: bool = False
+    #: MXU: int8 x int8 (or int32) operands with a float accumulator ("float acc with
+    #: int lhs", "Mix int/int - NYI").
+    matmul_int8_to_float: bool = False
+    #: MXU: int8 or float8 right-hand sides, and float8 left-hand sides.
+    matmul_narrow_operands: bool = True
+    #: TensorCores a kernel's "core_parallel" grid dimension spreads over: its iteration
+    #: bound must be exactly this ("Core-parallel dimension 0 has iteration bound: 2,
+    #: which is greater than the number of active cores: 1").
+    core_parallel_cores: int = 1
+    #: VMEM the compiler keeps of the core's capacity (a kernel using all of it fails
+    #: "Used 127.95M of 127.94M vmem"); the scoped limit is not reduced.
+    vmem_reserved_bytes: int = 0
+    #: SMEM the compiler keeps of the core's capacity ("Exceeded smem capacity by 1.4K").
+    smem_reserved_bytes: int = 2048
+    #: SMEM buffers are allocated in units of this many bytes.
+    smem_allocation_bytes: int = 512
+
+
+def _measured(**overrides: Any) -> CompilerFacts:
+    return dataclasses.replace(
+        CompilerFacts(vector_rejects=_VECTOR_REJECTS, scalar_rejects=_SCALAR_REJECTS),
+        **overrides)
+
+
+_COMPILER_FACTS: dict[str, CompilerFacts] = {
+    "v4": _measured(lane_split_into_new_dim=False, matmul_narrow_operands=False,
+                    smem_reserved_bytes=512, static_row_offset_multiple={1: 8}),
+    "v5e": _measured(),
+    "v5p": _measured(core_parallel_cores=2, vmem_reserved_bytes=60 * 2**10),
+    "v6e": _measured(bf16_compare_packed_mask=True, vmem_reserved_bytes=60 * 2**10),
+    "v7x": _measured(bf16_compare_packed_mask=True, matmul_float_to_int=True,
+                     matmul_int8_to_float=True),
+}
+
+
+def compiler_facts(chip: str) -> CompilerFacts | None:
+    """What the TPU compiler rejects on ``chip`` (see :class:`CompilerFacts`), or None for
+    a chip it was not measured on (then the approximation adds no rule of its own)."""
+    return _COMPILER_FACTS.get(chip)

@@ -10,9 +10,11 @@ as ``vmap`` of a kernel with ``pl.ANY`` operands), the check warns
 (``TpuLoweringWarning``) instead: the check never rejects a kernel a TPU accepts.
 
 The kernel is lowered as ``jax.jit`` lowers it for a TPU (the path ``jax.export(...,
-platforms=["tpu"])`` takes on a CPU box, with a current libtpu assumed); what Mosaic
-checks later, on the TPU itself (vector layouts, the register allocator), is not
-checked here. Nor are ``core_map`` kernels (they lower through jax's ``mpmd_map`` rule).
+platforms=["tpu"])`` takes on a CPU box, with a current libtpu assumed). What libtpu's
+Mosaic passes check later (vector dtypes per operation, layouts, alignment, MXU dtypes,
+grid semantics) is approximated by the rules of ``approx_registry``, learned from the
+compiler per chip and applied after the lowering. ``core_map`` kernels are not checked
+(they lower through jax's ``mpmd_map`` rule).
 
 On by default (``InterpretParams(check_lowering=True)``), in line, so that its error
 comes before anything the interpretation finds. Measured on
@@ -34,6 +36,8 @@ from palladium.interpret import _jax_compat as jc
 from palladium.interpret.chip import device_kind
 from palladium.interpret.errors import TpuLoweringError, TpuLoweringWarning
 from palladium.interpret.eval.registry import RULES
+from palladium.interpret.fidelity import approx_access, approx_rules  # noqa: F401  (rules)
+from palladium.interpret.fidelity.approx_registry import Violation, first_violation
 from palladium.interpret.kernel import PreparedKernel
 
 #: Said under every verdict of the approximation: which checker spoke.
@@ -41,8 +45,8 @@ APPROXIMATION_NOTE = (
     "(Checked by palladium's approximation; where libtpu is installed, the TPU compiler "
     "itself decides: pip install 'palladium-interpret[compiler]'.)")
 
-__all__ = ["APPROXIMATION_NOTE", "check_lowering", "device_kind", "kernel_line", "not_the_kernels_fault",
-           "unknown_everywhere"]
+__all__ = ["APPROXIMATION_NOTE", "check_lowering", "device_kind", "equation_line",
+           "kernel_line", "not_the_kernels_fault", "unknown_everywhere"]
 
 # Mosaic's own block-shape checks run before any equation is lowered; a failure there is
 # the kernel's (its BlockSpecs), although no kernel equation is on the stack.
@@ -56,31 +60,59 @@ _JAX_LIMITS = {
 }
 
 
-def check_lowering(kernel: PreparedKernel, ctx: Any, *, chip: str, num_cores: int) -> None:
-    """Lower ``kernel`` through Mosaic for ``chip``; raise ``TpuLoweringError`` if Mosaic
-    rejects it, warn ``TpuLoweringWarning`` if it fails for a reason not the kernel's.
+def check_lowering(kernel: PreparedKernel, ctx: Any, *, chip: str, num_cores: int,
+                   mosaic: bool = True) -> None:
+    """Lower ``kernel`` through Mosaic for ``chip`` (when ``mosaic``); raise
+    ``TpuLoweringError`` if Mosaic rejects it, warn ``TpuLoweringWarning`` if it fails for
+    a reason not the kernel's. Then apply the approximation's rules of what the TPU
+    compiler rejects beyond Mosaic's lowering (``approx_rules``).
 
     ``ctx`` is the CPU lowering context of the ``pallas_call`` equation.
     """
     if kernel.is_core_map:
         return  # core_map lowers through jax's mpmd_map rule: not checked (see module docs)
-    try:
-        jc.mosaic_lower(ctx, kernel.grid_mapping, kernel.jaxpr, kernel.compiler_params,
-                        device_kind=device_kind(chip), num_cores=num_cores)
-    except Exception as exc:  # noqa: BLE001  (every Mosaic failure is reported)
-        _report(kernel, chip, exc)
+    if mosaic:
+        try:
+            jc.mosaic_lower(ctx, kernel.grid_mapping, kernel.jaxpr, kernel.compiler_params,
+                            device_kind=device_kind(chip), num_cores=num_cores)
+        except Exception as exc:  # noqa: BLE001  (every Mosaic failure is reported)
+            _report(kernel, chip, exc)
+    violation = first_violation(kernel, chip)
+    if violation is not None:
+        _report_rule(kernel, chip, violation)
+
+
+def _where(kernel: PreparedKernel) -> str:
+    where = f"kernel '{kernel.name}'"
+    if kernel.launch_location:
+        where += f" (pallas_call at {kernel.launch_location})"
+    return where
+
+
+def _report_rule(kernel: PreparedKernel, chip: str, violation: Violation) -> None:
+    eqn = violation.eqn
+    line = equation_line(kernel, eqn) if eqn is not None else None
+    at = f" at {line} ({eqn.primitive.name})" if eqn is not None and line else ""
+    raise TpuLoweringError(
+        f"{_where(kernel)} does not compile for TPU {chip}{at}: palladium's approximation "
+        f"of the TPU compiler says: {violation.message}\n"
+        "A TPU rejects this kernel at compile time (InterpretParams(compile_check="
+        "'compiler') asks the compiler itself when libtpu is installed); "
+        "InterpretParams(check_lowering=False) skips this check.")
 
 
 def _report(kernel: PreparedKernel, chip: str, exc: Exception) -> None:
     message = _mosaic_message(exc)
-    where = f"kernel '{kernel.name}'"
-    if kernel.launch_location:
-        where += f" (pallas_call at {kernel.launch_location})"
+    where = _where(kernel)
     if unknown_everywhere(exc):
         return  # the interpreter's UnsupportedPrimitiveError says it better
     line, primitive = kernel_line(kernel, exc)
     not_ours = not_the_kernels_fault(kernel, exc)
-    if not_ours is None and (line is not None or str(exc).startswith(_BLOCK_CHECKS)):
+    # A failed MLIR verification of the lowered kernel names no equation, but the
+    # compiler, which lowers the same way, fails there too.
+    verification = type(exc).__name__ == "VerificationError"
+    if not_ours is None and (line is not None or verification
+                             or str(exc).startswith(_BLOCK_CHECKS)):
         at = f" at {line} ({primitive})" if line else _operand(kernel, message)
         raise TpuLoweringError(
             f"{where} does not lower for TPU {chip}{at}: jax's Mosaic lowering says:\n"
@@ -140,11 +172,16 @@ def kernel_line(kernel: PreparedKernel, exc: BaseException) -> tuple[str | None,
     line may belong to an enclosing one, e.g. the ``jit`` of ``jnp.cumsum``)."""
     eqns = jc.mosaic_failing_equations(exc)
     for eqn in reversed(eqns):
-        source = kernel.inherited_sources.get(id(eqn), eqn.source_info)
-        frame = jc.user_frame(source)
-        if frame is not None:
-            return f"{os.path.basename(frame[0])}:{frame[1]}", eqns[-1].primitive.name
+        line = equation_line(kernel, eqn)
+        if line is not None:
+            return line, eqns[-1].primitive.name
     return None, None
+
+
+def equation_line(kernel: PreparedKernel, eqn: Any) -> str | None:
+    """``file.py:line`` of ``eqn``'s user source line (or its enclosing equation's)."""
+    frame = jc.user_frame(kernel.inherited_sources.get(id(eqn), eqn.source_info))
+    return f"{os.path.basename(frame[0])}:{frame[1]}" if frame is not None else None
 
 
 def unknown_everywhere(exc: BaseException) -> bool:

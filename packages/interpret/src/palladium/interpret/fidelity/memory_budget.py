@@ -19,12 +19,18 @@ Left out, so that the count never exceeds what Mosaic allocates: Mosaic's intern
 scratch, the VMEM that values (vector registers spilled, large temporaries) take
 (reported as ``intermediates_peak_bytes``, never checked), the buffers that the
 ``emit_pipeline`` *primitive* path (``use_primitive=True``) allocates when Mosaic expands
-it, ``VMEM_SHARED`` (v7x's shared VMEM), semaphores, bool blocks as Mosaic's 32-bit
-words (counted as bytes) and SMEM word padding.
+it, ``VMEM_SHARED`` (v7x's shared VMEM) and semaphores.
+
+On the chips where the TPU compiler was measured (``chip.compiler_facts``: v4, v5e, v5p,
+v6e, v7x), the count also follows what it does there: bool buffers in VMEM take 32-bit
+words; SMEM buffers are allocated in 512-byte units and a 2-D SMEM buffer of 32-bit
+words in whole rows of 128; the compiler keeps part of SMEM (2 KiB, 512 bytes on v4) and
+of VMEM (60 KiB on v5p and v6e) for itself.
 
 The VMEM limit is ``pltpu.CompilerParams(vmem_limit_bytes=...)`` when given, else XLA's
 default scoped limit for the chip (``palladium.interpret.chip``), never above the core's
-VMEM capacity; SMEM's is its capacity.
+VMEM capacity less what the compiler keeps; SMEM's is its capacity less what the
+compiler keeps.
 """
 
 from __future__ import annotations
@@ -38,7 +44,7 @@ import numpy as np
 
 from palladium.interpret import _jax_compat as jc
 from palladium.interpret.blocks import BlockSpecInfo, memory_space_of
-from palladium.interpret.chip import CHIP_GENERATIONS, chip_facts
+from palladium.interpret.chip import CHIP_GENERATIONS, CompilerFacts, chip_facts, compiler_facts
 from palladium.interpret.errors import TpuResourceError
 from palladium.interpret.fidelity.lowering_check import APPROXIMATION_NOTE
 from palladium.interpret.kernel import PreparedKernel, sub_jaxprs
@@ -88,6 +94,8 @@ class SpaceUse:
     limit_bytes: int
     capacity_bytes: int
     requested_limit_bytes: int | None = None  # vmem_limit_bytes as given (may exceed capacity)
+    #: What the TPU compiler keeps of the capacity for itself (the limit is at most the rest).
+    reserved_bytes: int = 0
 
     @property
     def over(self) -> bool:
@@ -127,10 +135,20 @@ class MemoryUse:
         return text
 
 
+@dataclasses.dataclass(frozen=True)
+class _Layout:
+    """How buffers are laid out on the chip: its generation's tiles, and what the TPU
+    compiler is measured to do there (None: not measured)."""
+
+    generation: int
+    compiler: CompilerFacts | None
+
+
 def measure(kernel: PreparedKernel, chip: str) -> MemoryUse:
     """Count ``kernel``'s VMEM and SMEM per core on ``chip`` (see the module docs)."""
     facts = chip_facts(chip)
-    generation = CHIP_GENERATIONS[chip]
+    compiler = compiler_facts(chip)
+    generation = _Layout(CHIP_GENERATIONS[chip], compiler)
     vmem: list[Buffer] = []
     smem: list[Buffer] = []
     pipelined = bool(tuple(kernel.grid_mapping.grid))
@@ -157,27 +175,43 @@ def measure(kernel: PreparedKernel, chip: str) -> MemoryUse:
     params = kernel.compiler_params
     requested = getattr(params, "vmem_limit_bytes", None) if params is not None else None
     capacity = facts.vmem_capacity_bytes
+    vmem_kept = compiler.vmem_reserved_bytes if compiler is not None else 0
+    smem_kept = compiler.smem_reserved_bytes if compiler is not None else 0
     limit = min(requested if requested is not None else facts.default_scoped_vmem_limit_bytes,
-                capacity)
+                capacity - vmem_kept)
     return MemoryUse(
         chip=chip,
         vmem=SpaceUse("VMEM", tuple(vmem), sum(b.total_bytes for b in vmem), limit, capacity,
-                      requested),
+                      requested, reserved_bytes=vmem_kept),
         smem=SpaceUse("SMEM", tuple(smem), sum(b.total_bytes for b in smem),
-                      facts.smem_capacity_bytes, facts.smem_capacity_bytes),
+                      facts.smem_capacity_bytes - smem_kept, facts.smem_capacity_bytes,
+                      reserved_bytes=smem_kept),
         intermediates_peak_bytes=_intermediates_peak(kernel.jaxpr, generation, {}),
     )
 
 
-def _nbytes(shape: tuple[int, ...], dtype: Any, space: MemorySpace, generation: int) -> int:
+def _nbytes(shape: tuple[int, ...], dtype: Any, space: MemorySpace, layout: _Layout) -> int:
     dt = np.dtype(dtype)
+    compiler = layout.compiler
     if space == MemorySpace.VMEM:
-        shape = padded_shape(shape, dt, generation=generation)
-    return math.prod(shape) * dt.itemsize
+        if dt == np.bool_ and compiler is not None:
+            dt = np.dtype(np.int32)  # the compiler keeps bool buffers as 32-bit words
+        return math.prod(padded_shape(shape, dt, generation=layout.generation)) * dt.itemsize
+    nbytes = math.prod(shape) * dt.itemsize
+    if compiler is not None and space == MemorySpace.SMEM:
+        if len(shape) >= 2 and dt.itemsize == 4:
+            # A 2-D SMEM buffer of words takes whole rows of 128 ((2048, 2) int32: 1 MiB).
+            nbytes = math.prod(shape[:-1]) * _round_up(shape[-1], 128) * 4
+        nbytes = _round_up(nbytes, compiler.smem_allocation_bytes)
+    return nbytes
+
+
+def _round_up(n: int, unit: int) -> int:
+    return -(-n // unit) * unit
 
 
 def _block_buffer(kind: str, info: BlockSpecInfo, bm: Any, pipelined: bool,
-                  generation: int) -> Buffer | None:
+                  generation: _Layout) -> Buffer | None:
     if info.space not in (MemorySpace.VMEM, MemorySpace.SMEM):
         return None
     if _is_vmem_shared(getattr(bm.block_aval, "memory_space", None)):
@@ -186,7 +220,7 @@ def _block_buffer(kind: str, info: BlockSpecInfo, bm: Any, pipelined: bool,
     trivial = bm.has_trivial_window()
     count = 1 if (not pipelined or trivial or info.space == MemorySpace.SMEM) else (
         info.buffer_count)
-    return Buffer(kind, info.name, window, str(info.dtype),
+    return Buffer(kind, info.name, window, _label(info.dtype, info.space, generation),
                   _nbytes(window, info.dtype, info.space, generation), count)
 
 
@@ -215,10 +249,17 @@ def _is_array(aval: Any) -> bool:
 
 
 def _array_buffer(kind: str, name: str, aval: Any, space: MemorySpace,
-                  generation: int) -> Buffer:
+                  generation: _Layout) -> Buffer:
     shape = tuple(int(d) for d in aval.shape)
-    return Buffer(kind, name, shape, str(np.dtype(aval.dtype)),
+    return Buffer(kind, name, shape, _label(aval.dtype, space, generation),
                   _nbytes(shape, aval.dtype, space, generation))
+
+
+def _label(dtype: Any, space: MemorySpace, layout: _Layout) -> str:
+    dt = np.dtype(dtype)
+    if dt == np.bool_ and space == MemorySpace.VMEM and layout.compiler is not None:
+        return "bool (as 32-bit words)"
+    return str(dt)
 
 
 _Peak = tuple[int, list[Buffer]]
@@ -227,7 +268,7 @@ _Peak = tuple[int, list[Buffer]]
 class _ScopedPeak:
     """The ``run_scoped`` allocations alive together at their deepest nesting."""
 
-    def __init__(self, kernel: PreparedKernel, generation: int) -> None:
+    def __init__(self, kernel: PreparedKernel, generation: _Layout) -> None:
         self.kernel = kernel
         self.generation = generation
         self._memo: dict[int, tuple[_Peak, _Peak]] = {}
@@ -275,14 +316,14 @@ class _ScopedPeak:
 
 
 
-def _value_bytes(aval: Any, generation: int) -> int:
+def _value_bytes(aval: Any, generation: _Layout) -> int:
     shape = getattr(aval, "shape", None)
     if not shape or not _is_array(aval) or isinstance(aval, jc.AbstractRef):
         return 0  # scalars live in scalar registers; refs are buffers, counted above
     return _nbytes(tuple(int(d) for d in shape), aval.dtype, MemorySpace.VMEM, generation)
 
 
-def _intermediates_peak(jaxpr: Any, generation: int, memo: dict[int, int]) -> int:
+def _intermediates_peak(jaxpr: Any, generation: _Layout, memo: dict[int, int]) -> int:
     """The largest total of array values live at once in ``jaxpr`` (nested jaxprs add
     their own peak to what is live around them)."""
     key = id(jaxpr)
@@ -319,6 +360,13 @@ def check_fits(kernel: PreparedKernel, use: MemoryUse) -> None:
             raise TpuResourceError(_over_message(kernel, use.chip, space))
 
 
+def _kept(space: SpaceUse) -> str:
+    if not space.reserved_bytes:
+        return ""
+    return (f" less the {space.reserved_bytes} bytes the TPU compiler keeps "
+            f"({space.capacity_bytes - space.reserved_bytes} bytes for the kernel)")
+
+
 def _over_message(kernel: PreparedKernel, chip: str, space: SpaceUse) -> str:
     where = f"kernel '{kernel.name}'"
     if kernel.launch_location:
@@ -327,21 +375,22 @@ def _over_message(kernel: PreparedKernel, chip: str, space: SpaceUse) -> str:
     if name == "VMEM":
         if space.requested_limit_bytes is None:
             limit = f"its scoped VMEM limit of {_mib(space.limit_bytes)} (XLA's default on {chip})"
-        elif space.requested_limit_bytes > space.capacity_bytes:
-            limit = (f"the core's VMEM capacity of {_mib(space.capacity_bytes)} "
+        elif space.requested_limit_bytes > space.limit_bytes:
+            limit = (f"the core's VMEM capacity of {_mib(space.capacity_bytes)}{_kept(space)} "
                      f"(vmem_limit_bytes={space.requested_limit_bytes} is more than there is)")
         else:
             limit = f"its vmem_limit_bytes={space.limit_bytes} ({_mib(space.limit_bytes)})"
     else:
-        limit = f"the core's SMEM capacity of {_mib(space.limit_bytes)}"
+        limit = f"the core's SMEM capacity of {_mib(space.capacity_bytes)}{_kept(space)}"
     lines = [
         f"{where} needs {_mib(space.peak_bytes)} ({space.peak_bytes} bytes) of {name} per "
         f"core on TPU {chip}, more than {limit}. A TPU fails to compile it: \"Ran out of "
         f"memory in memory space {name.lower()}\". Counted per core"
-        + (", tile-padded" if name == "VMEM" else "") + ":",
+        + (", tile-padded" if name == "VMEM" else "")
+        + ":",
     ]
     lines += [f"  {b.describe()}" for b in space.buffers if b.total_bytes]
-    if name == "VMEM" and space.peak_bytes <= space.capacity_bytes:
+    if name == "VMEM" and space.peak_bytes <= space.capacity_bytes - space.reserved_bytes:
         lines.append(
             f"Raise pltpu.CompilerParams(vmem_limit_bytes=...) to at least {space.peak_bytes} "
             f"(up to the core's {_mib(space.capacity_bytes)}), or use fewer buffers "
@@ -349,7 +398,8 @@ def _over_message(kernel: PreparedKernel, chip: str, space: SpaceUse) -> str:
             "smaller blocks.")
     elif name == "VMEM":
         lines.append(
-            f"Even the core's whole VMEM ({_mib(space.capacity_bytes)}) is too small: use "
+            f"Even the core's whole VMEM ({_mib(space.capacity_bytes)}{_kept(space)}) is too "
+            "small: use "
             "smaller blocks or fewer buffers (pipeline_mode=pl.Buffered(1)).")
     else:
         lines.append("Use smaller scalar-prefetch operands, SMEM blocks or SMEM scratch.")
