@@ -24,31 +24,12 @@ import tempfile
 import time
 
 import jax
+from _timed import timed_calls
 from interpret_vs_jax import _flash_case, _matmul_case  # noqa: E402  (same kernels)
 
 import palladium.interpret as pi
 from palladium.interpret.fidelity import tpu_compiler
 from palladium.interpret.fidelity.compiler_process import COMPILER_PROCESS
-
-
-class _CompilerTimer:
-    def __init__(self) -> None:
-        self.seconds = 0.0
-        self._inner = tpu_compiler.compile_verdict
-
-    def __enter__(self):
-        def timed(*args, **kwargs):
-            t0 = time.perf_counter()
-            try:
-                return self._inner(*args, **kwargs)
-            finally:
-                self.seconds += time.perf_counter() - t0
-
-        tpu_compiler.compile_verdict = timed
-        return self
-
-    def __exit__(self, *exc):
-        tpu_compiler.compile_verdict = self._inner
 
 
 def _first_call(fn, args, check: str, cache: str) -> tuple[float, float]:
@@ -60,7 +41,7 @@ def _first_call(fn, args, check: str, cache: str) -> tuple[float, float]:
         tpu_compiler.clear_memory_cache()
     if cache == "cold":
         COMPILER_PROCESS.close()  # the compiler's process starts again
-    with _CompilerTimer() as timer, pi.force_tpu_interpret_mode(
+    with timed_calls(tpu_compiler, "compile_verdict") as timer, pi.force_tpu_interpret_mode(
             pi.InterpretParams(compile_check=check)):
         t0 = time.perf_counter()
         jax.block_until_ready(jax.jit(fn)(*args))

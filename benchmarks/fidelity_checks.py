@@ -18,6 +18,7 @@ import os
 import time
 
 import jax
+from _timed import timed_calls
 from interpret_vs_jax import _flash_case, _matmul_case  # noqa: E402  (same kernels)
 
 import palladium.interpret as pi
@@ -25,31 +26,9 @@ from palladium.interpret.fidelity import checks
 from palladium.interpret.observers import add_launch_observer, remove_launch_observer
 
 
-class _CheckTimer:
-    """Wraps the lowering check (every launch's goes through ``checks``) to time it."""
-
-    def __init__(self) -> None:
-        self.seconds = 0.0
-        self._inner = checks.check_lowering
-
-    def __enter__(self):
-        def timed(*args, **kwargs):
-            t0 = time.perf_counter()
-            try:
-                return self._inner(*args, **kwargs)
-            finally:
-                self.seconds += time.perf_counter() - t0
-
-        checks.check_lowering = timed
-        return self
-
-    def __exit__(self, *exc):
-        checks.check_lowering = self._inner
-
-
 def _first_call(fn, args, check: bool) -> tuple[float, float]:
     jax.clear_caches()
-    with _CheckTimer() as timer, pi.force_tpu_interpret_mode(
+    with timed_calls(checks, "check_lowering") as timer, pi.force_tpu_interpret_mode(
             pi.InterpretParams(check_lowering=check)):
         t0 = time.perf_counter()
         jax.jit(fn)(*args).block_until_ready()

@@ -81,14 +81,16 @@ def _live_scratch_kernel(x_ref, o_ref, s):
     o_ref[...] = s[pl.ds((1 - i) * 8, 8)]
 
 
-def _scratch_call(rows, **params):
+def _scratch_call(rows, kernel=_live_scratch_kernel, **params):
+    """``kernel(x_ref, o_ref, s)`` on a 2-step grid with a (rows, 128) f32 VMEM scratch,
+    the TPU compiler deciding (``params`` override)."""
     return pl.pallas_call(
-        _live_scratch_kernel, grid=(2,),
+        kernel, grid=(2,),
         in_specs=[pl.BlockSpec((8, 128), lambda i: (0, 0))],
         out_specs=pl.BlockSpec((8, 128), lambda i: (0, 0)),
         out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32),
         scratch_shapes=[pltpu.VMEM((rows, 128), jnp.float32)],
-        interpret=pi.InterpretParams(compile_check="compiler", **params))
+        interpret=pi.InterpretParams(**{"compile_check": "compiler", **params}))
 
 
 def test_too_much_vmem_is_a_resource_error_with_the_compilers_numbers():
@@ -271,13 +273,7 @@ def test_a_palladium_pipeline_kernel_is_compiled():
 def test_approximate_leaves_the_compiler_out():
     # compile_check="approximate" decides without the compiler, even where it is installed.
     with pi.timeline() as tl:
-        out = pl.pallas_call(
-            _live_scratch_kernel, grid=(2,),
-            in_specs=[pl.BlockSpec((8, 128), lambda i: (0, 0))],
-            out_specs=pl.BlockSpec((8, 128), lambda i: (0, 0)),
-            out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32),
-            scratch_shapes=[pltpu.VMEM((64, 128), jnp.float32)],
-            interpret=pi.InterpretParams(compile_check="approximate"))(X)
+        out = _scratch_call(64, compile_check="approximate")(X)
     np.testing.assert_array_equal(out, X)
     memory = tl.launches[-1].info.memory
     assert memory.checker == "approximation" and memory.compiler_vmem_bytes is None
@@ -393,13 +389,7 @@ def test_the_chip_facts_vmem_limits_are_the_compilers(chip):
     facts = chip_facts(chip)
 
     def verdict(nbytes):
-        call = pl.pallas_call(
-            _live_scratch_kernel, grid=(2,),
-            in_specs=[pl.BlockSpec((8, 128), lambda i: (0, 0))],
-            out_specs=pl.BlockSpec((8, 128), lambda i: (0, 0)),
-            out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32),
-            scratch_shapes=[pltpu.VMEM((nbytes // 512, 128), jnp.float32)],
-            interpret=pi.InterpretParams(chip=chip, compile_check="compiler"))
+        call = _scratch_call(nbytes // 512, chip=chip)
         try:
             call(X)
         except TpuResourceError as e:
@@ -425,21 +415,10 @@ def test_check_lowering_false_runs_a_debug_print_and_still_counts_memory():
         o_ref[...] = s[pl.ds((1 - i) * 8, 8)]
 
     def call(rows):
-        return pl.pallas_call(
-            printing, grid=(2,),
-            in_specs=[pl.BlockSpec((8, 128), lambda i: (0, 0))],
-            out_specs=pl.BlockSpec((8, 128), lambda i: (0, 0)),
-            out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32),
-            scratch_shapes=[pltpu.VMEM((rows, 128), jnp.float32)],
-            interpret=pi.InterpretParams(compile_check="compiler", check_lowering=False))
+        return _scratch_call(rows, printing, check_lowering=False)
 
     with pytest.raises(TpuLoweringError):
-        pl.pallas_call(printing, grid=(2,),
-                       in_specs=[pl.BlockSpec((8, 128), lambda i: (0, 0))],
-                       out_specs=pl.BlockSpec((8, 128), lambda i: (0, 0)),
-                       out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32),
-                       scratch_shapes=[pltpu.VMEM((64, 128), jnp.float32)],
-                       interpret=pi.InterpretParams(compile_check="compiler"))(X)
+        _scratch_call(64, printing)(X)
     np.testing.assert_array_equal(call(64)(X), X)
     with pytest.raises(TpuResourceError, match="needs 24.01 MiB"):
         call(24 * 2048)(X)
