@@ -18,6 +18,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from palladium.interpret import InterpretParams, TpuResourceError
+from palladium.interpret.fidelity.lowering_check import APPROXIMATION_NOTE
 
 MiB, KiB = 2**20, 2**10
 X = jnp.arange(8 * 128, dtype=jnp.float32).reshape(8, 128)
@@ -82,7 +83,8 @@ def test_a_2d_smem_buffer_takes_rows_of_128_words():
             "(1046528 bytes for the kernel). A TPU fails to compile it: \"Ran out of memory "
             "in memory space smem\". Counted per core:\n" + SMEM_SMALL
             + "  scratch 's_ref' (2048, 2) int32: 1.00 MiB\n"
-            "Use smaller scalar-prefetch operands, SMEM blocks or SMEM scratch."),
+            "Use smaller scalar-prefetch operands, SMEM blocks or SMEM scratch.\n"
+            + APPROXIMATION_NOTE),
         str(info.value)), str(info.value)
     assert int(_smem_scratch((1024, 2), "v5e")[0]) == 8
 
@@ -112,7 +114,7 @@ def test_bool_scratch_in_vmem_takes_32_bit_words():
             "  scratch 's_ref' (40960, 128) bool (as 32-bit words): 20.00 MiB\n"
             "Raise pltpu.CompilerParams(vmem_limit_bytes=...) to at least 20979712 (up to the "
             "core's 128.00 MiB), or use fewer buffers (pipeline_mode=pl.Buffered(1) for a "
-            "block whose index rarely changes) or smaller blocks."),
+            "block whose index rarely changes) or smaller blocks.\n" + APPROXIMATION_NOTE),
         str(info.value)), str(info.value)
     # v6e's default scoped limit is 32 MiB.
     out = _live_scratch(pltpu.VMEM((rows, 128), jnp.bool_), "v6e", as_mask=True)
@@ -129,7 +131,7 @@ def test_v6e_keeps_60_kib_of_its_vmem():
     assert str(info.value).endswith(
         "Even the core's whole VMEM (128.00 MiB less the 61440 bytes the TPU compiler keeps "
         "(134156288 bytes for the kernel)) is too small: use smaller blocks or fewer buffers "
-        "(pipeline_mode=pl.Buffered(1)).")
+        "(pipeline_mode=pl.Buffered(1)).\n" + APPROXIMATION_NOTE)
     # v5e keeps none of its 128 MiB.
     out = _live_scratch(pltpu.VMEM((rows, 128), jnp.float32), "v5e", vmem_limit=128 * MiB)
     np.testing.assert_array_equal(out, X)

@@ -92,12 +92,13 @@ def test_deterministic_dot_handles_batch_dimensions_and_integer_dots():
         o_ref[...] = jnp.einsum("bmk,bkn->bmn", x_ref[...], y_ref[...],
                                 preferred_element_type=jnp.float32)
         oi_ref[...] = jnp.einsum("bmk,bkn->bmn", i_ref[...], i_ref[...],
-                                 preferred_element_type=jnp.int32)
+                                 preferred_element_type=jnp.int32)  # int8 x int8 -> int32
 
     rng = np.random.default_rng(2)
     x = jnp.asarray(rng.standard_normal((2, 8, 16)), jnp.float32)
     y = jnp.asarray(rng.standard_normal((2, 16, 128)), jnp.float32)
-    i = jnp.asarray(rng.integers(-5, 5, (2, 16, 16)), jnp.int32)
+    # int8 operands: the MXU has no int32 x int32 (the TPU compiler rejects it)
+    i = jnp.asarray(rng.integers(-5, 5, (2, 16, 16)), jnp.int8)
     out, outi = pl.pallas_call(
         kernel, out_shape=(jax.ShapeDtypeStruct((2, 8, 128), jnp.float32),
                            jax.ShapeDtypeStruct((2, 16, 16), jnp.int32)),
@@ -105,7 +106,8 @@ def test_deterministic_dot_handles_batch_dimensions_and_integer_dots():
     for b in range(2):
         expected = _sequential_dot(np.asarray(x[b]), np.asarray(y[b]))
         np.testing.assert_array_equal(np.asarray(out[b]), expected)
-    np.testing.assert_array_equal(np.asarray(outi), np.einsum("bmk,bkn->bmn", i, i))
+    i32 = np.asarray(i, np.int32)
+    np.testing.assert_array_equal(np.asarray(outi), np.einsum("bmk,bkn->bmn", i32, i32))
 
 
 def test_deterministic_dot_must_be_a_bool():
