@@ -34,7 +34,9 @@ from palladium.interpret.numpy_rules.common import (
 )
 
 
-def _dot_general_rule(flushed_inputs: bool) -> Rule:
+def _dot_general_rule(flushed_inputs: bool, ordered: bool = False) -> Rule:
+    """The rule of ``dot_general``: inputs flushed of subnormals first or not; with
+    ``ordered`` (``InterpretParams(deterministic_dot=True)``) float dots summed in order."""
     widen = f32_flushed if flushed_inputs else f32
 
     def rule(
@@ -46,21 +48,10 @@ def _dot_general_rule(flushed_inputs: bool) -> Rule:
         preferred_element_type: Any = None,
         out_sharding: Any = None,
     ) -> Any:
-        return _dot_general(lhs, rhs, dimension_numbers, preferred_element_type, widen)
+        return _dot_general(lhs, rhs, dimension_numbers, preferred_element_type, widen,
+                            ordered=ordered)
 
     return rule
-
-
-def _deterministic_dot_general(
-    lhs: Any,
-    rhs: Any,
-    *,
-    dimension_numbers: Any,
-    precision: Any = None,
-    preferred_element_type: Any = None,
-    out_sharding: Any = None,
-) -> Any:
-    return _dot_general(lhs, rhs, dimension_numbers, preferred_element_type, f32, ordered=True)
 
 
 def _ordered_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -121,4 +112,5 @@ def _dot_general(
 
 register(lax.dot_general_p)(_dot_general_rule(flushed_inputs=False))
 register(lax.dot_general_p, table=PREFLUSHED_RULES)(_dot_general_rule(flushed_inputs=True))
-register(lax.dot_general_p, table=DETERMINISTIC_RULES)(_deterministic_dot_general)
+register(lax.dot_general_p, table=DETERMINISTIC_RULES)(
+    _dot_general_rule(flushed_inputs=False, ordered=True))
