@@ -12,15 +12,19 @@ same run one right after the other.
 from __future__ import annotations
 
 import argparse
+import functools
+import os
 import statistics
+import sys
 import time
 
 import jax
 import jax.numpy as jnp
-from jax.experimental import pallas as pl
-from jax.experimental.pallas import tpu as pltpu
 
 from palladium.interpret import InterpretParams
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
+from timeline import matmul  # noqa: E402  (the guide's kernel, as examples/timeline.py has it)
 
 CASES = [  # m, n, k, block m, block n, block k, dtype
     (512, 512, 512, 128, 128, 128, jnp.float32),
@@ -31,28 +35,9 @@ CASES = [  # m, n, k, block m, block n, block k, dtype
 
 
 def matmul_ms(m, n, k, bm, bn, bk, dtype, deterministic, repeats):
-    def matmul_kernel(x_ref, y_ref, o_ref, acc_ref):
-        @pl.when(pl.program_id(2) == 0)
-        def _():
-            acc_ref[...] = jnp.zeros_like(acc_ref)
-
-        acc_ref[...] += jnp.dot(x_ref[...], y_ref[...], preferred_element_type=jnp.float32)
-
-        @pl.when(pl.program_id(2) == pl.num_programs(2) - 1)
-        def _():
-            o_ref[...] = acc_ref[...].astype(o_ref.dtype)
-
-    call = pl.pallas_call(
-        matmul_kernel, out_shape=jax.ShapeDtypeStruct((m, n), dtype),
-        grid=(m // bm, n // bn, k // bk),
-        in_specs=[pl.BlockSpec((bm, bk), lambda i, j, kk: (i, kk)),
-                  pl.BlockSpec((bk, bn), lambda i, j, kk: (kk, j))],
-        out_specs=pl.BlockSpec((bm, bn), lambda i, j, kk: (i, j)),
-        scratch_shapes=[pltpu.VMEM((bm, bn), jnp.float32)],
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel", "arbitrary")),
-        interpret=InterpretParams(deterministic_dot=deterministic))
-    f = jax.jit(call)
+    f = jax.jit(functools.partial(
+        matmul, bm=bm, bk=bk, bn=bn, buffers=2,
+        interpret=InterpretParams(deterministic_dot=deterministic)))
     x, y = jnp.ones((m, k), dtype), jnp.ones((k, n), dtype)
     jax.block_until_ready(f(x, y))
     times = []
