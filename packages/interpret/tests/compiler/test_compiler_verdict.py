@@ -343,15 +343,15 @@ def test_verdicts_are_cached_on_disk_across_processes(fresh_verdict_cache):
 
 
 def test_the_cache_key_changes_with_the_compiler_and_jax_versions(monkeypatch):
-    key = tpu_compiler._key("module", "v5e", "v5e:2x2")
-    assert key == tpu_compiler._key("module", "v5e", "v5e:2x2")
-    assert key != tpu_compiler._key("module 2", "v5e", "v5e:2x2")
-    assert key != tpu_compiler._key("module", "v6e", "v6e:2x2")
+    key = tpu_compiler._key(b"module", "v5e", "v5e:2x2")
+    assert key == tpu_compiler._key(b"module", "v5e", "v5e:2x2")
+    assert key != tpu_compiler._key(b"module 2", "v5e", "v5e:2x2")
+    assert key != tpu_compiler._key(b"module", "v6e", "v6e:2x2")
     monkeypatch.setattr(jax, "__version__", "0.10.1")
-    assert key != tpu_compiler._key("module", "v5e", "v5e:2x2")
+    assert key != tpu_compiler._key(b"module", "v5e", "v5e:2x2")
     monkeypatch.undo()
     monkeypatch.setattr(tpu_compiler, "compiler_version", lambda: "0.0.43")
-    assert key != tpu_compiler._key("module", "v5e", "v5e:2x2")
+    assert key != tpu_compiler._key(b"module", "v5e", "v5e:2x2")
 
 
 def test_an_in_memory_verdict_is_reused():

@@ -8,7 +8,27 @@ import re
 import struct
 from typing import IO, Any
 
-__all__ = ["read_frame", "used_vmem", "write_frame"]
+__all__ = ["describe_failure", "read_frame", "used_vmem", "write_frame"]
+
+
+_JAX_TRACE_NOTE = "\n\nThe preceding stack trace is the source of the JAX operation"
+
+
+def describe_failure(exc: BaseException) -> str:
+    """``"Type: text"`` of what jax or the compiler raised, whole and once."""
+    cause = exc.__cause__
+    if cause is not None and type(cause).__name__ == "JaxStackTraceBeforeTransformation":
+        # jax's marker of where the user's traceback was: the error's own text is whole.
+        return f"{type(exc).__name__}: {str(exc).split(_JAX_TRACE_NOTE, 1)[0].rstrip()}"
+    first = str(exc).strip().split("\n", 1)[0]
+    if cause is not None and first and first in str(cause):
+        # jax's MosaicError repeats its cause's text without the MLIR location: keep the
+        # cause's whole (it has the location) under the error's name.
+        return f"{type(exc).__name__}: {cause}"
+    text = f"{type(exc).__name__}: {exc}"
+    if cause is not None and str(cause) not in text:
+        text += f"\n(caused by {type(cause).__name__}: {cause})"
+    return text
 
 
 def write_frame(stream: IO[bytes], message: Any) -> None:

@@ -22,7 +22,12 @@ import os
 import sys
 from typing import IO
 
-from palladium.interpret.fidelity.compiler_protocol import read_frame, used_vmem, write_frame
+from palladium.interpret.fidelity.compiler_protocol import (
+    describe_failure,
+    read_frame,
+    used_vmem,
+    write_frame,
+)
 
 __all__ = ["main"]
 
@@ -44,20 +49,9 @@ def _serve(requests: IO[bytes], replies: IO[bytes]) -> None:
             text = jc.compile_for_devices(bytecode, np.array(devices, dtype=object),
                                           num_args, num_outputs)
         except Exception as exc:  # noqa: BLE001  (the compiler's verdict)
-            write_frame(replies, ("failed", _describe(exc), None))
+            write_frame(replies, ("failed", describe_failure(exc), None))
         else:
             write_frame(replies, ("accepted", "", used_vmem(text)))
-
-
-def _describe(exc: BaseException) -> str:
-    text = f"{type(exc).__name__}: {exc}"
-    cause = exc.__cause__
-    first = str(exc).strip().split("\n", 1)[0]
-    if cause is not None and first and first in str(cause):
-        # jax's MosaicError repeats its cause's text without the MLIR location: keep the
-        # cause's whole (it has the location) under the error's name.
-        return f"{type(exc).__name__}: {cause}"
-    return text
 
 
 def main() -> None:

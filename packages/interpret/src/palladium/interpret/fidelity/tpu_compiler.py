@@ -12,7 +12,7 @@ some kernels).
 
 A verdict is cached in memory and on disk (``$PALLADIUM_CACHE_DIR``, else
 ``$XDG_CACHE_HOME/palladium`` or ``~/.cache/palladium``; one small JSON file per kernel),
-keyed by the lowered TPU module's text with its source locations, the chip, the topology
+keyed by the lowered TPU module (MLIR bytecode, with its source locations), the chip, the topology
 and the versions of libtpu, jax and jaxlib: another libtpu or jax, or a kernel moved to
 other lines, misses.
 
@@ -45,6 +45,7 @@ import numpy as np
 from palladium.interpret import _jax_compat as jc
 from palladium.interpret._version import __version__ as palladium_version
 from palladium.interpret.fidelity.compiler_process import COMPILER_PROCESS, PRESTART_VARIABLE
+from palladium.interpret.fidelity.compiler_protocol import describe_failure
 
 __all__ = [
     "INSTALL_COMMAND",
@@ -188,7 +189,7 @@ class Verdict:
 
 
 # Bumped whenever what a cached verdict holds, or how its message is made, changes.
-_FORMAT = 1
+_FORMAT = 2
 
 _MEMORY: dict[str, Verdict] = {}
 _MEMORY_LOCK = threading.Lock()
@@ -210,8 +211,6 @@ def clear_memory_cache() -> None:
 
 
 _WORKER = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="palladium-tpu-compiler")
-
-
 
 
 def compile_verdict(bind: Callable[..., Any], avals_in: Sequence[Any], *, chip: str,
@@ -242,9 +241,10 @@ def _compile_verdict(bind: Callable[..., Any], avals_in: Sequence[Any], *, chip:
         try:
             lowered = jax.jit(fn).trace(*structs).lower(lowering_platforms=("tpu",))
         except Exception as exc:  # noqa: BLE001  (jax's TPU lowering rejects the kernel)
-            return Verdict(_kind(exc), _message(exc), checker, topo_name,
+            return Verdict(_kind(exc), describe_failure(exc), checker, topo_name,
                            time.perf_counter() - start, error=exc)
-        key = _key(lowered.as_text(debug_info=True), chip, topo_name)
+        bytecode = jc.module_bytecode(lowered)  # with its source locations
+        key = _key(bytecode, chip, topo_name)
         with _MEMORY_LOCK:
             known = _MEMORY.get(key)
         if known is not None:
@@ -255,9 +255,8 @@ def _compile_verdict(bind: Callable[..., Any], avals_in: Sequence[Any], *, chip:
             verdict = dataclasses.replace(found, seconds=time.perf_counter() - start)
         else:
             outcome, message, vmem = COMPILER_PROCESS.compile(
-                jc.module_bytecode(lowered), topo_name, num_devices, len(avals_in),
-                len(lowered.out_info) if isinstance(lowered.out_info, (list, tuple))
-                else len(jax.tree_util.tree_leaves(lowered.out_info)))
+                bytecode, topo_name, num_devices, len(avals_in),
+                len(jax.tree_util.tree_leaves(lowered.out_info)))
             seconds = time.perf_counter() - start
             if outcome == "accepted":
                 verdict = Verdict("accepted", "", checker, topo_name, seconds,
@@ -295,7 +294,7 @@ def _program(bind: Callable[..., Any], mesh_axes: dict[str, int],
 
 def _kind(exc: BaseException) -> str:
     """The kind of a failure raised while lowering (jax's TPU lowering, in this process)."""
-    text = _message(exc)
+    text = describe_failure(exc)
     return "resource" if _RESOURCE.search(text) else "lowering"
 
 
@@ -309,32 +308,12 @@ def _kind_of_text(message: str) -> str:
     return "other"
 
 
-_JAX_TRACE_NOTE = "\n\nThe preceding stack trace is the source of the JAX operation"
-
-
-def _message(exc: BaseException) -> str:
-    text = f"{type(exc).__name__}: {exc}"
-    cause = exc.__cause__
-    if cause is not None and type(cause).__name__ == "JaxStackTraceBeforeTransformation":
-        # jax's marker of where the user's traceback was: the error's own text is whole.
-        return f"{type(exc).__name__}: {str(exc).split(_JAX_TRACE_NOTE, 1)[0].rstrip()}"
-    first = str(exc).strip().split("\n", 1)[0]
-    if cause is not None and first and first in str(cause):
-        # jax's MosaicError repeats its cause's text without the MLIR location: keep the
-        # cause's whole (it has the location) under the error's name.
-        return f"{type(exc).__name__}: {cause}"
-    if (cause is not None and type(cause).__name__ != "JaxStackTraceBeforeTransformation"
-            and str(cause) not in text):
-        text += f"\n(caused by {type(cause).__name__}: {cause})"
-    return text
-
-
-def _key(lowered_text: str, chip: str, topology: str) -> str:
+def _key(module: bytes, chip: str, topology: str) -> str:
     h = hashlib.sha256()
     versions = (_FORMAT, palladium_version, compiler_version(), jax.__version__,
                 _jaxlib_version(), chip, topology)
     h.update(repr(versions).encode())
-    h.update(lowered_text.encode())
+    h.update(module)
     return h.hexdigest()
 
 
