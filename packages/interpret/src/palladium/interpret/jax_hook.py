@@ -14,7 +14,7 @@ import contextlib
 import dataclasses
 import logging
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
@@ -139,14 +139,8 @@ class _LaunchSite:
         self._launches = [0] * max(mesh.num_devices, 1)
 
     def run(self, *args: Any) -> list[np.ndarray]:
-        try:
-            with interrupts.main_thread_launch(), _FAILURES.tagging():
-                return _execute(self.kernel, self.params, self.mesh,
-                                [[np.asarray(a) for a in args]])[0]
-        except interrupts.LaunchInterrupted:
-            if interrupts.abandon_on_interrupt():
-                return self._placeholders()
-            raise
+        return self._interruptible(lambda: _execute(
+            self.kernel, self.params, self.mesh, [[np.asarray(a) for a in args]])[0])
 
     def run_device(self, device: Any, *args: Any) -> list[np.ndarray]:
         d = int(np.asarray(device))
@@ -154,9 +148,14 @@ class _LaunchSite:
             seq = self._launches[d]
             self._launches[d] += 1
         n = self.mesh.num_devices
+        return self._interruptible(lambda: self._join(seq, d, n, args))  # a timeout too
+
+    def _interruptible(self, launch: Callable[[], list[np.ndarray]]) -> list[np.ndarray]:
+        """``launch()`` tagged for the failure log, cancelled by Ctrl-C (``interrupts``):
+        a cancelled launch the main thread is about to abandon returns placeholders."""
         try:
-            with interrupts.main_thread_launch(), _FAILURES.tagging():  # a timeout too
-                return self._join(seq, d, n, args)
+            with interrupts.main_thread_launch(), _FAILURES.tagging():
+                return launch()
         except interrupts.LaunchInterrupted:
             if interrupts.abandon_on_interrupt():
                 return self._placeholders()
