@@ -10,6 +10,7 @@ from typing import Any
 from palladium.interpret import _jax_compat as jc
 from palladium.interpret.blocks import BlockSpecInfo, memory_space_of
 from palladium.interpret.eval.evaluator import ProgramCache
+from palladium.interpret.eval.segments import uses_async
 
 # Names that say nothing: a ``core_map`` body written as ``@pl.core_map(mesh) def _():``
 # (jax's documented style) or a lambda is reported under the function that wrote it.
@@ -120,7 +121,7 @@ class PreparedKernel:
             inputs=inputs,
             outputs=outputs,
             scratch=scratch,
-            programs=ProgramCache(),
+            programs=ProgramCache(races_ok=not uses_async(jaxpr)),
             call_site=(f"{os.path.basename(call_site[0])}:{call_site[1]}"
                        if call_site is not None else None),
             inherited_sources=_inherited_sources(jaxpr),

@@ -83,6 +83,12 @@ class BufferOps(SimulationState):
         """Whether ``buf`` has not been freed yet."""
         return buf.key in self._buffers
 
+    def contents(self, buf: BufferRef) -> np.ndarray:
+        """The array ``buf`` holds, itself (not a copy): for a client that computes a
+        whole run of accesses elsewhere and stores the result back in place. Nothing is
+        checked, counted or told to the race detector: the client answers for that."""
+        return self._buffer(buf).data
+
     def plan(self, buf: BufferRef, region: Any) -> AccessPlan:
         """``region`` of ``buf`` resolved once: pass the plan instead of the region to
         ``read``, ``write``, ``swap`` or ``dma_start`` (of ``buf`` or any buffer of the

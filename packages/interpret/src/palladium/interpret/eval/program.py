@@ -20,6 +20,8 @@ from palladium.interpret.eval.context import Equation, KernelContext, Value
 from palladium.interpret.eval.refs import MemRef, SemaphoreRef
 from palladium.interpret.eval.registry import RULES, Rule
 from palladium.interpret.eval.rules_unsupported import UNSUPPORTED, refusal
+from palladium.interpret.eval.segment_trace import is_ref
+from palladium.interpret.eval.segments import Segment, find_segments, segment_io
 from palladium.interpret.numpy_rules import (
     DETERMINISTIC_RULES,
     FLUSHING,
@@ -42,6 +44,7 @@ class Step:
     eqn: Any
     in_slots: tuple[int, ...]
     out_slots: tuple[int, ...]
+    segment: bool = False  # a compiled segment: its equations are observed one by one
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -165,7 +168,25 @@ def used_vars(jaxpr: Any) -> frozenset[Any]:
     return frozenset(used)
 
 
-def compile_jaxpr(jaxpr: Any) -> Program:
+def _has_own_rule(prim: Any) -> bool:
+    return RULES.compiler(prim) is not None or RULES.get(prim) is not None
+
+
+def _segment_step(jaxpr: Any, start: int, stop: int, races_ok: bool,
+                  slot_of: Any, fresh: Any) -> Step:
+    """The one step that runs ``jaxpr.eqns[start:stop]`` as a compiled segment."""
+    inputs, outputs = segment_io(jaxpr, start, stop)
+    eqns = jaxpr.eqns[start:stop]
+    inputs = [*(v for v in inputs if not is_ref(v)), *(v for v in inputs if is_ref(v))]
+    sub = jc.sub_jaxpr(inputs, outputs, eqns, "palladium compiled segment")
+    seg = Segment(eqns, inputs, outputs, compile_jaxpr(sub, segments=False), races_ok)
+    ins = tuple(slot_of(a) for a in seg.inputs)
+    return Step(seg, eqns[0], ins, tuple(fresh(v) for v in outputs), segment=True)
+
+
+def compile_jaxpr(jaxpr: Any, *, segments: bool = True, races_ok: bool = False) -> Program:
+    """Compile ``jaxpr``; with ``segments``, its runs of pure array code become compiled
+    segments (``segments.py``; ``races_ok``: the kernel uses no DMA or semaphore)."""
     slots: dict[Any, int] = {}
     template: list[Any] = []
 
@@ -200,7 +221,15 @@ def compile_jaxpr(jaxpr: Any) -> Program:
         return atom in flushed
 
     steps = []
-    for eqn in jaxpr.eqns:
+    runs = dict(find_segments(jaxpr, _has_own_rule)) if segments else {}
+    skip_to = 0
+    for i, eqn in enumerate(jaxpr.eqns):
+        if i < skip_to:
+            continue
+        if i in runs:
+            skip_to = runs[i]
+            steps.append(_segment_step(jaxpr, i, skip_to, races_ok, slot_of, fresh))
+            continue
         ins = tuple(slot_of(a) for a in eqn.invars)
         outs = tuple(fresh(v) for v in eqn.outvars)
         operands_flushed = all(is_flushed(a) for a in eqn.invars)
@@ -215,14 +244,15 @@ def compile_jaxpr(jaxpr: Any) -> Program:
 class ProgramCache:
     """Compiled programs of one kernel's jaxprs, by jaxpr identity."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, races_ok: bool = False) -> None:
         self._programs: dict[int, Program] = {}
+        self._races_ok = races_ok  # the kernel starts no DMA: see segments.py
         self._lock = threading.Lock()
 
     def get(self, jaxpr: Any) -> Program:
         prog = self._programs.get(id(jaxpr))
         if prog is None or prog.jaxpr is not jaxpr or prog.version != RULES.version:
-            prog = compile_jaxpr(jaxpr)
+            prog = compile_jaxpr(jaxpr, races_ok=self._races_ok)
             with self._lock:
                 self._programs[id(jaxpr)] = prog
         return prog
