@@ -205,3 +205,49 @@ def test_every_device_of_a_multi_device_launch_runs_the_compiled_loop():
     for i in range(n):
         expected = np.asarray(_scan(InterpretParams(), x * (i + 1), a * (i + 1)))
         np.testing.assert_array_equal(out[i * ROWS:(i + 1) * ROWS], expected)
+
+
+def _dma_then_loop_kernel(x_hbm, o_ref, buf, sem, *, wait_first):
+    copy = pltpu.make_async_copy(x_hbm, buf, sem)
+    copy.start()
+    if wait_first:
+        copy.wait()
+
+    def step(t, acc):
+        return acc + jnp.tanh(buf[pl.ds(t, 1), :]) * jax.nn.sigmoid(buf[pl.ds(t, 1), :])
+
+    o_ref[...] = jax.lax.fori_loop(0, ROWS, step, jnp.zeros((1, WIDTH), jnp.float32))
+    if not wait_first:
+        copy.wait()
+
+
+def _dma_then_loop(params, x, wait_first):
+    import functools
+
+    return pl.pallas_call(
+        functools.partial(_dma_then_loop_kernel, wait_first=wait_first),
+        out_shape=jax.ShapeDtypeStruct((1, WIDTH), jnp.float32),
+        in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
+        scratch_shapes=[pltpu.VMEM((ROWS, WIDTH), jnp.float32), pltpu.SemaphoreType.DMA],
+        interpret=params,
+    )(x)
+
+
+def test_with_races_on_a_dma_kernels_loop_runs_compiled_and_its_accesses_are_replayed():
+    x, _ = _inputs()
+    before = pi.STATE.segments.compiled
+    raced = np.asarray(_dma_then_loop(InterpretParams(detect_races=True), x, True))
+    assert pi.STATE.segments.compiled == before + 1  # the variant that logs its accesses
+    plain = np.asarray(_dma_then_loop(InterpretParams(), x, True))
+    np.testing.assert_array_equal(raced, plain)  # races on or off: the same bits
+    expected = (np.tanh(x) / (1 + np.exp(-x))).sum(0, keepdims=True)
+    np.testing.assert_allclose(raced, expected, rtol=1e-5, atol=1e-4)
+    reports = []
+    for compiled in (True, False):
+        params = InterpretParams(detect_races=True, on_race="collect",
+                                 compile_segments=compiled)
+        with pi.collect_race_reports() as got:
+            _dma_then_loop(params, x, False)
+        reports.append([str(r) for r in got])
+    assert reports[0] == reports[1] and reports[0]
+    assert "test_compiled_segments.py:" in reports[0][0]

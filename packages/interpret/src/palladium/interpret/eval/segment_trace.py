@@ -29,17 +29,8 @@ __all__ = ["WHILE_LIMIT", "fusible", "is_ref", "segment_function"]
 #: equation by equation (where the watchdog sees a loop that never ends).
 WHILE_LIMIT = 1 << 20
 
-def _is_float(atom: Any) -> bool:
-    dtype = getattr(getattr(atom, "aval", None), "dtype", None)
-    return dtype is not None and jnp.issubdtype(dtype, jnp.inexact)
-
-
 _ACCESS = (jc.get_p, jc.swap_p, jc.addupdate_p)
 _CALLS = (jc.jit_p, jc.custom_jvp_call_p, jc.custom_vjp_call_p)
-
-
-#: Primitives whose one-equation rule does not give XLA's bits (beyond float dots).
-_NOT_BITWISE: frozenset[Any] = frozenset()
 
 
 def is_ref(atom: Any) -> bool:
@@ -90,25 +81,27 @@ def fusible(eqn: Any, has_own_rule: Callable[[Any], bool]) -> bool:
     if prim in (jc.scan_p, jc.while_p, jc.cond_p, *_CALLS):
         return all(fusible(e, has_own_rule) for j in _sub_jaxprs(eqn)
                    for e in getattr(j, "jaxpr", j).eqns)
-    if has_own_rule(prim) or eqn.effects or prim in _NOT_BITWISE:
+    if has_own_rule(prim) or eqn.effects:
         return False
-    if prim is lax.dot_general_p and any(_is_float(a) for a in eqn.invars):
-        return False  # numpy's BLAS and XLA's dot sum in other orders: other last bits
     return not any(is_ref(a) for a in (*eqn.invars, *eqn.outvars))
 
 
 class _State:
-    """The refs' contents (traced) and the all-accesses-in-bounds flag."""
+    """The refs' contents (traced), the all-accesses-in-bounds flag and, for the race
+    detector, the log of every access's start indices (None: no log)."""
 
-    def __init__(self, values: list[Any], ok: Any) -> None:
+    def __init__(self, values: list[Any], ok: Any, log: list[Any] | None = None) -> None:
         self.values = values
         self.ok = ok
+        self.log = log
 
 
 def _window(state: _State, handle: int, transforms: Sequence[Any]) -> tuple[list[Any], list[int], list[int]]:
     """(starts, sizes, dropped dimensions) of an access; checks its bounds."""
     shape = state.values[handle].shape
     if not transforms:
+        if state.log is not None:
+            state.log.append(jnp.zeros((len(shape),), jnp.int32))
         return [0] * len(shape), list(shape), []
     starts, sizes, dropped = [], [], []
     for d, (i, n) in enumerate(zip(transforms[0].indices, shape)):
@@ -121,6 +114,8 @@ def _window(state: _State, handle: int, transforms: Sequence[Any]) -> tuple[list
         state.ok = state.ok & (start >= 0) & (start <= n - size)
         starts.append(start)
         sizes.append(size)
+    if state.log is not None:
+        state.log.append(jnp.stack(starts) if starts else jnp.zeros((0,), jnp.int32))
     return starts, sizes, dropped
 
 
@@ -190,13 +185,15 @@ def _scan(eqn: Any, invals: list[Any], state: _State) -> list[Any]:
 
     def body(c: Any, x: Any) -> Any:
         carry, values, ok = c
-        inner = _State(list(values), ok)
+        inner = _State(list(values), ok, None if state.log is None else [])
         out = _run(p["jaxpr"], [], [*consts, *carry, *x], inner)
-        return (out[:ncarry], inner.values, inner.ok), out[ncarry:]
+        return (out[:ncarry], inner.values, inner.ok), (out[ncarry:], inner.log or [])
 
-    (carry, values, ok), ys = lax.scan(body, (list(carry), state.values, state.ok), list(xs),
+    (carry, values, ok), (ys, log) = lax.scan(body, (list(carry), state.values, state.ok), list(xs),
                                        length=p["length"], reverse=p["reverse"])
     state.values, state.ok = list(values), ok
+    if state.log is not None:
+        state.log.extend(log)  # one array per access, stacked over the iterations
     return [*carry, *ys]
 
 
@@ -249,20 +246,23 @@ def _cond(eqn: Any, invals: list[Any], state: _State) -> list[Any]:
 
 
 def segment_function(eqns: Sequence[Any], inputs: Sequence[Any], refs: Sequence[Any],
-                     outputs: Sequence[Any], written: Sequence[int]) -> Callable[..., Any]:
+                     outputs: Sequence[Any], written: Sequence[int],
+                     log: bool = False) -> Callable[..., Any]:
     """The segment as ``f(*input_values, *ref_contents) -> (outputs, new contents of the
-    refs ``written`` (by position in ``refs``), ok)``."""
+    refs ``written`` (by position in ``refs``), ok)``; with ``log``, a fourth result: the
+    start indices of every access, in the order of :func:`access_log_plan`."""
     handles = {r: i for i, r in enumerate(refs)}
 
     def f(*args: Any) -> Any:
         values, contents = args[: len(inputs)], args[len(inputs):]
         env: dict[Any, Any] = dict(zip(inputs, values))
         env.update(handles)
-        state = _State(list(contents), jnp.bool_(True))
+        state = _State(list(contents), jnp.bool_(True), [] if log else None)
         for eqn in eqns:
             outs = _eqn(eqn, [_read(env, a) for a in eqn.invars], state)
             for v, o in zip(eqn.outvars, outs):
                 env[v] = o
-        return ([_read(env, a) for a in outputs], [state.values[i] for i in written], state.ok)
+        result = ([_read(env, a) for a in outputs], [state.values[i] for i in written], state.ok)
+        return (*result, state.log) if log else result
 
     return f

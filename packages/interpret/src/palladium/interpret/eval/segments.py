@@ -11,10 +11,13 @@ The equation-by-equation path stays the oracle and runs instead whenever the com
 one could differ from it in anything but XLA's own arithmetic bits:
 - ``skip_floating_point_ops``, ``deterministic_dot``, ``uninitialized_reads`` and an
   observer of every equation (the timeline) need each equation seen;
-- with ``detect_races``, a kernel that starts DMAs or uses semaphores (another agent may
-  touch a buffer while the core computes: the race detector must see each access); a
-  kernel without any has nothing but its own core and the grid loop's block copies
-  touching its VMEM and SMEM, so its accesses can race with nothing;
+- with ``detect_races``, in a kernel that starts DMAs or uses semaphores (another agent
+  may touch a buffer while the core computes: the race detector must see each access), a
+  segment with a ``cond`` or ``while`` around an access; any other segment of such a
+  kernel runs compiled and its accesses are replayed to the detector in order
+  (``segment_races.py``). A kernel without DMAs or semaphores has nothing but its own
+  core and the grid loop's block copies touching its VMEM and SMEM, so its accesses can
+  race with nothing and are not replayed;
 - a ref that is not a whole VMEM/SMEM buffer of the aval's shape (HBM, a transformed ref);
 - an access out of bounds or a ``while`` loop past ``WHILE_LIMIT`` (the compiled result
   is dropped, and the one-equation path reports the access or runs the loop under the
@@ -35,6 +38,7 @@ import numpy as np
 from palladium.interpret import _jax_compat as jc
 from palladium.interpret.eval.context import Equation, KernelContext, Value
 from palladium.interpret.eval.refs import MemRef
+from palladium.interpret.eval.segment_races import access_log_plan, replay
 from palladium.interpret.eval.segment_trace import fusible, is_ref, segment_function
 from palladium.interpret.process_state import STATE
 from palladium.shared_memory import MemorySpace
@@ -122,7 +126,9 @@ class Segment:
         self.races_ok = races_ok
         self._shapes = [(tuple(r.aval.shape), np.dtype(r.aval.dtype)) for r in self.refs]
         self._dtypes = [np.dtype(v.aval.dtype) for v in self.plain]
-        self._compiled: Callable[..., Any] | None = None
+        # With races on in a kernel with DMAs: the accesses to replay (None: not possible)
+        self.log_plan = None if races_ok else access_log_plan(self.eqns, self.refs)
+        self._compiled: dict[bool, Callable[..., Any]] = {}
         self._failed = False
         self._lock = threading.Lock()
 
@@ -130,31 +136,36 @@ class Segment:
     def inputs(self) -> list[Any]:
         return [*self.plain, *self.refs]
 
-    def _compile(self) -> Callable[..., Any] | None:
+    def _compile(self, log: bool) -> Callable[..., Any] | None:
+        """The executable (``log``: the variant that also returns the access log)."""
         with self._lock:
-            if self._compiled is None and not self._failed:
+            if log not in self._compiled and not self._failed:
                 fn = segment_function(self.eqns, self.plain, self.refs, self.outputs,
-                                      self.written)
+                                      self.written, log)
                 specs = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in self.plain]
                 specs += [jax.ShapeDtypeStruct(s, d) for s, d in self._shapes]
-                text = f"{self.fallback.jaxpr}\nwritten={self.written}"
+                text = f"{self.fallback.jaxpr}\nwritten={self.written}\nlog={log}"
                 try:
-                    self._compiled = STATE.segments.get(
+                    self._compiled[log] = STATE.segments.get(
                         text, lambda: jax.jit(fn).lower(*specs).compile())
                 except Exception:  # noqa: BLE001 - no CPU lowering: the one-equation path
                     self._failed = True
-            return self._compiled
+            return self._compiled.get(log)
 
-    def _eligible(self, ev: KernelContext) -> bool:
+    def _mode(self, ev: KernelContext) -> bool | None:
+        """None: run equation by equation; else whether to log the accesses."""
         if ev.skip_floating_point_ops or ev.deterministic_dot or ev.observes_equations:
-            return False
+            return None
         params = ev.params
         if not params.compile_segments or params.uninitialized_reads != "off":
+            return None
+        if self.races_ok or not params.detect_races:
             return False
-        return self.races_ok or not params.detect_races
+        return None if self.log_plan is None else True
 
     def __call__(self, ev: KernelContext, eqn: Equation, invals: list[Value]) -> list[Value]:
-        if self._failed or not self._eligible(ev):
+        log = None if self._failed else self._mode(ev)
+        if log is None:
             return ev.run_program(self.fallback, invals)
         n = len(self.plain)
         contents = []
@@ -165,14 +176,17 @@ class Segment:
             if data.shape != shape or data.dtype != dtype:
                 return ev.run_program(self.fallback, invals)
             contents.append(data)
-        compiled = self._compiled or self._compile()
+        compiled = self._compiled.get(log) or self._compile(log)
         if compiled is None:
             return ev.run_program(self.fallback, invals)
         plain = [x if getattr(x, "dtype", None) == d else np.asarray(x, d)
                  for x, d in zip(invals[:n], self._dtypes)]
-        outs, new, ok = compiled(*plain, *contents)
+        outs, new, ok, *accesses = compiled(*plain, *contents)
         if not ok:
             return ev.run_program(self.fallback, invals)
+        if log:
+            assert self.log_plan is not None
+            replay(ev, self.log_plan, accesses[0], [r.buffer for r in invals[n:]])
         for i, value in zip(self.written, new):
             contents[i][...] = np.asarray(value)
         return [np.asarray(o) for o in outs]
