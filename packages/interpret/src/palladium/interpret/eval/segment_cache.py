@@ -25,6 +25,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from palladium.interpret.cache_root import cache_root
+
 __all__ = ["SegmentExecutables", "segments_dir"]
 
 _MEMORY_LIMIT = 1024
@@ -33,11 +35,7 @@ _FORMAT = 1
 
 
 def segments_dir() -> Path:
-    root = os.environ.get("PALLADIUM_CACHE_DIR")
-    if root:
-        return Path(root) / "segments"
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "palladium" / "segments"
+    return cache_root() / "segments"
 
 
 @functools.cache
