@@ -251,3 +251,36 @@ def test_with_races_on_a_dma_kernels_loop_runs_compiled_and_its_accesses_are_rep
         reports.append([str(r) for r in got])
     assert reports[0] == reports[1] and reports[0]
     assert "test_compiled_segments.py:" in reports[0][0]
+
+
+def test_a_body_without_loops_is_compiled_when_its_grid_is_large():
+    def body(x_ref, o_ref):
+        x = x_ref[...]
+        y = jnp.tanh(x) * 0.5 + jnp.exp(-x * x) - jax.nn.sigmoid(x) * x
+        o_ref[...] = jnp.maximum(y, -1.0) + jnp.sqrt(jnp.abs(y) + 1.0)
+
+    kernel_jaxpr = jax.make_jaxpr(
+        lambda x: pl.pallas_call(body, out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32),
+                                 interpret=InterpretParams())(x))(np.ones((8, 128), np.float32))
+    kernel = next(e for e in kernel_jaxpr.eqns if e.primitive.name == "pallas_call")
+    eqns = kernel.params["jaxpr"]
+    w = segments.work(eqns.eqns)
+    assert w < segments.MIN_WORK
+    few = -(-segments.MIN_WORK_PER_LAUNCH // w) - 1
+    assert segments.find_segments(eqns, lambda p: False, runs=few) == []
+    assert segments.find_segments(eqns, lambda p: False, runs=few + 1) == [(0, len(eqns.eqns))]
+
+    def call(params, x):
+        return pl.pallas_call(body, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+                              grid=(x.shape[0] // 8,),
+                              in_specs=[pl.BlockSpec((8, 128), lambda i: (i, 0))],
+                              out_specs=pl.BlockSpec((8, 128), lambda i: (i, 0)),
+                              interpret=params)(x)
+
+    x = np.random.default_rng(1).standard_normal(((few + 1) * 8, 128), np.float32)
+    before = pi.STATE.segments.compiled
+    out = np.asarray(call(InterpretParams(), x))
+    assert pi.STATE.segments.compiled == before + 1
+    slow = np.asarray(call(InterpretParams(compile_segments=False), x))
+    np.testing.assert_allclose(out, slow, rtol=1e-6, atol=1e-6)
+    np.testing.assert_array_equal(out, np.asarray(call(True, x)))  # jax's HLO interpreter

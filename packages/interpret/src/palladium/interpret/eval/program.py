@@ -184,9 +184,11 @@ def _segment_step(jaxpr: Any, start: int, stop: int, races_ok: bool,
     return Step(seg, eqns[0], ins, tuple(fresh(v) for v in outputs), segment=True)
 
 
-def compile_jaxpr(jaxpr: Any, *, segments: bool = True, races_ok: bool = False) -> Program:
+def compile_jaxpr(jaxpr: Any, *, segments: bool = True, races_ok: bool = False,
+                  runs: int = 1) -> Program:
     """Compile ``jaxpr``; with ``segments``, its runs of pure array code become compiled
-    segments (``segments.py``; ``races_ok``: the kernel uses no DMA or semaphore)."""
+    segments (``segments.py``; ``races_ok``: the kernel uses no DMA or semaphore;
+    ``runs``: how often a launch runs ``jaxpr``, known for the kernel body)."""
     slots: dict[Any, int] = {}
     template: list[Any] = []
 
@@ -221,13 +223,13 @@ def compile_jaxpr(jaxpr: Any, *, segments: bool = True, races_ok: bool = False) 
         return atom in flushed
 
     steps = []
-    runs = dict(find_segments(jaxpr, _has_own_rule)) if segments else {}
+    starts = dict(find_segments(jaxpr, _has_own_rule, runs)) if segments else {}
     skip_to = 0
     for i, eqn in enumerate(jaxpr.eqns):
         if i < skip_to:
             continue
-        if i in runs:
-            skip_to = runs[i]
+        if i in starts:
+            skip_to = starts[i]
             steps.append(_segment_step(jaxpr, i, skip_to, races_ok, slot_of, fresh))
             continue
         ins = tuple(slot_of(a) for a in eqn.invars)
@@ -244,15 +246,18 @@ def compile_jaxpr(jaxpr: Any, *, segments: bool = True, races_ok: bool = False) 
 class ProgramCache:
     """Compiled programs of one kernel's jaxprs, by jaxpr identity."""
 
-    def __init__(self, *, races_ok: bool = False) -> None:
+    def __init__(self, *, races_ok: bool = False, body: Any = None, grid_points: int = 1) -> None:
         self._programs: dict[int, Program] = {}
         self._races_ok = races_ok  # the kernel starts no DMA: see segments.py
+        # The kernel body runs once per grid point: its segments' work counts that often.
+        self._body, self._grid_points = body, max(int(grid_points), 1)
         self._lock = threading.Lock()
 
     def get(self, jaxpr: Any) -> Program:
         prog = self._programs.get(id(jaxpr))
         if prog is None or prog.jaxpr is not jaxpr or prog.version != RULES.version:
-            prog = compile_jaxpr(jaxpr, races_ok=self._races_ok)
+            runs = self._grid_points if jaxpr is self._body else 1
+            prog = compile_jaxpr(jaxpr, races_ok=self._races_ok, runs=runs)
             with self._lock:
                 self._programs[id(jaxpr)] = prog
         return prog

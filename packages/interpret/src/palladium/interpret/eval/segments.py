@@ -43,7 +43,7 @@ from palladium.interpret.eval.segment_trace import fusible, is_ref, segment_func
 from palladium.interpret.process_state import STATE
 from palladium.shared_memory import MemorySpace
 
-__all__ = ["ASYNC_PRIMITIVES", "MIN_WORK", "Segment", "find_segments", "segment_io",
+__all__ = ["ASYNC_PRIMITIVES", "MIN_WORK", "MIN_WORK_PER_LAUNCH", "Segment", "find_segments", "segment_io",
            "uses_async", "work"]
 
 #: The least work (equations run per execution of the segment, loop bodies counted once
@@ -53,6 +53,10 @@ __all__ = ["ASYNC_PRIMITIVES", "MIN_WORK", "Segment", "find_segments", "segment_
 #: cache (its results are XLA's bits, the one-equation path's may differ in the last
 #: place), so the rule is static: loops of small equations, where the gain is 10-100x.
 MIN_WORK = 256
+#: The least work per launch (``work`` times the runs of the jaxpr in one launch: the
+#: kernel body's grid points) worth compiling: about what numpy takes in the time a
+#: segment takes to compile (~0.3 s), so that compiling pays back within the first call.
+MIN_WORK_PER_LAUNCH = 30_000
 #: Iterations assumed of a ``while`` loop (a ``fori_loop`` with traced bounds).
 WHILE_GUESS = 8
 _SPACES = (MemorySpace.VMEM, MemorySpace.SMEM)
@@ -212,14 +216,17 @@ def work(eqns: Sequence[Any]) -> int:
     return total
 
 
-def _worth_compiling(eqns: Sequence[Any]) -> bool:
-    return work(eqns) >= MIN_WORK
+def _worth_compiling(eqns: Sequence[Any], runs: int) -> bool:
+    w = work(eqns)
+    return w >= MIN_WORK or w * runs >= MIN_WORK_PER_LAUNCH
 
 
-def find_segments(jaxpr: Any, has_own_rule: Callable[[Any], bool]) -> list[tuple[int, int]]:
+def find_segments(jaxpr: Any, has_own_rule: Callable[[Any], bool],
+                  runs: int = 1) -> list[tuple[int, int]]:
     """The ``[start, stop)`` equation ranges of ``jaxpr`` worth compiling: maximal runs of
-    fusible equations with a loop or at least ``MIN_EQUATIONS`` equations."""
-    runs: list[tuple[int, int]] = []
+    fusible equations whose ``work`` is at least ``MIN_WORK``, or at least
+    ``MIN_WORK_PER_LAUNCH`` over the ``runs`` of ``jaxpr`` in one launch."""
+    found: list[tuple[int, int]] = []
     start = None
     eqns = jaxpr.eqns
     for i, eqn in enumerate([*eqns, None]):
@@ -227,10 +234,10 @@ def find_segments(jaxpr: Any, has_own_rule: Callable[[Any], bool]) -> list[tuple
         if ok and start is None:
             start = i
         elif not ok and start is not None:
-            if _worth_compiling(eqns[start:i]):
-                runs.append((start, i))
+            if _worth_compiling(eqns[start:i], runs):
+                found.append((start, i))
             start = None
-    return runs
+    return found
 
 
 def segment_io(jaxpr: Any, start: int, stop: int) -> tuple[list[Any], list[Any]]:
