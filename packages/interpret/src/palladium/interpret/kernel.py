@@ -68,6 +68,10 @@ class PreparedKernel:
     # no user frame of its own (e.g. the DMA inside ``pltpu.sync_copy``'s run_scoped):
     # that of the innermost enclosing equation that has one.
     inherited_sources: dict[int, Any] = dataclasses.field(default_factory=dict)
+    # (operand, block index) -> the simulator's plans of a block copy (grid_loop.py),
+    # kept across launches: a plan serves every buffer of the same shapes and bounds
+    # (another buffer's plan is resolved again by the simulator).
+    copy_plans: dict[Any, Any] = dataclasses.field(default_factory=dict)
     # The VMEM/SMEM it holds per core on the simulated chip
     # (``fidelity.memory_budget.MemoryUse``), counted when the call is lowered.
     memory_use: Any = None
