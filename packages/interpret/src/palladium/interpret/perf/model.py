@@ -62,10 +62,10 @@ _CLOCK_HZ: dict[str, float] = {
 
 #: ICI bandwidth, bytes/s one way on one link (a ring neighbour), from the scaling book's
 #: chip table (jax-ml.github.io/scaling-book/tpus, "ICI one-way bandwidth per link"):
-#: v4 / v5e 4.5e10, v5p / v6e 9e10. v2 / v3 / v7: ASSUMED (v4's, v6e's).
+#: v4 / v5e 4.5e10, v5p / v6e 9e10. v2 / v3 / v7 / TPU8i: ASSUMED (v4's, v6e's).
 _ICI_BYTES_PER_S: dict[str, float] = {
     "v2": 4.5e10, "v3": 4.5e10, "v4": 4.5e10, "v4i": 4.5e10, "v5e": 4.5e10, "v5p": 9e10,
-    "v6e": 9e10, "v7": 9e10, "v7x": 9e10,
+    "v6e": 9e10, "v7": 9e10, "v7x": 9e10, "v8i": 9e10,
 }
 
 @dataclasses.dataclass(frozen=True)
