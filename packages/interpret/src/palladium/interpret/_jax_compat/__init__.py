@@ -51,6 +51,8 @@ PARALLEL = getattr(mosaic_core, "PARALLEL", None)
 
 # --- memory spaces and semaphore dtypes -------------------------------------------------
 ANY = pallas_core.MemorySpace.ANY
+#: ``pl.HOST``: the host's memory (jax 0.10.2); None in a jax without it.
+HOST = getattr(pallas_core.MemorySpace, "HOST", None)
 # jax 0.10.0 has no MemorySpace.DEFAULT (a block without a memory space keeps None).
 DEFAULT = getattr(pallas_core.MemorySpace, "DEFAULT", None)
 HBM = mosaic_core.MemorySpace.HBM

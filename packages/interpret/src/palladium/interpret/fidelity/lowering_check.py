@@ -36,8 +36,7 @@ from palladium.interpret import _jax_compat as jc
 from palladium.interpret.chip import device_kind
 from palladium.interpret.errors import TpuLoweringError, TpuLoweringWarning
 from palladium.interpret.eval.registry import RULES
-from palladium.interpret.fidelity import approx_access, approx_rules  # noqa: F401  (rules)
-from palladium.interpret.fidelity import tpu_compiler
+from palladium.interpret.fidelity import approx_access, approx_rules, tpu_compiler  # noqa: F401  (rules)
 from palladium.interpret.fidelity.approx_registry import Violation, first_violation
 from palladium.interpret.kernel import PreparedKernel
 

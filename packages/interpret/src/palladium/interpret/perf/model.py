@@ -68,6 +68,11 @@ _ICI_BYTES_PER_S: dict[str, float] = {
     "v6e": 9e10, "v7": 9e10, "v7x": 9e10, "v8i": 9e10,
 }
 
+#: DMAs to and from the host's memory (``pl.HOST``) cross the host link, bytes/s one way.
+#: ASSUMPTION: a PCIe 4.0 x16 link (~32 GB/s) shared by the device's DMAs, for every chip.
+HOST_BYTES_PER_S = 32e9
+
+
 @dataclasses.dataclass(frozen=True)
 class ChipModel:
     """What the performance model needs to know about one simulated chip (per
@@ -84,6 +89,7 @@ class ChipModel:
     vmem_capacity_bytes: int  # per TensorCore (TpuInfo)
     vmem_limit_bytes: int  # XLA's default scoped-VMEM limit (chip_facts)
     tensor_cores_per_chip: int = 1
+    host_bytes_per_second: float = HOST_BYTES_PER_S  # the host link (pl.HOST DMAs)
     dma_latency_s: float = DMA_LATENCY_S
     step_overhead_s: float = STEP_OVERHEAD_S
     launch_overhead_s: float = LAUNCH_OVERHEAD_S
