@@ -12,6 +12,7 @@ from palladium.interpret.chip import CHIPS, ChipFacts, chip_facts
 from palladium.interpret.errors import (
     ConfigError,
     DataRaceError,
+    DebugCheckError,
     DeadlockError,
     DmaOrderDependenceError,
     DynamicParallelDimensionError,
@@ -34,6 +35,7 @@ from palladium.interpret.errors import (
     WatchdogError,
 )
 from palladium.interpret.eval import (  # noqa: F401  (registers the rules)
+    rules_check,
     rules_control,
     rules_dma,
     rules_memory,
@@ -66,6 +68,7 @@ __all__ = [
     "ChipFacts",
     "ConfigError",
     "DataRaceError",
+    "DebugCheckError",
     "DeadlockError",
     "DmaOrderDependenceError",
     "DynamicParallelDimensionError",

@@ -207,6 +207,38 @@ def tpu_interpret_mode_config() -> Any:
     return jax_config.pallas_tpu_interpret_mode_context_manager
 
 
+def pallas_debug_checks_enabled() -> bool:
+    """Whether ``pl.debug_check`` checks (``pl.enable_debug_checks``) in this context."""
+    return bool(pallas_core.debug_checks_enabled())
+
+
+def checkify_check_parts(err_tree: Any, args: Any) -> tuple[Any, str]:
+    """The failure predicate and the formatted message of one ``check_p`` equation (what
+    jax's Mosaic lowering reads of it): the predicate is True when the check fails."""
+    from jax._src import checkify
+    from jax import tree_util
+
+    error = tree_util.tree_unflatten(err_tree, list(args))
+    [pred] = error._pred.values()
+    [exception_tree] = error._metadata.values()
+    [payload] = error._payload.values()
+    exception = tree_util.tree_unflatten(exception_tree, payload)
+    if isinstance(exception, checkify.FailedCheckError):
+        message = exception.fmt_string.format(*exception.args, **exception.kwargs)
+    else:
+        message = str(exception)
+    return pred, message
+
+
+def _check_p() -> Any:
+    from jax._src import checkify
+
+    return checkify.check_p
+
+
+check_p = _check_p()
+
+
 def user_frame(source_info: Any) -> tuple[str, int] | None:
     """(file, line) of the innermost user frame of an equation's source info."""
     if source_info is None or source_info.traceback is None:

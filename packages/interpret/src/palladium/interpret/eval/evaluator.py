@@ -118,6 +118,10 @@ class CoreEvaluator:
     def collective_id(self) -> int | None:
         return self.launch.collective_id
 
+    @property
+    def debug_checks(self) -> bool:
+        return self.launch.debug_checks
+
     def fill_value(self, dtype: Any) -> Any:
         return self.launch.fill_value(dtype)
 

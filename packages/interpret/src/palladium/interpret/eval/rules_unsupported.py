@@ -51,7 +51,7 @@ palladium can name without importing their module get a refusing rule below; the
 implementation."""
 
 BOUND_ON_CPU: frozenset[str] = frozenset({
-    "add_any", "atan2", "broadcast_to", "check", "debug_callback", "debug_print",
+    "add_any", "atan2", "broadcast_to", "debug_callback", "debug_print",
     "dim_as_value", "erf", "erf_inv", "gather", "iota_2x32_shape", "platform_index",
     "random_bits", "random_fold_in", "random_seed", "random_unwrap", "random_wrap",
     "reshard", "stack", "stage", "stop_gradient", "tan", "threefry2x32", "unstack",
