@@ -12,8 +12,8 @@ from palladium.interpret.chip import CHIPS, ChipFacts, chip_facts
 from palladium.interpret.errors import (
     ConfigError,
     DataRaceError,
-    DebugCheckError,
     DeadlockError,
+    DebugCheckError,
     DmaOrderDependenceError,
     DynamicParallelDimensionError,
     InvalidKernelError,

@@ -215,8 +215,8 @@ def pallas_debug_checks_enabled() -> bool:
 def checkify_check_parts(err_tree: Any, args: Any) -> tuple[Any, str]:
     """The failure predicate and the formatted message of one ``check_p`` equation (what
     jax's Mosaic lowering reads of it): the predicate is True when the check fails."""
-    from jax._src import checkify
     from jax import tree_util
+    from jax._src import checkify
 
     error = tree_util.tree_unflatten(err_tree, list(args))
     [pred] = error._pred.values()
