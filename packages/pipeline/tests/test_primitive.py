@@ -10,7 +10,6 @@ from _pipeline_harness import (
     accumulating_matmul_body,
     assert_exports,
     call_maker,
-    hbm_call,
     on_tpu,
     run,
 )
