@@ -37,8 +37,9 @@ UNSUPPORTED: dict[str, str] = {
     "prng_split": _KEYS,
     "prng_join": _KEYS,
     "emit_pipeline": ("jax's own emit_pipeline primitive (jax_use_emit_pipeline_primitive) "
-                      "is not interpreted; use palladium.pipeline.emit_pipeline, or leave "
-                      "that flag off"),
+                      "is interpreted by the rule palladium-pipeline brings (pip install "
+                      "palladium-pipeline), which is not installed; or use "
+                      "palladium.pipeline.emit_pipeline, or leave that flag off"),
     "pipeline_body": ("jax's own emit_pipeline primitive (jax_use_emit_pipeline_primitive) "
                       "is not interpreted; use palladium.pipeline.emit_pipeline, or leave "
                       "that flag off"),
