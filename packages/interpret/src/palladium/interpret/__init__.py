@@ -40,6 +40,7 @@ from palladium.interpret.eval import (  # noqa: F401  (registers the rules)
     rules_dma,
     rules_memory,
     rules_misc,
+    rules_mxu,
     rules_semaphore,
     rules_unsupported,
 )

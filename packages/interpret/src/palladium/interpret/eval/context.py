@@ -104,6 +104,9 @@ class KernelContext(Protocol):
     core: CoreId
     grid_point: tuple[int, ...] | None
     prng: np.random.Generator | None
+    #: The core's MXU state for the explicit MXU operations (``rules_mxu.MxuState``),
+    #: None until the first one.
+    mxu: Any
     skip_floating_point_ops: bool
     deterministic_dot: bool
 

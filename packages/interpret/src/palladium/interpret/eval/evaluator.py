@@ -39,6 +39,7 @@ class CoreEvaluator:
     core: CoreId
     grid_point: tuple[int, ...] | None = None
     prng: np.random.Generator | None = None
+    mxu: Any = None  # rules_mxu.MxuState, once the kernel uses the explicit MXU operations
     skip_floating_point_ops: bool = dataclasses.field(init=False, default=False)
     deterministic_dot: bool = dataclasses.field(init=False, default=False)
     _quiet: bool = dataclasses.field(init=False, default=False, repr=False)
