@@ -113,3 +113,27 @@ def test_a_load_of_a_host_ref_is_refused():
         call(X)
     assert "read of 'x_host', which lives in the host's memory (memory space" in str(info.value)
     assert "a TPU kernel cannot read or write the host's memory directly" in str(info.value)
+
+
+@pytest.mark.timeout(120)
+def test_smem_to_host_runs_from_v5e_and_is_refused_on_v4():
+    def smem_to_host(x_ref, o_host):
+        def body(s, sem):
+            for i in range(4):
+                s[i] = x_ref[i] * 3.0
+            pltpu.async_copy(s, o_host, sem).wait()
+
+        pl.run_scoped(body, pltpu.SMEM((4,), jnp.float32), pltpu.SemaphoreType.DMA)
+
+    def call(chip):
+        return pl.pallas_call(
+            smem_to_host, out_shape=pl.HOST((4,), jnp.float32),
+            in_specs=[pl.BlockSpec(memory_space=pltpu.SMEM)],
+            out_specs=pl.BlockSpec(memory_space=pl.HOST),
+            interpret=pi.InterpretParams(chip=chip, compile_check="approximate"))
+
+    x = jnp.arange(4, dtype=jnp.float32)
+    np.testing.assert_array_equal(call("v5e")(x), np.asarray(x) * 3.0)
+    with pytest.raises(TpuLoweringError, match="Unimplemented DMA from smem to host"), \
+            pi.errors_as_raised():
+        call("v4")(x)

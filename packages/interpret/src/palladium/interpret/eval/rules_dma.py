@@ -44,8 +44,9 @@ def _check_same_dtype(src: MemRef, dst: MemRef, site: Any) -> None:
 # What the TPU compiler accepts for DMAs to and from the host's memory (pl.HOST), asked of
 # libtpu 0.0.42.1 for v4, v5e, v5p, v6e and v7x (tests/compiler/test_host_memory.py): from
 # the host only into HBM ("Unimplemented DMA from host to vmem" / "to smem" / "to host");
-# into the host from HBM, and from VMEM from v5 on (v4's compiler aborts: "Unexpected
-# opcode: kDmaVmemToHost").
+# into the host from HBM, and from VMEM and SMEM from v5 on (v4's compiler aborts on VMEM:
+# "Unexpected opcode: kDmaVmemToHost", and rejects SMEM: "Unimplemented DMA from smem to
+# host").
 _HOST = MemorySpace.HOST
 
 
@@ -59,15 +60,13 @@ def _check_host_dma(ev: KernelContext, src: MemRef, dst: MemRef, eqn: Equation) 
                     f"{dst_space.value} (\"Unimplemented DMA from host to "
                     f"{dst_space.value.lower()}\"): a DMA reads the host's memory only into "
                     "HBM. Copy it into an HBM ref (memory space pl.ANY) first")
-    elif (dst_space is _HOST and src_space is MemorySpace.VMEM
+    elif (dst_space is _HOST and src_space in (MemorySpace.VMEM, MemorySpace.SMEM)
           and ev.params.chip is not None and chip_facts(ev.params.chip).generation < 5):
+        said = ("it aborts: \"Unexpected opcode: kDmaVmemToHost\"" if src_space is
+                MemorySpace.VMEM else "\"Unimplemented DMA from smem to host\"")
         rejected = (f"the TPU compiler for TPU {ev.params.chip} cannot compile a DMA from "
-                    "VMEM to the host's memory (it aborts: \"Unexpected opcode: "
-                    "kDmaVmemToHost\"; v5e and newer accept it). Copy it into an HBM ref "
-                    "(memory space pl.ANY) first")
-    elif dst_space is _HOST and src_space is MemorySpace.SMEM:
-        rejected = ("a DMA from SMEM to the host's memory is not one the TPU compiler "
-                    "was seen to accept. Copy it into an HBM ref (memory space pl.ANY) first")
+                    f"{src_space.value} to the host's memory ({said}; v5e and newer accept "
+                    "it). Copy it into an HBM ref (memory space pl.ANY) first")
     if rejected is not None:
         raise TpuLoweringError(
             f"DMA from '{src.name}' ({src_space.value}) to '{dst.name}' "
