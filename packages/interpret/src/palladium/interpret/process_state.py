@@ -22,6 +22,8 @@ launch_scopes      the ``scoped_launch_observer`` factories   untouched (each bl
                    every open block's (for launches on XLA's
                    threads)
 mode_loggers       ``LoggingMode`` -> observer factory        back to the ones at import
+segments           compiled segments of kernel bodies by     untouched (a cache: what it
+                   their equations (``eval.segment_cache``)  holds never changes results)
 progress           the launches running now that report      nothing (empty when no launch
                    their progress, and its one thread        runs)
 =================  ========================================  ==============================
@@ -47,6 +49,7 @@ from typing import Any
 from palladium.interpret.blas_limit import SingleThreadLimit
 from palladium.interpret.errors import ConfigError
 from palladium.interpret.eval.rule_table import RuleRegistry, RuleSnapshot
+from palladium.interpret.eval.segment_cache import SegmentExecutables
 from palladium.interpret.failures import FailureLog
 from palladium.interpret.progress import ProgressMonitor
 from palladium.interpret.race_log import RaceLog
@@ -66,6 +69,8 @@ class ProcessState:
     progress: ProgressMonitor = dataclasses.field(default_factory=ProgressMonitor)
     blas: SingleThreadLimit = dataclasses.field(default_factory=SingleThreadLimit)
     rules: RuleRegistry = dataclasses.field(default_factory=RuleRegistry)
+    # compiled segments of kernel bodies, by their equations' text (eval/segment_cache.py)
+    segments: SegmentExecutables = dataclasses.field(default_factory=SegmentExecutables)
     # factory(LaunchInfo) -> Observer | None, in registration order (observers.py)
     launch_observers: list[Callable[[Any], Any]] = dataclasses.field(default_factory=list)
     observers_lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)

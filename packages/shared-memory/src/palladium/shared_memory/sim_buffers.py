@@ -85,6 +85,34 @@ class BufferOps(SimulationState):
         """Whether ``buf`` has not been freed yet."""
         return buf.key in self._buffers
 
+    def contents(self, buf: BufferRef) -> np.ndarray:
+        """The array ``buf`` holds, itself (not a copy): for a client that computes a
+        whole run of accesses elsewhere and stores the result back in place. Nothing is
+        checked, counted or told to the race detector: the client answers for that."""
+        return self._buffer(buf).data
+
+    @property
+    def detects_races(self) -> bool:
+        """Whether the race detector is on."""
+        return self._det is not None
+
+    def record_access(self, buf: BufferRef, region: Any, *, write: bool, core: CoreId,
+                      site: object = None) -> None:
+        """Tell the race detector of a read (or write) of ``buf[region]`` by ``core`` that
+        a client did on the array of ``contents`` (the same event ``read``/``write``
+        would give; nothing else is checked). No-op without the race detector."""
+        if self._det is None:
+            return
+        b = self._buffers.get(buf.key) or self._buffer(buf)
+        plan = b.plan(region)
+        if plan.index is None:
+            return
+        if write:
+            self._race_write(core, buf.key, plan, None, site)
+        else:
+            self._det.read(self._actor(core), buf.key, plan.prepared or plan.race_access(),
+                           site=site)
+
     def plan(self, buf: BufferRef, region: Any) -> AccessPlan:
         """``region`` of ``buf`` resolved once: pass the plan instead of the region to
         ``read``, ``write``, ``swap`` or ``dma_start`` (of ``buf`` or any buffer of the

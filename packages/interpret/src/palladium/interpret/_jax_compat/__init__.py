@@ -174,6 +174,13 @@ Var = jax_core.Var
 DropVar = jax_core.DropVar
 ShapedArray = jax_core.ShapedArray
 trace_to_jaxpr_dynamic = pe.trace_to_jaxpr_dynamic
+
+
+def sub_jaxpr(invars: Sequence[Any], outvars: Sequence[Any], eqns: Sequence[Any],
+              what: str) -> Any:
+    """A jaxpr of some equations of another (``what`` names it in jax's debug info)."""
+    info = jax_core.DebugInfo(what, what, tuple(str(v) for v in invars), None)
+    return jax_core.Jaxpr([], list(invars), list(outvars), list(eqns), debug_info=info)
 eval_jaxpr = jax_core.eval_jaxpr
 source_info_util = source_info_util
 register_lowering = mlir.register_lowering

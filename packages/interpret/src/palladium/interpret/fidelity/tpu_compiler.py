@@ -44,6 +44,7 @@ import numpy as np
 
 from palladium.interpret import _jax_compat as jc
 from palladium.interpret._version import __version__ as palladium_version
+from palladium.interpret.cache_root import cache_root
 from palladium.interpret.fidelity.compiler_process import COMPILER_PROCESS, PRESTART_VARIABLE
 from palladium.interpret.fidelity.compiler_protocol import describe_failure
 
@@ -197,11 +198,7 @@ _MEMORY_LOCK = threading.Lock()
 
 def cache_dir() -> Path:
     """Where verdicts are kept across processes."""
-    root = os.environ.get("PALLADIUM_CACHE_DIR")
-    if root:
-        return Path(root) / "tpu-compiler"
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "palladium" / "tpu-compiler"
+    return cache_root() / "tpu-compiler"
 
 
 def clear_memory_cache() -> None:
