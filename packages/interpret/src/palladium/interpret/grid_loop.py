@@ -174,6 +174,16 @@ class CoreRun:
                     out_of_bounds_headline=headline)
 
     def run(self) -> None:
+        self._run_grid()
+        mxu = self.ev.mxu
+        if mxu is not None and mxu.leftovers():
+            site = self._site(self.ev.grid_point or (), "end of the kernel")
+            raise KernelError(
+                f"the kernel left {', '.join(mxu.leftovers())} at its end ({site}); a "
+                "kernel must load every staged RHS (matmul_acc_lhs(load_staged_rhs=...)) "
+                "and pop every accumulator slice it wrote (pltpu.matmul_pop)")
+
+    def _run_grid(self) -> None:
         launch, sim, k = self.launch, self.launch.sim, self.launch.kernel
         params = launch.params
         n_in = len(k.inputs)

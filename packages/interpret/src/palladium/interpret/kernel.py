@@ -75,6 +75,8 @@ class PreparedKernel:
     # The VMEM/SMEM it holds per core on the simulated chip
     # (``fidelity.memory_budget.MemoryUse``), counted when the call is lowered.
     memory_use: Any = None
+    #: ``pl.enable_debug_checks`` when the kernel was lowered: ``pl.debug_check`` checks.
+    debug_checks: bool = False
 
     @property
     def launch_location(self) -> str | None:
@@ -143,6 +145,7 @@ class PreparedKernel:
             call_site=(f"{os.path.basename(call_site[0])}:{call_site[1]}"
                        if call_site is not None else None),
             inherited_sources=_inherited_sources(jaxpr),
+            debug_checks=jc.pallas_debug_checks_enabled(),
         )
 
     @property

@@ -32,10 +32,11 @@ class BufferOps(SimulationState):
     ) -> BufferRef:
         """Allocate a buffer holding a copy of ``value``, else uninitialised memory.
 
-        HBM belongs to the device (``core`` is ignored); VMEM and SMEM to one core.
+        HBM and host memory belong to the device (``core`` is ignored); VMEM and SMEM to
+        one core.
         """
         space = MemorySpace(space)
-        core = 0 if space is MemorySpace.HBM else int(core)
+        core = 0 if space.per_device else int(core)
         self._check_core((device, core))
         if value is not None:
             data = np.array(value, dtype=dtype, copy=True)
@@ -48,7 +49,8 @@ class BufferOps(SimulationState):
             data = np.full(tuple(int(d) for d in shape),
                            uninitialized_value(dtype, fill or self.uninitialized), dtype)
         bound = data.shape
-        if self.bounds == "padded" and space is not MemorySpace.SMEM:
+        # Host memory is not laid out in TPU tiles; SMEM holds scalars.
+        if self.bounds == "padded" and space in (MemorySpace.HBM, MemorySpace.VMEM):
             bound = padded_shape(data.shape, data.dtype, self.tiling,
                                  generation=self.tpu_generation)
         key = next(self._next_key)

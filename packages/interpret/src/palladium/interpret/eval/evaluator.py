@@ -39,6 +39,7 @@ class CoreEvaluator:
     core: CoreId
     grid_point: tuple[int, ...] | None = None
     prng: np.random.Generator | None = None
+    mxu: Any = None  # rules_mxu.MxuState, once the kernel uses the explicit MXU operations
     skip_floating_point_ops: bool = dataclasses.field(init=False, default=False)
     deterministic_dot: bool = dataclasses.field(init=False, default=False)
     _quiet: bool = dataclasses.field(init=False, default=False, repr=False)
@@ -130,6 +131,10 @@ class CoreEvaluator:
     @property
     def collective_id(self) -> int | None:
         return self.launch.collective_id
+
+    @property
+    def debug_checks(self) -> bool:
+        return self.launch.debug_checks
 
     def fill_value(self, dtype: Any) -> Any:
         return self.launch.fill_value(dtype)

@@ -20,10 +20,12 @@ from palladium.shared_memory import AccessPlan, MemorySpace
 def _checked(ev: KernelContext, ref: Any, eqn: Equation, op: str) -> MemRef:
     if not isinstance(ref, MemRef):
         raise KernelError(f"{op} of a non-memory ref {ref!r} ({ev.site(eqn)})")
-    if ref.buffer.space == MemorySpace.HBM:
+    if ref.buffer.space.per_device:
+        home = "HBM (memory space ANY/HBM)" if ref.buffer.space == MemorySpace.HBM else (
+            "the host's memory (memory space pl.HOST)")
         raise KernelError(
-            f"{op} of '{ref.name}', which lives in HBM (memory space ANY/HBM): a TPU kernel "
-            f"cannot read or write HBM directly; copy it with pltpu.sync_copy or "
+            f"{op} of '{ref.name}', which lives in {home}: a TPU kernel "
+            f"cannot read or write it directly; copy it with pltpu.sync_copy or "
             f"pltpu.async_copy ({ev.site(eqn)}). "
             f"{jax_hbm_reference_phrase(jax_access_name(eqn.primitive))}"
         )

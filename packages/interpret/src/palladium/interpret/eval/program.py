@@ -18,7 +18,7 @@ from palladium.interpret import _jax_compat as jc
 from palladium.interpret.errors import UnsupportedPrimitiveError
 from palladium.interpret.eval.context import Equation, KernelContext, Value
 from palladium.interpret.eval.refs import MemRef, SemaphoreRef
-from palladium.interpret.eval.registry import RULES, Rule
+from palladium.interpret.eval.registry import RULES, Rule, rule_by_name
 from palladium.interpret.eval.rules_unsupported import UNSUPPORTED, refusal
 from palladium.interpret.eval.segment_trace import is_ref
 from palladium.interpret.eval.segments import Segment, find_segments, segment_io
@@ -141,6 +141,8 @@ def resolve_rule(
     if compiler is not None:
         return compiler(eqn, used)
     own = RULES.get(eqn.primitive)
+    if own is None and RULES.by_name:
+        own = rule_by_name(eqn.primitive)
     return own if own is not None else _compute_rule(eqn, operands_flushed)
 
 
