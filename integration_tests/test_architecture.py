@@ -145,3 +145,36 @@ def _instantiations(path: pathlib.Path) -> set[str]:
 def test_process_wide_state_is_made_only_in_process_state():
     makers = {m: made for m, p in MODULES.items() if (made := _instantiations(p))}
     assert makers == {"palladium.interpret.process_state": _STATE_CLASSES}, makers
+
+
+# Modules whose leading underscore marks them as a package's internal seam, meant to be
+# imported by the package's other modules (every jax._src name, the version string).
+_SHARED_PRIVATE_MODULES = {"_jax_compat", "_version"}
+
+
+def _private_imports(path: pathlib.Path, module: str) -> list[str]:
+    """``from other import _name`` in ``path``: a private name of another module."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not isinstance(node, ast.ImportFrom) or node.level or not node.module:
+            continue
+        if not node.module.startswith("palladium") or node.module == module:
+            continue
+        for alias in node.names:
+            name = alias.name
+            if (name.startswith("_") and not name.startswith("__")
+                    and name not in _SHARED_PRIVATE_MODULES):
+                found.append(f"{node.module}.{name} (line {node.lineno})")
+    return found
+
+
+def test_no_module_imports_another_modules_private_names():
+    offenders = {m: found for m, p in MODULES.items() if (found := _private_imports(p, m))}
+    assert offenders == {}, offenders
+
+
+def test_the_private_import_check_finds_one(tmp_path):
+    f = tmp_path / "m.py"
+    f.write_text("from palladium.race_detect.boxes import _hidden, box_of\n"
+                 "from palladium.interpret import _jax_compat as jc\n")
+    assert _private_imports(f, "palladium.other") == ["palladium.race_detect.boxes._hidden (line 1)"]

@@ -9,7 +9,7 @@ from jax.experimental import pallas as pl
 from palladium.pipeline import _jax_compat as jc
 from palladium.pipeline.errors import PipelineNotImplementedError
 from palladium.pipeline.interpret_rules import eval_with_transformed_refs, interpret_rules
-from palladium.pipeline.primitive import _expand, _trace, emit_pipeline_p, pipeline_body_p
+from palladium.pipeline.primitive import emit_pipeline_p, expand, pipeline_body_p, trace_fun
 
 BLOCK = jc.AbstractRef(jc.ShapedArray((8, 128), jnp.float32))
 
@@ -17,12 +17,12 @@ BLOCK = jc.AbstractRef(jc.ShapedArray((8, 128), jnp.float32))
 def test_interpret_rules_maps_both_primitives():
     rules = interpret_rules()
     assert set(rules) == {emit_pipeline_p, pipeline_body_p}
-    assert rules[emit_pipeline_p] is _expand
+    assert rules[emit_pipeline_p] is expand
 
 
 def _on_slot(body, slot):
     """``body``'s jaxpr evaluated on slot ``slot`` of a (3, 8, 128) buffer, via run_state."""
-    jaxpr, consts = _trace(body, [BLOCK], "test body")
+    jaxpr, consts = trace_fun(body, [BLOCK], "test body")
     assert not consts
     x = jnp.arange(3 * 8 * 128, dtype=jnp.float32).reshape(3, 8, 128)
 
@@ -71,11 +71,11 @@ def test_unsupported_primitive_on_a_block_ref_names_it():
     def body(r):
         return [touch_p.bind(r)]
 
-    jaxpr, _ = _trace(body, [BLOCK], "test body")
+    jaxpr, _ = trace_fun(body, [BLOCK], "test body")
     buf = jc.AbstractRef(jc.ShapedArray((2, 8, 128), jnp.float32))
 
     def run(ref):
         return eval_with_transformed_refs(jaxpr, [ref.at[0]])
 
     with pytest.raises(PipelineNotImplementedError, match="palladium_test_touch_ref"):
-        _trace(run, [buf], "test")
+        trace_fun(run, [buf], "test")

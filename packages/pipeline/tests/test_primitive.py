@@ -17,7 +17,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 import palladium.pipeline as pp
-from palladium.pipeline.primitive import _expand, _trace, emit_pipeline_p
+from palladium.pipeline.primitive import emit_pipeline_p, expand, trace_fun
 
 
 def scaled_body(x, o):
@@ -104,7 +104,7 @@ def _expanded_dma_starts(jaxpr) -> int:
     count = 0
     for eqn in jaxpr.eqns:
         if eqn.primitive is emit_pipeline_p:
-            expanded, _ = _trace(lambda *a, eqn=eqn: _expand(*a, config=eqn.params["config"]),
+            expanded, _ = trace_fun(lambda *a, eqn=eqn: expand(*a, config=eqn.params["config"]),
                                  [v.aval for v in eqn.invars], "test expansion")
             count += _expanded_dma_starts(expanded)
             continue

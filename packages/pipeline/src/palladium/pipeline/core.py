@@ -33,7 +33,7 @@ from palladium.pipeline.grid import (
 from palladium.pipeline.scheduler import Scheduler
 from palladium.pipeline.step import (
     PipelineStep,
-    _is_bref,
+    is_bref,
     map_brefs,
     map_inputs,
     map_outputs,
@@ -92,7 +92,7 @@ def emit_inline(body, *, grid, in_specs=(), out_specs=(), tiling=None,
         return _run(refs, scratches, allocations)
 
     def _run(refs, scratches, allocations):
-        leaves = [b for b in jax.tree.leaves(allocations, is_leaf=_is_bref) if b is not None]
+        leaves = [b for b in jax.tree.leaves(allocations, is_leaf=is_bref) if b is not None]
         num_stages = max((2, *(max(b.in_buffer_count, b.out_buffer_count) for b in leaves)))
 
         def scheduler(step, indices):

@@ -28,24 +28,24 @@ import jax
 from palladium.pipeline import _jax_compat as jc
 from palladium.pipeline.errors import PipelineNotImplementedError
 from palladium.pipeline.primitive import (
-    _expand,
-    _unflatten_refs,
     emit_pipeline_p,
+    expand,
     pipeline_body_p,
+    unflatten_refs,
 )
 
 
 def interpret_rules() -> dict[Any, Callable[..., Any]]:
     """``{primitive: JAX implementation}`` of the pipeline's primitives, for interpreters
     (the entry point adds jax's own: :func:`palladium.pipeline.jax_primitive.interpret_rules`)."""
-    return {emit_pipeline_p: _expand, pipeline_body_p: run_pipeline_body}
+    return {emit_pipeline_p: expand, pipeline_body_p: run_pipeline_body}
 
 
 def run_pipeline_body(*args: Any, jaxpr: Any, num_consts: int, num_scalars: int,
                       refs_tree: Any) -> list[Any]:
     """Evaluate one step of the pipeline body: the body jaxpr on the (transformed) block refs."""
     head = num_consts + num_scalars
-    refs = _unflatten_refs(refs_tree, args[head:])
+    refs = unflatten_refs(refs_tree, args[head:])
     eval_with_transformed_refs(jaxpr, [*args[:head], *refs])
     return []
 

@@ -50,7 +50,7 @@ jc.mosaic_uncacheable_primitives.add(pipeline_body_p)
 _INT32 = jc.ShapedArray((), jnp.int32)
 
 
-def _trace(fun, avals, what: str):
+def trace_fun(fun, avals, what: str):
     """``fun`` traced over ``avals``: a jaxpr whose constants are leading invars."""
     dbg = jc.debug_info(what, fun, tuple(avals), {})
     with jc.mutable_array_checks(False):
@@ -82,7 +82,7 @@ class IndexMap:
             found.update(tree=tree, static=static)
             return [x for x, s in zip(leaves, static, strict=True) if s is None]
 
-        jaxpr, consts = _trace(flat, list(avals), "emit_pipeline index_map")
+        jaxpr, consts = trace_fun(flat, list(avals), "emit_pipeline index_map")
         return cls(jaxpr, num_consts + len(consts), found["tree"], found["static"]), consts
 
     def with_batch_index(self, dim: int | None) -> IndexMap:
@@ -246,7 +246,7 @@ def bind_pipeline(body, *, grid, in_specs, in_refs, out_specs, out_refs, scratch
     block_avals = jax.tree.map(_block_aval, brefs,
                                (*in_refs, *out_refs), is_leaf=is_bref)
     blocks_leaves, blocks_tree = jax.tree.flatten(block_avals)
-    scratch_leaves, scratch_tree = jax.tree.flatten(scratches, is_leaf=_is_ref_like)
+    scratch_leaves, scratch_tree = jax.tree.flatten(scratches, is_leaf=is_ref_like)
     scratch_avals = [_ref_aval(r) for r in scratch_leaves]
     num_scalars = rank + (1 if explicit_indices else len(body_dynamic))
 
@@ -264,7 +264,7 @@ def bind_pipeline(body, *, grid, in_specs, in_refs, out_specs, out_refs, scratch
             body(*blocks, *scratch)
         return []
 
-    body_jaxpr, body_consts = _trace(
+    body_jaxpr, body_consts = trace_fun(
         traced_body, [_INT32] * num_scalars + [*blocks_leaves, *scratch_avals],
         "emit_pipeline body")
     allocated = () if allocations is None else tuple(allocations)
@@ -285,20 +285,20 @@ def bind_pipeline(body, *, grid, in_specs, in_refs, out_specs, out_refs, scratch
 
 
 # -- abstract evaluation ----------------------------------------------------------------
-def _base_positions(refs_tree, offset: int, count: int):
+def base_positions(refs_tree, offset: int, count: int):
     """``(in, out, scratch, allocations)`` lists of the operand positions of every base
     ref."""
     positions = refs_tree.unflatten(list(range(offset, offset + count)))
     base = lambda r: jc.get_ref_and_transforms(r)[0]  # noqa: E731
-    return tuple([base(r) for r in jax.tree.leaves(group, is_leaf=_is_ref_like)]
+    return tuple([base(r) for r in jax.tree.leaves(group, is_leaf=is_ref_like)]
                  for group in positions)
 
 
-def _is_ref_like(x) -> bool:
+def is_ref_like(x) -> bool:
     return isinstance(x, jc.TransformedRef)
 
 
-def _map_body_effects(jaxpr, position_of_invar: Sequence[int | None]) -> set:
+def map_body_effects(jaxpr, position_of_invar: Sequence[int | None]) -> set:
     num_constvars = len(jaxpr.constvars)
     out = set()
     for effect in jaxpr.effects:
@@ -315,7 +315,7 @@ def _map_body_effects(jaxpr, position_of_invar: Sequence[int | None]) -> set:
 def _emit_pipeline_abstract_eval(*avals, config: Config):
     parts = config.split(list(range(len(avals))))
     ref_offset = parts["refs"][0] if parts["refs"] else len(avals)
-    ins, outs, scratch, allocated = _base_positions(config.refs_tree, ref_offset,
+    ins, outs, scratch, allocated = base_positions(config.refs_tree, ref_offset,
                                                     config.num_ref_leaves)
     effects: set = set()
     for pos in ins:
@@ -330,12 +330,12 @@ def _emit_pipeline_abstract_eval(*avals, config: Config):
     # The body's own effects on its constants (refs it closes over).
     num_scalars = len(config.body_jaxpr.invars) - config.num_body_consts
     positions = [*parts["body_consts"], *([None] * num_scalars)]
-    effects |= _map_body_effects(config.body_jaxpr, positions)
+    effects |= map_body_effects(config.body_jaxpr, positions)
     return (), frozenset(effects)
 
 
 # -- expansion into the inlined emitter --------------------------------------------------
-def _expand(*args, config: Config) -> list:
+def expand(*args, config: Config) -> list:
     """Run the regular emitter on the operands of one ``emit_pipeline_p`` equation."""
     parts = config.split(args)
     consts = iter(parts["index_consts"])
@@ -381,5 +381,5 @@ def _expand(*args, config: Config) -> list:
     return []
 
 
-def _unflatten_refs(refs_tree, leaves):
-    return jax.tree.leaves(refs_tree.unflatten(list(leaves)), is_leaf=_is_ref_like)
+def unflatten_refs(refs_tree, leaves):
+    return jax.tree.leaves(refs_tree.unflatten(list(leaves)), is_leaf=is_ref_like)

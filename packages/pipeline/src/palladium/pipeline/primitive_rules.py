@@ -17,19 +17,19 @@ from palladium.pipeline.errors import PipelineNotImplementedError
 from palladium.pipeline.primitive import (
     Config,
     SpecMeta,
-    _base_positions,
-    _expand,
-    _is_ref_like,
-    _map_body_effects,
-    _trace,
-    _unflatten_refs,
+    base_positions,
     emit_pipeline_p,
+    expand,
+    is_ref_like,
+    map_body_effects,
     pipeline_body_p,
+    trace_fun,
+    unflatten_refs,
 )
 
 
 def _mosaic_emit_pipeline_rule(ctx, *args, config: Config):
-    return jc.mosaic_lower_fun(_expand)(ctx, *args, config=config)
+    return jc.mosaic_lower_fun(expand)(ctx, *args, config=config)
 
 
 for _core_type in jc.CoreType:
@@ -40,7 +40,7 @@ for _core_type in jc.CoreType:
 @jc.register_partial_discharge_rule(emit_pipeline_p)
 def _emit_pipeline_discharge(should_discharge, in_avals, out_avals, *args, config: Config):
     del out_avals
-    jaxpr, consts = _trace(lambda *a: _expand(*a, config=config), list(in_avals),
+    jaxpr, consts = trace_fun(lambda *a: expand(*a, config=config), list(in_avals),
                            "emit_pipeline discharge")
     if consts:
         raise PipelineNotImplementedError(
@@ -59,22 +59,22 @@ def _body_positions(num_consts: int, num_scalars: int, refs_tree) -> list[int]:
     offset = num_consts + num_scalars
     refs = refs_tree.unflatten(list(range(offset, offset + refs_tree.num_leaves)))
     bases = [jc.get_ref_and_transforms(r)[0]
-             for r in jax.tree.leaves(refs, is_leaf=_is_ref_like)]
+             for r in jax.tree.leaves(refs, is_leaf=is_ref_like)]
     return [*range(offset), *bases]
 
 
 @pipeline_body_p.def_effectful_abstract_eval
 def _pipeline_body_abstract_eval(*avals, jaxpr, num_consts, num_scalars, refs_tree):
     del avals
-    return (), frozenset(_map_body_effects(
+    return (), frozenset(map_body_effects(
         jaxpr, _body_positions(num_consts, num_scalars, refs_tree)))
 
 
 def _mosaic_pipeline_body_rule(ctx, *args, jaxpr, num_consts, num_scalars, refs_tree):
     head = num_consts + num_scalars
-    refs = _unflatten_refs(refs_tree, args[head:])
-    ref_avals = _unflatten_refs(refs_tree, ctx.avals_in[head:])
-    shapes = _unflatten_refs(refs_tree, ctx.block_shapes[head:])
+    refs = unflatten_refs(refs_tree, args[head:])
+    ref_avals = unflatten_refs(refs_tree, ctx.avals_in[head:])
+    shapes = unflatten_refs(refs_tree, ctx.block_shapes[head:])
     resolved, resolved_shapes = [], []
     for ref, aval, shape in zip(refs, ref_avals, shapes, strict=True):
         base, transforms = jc.get_ref_and_transforms(ref)
@@ -96,9 +96,9 @@ def _pipeline_body_discharge(should_discharge, in_avals, out_avals, *args, jaxpr
                              num_consts, num_scalars, refs_tree):
     del in_avals, out_avals
     head = num_consts + num_scalars
-    refs = _unflatten_refs(refs_tree, args[head:])
+    refs = unflatten_refs(refs_tree, args[head:])
     should_refs = [jc.get_ref_and_transforms(s)[0]
-                   for s in _unflatten_refs(refs_tree, should_discharge[head:])]
+                   for s in unflatten_refs(refs_tree, should_discharge[head:])]
     body_args, body_should = list(args[:head]), list(should_discharge[:head])
     for ref, should in zip(refs, should_refs, strict=True):
         base, transforms = jc.get_ref_and_transforms(ref)
@@ -163,11 +163,11 @@ def _emit_pipeline_batch(axis_data, args, dims, *, config: Config):
         if any(d is not None for d in parts[role]):
             raise PipelineNotImplementedError(
                 f"vmap of emit_pipeline over its {role.replace('_', ' ')} is not supported")
-    positions = _base_positions(config.refs_tree, 0, config.num_ref_leaves)
+    positions = base_positions(config.refs_tree, 0, config.num_ref_leaves)
     leaves = config.refs_tree.unflatten(list(range(config.num_ref_leaves)))
     ref_dims = parts["refs"]
     for group in leaves:
-        for ref in jax.tree.leaves(group, is_leaf=_is_ref_like):
+        for ref in jax.tree.leaves(group, is_leaf=is_ref_like):
             base, transforms = jc.get_ref_and_transforms(ref)
             if transforms and ref_dims[base] is not None:
                 raise PipelineNotImplementedError(

@@ -12,8 +12,8 @@ from palladium.pipeline import _jax_compat as jc
 from palladium.pipeline.buffered_ref import BufferedRef, BufferedRefBase, ref_value_aval
 from palladium.pipeline.errors import PipelineConfigError
 
-_is_bref = lambda x: isinstance(x, BufferedRefBase)  # noqa: E731
-map_brefs = functools.partial(jax.tree.map, is_leaf=_is_bref)
+is_bref = lambda x: isinstance(x, BufferedRefBase)  # noqa: E731
+map_brefs = functools.partial(jax.tree.map, is_leaf=is_bref)
 map_brefs.__doc__ = "``jax.tree.map`` with BufferedRefs as leaves."
 
 
