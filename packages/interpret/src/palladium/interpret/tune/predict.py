@@ -186,7 +186,8 @@ def predict(
     (True, 'HBM', 12)
     """
     ip = InterpretParams(
-        **{"skip_floating_point_ops": True, **params, "chip": chip, "compile_check": compile_check}
+        **{"skip_floating_point_ops": True, "keep_float_data": False, **params, "chip": chip,
+           "compile_check": compile_check}
     )
     checker = checker_label(ip)
     concrete = [_concrete(a) for a in args]
