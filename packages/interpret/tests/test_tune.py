@@ -294,9 +294,8 @@ def test_cost_estimate_counts_transcendentals_and_vector_flops():
         return pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
                               grid=(4,), in_specs=[spec], out_specs=spec)(x)
 
-    with pi.timeline() as tl:
-        with pi.force_tpu_interpret_mode(InterpretParams(chip="v5e")):
-            jax.block_until_ready(softplusish(jnp.ones((1024, 512), jnp.float32)))
+    with pi.timeline() as tl, pi.force_tpu_interpret_mode(InterpretParams(chip="v5e")):
+        jax.block_until_ready(softplusish(jnp.ones((1024, 512), jnp.float32)))
     est = pi.cost_estimate(tl.launches[-1])
     elements = 1024 * 512
     assert est.transcendentals == 2 * elements  # exp and log

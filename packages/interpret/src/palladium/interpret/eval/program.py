@@ -20,7 +20,6 @@ from palladium.interpret.eval.context import Equation, KernelContext, Value
 from palladium.interpret.eval.refs import MemRef, SemaphoreRef
 from palladium.interpret.eval.registry import RULES, Rule
 from palladium.interpret.eval.rules_unsupported import UNSUPPORTED, refusal
-from palladium.shared_memory import is_float_dtype
 from palladium.interpret.numpy_rules import (
     DETERMINISTIC_RULES,
     FLUSHING,
@@ -29,6 +28,7 @@ from palladium.interpret.numpy_rules import (
     PRESERVING,
     has_subnormal_f32,
 )
+from palladium.shared_memory import is_float_dtype
 
 __all__ = ["Program", "ProgramCache", "Step", "compile_jaxpr", "resolve_rule", "used_vars"]
 

@@ -75,11 +75,8 @@ class _Progress:
             return
         width = 30
         filled = width * self.done // max(self.total, 1)
-        what = (
-            f"{row.prediction.predicted_seconds * 1e6:,.1f} us"
-            if row.accepted and row.prediction is not None
-            else "rejected"
-        )
+        seconds = row.predicted_seconds
+        what = f"{seconds * 1e6:,.1f} us" if row.accepted and seconds is not None else "rejected"
         self.stream.write(
             f"\r[{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.total} "
             f"{config_label(row.config)}: {what}\033[K"
