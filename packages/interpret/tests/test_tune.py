@@ -313,3 +313,21 @@ def test_cost_estimate_refuses_bad_input():
         pi.cost_estimate([], bytes_accessed="hbm")
     with pytest.raises(ConfigError, match="no launch record given"):
         pi.cost_estimate([])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_sweep_in_worker_processes_gives_the_same_table(monkeypatch):
+    # the workers import make_matmul by its module's name (pytest's "tests.test_tune"):
+    # spawned processes start with this sys.path
+    from pathlib import Path
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent))
+    assert make_matmul.__module__ == "tests.test_tune"
+    configs = [CONFIGS[1], CONFIGS[3]]  # one accepted, one rejected
+    alone = pi.sweep(make_matmul, configs, *OPERANDS, compile_check="approximate",
+                     progress=False)
+    spread = pi.sweep(make_matmul, configs, *OPERANDS, compile_check="approximate",
+                      processes=2, progress=False)
+    assert spread.records() == alone.records()
+    assert spread.rows[0].prediction.launches == ()  # records stay in the workers
