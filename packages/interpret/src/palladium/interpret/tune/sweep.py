@@ -49,6 +49,9 @@ def _one(
             error=type(e).__name__,
             wall_seconds=time.perf_counter() - t0,
         )
+    if keep_launches:
+        for record in p.launches:  # a sweep keeps every record: their summaries, not spans
+            record.drop_detail()
     p_row: Prediction = p if keep_launches else dataclasses.replace(p, launches=())
     return SweepRow(
         config=config,
@@ -110,7 +113,10 @@ def sweep(
     ``processes > 1`` predicts in that many worker processes (``make_call`` and every
     config must pickle: a module-level function and plain values); it pays for sweeps
     whose configurations each take seconds, not for quick ones (each worker imports jax
-    first). ``progress``: a progress bar on stderr (None: only when stderr is a terminal).
+    first; their rows carry no launch records). In one process each row's prediction keeps
+    its launch records' summaries (their spans are dropped: ``predict`` one configuration
+    again for its trace). ``progress``: a progress bar on stderr (None: only when stderr
+    is a terminal).
 
     >>> import jax, jax.numpy as jnp
     >>> from jax.experimental import pallas as pl
