@@ -331,3 +331,51 @@ def test_sweep_in_worker_processes_gives_the_same_table(monkeypatch):
                       processes=2, progress=False)
     assert spread.records() == alone.records()
     assert spread.rows[0].prediction.launches == ()  # records stay in the workers
+
+
+def manual_dma_scale(x, *, chunks, interpret=False):
+    """HBM operands, double-buffered async copies into VMEM scratch, a VPU op, copies
+    back: the DMA/semaphore schedule predict must walk as a full run does."""
+    rows = x.shape[0] // chunks
+
+    def kernel(x_hbm, o_hbm, buf, out, sems):
+        def fetch(c, slot):
+            return pltpu.make_async_copy(x_hbm.at[pl.ds(c * rows, rows)], buf.at[slot],
+                                         sems.at[0, slot])
+
+        fetch(0, 0).start()
+        for c in range(chunks):
+            slot = c % 2
+            if c + 1 < chunks:
+                fetch(c + 1, 1 - slot).start()
+            fetch(c, slot).wait()
+            out[...] = jnp.exp(buf[slot]) * 2.0
+            store = pltpu.make_async_copy(out, o_hbm.at[pl.ds(c * rows, rows)], sems.at[1, 0])
+            store.start()
+            store.wait()
+
+    return pl.pallas_call(
+        kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+        in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
+        out_specs=pl.BlockSpec(memory_space=pl.ANY),
+        scratch_shapes=[pltpu.VMEM((2, rows, x.shape[1]), x.dtype),
+                        pltpu.VMEM((rows, x.shape[1]), x.dtype),
+                        pltpu.SemaphoreType.DMA((2, 2))],
+        interpret=interpret,
+    )(x)
+
+
+@pytest.mark.timeout(120)
+def test_predict_walks_manual_dmas_as_the_full_run_does():
+    x = jax.random.normal(jax.random.key(0), (1024, 512), jnp.float32)
+    p = pi.predict(functools.partial(manual_dma_scale, chunks=4), S(x.shape, x.dtype),
+                   compile_check="approximate")
+    rec = full_run(functools.partial(manual_dma_scale, chunks=4,
+                                     interpret=InterpretParams(chip="v5e")), x)
+    assert p.predicted_seconds == rec.predicted_seconds
+    assert p.exposed_dma_seconds == rec.exposed_dma_seconds
+    assert p.dma_bytes == rec.dma_bytes == 2 * 1024 * 512 * 4
+    est = p.cost_estimate()
+    assert est.transcendentals == 1024 * 512  # exp of every element
+    assert est.flops == 1024 * 512  # the multiply
+    assert est.bytes_accessed == 2 * 1024 * 512 * 4
