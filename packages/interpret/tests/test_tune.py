@@ -70,6 +70,7 @@ def test_predict_on_abstract_inputs_equals_the_full_runs_timeline():
     assert p.compiles and p.checker == APPROX and p.reason is None
     assert p.predicted_seconds == rec.predicted_seconds
     assert p.bound == rec.bound
+    assert p.compute_unit == "vector load/store"  # small blocks: more vregs moved than MXU time
     assert p.exposed_dma_seconds == rec.exposed_dma_seconds
     assert p.flops == rec.flops == 2 * 512**3
     assert p.grid_steps == 4 * 4 * 2
@@ -185,6 +186,8 @@ def test_sweep_ranks_by_predicted_time_and_lists_the_rejected_with_their_reasons
     times = [r.predicted_seconds for r in result.ranked]
     assert times == sorted(times) and len(times) == 3
     assert result.best.config == {"bm": 512, "bk": 1024, "bn": 1024}
+    assert result.best.prediction.compute_unit == "MXU"
+    assert result.best.prediction.bound == "compute"
     assert [r.label for r in result.ranked] == [
         "bm=512, bk=1024, bn=1024", "bm=512, bk=512, bn=512", "bm=256, bk=512, bn=256"]
     assert [r.label for r in result.rejected] == [
@@ -375,6 +378,7 @@ def test_predict_walks_manual_dmas_as_the_full_run_does():
     assert p.predicted_seconds == rec.predicted_seconds
     assert p.exposed_dma_seconds == rec.exposed_dma_seconds
     assert p.dma_bytes == rec.dma_bytes == 2 * 1024 * 512 * 4
+    assert p.compute_unit == "vector load/store"  # 2 vregs moved per vreg of exp
     est = p.cost_estimate()
     assert est.transcendentals == 1024 * 512  # exp of every element
     assert est.flops == 1024 * 512  # the multiply

@@ -63,6 +63,9 @@ class Prediction:
     bound: str | None = None
     exposed_dma_seconds: float | None = None
     compute_seconds: float | None = None
+    #: The TensorCore unit with the most busy time: "MXU", "vector ALU", "EUP"
+    #: (transcendentals) or "vector load/store" (what "compute" means in ``bound``).
+    compute_unit: str | None = None
     overhead_seconds: float | None = None
     flops: float | None = None
     dma_bytes: int | None = None
@@ -93,7 +96,7 @@ class Prediction:
         lines = [
             f"TPU {self.chip}: compiles ({self.checker})",
             f"  predicted time   {self.predicted_seconds * 1e6:,.2f} us  "  # type: ignore[operator]
-            f"(bound: {self.bound}, exposed DMA {self.exposed_dma_seconds * 1e6:,.2f} us)",  # type: ignore[operator]
+            f"(bound: {self.bound}, busiest unit {self.compute_unit}, exposed DMA {self.exposed_dma_seconds * 1e6:,.2f} us)",  # type: ignore[operator]
             f"  VMEM             {_mib(self.vmem_bytes)} of {_mib(self.vmem_limit_bytes)}",
             f"  SMEM             {_mib(self.smem_bytes)} of {_mib(self.smem_limit_bytes)}",
         ]
@@ -225,6 +228,19 @@ def predict(
     return _from_records(chip, checker, records, wall)
 
 
+_UNITS = {"mxu": "MXU", "vpu": "vector ALU", "eup": "EUP", "vmem": "vector load/store"}
+
+
+def _busiest_unit(records: tuple[LaunchRecord, ...]) -> str | None:
+    busy: dict[str, float] = {}
+    for r in records:
+        for unit, seconds in r.by_unit.items():
+            busy[unit] = busy.get(unit, 0.0) + seconds
+    if not busy:
+        return None
+    return _UNITS.get(max(sorted(busy), key=lambda u: busy[u]))
+
+
 def _from_records(
     chip: str, checker: str, records: tuple[LaunchRecord, ...], wall: float
 ) -> Prediction:
@@ -241,6 +257,7 @@ def _from_records(
         checker=checker,
         predicted_seconds=sum(r.predicted_seconds for r in records),
         bound=slowest.bound,
+        compute_unit=_busiest_unit(records),
         exposed_dma_seconds=sum(r.exposed_dma_seconds for r in records),
         compute_seconds=sum(r.compute_seconds for r in records),
         overhead_seconds=sum(r.overhead_seconds for r in records),
