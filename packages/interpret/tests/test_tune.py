@@ -321,12 +321,15 @@ def test_cost_estimate_refuses_bad_input():
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_sweep_in_worker_processes_gives_the_same_table(monkeypatch):
-    # the workers import make_matmul by its module's name (pytest's "tests.test_tune"):
-    # spawned processes start with this sys.path
+    # the workers import make_matmul by its module's name (pytest's, from its rootdir:
+    # "tests.test_tune" or "packages.interpret.tests.test_tune"); spawned processes start
+    # with this process's sys.path
     from pathlib import Path
 
-    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent))
-    assert make_matmul.__module__ == "tests.test_tune"
+    root = Path(__file__).resolve().parent
+    for _ in range(make_matmul.__module__.count(".")):
+        root = root.parent
+    monkeypatch.syspath_prepend(str(root))
     configs = [CONFIGS[1], CONFIGS[3]]  # one accepted, one rejected
     alone = pi.sweep(make_matmul, configs, *OPERANDS, compile_check="approximate",
                      progress=False)
