@@ -386,3 +386,10 @@ def test_predict_walks_manual_dmas_as_the_full_run_does():
     assert est.transcendentals == 1024 * 512  # exp of every element
     assert est.flops == 1024 * 512  # the multiply
     assert est.bytes_accessed == 2 * 1024 * 512 * 4
+
+
+def test_keep_float_data_must_be_a_bool():
+    with pytest.raises(ConfigError, match=r"InterpretParams.keep_float_data must be True or "
+                                          r"False, got 0."):
+        InterpretParams(keep_float_data=0)
+    assert InterpretParams(keep_float_data=False).simulation_options(5).keep_float_data is False
