@@ -30,6 +30,7 @@ SCRIPTS = {
     "fidelity_checks.py": ["--quick", "--repeats", "2"],
     "deterministic_dot.py": ["--quick"],
     "compiler_agreement.py": ["--quick"],
+    "tune_published.py": ["--quick"],
 }
 
 

@@ -58,6 +58,14 @@ from palladium.interpret.params import InterpretParams, LoggingMode
 from palladium.interpret.perf import LaunchRecord, Timeline, timeline
 from palladium.interpret.process_state import STATE
 from palladium.interpret.rule_plugins import InterpretRuleWarning, load_entry_point_rules
+from palladium.interpret.tune import (
+    Prediction,
+    SweepResult,
+    SweepRow,
+    cost_estimate,
+    predict,
+    sweep,
+)
 from palladium.shared_memory import Snapshot
 
 install()
@@ -81,11 +89,14 @@ __all__ = [
     "LoggingMode",
     "OutOfBoundsError",
     "PalladiumError",
+    "Prediction",
     "RendezvousTimeoutError",
     "RevisitError",
     "SemaphoreLeakError",
     "SimulationError",
     "Snapshot",
+    "SweepResult",
+    "SweepRow",
     "Timeline",
     "TpuCompilerError",
     "TpuLoweringError",
@@ -100,12 +111,15 @@ __all__ = [
     "chip_facts",
     "collect_race_reports",
     "collected_race_reports",
+    "cost_estimate",
     "errors_as_raised",
     "force_tpu_interpret_mode",
     "load_entry_point_rules",
+    "predict",
     "process_state",
     "register_interpret_rule",
     "reset_tpu_interpret_mode_state",
     "set_tpu_interpret_mode",
+    "sweep",
     "timeline",
 ]

@@ -92,7 +92,8 @@ PROGRESS_INTERVAL_DEFAULT = 60.0
 SNAPSHOT_BYTES_DEFAULT = 2 << 20
 
 _BOOLS = ("detect_races", "skip_floating_point_ops", "allow_hbm_allocation_in_run_scoped",
-          "check_lowering", "check_memory", "deterministic_dot", "compile_segments")
+          "check_lowering", "check_memory", "deterministic_dot", "compile_segments",
+          "keep_float_data")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -118,6 +119,12 @@ class InterpretParams:
         maximum for integers, True for bool) or ``"zero"``.
       skip_floating_point_ops: do not evaluate operations whose results are all
         floating point; their results are ``inf``. For checking index logic fast.
+      keep_float_data: False: floating-point buffers (HBM, VMEM, SMEM) hold no data:
+        a load reads the fill, a store or DMA only checks its bounds. Block copies,
+        DMAs, semaphores, out-of-bounds checks and the timeline are what they would be;
+        outputs hold the fill. With ``skip_floating_point_ops`` this is the fastest way
+        to walk a kernel whose floating-point values steer nothing
+        (``palladium.interpret.predict`` sets both).
       num_cores_or_threads: TensorCores per device; the parallel sub-grid is split
         across them (megacore). A ``core_map`` over a ``TensorCoreMesh`` uses the
         mesh's core count instead.
@@ -234,6 +241,7 @@ class InterpretParams:
     progress_interval: float | None = PROGRESS_INTERVAL_DEFAULT
     compile_segments: bool = True
     failure_snapshot_bytes: int = SNAPSHOT_BYTES_DEFAULT
+    keep_float_data: bool = True
 
     def __post_init__(self) -> None:
         if _is_jax_logging_mode(self.logging_mode):  # jax's own flag: palladium's equivalent
@@ -343,6 +351,7 @@ class InterpretParams:
             tpu_generation=tpu_generation,
             watchdog=self.watchdog_timeout,
             uninitialized_reads=self.uninitialized_reads,
+            keep_float_data=self.keep_float_data,
         )
 
     def get_vector_clock_size(self, num_devices: int) -> int:

@@ -8,7 +8,7 @@ contract is the package's API.md.
 
 from palladium.race_detect import DataRaceError
 from palladium.shared_memory._version import __version__
-from palladium.shared_memory.buffers import BufferRef, MemorySpace
+from palladium.shared_memory.buffers import BufferRef, MemorySpace, is_float_dtype
 from palladium.shared_memory.dma import DmaView
 from palladium.shared_memory.errors import (
     ConfigError,
@@ -63,6 +63,7 @@ __all__ = [
     "DmaState",
     "DmaView",
     "MemorySpace",
+    "is_float_dtype",
     "Observer",
     "ObserverSet",
     "OutOfBoundsError",

@@ -19,7 +19,7 @@ import numpy as np
 from palladium.shared_memory.errors import OutOfBoundsError, at_site, core_name
 from palladium.shared_memory.regions import AccessPlan, describe_region, resolve
 
-__all__ = ["Buffer", "BufferRef", "MemorySpace"]
+__all__ = ["Buffer", "BufferRef", "MemorySpace", "is_float_dtype"]
 
 _ELLIPSIS = (Ellipsis,)
 
@@ -70,6 +70,11 @@ class BufferRef:
         return f"{self.space.value}, device {self.device} core {self.core}"
 
 
+def is_float_dtype(dtype: np.dtype) -> bool:
+    """Floating point, ml_dtypes' (bfloat16, float8_*) included."""
+    return dtype.kind == "f" or (dtype.kind == "V" and "float" in dtype.name)
+
+
 def outside_mask(plan: AccessPlan, mask: Any) -> np.ndarray:
     """The True elements of ``mask`` that lie outside the bounds of ``plan``."""
     outside = np.broadcast_to(np.asarray(mask, dtype=bool), plan.shape).copy()
@@ -87,7 +92,8 @@ def stored_mask(plan: AccessPlan, mask: Any) -> np.ndarray:
 class Buffer:
     """The storage and bounds of one allocation (owned by a ``Simulation``)."""
 
-    __slots__ = ("bound", "data", "fill", "logical", "oob_hint", "ref", "refcount", "written")
+    __slots__ = ("bound", "data", "fill", "logical", "oob_hint", "phantom", "ref", "refcount",
+                 "written")
 
     def __init__(self, ref: BufferRef, data: np.ndarray, bound: tuple[int, ...], fill: Any,
                  oob_hint: str = OUT_OF_BOUNDS_HINT, written: np.ndarray | None = None) -> None:
@@ -100,6 +106,9 @@ class Buffer:
         self.bound = bound
         self.fill = fill
         self.refcount = 1
+        # No data (``SimulationOptions.keep_float_data=False``): ``data`` is a read-only
+        # zero-stride array of the fill; reads give the fill, writes check bounds only.
+        self.phantom = data.ndim > 0 and not any(data.strides) and not data.flags.writeable
 
     def plan(self, region: Any) -> AccessPlan:
         """``region`` resolved against this buffer, or ``region`` itself if it is already
@@ -122,12 +131,16 @@ class Buffer:
         the bounds reads the fill instead of raising.
         """
         if plan.full:
+            if self.phantom:
+                return self.data[plan.index + _ELLIPSIS]
             return self.data[plan.index + _ELLIPSIS].copy()
         if plan.oob and oob_raise:
             if mask is None:
                 raise self.oob_error(what, plan, core, site, hint=True)
             if outside_mask(plan, mask).any():
                 raise self.oob_error(f"masked {what}", plan, core, site, hint=True)
+        if self.phantom:
+            return np.broadcast_to(np.asarray(self.fill, self.data.dtype), plan.shape)
         out = np.full(plan.shape, self.fill, self.data.dtype)
         if plan.index is not None:
             out[plan.pos] = self.data[plan.index]
@@ -143,6 +156,13 @@ class Buffer:
         """
         data = self.data
         written = self.written
+        if self.phantom:
+            if not plan.full:
+                self.check_write_bounds(plan, mask, what, core, site)
+            if mask is None:
+                return None
+            mask = np.broadcast_to(np.asarray(mask, dtype=bool), plan.shape)
+            return mask if plan.full or plan.index is None else mask[plan.pos]
         if plan.full:
             if mask is None:
                 data[plan.index] = value
@@ -229,7 +249,9 @@ class Buffer:
     def swap(self, plan: AccessPlan, value: Any, mask: Any, core: Any, site: object) -> tuple[np.ndarray, np.ndarray | None]:
         """Store ``value`` (where ``mask``) and return the old contents of the region."""
         if plan.full:
-            old = self.data[plan.index + _ELLIPSIS].copy()
+            old = self.data[plan.index + _ELLIPSIS]
+            if not self.phantom:
+                old = old.copy()
         else:
             self.check_write_bounds(plan, mask, "swap", core, site)
             old = self.read(plan, False, "swap", core, site)

@@ -188,6 +188,8 @@ class Dma:
         data = self.data
         if self.convert is not None:
             assert data is not None
+            if not data.flags.writeable:  # a buffer without data (keep_float_data=False):
+                data = np.ascontiguousarray(data)  # a view of other dtype needs real bytes
             data = self.convert(data)
         plan = self.dst_plan
         if self.add:  # the destination accumulates: dst += data

@@ -101,6 +101,10 @@ class SimulationOptions:
     tpu_generation: int = GENERATION_DEFAULT
     watchdog: float | None = None  # seconds a run may take before WatchdogError (None: any)
     uninitialized_reads: UninitializedReads = "off"
+    #: False: floating-point buffers hold no data (a zero-stride array of the fill):
+    #: reads give the fill, writes only check their bounds. Copies, DMAs, semaphores,
+    #: bounds and bytes are simulated as ever; for predictions that look at shapes only.
+    keep_float_data: bool = True
 
     def __post_init__(self) -> None:
         for option in CHOICES:

@@ -6,7 +6,13 @@ from typing import Any
 
 import numpy as np
 
-from palladium.shared_memory.buffers import Buffer, BufferRef, MemorySpace, stored_mask
+from palladium.shared_memory.buffers import (
+    Buffer,
+    BufferRef,
+    MemorySpace,
+    is_float_dtype,
+    stored_mask,
+)
 from palladium.shared_memory.errors import ConfigError, at_site, core_name
 from palladium.shared_memory.regions import AccessPlan
 from palladium.shared_memory.sim_state import CoreId, SimulationState, site_line
@@ -38,6 +44,11 @@ class BufferOps(SimulationState):
         space = MemorySpace(space)
         core = 0 if space.per_device else int(core)
         self._check_core((device, core))
+        if value is not None and self._phantom_floats and is_float_dtype(
+                np.dtype(dtype) if dtype is not None else np.asarray(value).dtype):
+            # no data: the value is not copied (a zero-stride array of the fill)
+            value = np.asarray(value, dtype=dtype)
+            shape, dtype, value = value.shape, value.dtype, None
         if value is not None:
             data = np.array(value, dtype=dtype, copy=True)
             if shape is not None and tuple(shape) != data.shape:
@@ -46,8 +57,12 @@ class BufferOps(SimulationState):
             if shape is None or dtype is None:
                 raise ConfigError(f"buffer '{name}': give a value, or a shape and a dtype")
             dtype = np.dtype(dtype)
-            data = np.full(tuple(int(d) for d in shape),
-                           uninitialized_value(dtype, fill or self.uninitialized), dtype)
+            fill_value = uninitialized_value(dtype, fill or self.uninitialized)
+            shape = tuple(int(d) for d in shape)
+            if self._phantom_floats and is_float_dtype(dtype) and shape:
+                data = np.broadcast_to(np.asarray(fill_value, dtype), shape)
+            else:
+                data = np.full(shape, fill_value, dtype)
         bound = data.shape
         # Host memory is not laid out in TPU tiles; SMEM holds scalars.
         if self.bounds == "padded" and space in (MemorySpace.HBM, MemorySpace.VMEM):
@@ -58,7 +73,8 @@ class BufferOps(SimulationState):
         self._buffers[key] = Buffer(
             ref, data, bound, uninitialized_value(data.dtype, fill or self.uninitialized),
             self.out_of_bounds_hint,
-            np.full(data.shape, value is not None) if self._track_written else None,
+            np.full(data.shape, value is not None)
+            if self._track_written and data.flags.writeable else None,
         )
         if self._det is not None:
             self._det.register_buffer(key, data.shape, f"{name} ({ref.where})")
@@ -131,7 +147,7 @@ class BufferOps(SimulationState):
         """
         b = self._buffers.get(buf.key) or self._buffer(buf)
         plan = b.plan(region)
-        if plan.full:  # the common case, inlined: the interpreter reads on every load
+        if plan.full and not b.phantom:  # the common case, inlined: every load reads
             out = b.data[plan.index + _ELLIPSIS].copy()
         else:
             out = b.read(plan, self._oob_raise, "read", core, site, mask)
@@ -241,4 +257,4 @@ class BufferOps(SimulationState):
 
     def value(self, buf: BufferRef) -> np.ndarray:
         """The whole logical contents of ``buf`` (a copy; no race check)."""
-        return self._buffer(buf).data.copy()
+        return np.array(self._buffer(buf).data)

@@ -80,6 +80,7 @@ class SimulationState:
     uninitialized_hint: str
     uninitialized_reports: list[str]
     _track_written: bool
+    _phantom_floats: bool  # SimulationOptions.keep_float_data is False
     _uninitialized_seen: set[object]
 
     def _report_uninitialized(self, text: str, key: object, *, hint: bool = True) -> None:

@@ -135,6 +135,7 @@ class Simulation(BufferOps, SemaphoreOps):
         self.uninitialized_hint = uninitialized_hint
         self.uninitialized_reports = []
         self._track_written = options.uninitialized_reads != "off"
+        self._phantom_floats = not options.keep_float_data
         self._uninitialized_seen = set()
         self._eager = options.dma_execution_mode == "eager"
         self._oob_raise = options.out_of_bounds == "raise"

@@ -30,6 +30,7 @@ from palladium.interpret.numpy_rules import (
     PRESERVING,
     has_subnormal_f32,
 )
+from palladium.shared_memory import is_float_dtype
 
 __all__ = ["Program", "ProgramCache", "Step", "compile_jaxpr", "resolve_rule", "used_vars"]
 
@@ -74,7 +75,8 @@ def _literal_value(atom: Any) -> Any:
 def _is_float(aval: Any) -> bool:
     dtype = getattr(aval, "dtype", None)
     try:
-        return dtype is not None and np.issubdtype(np.dtype(dtype), np.floating)
+        # jax's test (jnp.issubdtype(dtype, jnp.floating)): bfloat16 and float8 count
+        return dtype is not None and is_float_dtype(np.dtype(dtype))
     except TypeError:
         return False
 
@@ -116,7 +118,9 @@ def _compute_rule(eqn: Any, operands_flushed: bool = False) -> Rule:
 
     def rule(ev: KernelContext, eqn: Equation, invals: list[Value]) -> list[Value]:
         if float_outs and ev.skip_floating_point_ops:
-            return [np.full(v.aval.shape, np.inf, v.aval.dtype) for v in eqn.outvars]
+            # read-only zero-stride arrays: no memory to fill per skipped operation
+            return [np.broadcast_to(np.array(np.inf, v.aval.dtype), v.aval.shape)
+                    for v in eqn.outvars]
         if ordered_rule is not None and ev.deterministic_dot:
             out = ordered_rule(*invals, **params)
             if out is not NotImplemented:

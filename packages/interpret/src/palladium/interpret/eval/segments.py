@@ -9,8 +9,9 @@ segment's first run and kept with the kernel's programs for every later launch.
 
 The equation-by-equation path stays the oracle and runs instead whenever the compiled
 one could differ from it in anything but XLA's own arithmetic bits:
-- ``skip_floating_point_ops``, ``deterministic_dot``, ``uninitialized_reads`` and an
-  observer of every equation (the timeline) need each equation seen;
+- ``skip_floating_point_ops``, ``deterministic_dot``, ``uninitialized_reads``,
+  ``keep_float_data=False`` and an observer of every equation (the timeline) need each
+  equation seen;
 - with ``detect_races``, in a kernel that starts DMAs or uses semaphores (another agent
   may touch a buffer while the core computes: the race detector must see each access), a
   segment with a ``cond`` or ``while`` around an access; any other segment of such a
@@ -161,7 +162,8 @@ class Segment:
         if ev.skip_floating_point_ops or ev.deterministic_dot or ev.observes_equations:
             return None
         params = ev.params
-        if not params.compile_segments or params.uninitialized_reads != "off":
+        if (not params.compile_segments or params.uninitialized_reads != "off"
+                or not params.keep_float_data):
             return None
         if self.races_ok or not params.detect_races:
             return False

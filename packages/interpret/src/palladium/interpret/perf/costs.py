@@ -14,6 +14,7 @@ import dataclasses
 import math
 from typing import Any
 
+import jax.numpy as jnp
 import numpy as np
 
 from palladium.interpret.perf.model import ChipModel
@@ -24,11 +25,16 @@ __all__ = ["Cost", "equation_cost"]
 @dataclasses.dataclass(frozen=True, slots=True)
 class Cost:
     """Seconds one equation keeps its core busy; ``unit`` is ``"mxu"``, ``"vpu"``,
-    ``"eup"``, ``"vmem"`` or ``""`` (free); ``flops`` counts MXU flops only."""
+    ``"eup"``, ``"vmem"`` or ``""`` (free); ``flops`` counts MXU flops only,
+    ``vector_flops`` the elements of floating-point arithmetic on the vector unit (one
+    per output element, per input element for reductions: what XLA's cost analysis
+    counts) and ``transcendentals`` the elements of transcendental functions."""
 
     seconds: float
     unit: str
     flops: float = 0.0
+    vector_flops: float = 0.0
+    transcendentals: float = 0.0
 
 
 FREE = Cost(0.0, "")
@@ -50,6 +56,12 @@ _REDUCTIONS = frozenset({
     "reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "reduce_and", "reduce_or",
     "reduce_xor", "argmax", "argmin", "cumsum", "cumprod", "cummax", "cummin",
     "cumlogsumexp",
+})
+#: Floating-point arithmetic counted as flops (one per element) by ``pl.CostEstimate``.
+_ARITHMETIC = frozenset({
+    "add", "add_any", "sub", "mul", "div", "max", "min", "neg", "abs", "square",
+    "integer_pow", "rem", "sign", "floor", "ceil", "round", "clamp", "reduce_sum",
+    "reduce_max", "reduce_min", "reduce_prod", "cumsum", "cumprod", "cummax", "cummin",
 })
 _LOADS = frozenset({"get", "load"})
 _STORES = frozenset({"swap", "masked_swap", "addupdate"})
@@ -152,10 +164,33 @@ def equation_cost(eqn: Any, chip: ChipModel) -> Cost:
     vregs = _largest_vregs(eqn, chip)
     if not vregs:
         return FREE
+    floating = any(_is_float(v.aval) for v in eqn.outvars)
     if name in _TRANSCENDENTAL:
-        return Cost(vregs / (chip.eup_vreg_ops_per_cycle * chip.clock_hz), "eup")
+        # div runs on the EUP (a reciprocal) but XLA counts it as a flop, not a
+        # transcendental: so does the CostEstimate.
+        n = _elements(eqn.outvars) if floating else 0
+        return Cost(vregs / (chip.eup_vreg_ops_per_cycle * chip.clock_hz), "eup",
+                    vector_flops=n if name == "div" else 0.0,
+                    transcendentals=0.0 if name == "div" else n)
+    n = 0
     if name in _REDUCTIONS:
         # a reduction reads every vreg once (a VALU op each) and finishes with a
         # cross-lane step per output vreg: model it as one op per input vreg.
         vregs = max(_vregs(v.aval, chip) for v in eqn.invars)
-    return Cost(vregs / (chip.vpu_vreg_ops_per_cycle * chip.clock_hz), "vpu")
+        n = _elements(eqn.invars) if floating and name in _ARITHMETIC else 0
+    elif name in _ARITHMETIC and floating:
+        n = _elements(eqn.outvars)
+    return Cost(vregs / (chip.vpu_vreg_ops_per_cycle * chip.clock_hz), "vpu", vector_flops=n)
+
+
+def _is_float(aval: Any) -> bool:
+    try:
+        return bool(jnp.issubdtype(aval.dtype, jnp.inexact))  # bfloat16 too
+    except TypeError:
+        return False
+
+
+def _elements(variables: Any) -> int:
+    """The elements of the largest array among ``variables``."""
+    return max((math.prod(v.aval.shape) for v in variables if hasattr(v.aval, "shape")),
+               default=0)

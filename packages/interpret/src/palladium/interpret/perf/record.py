@@ -77,7 +77,9 @@ class LaunchRecord:
         self._vmem: dict[CoreId, list[tuple[float, int]]] = vmem
         self.resource_bytes = resource_bytes
         self.bandwidth = bandwidth
-        self.flops = recorder.flops
+        self.flops = recorder.flops  # MXU flops
+        self.vector_flops = recorder.vector_flops  # floating-point vector-unit flops
+        self.transcendentals = recorder.transcendentals  # elements of exp, log, tanh...
         self.by_primitive = dict(recorder.by_primitive)
         self.by_unit = dict(recorder.by_unit)
         ends = [s.end for s in spans] + [st.end for st in stats.values()]

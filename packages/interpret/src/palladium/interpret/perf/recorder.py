@@ -52,6 +52,8 @@ class TimelineRecorder(Observer):
         self.by_primitive: dict[str, float] = defaultdict(float)
         self.by_unit: dict[str, float] = defaultdict(float)
         self.flops = 0.0
+        self.vector_flops = 0.0
+        self.transcendentals = 0.0
         self.cores: tuple[CoreId, ...] = ()
         self.finished = False
         self.error: str | None = None  # "Type: first line" of a failed launch
@@ -83,6 +85,9 @@ class TimelineRecorder(Observer):
             self.by_primitive[str(op.primitive)] += cost.seconds
             self.by_unit[cost.unit] += cost.seconds
             self.flops += cost.flops
+            if cost.vector_flops or cost.transcendentals:
+                self.vector_flops += cost.vector_flops
+                self.transcendentals += cost.transcendentals
 
     def grid_step_begin(self, core: CoreId, step: int, grid_point: tuple[int, ...]) -> None:
         self._push(core, ("step", step, grid_point))

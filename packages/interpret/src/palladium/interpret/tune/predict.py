@@ -1,0 +1,274 @@
+"""``predict``: will one configuration of a kernel compile and fit on a TPU, and how fast.
+
+The kernel runs under palladium with ``skip_floating_point_ops=True`` inside a
+:func:`palladium.interpret.timeline`: the grid, the block copies, the DMA and semaphore
+schedule and the integer work (index maps, scalar prefetch) are walked, no floating-point
+arithmetic is done. Abstract operands (``jax.ShapeDtypeStruct``) are given zeros; pass
+concrete arrays for operands whose values steer the kernel (scalar prefetch indices).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import time
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from palladium.interpret.errors import (
+    ConfigError,
+    KernelError,
+    TpuCompilerError,
+    TpuLoweringError,
+    TpuResourceError,
+)
+from palladium.interpret.fidelity import tpu_compiler
+from palladium.interpret.fidelity.checks import APPROXIMATION, uses_compiler
+from palladium.interpret.jax_hook import errors_as_raised, force_tpu_interpret_mode
+from palladium.interpret.params import InterpretParams
+from palladium.interpret.perf import LaunchRecord, timeline
+
+__all__ = ["Prediction", "predict", "REJECTING_ERRORS"]
+
+#: What a configuration that does not compile or fit raises: ``predict`` reports these
+#: as a rejection (``compiles=False``) instead of raising.
+REJECTING_ERRORS: tuple[type[BaseException], ...] = (
+    TpuResourceError,
+    TpuLoweringError,
+    TpuCompilerError,
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Prediction:
+    """The answer for one configuration on one chip.
+
+    ``compiles``: the compile-and-fit verdict of ``checker`` (the TPU compiler, named
+    with its version, or palladium's approximation); when False, ``reason`` says why (the
+    first line of the compiler's or the approximation's error, ``error`` its type) and the
+    timing fields are None. Times are seconds on the simulated chip, summed over the
+    launches the call made (``launches`` holds their :class:`LaunchRecord`).
+    """
+
+    chip: str
+    compiles: bool
+    checker: str
+    reason: str | None = None
+    error: str | None = None
+    message: str | None = dataclasses.field(default=None, repr=False)  # the error's whole
+    predicted_seconds: float | None = None
+    bound: str | None = None
+    exposed_dma_seconds: float | None = None
+    compute_seconds: float | None = None
+    #: The TensorCore unit with the most busy time: "MXU", "vector ALU", "EUP"
+    #: (transcendentals) or "vector load/store" (what "compute" means in ``bound``).
+    compute_unit: str | None = None
+    overhead_seconds: float | None = None
+    flops: float | None = None
+    dma_bytes: int | None = None
+    vmem_bytes: int | None = None
+    vmem_limit_bytes: int | None = None
+    smem_bytes: int | None = None
+    smem_limit_bytes: int | None = None
+    compiler_vmem_bytes: int | None = None
+    grid_steps: int | None = None
+    wall_seconds: float = 0.0  # what the prediction cost on this CPU
+    launches: tuple[LaunchRecord, ...] = dataclasses.field(default=(), repr=False, compare=False)
+
+    def cost_estimate(self, bytes_accessed: str = "traffic") -> Any:
+        """The launches' ``pl.CostEstimate`` (see
+        :func:`palladium.interpret.tune.cost_estimate`)."""
+        from palladium.interpret.tune.cost_estimate import cost_estimate
+
+        if not self.launches:
+            raise ConfigError(
+                f"no launch to estimate: the configuration was rejected ({self.reason})."
+            )
+        return cost_estimate(list(self.launches), bytes_accessed=bytes_accessed)
+
+    def summary(self) -> str:
+        """One paragraph: the verdict, then time, bound and memory."""
+        if not self.compiles:
+            return f"TPU {self.chip}: does not compile ({self.checker}): {self.reason}"
+        lines = [
+            f"TPU {self.chip}: compiles ({self.checker})",
+            f"  predicted time   {self.predicted_seconds * 1e6:,.2f} us  "  # type: ignore[operator]
+            f"(bound: {self.bound}, busiest unit {self.compute_unit}, exposed DMA {self.exposed_dma_seconds * 1e6:,.2f} us)",  # type: ignore[operator]
+            f"  VMEM             {_mib(self.vmem_bytes)} of {_mib(self.vmem_limit_bytes)}",
+            f"  SMEM             {_mib(self.smem_bytes)} of {_mib(self.smem_limit_bytes)}",
+        ]
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields as plain values (no launch records)."""
+        return {
+            f.name: getattr(self, f.name)
+            for f in dataclasses.fields(self)
+            if f.name not in ("launches", "message")
+        }
+
+
+def _mib(n: int | None) -> str:
+    return "?" if n is None else f"{n / 2**20:,.2f} MiB"
+
+
+_SCOPED_OOM = re.compile(
+    r"Scoped allocation with size \S+ and limit \S+ exceeded scoped "
+    r"vmem limit by [0-9.]+[KMGB]*\."
+)
+
+
+def short_reason(error: BaseException) -> str:
+    """One line saying why a configuration was rejected: the error's first line (the
+    line after it too when the first ends in a colon), and the TPU compiler's own
+    "Scoped allocation with size ... exceeded ..." sentence when it said one."""
+    lines = [ln.strip() for ln in str(error).strip().splitlines() if ln.strip()]
+    if not lines:
+        return type(error).__name__
+    text = lines[0]
+    if text.endswith(":") and len(lines) > 1:
+        text = f"{text} {lines[1]}"
+    oom = _SCOPED_OOM.search(str(error))
+    if oom is not None and oom.group(0) not in text:
+        text = f"{text} {oom.group(0)}"
+    return text
+
+
+def _concrete(arg: Any) -> Any:
+    if isinstance(arg, jax.ShapeDtypeStruct):
+        return jnp.zeros(arg.shape, arg.dtype)
+    return arg
+
+
+def checker_label(params: InterpretParams) -> str:
+    """Who decides whether the kernel compiles under ``params`` (``chip`` set)."""
+    if params.compile_check == "off":
+        return "not checked"
+    if uses_compiler(params):
+        return f"TPU compiler ({tpu_compiler.checker_name()})"
+    return APPROXIMATION
+
+
+def predict(
+    kernel_fn: Callable[..., Any],
+    *args: Any,
+    chip: str = "v5e",
+    compile_check: str = "auto",
+    **params: Any,
+) -> Prediction:
+    """Check and predict one configuration: ``kernel_fn(*args)`` (a function calling
+    ``pl.pallas_call`` or ``pl.core_map``; their own ``interpret=`` is overridden) on TPU
+    ``chip``. ``kernel_fn`` must construct the ``pallas_call`` when it is called (``pl.pallas_call``
+    reads the interpret mode, which ``predict`` sets, when it is built): pass
+    ``lambda x: pl.pallas_call(kernel, ...)(x)``, not a call built beforehand.
+
+    ``args`` may be ``jax.ShapeDtypeStruct`` (zeros are passed: only shapes matter to
+    the model) or arrays (scalar-prefetch indices that steer the grid must be real).
+    ``compile_check``: ``"auto"`` (the TPU compiler when libtpu can compile for
+    ``chip``, else palladium's approximation), ``"compiler"``, ``"approximate"`` or
+    ``"off"``. Other keyword arguments are ``InterpretParams`` fields (for example
+    ``num_cores_or_threads=2`` for a megacore chip).
+
+    A configuration that does not compile or fit is not an error: the result has
+    ``compiles=False`` and the ``reason``. Any other failure of the kernel (an
+    out-of-bounds block, a deadlock, a bad argument) raises its palladium exception.
+
+    >>> import jax, jax.numpy as jnp
+    >>> from jax.experimental import pallas as pl
+    >>> def double(x):
+    ...     return pl.pallas_call(lambda x_ref, o_ref: o_ref.__setitem__(..., x_ref[...] * 2),
+    ...         out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), grid=(8,),
+    ...         in_specs=[pl.BlockSpec((128, 1024), lambda i: (i, 0))],
+    ...         out_specs=pl.BlockSpec((128, 1024), lambda i: (i, 0)))(x)
+    >>> p = predict(double, jax.ShapeDtypeStruct((1024, 1024), jnp.float32),
+    ...             compile_check="approximate")
+    >>> p.compiles, p.bound, round(p.predicted_seconds * 1e6)
+    (True, 'HBM', 12)
+    """
+    ip = InterpretParams(
+        **{"skip_floating_point_ops": True, "keep_float_data": False, **params, "chip": chip,
+           "compile_check": compile_check}
+    )
+    checker = checker_label(ip)
+    concrete = [_concrete(a) for a in args]
+    t0 = time.perf_counter()
+    try:
+        with errors_as_raised(), force_tpu_interpret_mode(ip), timeline(chip) as tl:
+            jax.block_until_ready(kernel_fn(*concrete))
+    except ValueError as e:
+        if "Only interpret mode is supported" not in str(e):
+            raise
+        raise ConfigError(
+            f"predict: the pallas_call that {getattr(kernel_fn, '__name__', 'kernel_fn')!r} "
+            f"calls was built before predict ran (pl.pallas_call reads the interpret mode "
+            f"when it is constructed), so it cannot be run on this CPU. Pass a function "
+            f"that calls pl.pallas_call(...) itself, e.g. lambda x: pl.pallas_call(kernel, "
+            f"...)(x)."
+        ) from e
+    except REJECTING_ERRORS as e:
+        return Prediction(
+            chip=chip,
+            compiles=False,
+            checker=checker,
+            reason=short_reason(e),
+            error=type(e).__name__,
+            message=str(e),
+            wall_seconds=time.perf_counter() - t0,
+        )
+    wall = time.perf_counter() - t0
+    records = tuple(tl.launches)
+    if not records:
+        raise KernelError(
+            f"predict: {getattr(kernel_fn, '__name__', kernel_fn)!r} made no "
+            f"pallas_call or core_map launch; pass a function that calls one."
+        )
+    return _from_records(chip, checker, records, wall)
+
+
+_UNITS = {"mxu": "MXU", "vpu": "vector ALU", "eup": "EUP", "vmem": "vector load/store"}
+
+
+def _busiest_unit(records: tuple[LaunchRecord, ...]) -> str | None:
+    busy: dict[str, float] = {}
+    for r in records:
+        for unit, seconds in r.by_unit.items():
+            busy[unit] = busy.get(unit, 0.0) + seconds
+    if not busy:
+        return None
+    return _UNITS.get(max(sorted(busy), key=lambda u: busy[u]))
+
+
+def _from_records(
+    chip: str, checker: str, records: tuple[LaunchRecord, ...], wall: float
+) -> Prediction:
+    slowest = max(records, key=lambda r: r.predicted_seconds)
+    memory = [r.info.memory for r in records if r.info.memory is not None]
+    vmem = max((m.vmem.peak_bytes for m in memory), default=None)
+    if vmem is None:
+        vmem = max(r.vmem_peak_bytes for r in records)
+    compiler_vmem = [m.compiler_vmem_bytes for m in memory if m.compiler_vmem_bytes is not None]
+    steps = sum(st.steps for r in records for st in r.core_stats.values())
+    return Prediction(
+        chip=chip,
+        compiles=True,
+        checker=checker,
+        predicted_seconds=sum(r.predicted_seconds for r in records),
+        bound=slowest.bound,
+        compute_unit=_busiest_unit(records),
+        exposed_dma_seconds=sum(r.exposed_dma_seconds for r in records),
+        compute_seconds=sum(r.compute_seconds for r in records),
+        overhead_seconds=sum(r.overhead_seconds for r in records),
+        flops=sum(r.flops for r in records),
+        dma_bytes=sum(r.dma_bytes for r in records),
+        vmem_bytes=vmem,
+        vmem_limit_bytes=(memory[0].vmem.limit_bytes if memory else records[0].vmem_limit_bytes),
+        smem_bytes=max((m.smem.peak_bytes for m in memory), default=None),
+        smem_limit_bytes=memory[0].smem.limit_bytes if memory else None,
+        compiler_vmem_bytes=max(compiler_vmem) if compiler_vmem else None,
+        grid_steps=steps,
+        wall_seconds=wall,
+        launches=records,
+    )

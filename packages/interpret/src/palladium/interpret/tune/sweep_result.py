@@ -1,0 +1,202 @@
+"""The table a :func:`palladium.interpret.sweep` returns: rows, ranking, CSV/JSON, a plot."""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+from typing import Any
+
+from palladium.interpret.errors import ConfigError
+from palladium.interpret.tune.predict import Prediction
+
+__all__ = ["SweepResult", "SweepRow", "config_label"]
+
+#: The columns of the table, the CSV and the JSON (all simulated: the same every run).
+COLUMNS = (
+    "rank",
+    "config",
+    "compiles",
+    "predicted_us",
+    "bound",
+    "exposed_dma_us",
+    "vmem_mib",
+    "vmem_limit_mib",
+    "smem_bytes",
+    "grid_steps",
+    "checker",
+    "reason",
+)
+
+
+def config_label(config: Any) -> str:
+    """``bm=512, bk=1024`` for a dict config, else ``str(config)``."""
+    if isinstance(config, dict):
+        return ", ".join(f"{k}={v}" for k, v in config.items())
+    return str(config)
+
+
+@dataclasses.dataclass(frozen=True)
+class SweepRow:
+    """One configuration: its prediction (None when jax or palladium refused to run it)
+    and, when rejected, why."""
+
+    config: Any
+    prediction: Prediction | None
+    reason: str | None = None
+    error: str | None = None
+    wall_seconds: float = 0.0
+
+    @property
+    def accepted(self) -> bool:
+        return self.prediction is not None and self.prediction.compiles
+
+    @property
+    def label(self) -> str:
+        return config_label(self.config)
+
+    @property
+    def predicted_seconds(self) -> float | None:
+        return self.prediction.predicted_seconds if self.prediction is not None else None
+
+    def values(self, rank: int | None) -> dict[str, Any]:
+        """The row's columns (``COLUMNS``)."""
+        p = self.prediction
+        ok = self.accepted and p is not None
+
+        def num(x: float | None, scale: float) -> float | None:
+            return None if x is None else round(x * scale, 3)
+
+        return {
+            "rank": rank,
+            "config": self.label,
+            "compiles": self.accepted,
+            "predicted_us": num(p.predicted_seconds, 1e6) if ok and p else None,
+            "bound": p.bound if ok and p else None,
+            "exposed_dma_us": num(p.exposed_dma_seconds, 1e6) if ok and p else None,
+            "vmem_mib": num(p.vmem_bytes, 2.0**-20) if ok and p else None,
+            "vmem_limit_mib": num(p.vmem_limit_bytes, 2.0**-20) if ok and p else None,
+            "smem_bytes": p.smem_bytes if ok and p else None,
+            "grid_steps": p.grid_steps if ok and p else None,
+            "checker": p.checker if p is not None else None,
+            "reason": None
+            if ok
+            else (f"{self.error}: {self.reason}" if self.error else self.reason),
+        }
+
+
+@dataclasses.dataclass(frozen=True)
+class SweepResult:
+    """Every configuration of a sweep, in the order given (``rows``); ``ranked``: the
+    accepted ones, fastest first; ``rejected``: the others, in the order given."""
+
+    rows: tuple[SweepRow, ...]
+    chip: str
+    wall_seconds: float = 0.0  # what the whole sweep cost on this CPU
+
+    @property
+    def ranked(self) -> list[SweepRow]:
+        order = {id(r): i for i, r in enumerate(self.rows)}
+        ok = [r for r in self.rows if r.accepted]
+        return sorted(ok, key=lambda r: (r.predicted_seconds, order[id(r)]))
+
+    @property
+    def rejected(self) -> list[SweepRow]:
+        return [r for r in self.rows if not r.accepted]
+
+    @property
+    def best(self) -> SweepRow:
+        """The fastest accepted configuration (``ConfigError`` if none was)."""
+        ranked = self.ranked
+        if not ranked:
+            raise ConfigError(
+                f"no configuration of the sweep compiles on TPU {self.chip}: "
+                + "; ".join(f"{r.label}: {r.reason}" for r in self.rejected[:3])
+            )
+        return ranked[0]
+
+    def records(self) -> list[dict[str, Any]]:
+        """The table as dicts: ranked rows first, then the rejected."""
+        out = [r.values(i + 1) for i, r in enumerate(self.ranked)]
+        return out + [r.values(None) for r in self.rejected]
+
+    def table(
+        self,
+        columns: tuple[str, ...] = (
+            "rank",
+            "config",
+            "predicted_us",
+            "bound",
+            "exposed_dma_us",
+            "vmem_mib",
+            "reason",
+        ),
+    ) -> str:
+        """A markdown table (``columns`` from ``COLUMNS``)."""
+
+        def cell(v: Any) -> str:
+            return (
+                ""
+                if v is None
+                else f"{v:,}"
+                if isinstance(v, (int, float)) and not isinstance(v, bool)
+                else str(v)
+            )
+
+        lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+        for rec in self.records():
+            lines.append("| " + " | ".join(cell(rec[c]) for c in columns) + " |")
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.table()
+
+    def to_csv(self, path: str) -> None:
+        """Write the table (``COLUMNS``) as CSV."""
+        with open(path, "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(COLUMNS))
+            writer.writeheader()
+            writer.writerows(self.records())
+
+    def to_json(self, path: str) -> None:
+        """Write ``{"chip": ..., "rows": [...]}`` (``COLUMNS`` per row, the config as
+        given when it is JSON)."""
+        rows = self.records()
+        by_label = {r.label: r.config for r in self.rows}
+        for rec in rows:
+            config = by_label.get(rec["config"])
+            try:
+                json.dumps(config)
+                rec["config_value"] = config
+            except TypeError:
+                rec["config_value"] = rec["config"]
+        with open(path, "w") as f:
+            json.dump({"chip": self.chip, "rows": rows}, f, indent=1)
+            f.write("\n")
+
+    def plot(self, path: str, *, title: str | None = None) -> None:
+        """Save a bar chart of predicted time per accepted configuration, fastest first
+        (needs matplotlib: ``pip install 'palladium-interpret[tune]'``)."""
+        try:
+            import matplotlib
+
+            matplotlib.use("Agg")
+            import matplotlib.pyplot as plt
+        except ImportError as e:
+            raise ConfigError(
+                "SweepResult.plot needs matplotlib, which is not installed: pip install "
+                "'palladium-interpret[tune]' (or matplotlib); to_csv / to_json / "
+                "table() need nothing."
+            ) from e
+        ranked = self.ranked
+        fig, ax = plt.subplots(figsize=(8, 0.35 * max(len(ranked), 2) + 1.2))
+        labels = [r.label for r in ranked]
+        times = [(r.predicted_seconds or 0.0) * 1e6 for r in ranked]
+        ax.barh(range(len(ranked)), times, color="tab:blue")
+        ax.set_yticks(range(len(ranked)), labels, fontsize=8)
+        ax.invert_yaxis()
+        ax.set_xlabel(f"predicted time on TPU {self.chip} (us)")
+        ax.set_title(title or f"sweep: {len(ranked)} accepted, {len(self.rejected)} rejected")
+        fig.tight_layout()
+        fig.savefig(path)
+        plt.close(fig)
