@@ -62,7 +62,7 @@ class Dma:
     __slots__ = (
         "actor", "add", "bits", "convert", "core", "data", "dst", "dst_mask", "dst_plan", "dst_sem",
         "id", "name", "nbytes", "on_done", "on_unwritten", "queued", "site", "src", "src_mask",
-        "src_plan", "src_sem", "state",
+        "sent", "src_plan", "src_sem", "state",
     )
 
     def __init__(
@@ -90,6 +90,8 @@ class Dma:
         self.convert = view.convert
         self.add = add
         self.on_done: Callable[[], None] | None = None  # told when the DMA completes
+        # A list to receive the data written (a DMA into another process's device).
+        self.sent: list[np.ndarray] | None = None
         # uninitialized_reads: the written-ness of the source region (read phase), and who
         # is told when the DMA reads a source region nothing ever wrote.
         self.bits: np.ndarray | None = None
@@ -195,6 +197,8 @@ class Dma:
             data = (old + data).astype(old.dtype, copy=False)
         old_bits = self.dst.written_bits(plan) if self.add else None
         self.dst.write(plan, data, self.dst_mask, "DMA write", self.core, self.site)
+        if self.sent is not None:
+            self.sent.append(data)
         if self.bits is not None and self.dst.written is not None:
             self._write_bits(old_bits)
         clock = None

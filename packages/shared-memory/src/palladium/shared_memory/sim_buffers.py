@@ -58,6 +58,8 @@ class BufferOps(SimulationState):
             self.out_of_bounds_hint,
             np.full(data.shape, value is not None) if self._track_written else None,
         )
+        if self._rounds is not None:
+            self._rounds.allocated(key, int(device), core, space.value)
         if self._det is not None:
             self._det.register_buffer(key, data.shape, f"{name} ({ref.where})")
         if self._obs is not None:
