@@ -31,16 +31,18 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 KERNELS = ("right_permute", "all_gather", "all_reduce", "reduce_scatter", "jax_all_gather")
 
 
-def worker(process: int, processes: int, port: int, devices: int, kernels: list[str],
-           repeats: int) -> dict:
+def worker(
+    process: int, processes: int, port: int, devices: int, kernels: list[str], repeats: int
+) -> dict:
     """One process: initialise jax.distributed, run and time each kernel, check it."""
     os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices // processes}"
     import jax
 
     if processes > 1:
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
-        jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}",
-                                   num_processes=processes, process_id=process)
+        jax.distributed.initialize(
+            coordinator_address=f"127.0.0.1:{port}", num_processes=processes, process_id=process
+        )
     import functools
 
     import numpy as np
@@ -75,11 +77,18 @@ def worker(process: int, processes: int, port: int, devices: int, kernels: list[
             def f(xs):
                 with pi.force_tpu_interpret_mode(params):
                     return shipped.all_gather(xs, mesh=mesh, axis_name="x")
+
             expected = x
         else:
-            f = jax.jit(jax.shard_map(
-                functools.partial(collectives.COLLECTIVES[name], n=devices, interpret=params),
-                mesh=mesh, in_specs=P("x"), out_specs=P("x"), check_vma=False))
+            f = jax.jit(
+                jax.shard_map(
+                    functools.partial(collectives.COLLECTIVES[name], n=devices, interpret=params),
+                    mesh=mesh,
+                    in_specs=P("x"),
+                    out_specs=P("x"),
+                    check_vma=False,
+                )
+            )
             expected = np.asarray(collectives.reference(name, x, devices))
         per = expected.shape[0] // devices
         times = []
@@ -88,21 +97,27 @@ def worker(process: int, processes: int, port: int, devices: int, kernels: list[
             out = f(xs)
             out.block_until_ready()
             times.append(time.perf_counter() - start)
-        right = all(np.array_equal(np.asarray(s.data),
-                                   expected[s.index[0].start or 0:][:per] if name != "jax_all_gather"
-                                   else expected)
-                    for s in out.addressable_shards)
+        right = all(
+            np.array_equal(
+                np.asarray(s.data),
+                expected[s.index[0].start or 0 :][:per] if name != "jax_all_gather" else expected,
+            )
+            for s in out.addressable_shards
+        )
         last = exchanges[-1] if exchanges else None
         report["kernels"][name] = {
-            "first": times[0], "steady": statistics.median(times[1:]) if repeats else None,
-            "right": bool(right), "rounds": last.round if last else 0,
+            "first": times[0],
+            "steady": statistics.median(times[1:]) if repeats else None,
+            "right": bool(right),
+            "rounds": last.round if last else 0,
             "exchange_seconds": last.seconds if last else 0.0,
         }
     return report
 
 
-def launch(processes: int, devices: int, kernels: list[str], repeats: int = 1,
-           timeout: float = 1800.0) -> list[dict]:
+def launch(
+    processes: int, devices: int, kernels: list[str], repeats: int = 1, timeout: float = 1800.0
+) -> list[dict]:
     """Run ``worker`` in ``processes`` processes; every process's report."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -112,11 +127,28 @@ def launch(processes: int, devices: int, kernels: list[str], repeats: int = 1,
     procs = []
     try:
         for p in range(processes):
-            procs.append(subprocess.Popen(
-                [sys.executable, os.path.abspath(__file__), "--worker", str(p), str(port),
-                 "--processes", str(processes), "--devices", str(devices),
-                 "--repeats", str(repeats), "--kernels", *kernels],
-                env=env, stdout=subprocess.PIPE, text=True))
+            procs.append(
+                subprocess.Popen(
+                    [
+                        sys.executable,
+                        os.path.abspath(__file__),
+                        "--worker",
+                        str(p),
+                        str(port),
+                        "--processes",
+                        str(processes),
+                        "--devices",
+                        str(devices),
+                        "--repeats",
+                        str(repeats),
+                        "--kernels",
+                        *kernels,
+                    ],
+                    env=env,
+                    stdout=subprocess.PIPE,
+                    text=True,
+                )
+            )
         outs = [proc.communicate(timeout=timeout)[0] for proc in procs]
     finally:
         for proc in procs:
@@ -141,8 +173,7 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     if args.worker:
         process, port = args.worker
-        report = worker(process, args.processes, port, args.devices, args.kernels,
-                        args.repeats)
+        report = worker(process, args.processes, port, args.devices, args.kernels, args.repeats)
         print(json.dumps(report), flush=True)
         if args.processes > 1:  # the coordinator (process 0) leaves last
             from jax._src import distributed
@@ -159,8 +190,10 @@ def main(argv: list[str]) -> int:
         rows = [r["kernels"][name] for r in reports]
         ok = all(r["right"] for r in rows)
         steady = max(r["steady"] for r in rows) if args.repeats else max(r["first"] for r in rows)
-        print(f"  {name}: {'right' if ok else 'WRONG'}, {steady * 1e3:.1f} ms "
-              f"({rows[0]['rounds']} rounds)")
+        print(
+            f"  {name}: {'right' if ok else 'WRONG'}, {steady * 1e3:.1f} ms "
+            f"({rows[0]['rounds']} rounds)"
+        )
         if not ok:
             return 1
     return 0

@@ -28,8 +28,9 @@ import jax  # noqa: E402
 
 if PROCESSES > 1:
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    jax.distributed.initialize(coordinator_address=f"127.0.0.1:{PORT}",
-                               num_processes=PROCESSES, process_id=PROCESS)
+    jax.distributed.initialize(
+        coordinator_address=f"127.0.0.1:{PORT}", num_processes=PROCESSES, process_id=PROCESS
+    )
 
 import numpy as np  # noqa: E402
 from jax.experimental import pallas as pl  # noqa: E402
@@ -49,13 +50,13 @@ RESULT: dict = {"outputs": {}, "errors": {}, "seconds": {}}
 
 def global_array(x: np.ndarray) -> jax.Array:
     """``x`` split over the mesh's devices along its first axis (this process's part)."""
-    return jax.make_array_from_callback(x.shape, NamedSharding(MESH, P("x")),
-                                        lambda index: x[index])
+    return jax.make_array_from_callback(
+        x.shape, NamedSharding(MESH, P("x")), lambda index: x[index]
+    )
 
 
 def shard_mapped(fn):
-    return jax.jit(jax.shard_map(fn, mesh=MESH, in_specs=P("x"), out_specs=P("x"),
-                                 check_vma=False))
+    return jax.jit(jax.shard_map(fn, mesh=MESH, in_specs=P("x"), out_specs=P("x"), check_vma=False))
 
 
 def record(name: str, call) -> None:
@@ -98,8 +99,9 @@ def collectives_scenario() -> None:
 def _deadlock_kernel(x_ref, o_ref, sem):
     """Each device signals its right neighbour once, then waits for 2: all block."""
     me = jax.lax.axis_index("x")
-    pl.semaphore_signal(sem, 1, device_id=((me + 1) % DEVICES,),
-                        device_id_type=pl.DeviceIdType.MESH)
+    pl.semaphore_signal(
+        sem, 1, device_id=((me + 1) % DEVICES,), device_id_type=pl.DeviceIdType.MESH
+    )
     pl.semaphore_wait(sem, 2)
     o_ref[...] = x_ref[...]
 
@@ -107,8 +109,11 @@ def _deadlock_kernel(x_ref, o_ref, sem):
 def deadlock_scenario() -> None:
     def fn(x):
         return pl.pallas_call(
-            _deadlock_kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
-            scratch_shapes=[pltpu.SemaphoreType.REGULAR], interpret=PARAMS)(x)
+            _deadlock_kernel,
+            out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+            scratch_shapes=[pltpu.SemaphoreType.REGULAR],
+            interpret=PARAMS,
+        )(x)
 
     x = np.asarray(collectives.inputs("right_permute", DEVICES))
     record("deadlock", lambda: shard_mapped(fn)(global_array(x)))
@@ -147,8 +152,12 @@ def partial_scenario() -> None:
 
 
 def main() -> None:
-    {"collectives": collectives_scenario, "deadlock": deadlock_scenario,
-     "killed": killed_scenario, "partial": partial_scenario}[SCENARIO]()
+    {
+        "collectives": collectives_scenario,
+        "deadlock": deadlock_scenario,
+        "killed": killed_scenario,
+        "partial": partial_scenario,
+    }[SCENARIO]()
     with open(os.path.join(OUT, f"{PROCESS}.json"), "w") as f:
         json.dump(RESULT, f)
     sys.stdout.flush()

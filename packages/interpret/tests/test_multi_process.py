@@ -30,8 +30,14 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _run(scenario: str, processes: int, devices: int, out_dir: str, timeout: float,
-         expect_killed: tuple[int, ...] = ()) -> list[dict | None]:
+def _run(
+    scenario: str,
+    processes: int,
+    devices: int,
+    out_dir: str,
+    timeout: float,
+    expect_killed: tuple[int, ...] = (),
+) -> list[dict | None]:
     """Start the workers, wait for all (at most ``timeout`` s in all), return each
     one's result (None for a process in ``expect_killed``)."""
     port = _free_port()
@@ -41,9 +47,23 @@ def _run(scenario: str, processes: int, devices: int, out_dir: str, timeout: flo
     try:
         for p in range(processes):
             log = open(os.path.join(out_dir, f"{p}.log"), "w")  # noqa: SIM115
-            procs.append(subprocess.Popen(
-                [sys.executable, WORKER, scenario, str(p), str(processes), str(port),
-                 str(devices), out_dir], env=env, stdout=log, stderr=subprocess.STDOUT))
+            procs.append(
+                subprocess.Popen(
+                    [
+                        sys.executable,
+                        WORKER,
+                        scenario,
+                        str(p),
+                        str(processes),
+                        str(port),
+                        str(devices),
+                        out_dir,
+                    ],
+                    env=env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                )
+            )
         for proc in procs:
             proc.wait(timeout=timeout)
     finally:

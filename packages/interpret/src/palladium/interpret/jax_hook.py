@@ -23,11 +23,10 @@ import numpy as np
 
 from palladium import shared_memory
 from palladium.interpret import _jax_compat as jc
-from palladium.interpret import interrupts
+from palladium.interpret import interrupts, multi_process
 from palladium.interpret.blas import single_threaded_blas
 from palladium.interpret.chip import resolve_chip
 from palladium.interpret.devices import DeviceMesh
-from palladium.interpret import multi_process
 from palladium.interpret.errors import (
     DataRaceError,
     KernelError,

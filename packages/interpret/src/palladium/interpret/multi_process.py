@@ -23,6 +23,7 @@ after ``InterpretParams.rendezvous_timeout`` on the others.
 from __future__ import annotations
 
 import collections
+import contextlib
 import threading
 import time
 from typing import Any
@@ -76,8 +77,9 @@ class ProcessLayout:
         with self._lock:
             if self._heartbeat is not None:
                 return
-            self._heartbeat = threading.Thread(target=self._beat, name="palladium-heartbeat",
-                                               daemon=True)
+            self._heartbeat = threading.Thread(
+                target=self._beat, name="palladium-heartbeat", daemon=True
+            )
             self._heartbeat.start()
 
     def _beat(self) -> None:
@@ -135,8 +137,11 @@ class KvTransport:
             if q == self.process:
                 continue
             if self._wait(f"{self.launch}/ready/{q}", q, deadline) is None:
-                missing = [r for r in range(self.num_processes) if r != self.process
-                           and self._try(f"{self.launch}/ready/{r}") is None]
+                missing = [
+                    r
+                    for r in range(self.num_processes)
+                    if r != self.process and self._try(f"{self.launch}/ready/{r}") is None
+                ]
                 raise RendezvousTimeoutError(
                     f"{self.describe}: waited {timeout:g} s for all {self.num_processes} "
                     f"processes; processes {missing} never reached this launch (process "
@@ -217,7 +222,5 @@ class KvTransport:
         self.client.key_value_set_bytes(key, value, allow_overwrite=True)
 
     def _delete(self, key: str) -> None:
-        try:
+        with contextlib.suppress(Exception):
             self.client.key_value_delete(key)
-        except Exception:
-            pass

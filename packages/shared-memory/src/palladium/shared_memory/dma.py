@@ -48,6 +48,11 @@ def _report(event: Any, actor: Any, buf: Buffer, plan: AccessPlan, mask: Any, si
         event(actor, buf.ref.key, race, site=site, mask=np.broadcast_to(sub, shape))
 
 
+def report_write(det: Any, actor: Any, buf: Buffer, plan: AccessPlan, mask: Any, site: object) -> None:
+    """Tell the race detector that ``actor`` wrote the stored elements of ``plan``."""
+    _report(det.write, actor, buf, plan, mask, site)
+
+
 class DmaState(enum.Enum):
     """Progress of a DMA: started, source read, destination written."""
 
@@ -203,13 +208,16 @@ class Dma:
             self._write_bits(old_bits)
         clock = None
         if det is not None:
-            if plan.index is not None:
+            # Into another process's device (``sent``): checked there, where it lands.
+            if plan.index is not None and self.sent is None:
                 _report(det.write, self.actor, self.dst, plan, self.dst_mask, self.site)
             # Finished first, so the release does not tick: the clock it hands to the
             # receive semaphore holds the DMA's final time, and a core that waited on it
             # can give the DMA's slot to its next DMA (RaceDetector._reusable_slot).
             det.finish(self.actor)
             clock = det.release(self.actor)
+        if self.sent is not None:
+            self.sent.append(clock)
         self.data = None
         self.state = DmaState.DONE
         if self.queued:

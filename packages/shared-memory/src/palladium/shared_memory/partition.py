@@ -32,9 +32,8 @@ import pickle
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-import numpy as np
-
-from palladium.shared_memory.buffers import Buffer
+from palladium.race_detect import Clock, ClockExchange, VectorClock
+from palladium.shared_memory.dma import Dma, report_write
 from palladium.shared_memory.errors import (
     ConfigError,
     DeadlockError,
@@ -81,6 +80,7 @@ class _Status:
     blocked: list[tuple[CoreId, str]] = dataclasses.field(default_factory=list)
     finished: list[CoreId] = dataclasses.field(default_factory=list)
     messages: list[tuple[Any, ...]] = dataclasses.field(default_factory=list)
+    barrier_clock: Any = ()  # race detection: the join of the cores' clocks at the barrier
 
 
 class Rounds:
@@ -99,6 +99,7 @@ class Rounds:
         self.rounds = 0
         self.messages_sent = 0
         self.failed = False
+        self._clocks: ClockExchange | None = None
         # (device, core, space, n): the n-th buffer of that owner, the same on every
         # process; key <-> identity of every buffer allocated.
         self.identity: dict[int, tuple[int, int, str, int]] = {}
@@ -118,16 +119,43 @@ class Rounds:
     def is_local(self, device: int) -> bool:
         return device in self.local
 
-    def send_dma(self, dst: Buffer, region: Any, data: np.ndarray, mask: Any,
-                 bits: Any, dst_core: CoreId, sem_id: int, nbytes: int, src_core: CoreId,
-                 site: object) -> None:
-        """A DMA from a local core wrote ``data`` into ``dst`` (another process's)."""
-        self.outbox.append(("dma", dst_core[0], self.identity[dst.ref.key], region, data,
-                            mask, bits, dst_core, sem_id, nbytes, src_core, str(site or "")))
+    @property
+    def clocks(self) -> ClockExchange | None:
+        """Race detection's clock translation (None without race detection)."""
+        if self._clocks is None and self.sim._det is not None:
+            self._clocks = ClockExchange(self.sim._det, self.transport.process)
+        return self._clocks
 
-    def send_signal(self, target: CoreId, sem_id: int, inc: int) -> None:
+    def send_dma(self, dma: Dma, region: Any, bits: Any, dst_core: CoreId) -> None:
+        """``dma`` from a local core executed into another process's device (its
+        ``sent``: the data written and the clock released)."""
+        assert dma.sent is not None
+        data, clock = dma.sent
+        race = None
+        if self.clocks is not None and clock is not None:
+            race = (dma.name, self.transport.process, dma.actor.slot, self.clocks.export(clock))
+        self.outbox.append(
+            (
+                "dma",
+                dst_core[0],
+                self.identity[dma.dst.ref.key],
+                region,
+                data,
+                dma.dst_mask,
+                bits,
+                dst_core,
+                dma.dst_sem.id,
+                dma.nbytes,
+                dma.core,
+                "" if dma.site is None else str(dma.site),
+                race,
+            )
+        )
+
+    def send_signal(self, target: CoreId, sem_id: int, inc: int, clock: Clock | None) -> None:
         """A local core signalled semaphore ``sem_id`` of ``target`` (another process's)."""
-        self.outbox.append(("signal", target[0], target, sem_id, inc))
+        entries = None if clock is None or self.clocks is None else self.clocks.export(clock)
+        self.outbox.append(("signal", target[0], target, sem_id, inc, entries))
 
     # -- rounds ------------------------------------------------------------------------
 
@@ -173,6 +201,11 @@ class Rounds:
                 status.finished.append(t.core)
         arrived = self.sim._barrier_arrived
         status.at_barrier = bool(arrived) and len(arrived) == len(self.sim._run_cores)
+        if status.at_barrier and self.clocks is not None:
+            merged = VectorClock()
+            for core in self.sim._run_cores:
+                merged.join(self.sim._actor(core).clock())
+            status.barrier_clock = self.clocks.export(merged.snapshot())
         return status
 
     def _round(self, status: _Status) -> list[_Status]:
@@ -191,33 +224,52 @@ class Rounds:
                 if m[1] in self.local:
                     self._deliver(m)
         if statuses and all(s.at_barrier for s in statuses):
+            clocks = self.clocks
+            if clocks is not None:  # every process's cores happen-before the barrier's end
+                det = self.sim._det
+                for s in statuses:
+                    clock = clocks.imported(s.barrier_clock)
+                    for core in self.sim._run_cores:
+                        det.acquire(self.sim._actor(core), clock)
             self.release_barrier()
             progress = True
         return progress
 
     def _deliver(self, m: tuple[Any, ...]) -> None:
         sim = self.sim
+        clocks = self.clocks
         if m[0] == "signal":
-            _, _, target, sem_id, inc = m
-            sim._sem(target, sem_id).signal(inc, None)
+            _, _, target, sem_id, inc, entries = m
+            clock = None if entries is None or clocks is None else clocks.imported(entries)
+            sim._sem(target, sem_id).signal(inc, clock)
             return
-        _, _, ident, region, data, mask, bits, dst_core, sem_id, nbytes, src_core, site = m
+        _, _, ident, region, data, mask, bits, dst_core, sem_id, nbytes, src_core, site, race = m
         key = self.key_of.get(ident)
         if key is None or key not in sim._buffers:
             raise ConfigError(
                 f"{core_name(src_core)}: a DMA into {core_name(dst_core)} (another process) "
-                f"targets a buffer that process does not hold (scoped or freed){at_site(site or None)}")
+                f"targets a buffer that process does not hold (scoped or freed){at_site(site or None)}"
+            )
         buf = sim._buffers[key]
         plan = buf.plan(region)
         buf.write(plan, data, mask, "DMA write", src_core, site or None)
         if bits is not None and buf.written is not None:
             buf.set_written(plan, bits, mask)
-        sim._sem(dst_core, sem_id).signal(nbytes, None)
+        clock = None
+        if race is not None and clocks is not None:
+            name, process, slot, entries = race
+            if plan.index is not None:  # the write checked here, as the sender's DMA's
+                actor = clocks.actor(f"{name} (process {process})", process, slot, entries)
+                report_write(sim._det, actor, buf, plan, mask, site or None)
+            clock = clocks.imported(entries)
+        sim._sem(dst_core, sem_id).signal(nbytes, clock)
 
     @staticmethod
     def _deadlock_message(statuses: list[_Status]) -> str:
-        lines = [f"deadlock: every core is blocked and no DMA can make progress "
-                 f"(across {len(statuses)} processes)."]
+        lines = [
+            f"deadlock: every core is blocked and no DMA can make progress "
+            f"(across {len(statuses)} processes)."
+        ]
         blocked = sorted((c, text, p) for p, s in enumerate(statuses) for c, text in s.blocked)
         for core, text, p in blocked:
             lines.append(f"  {core_name(core)} (process {p}) {text}")

@@ -118,8 +118,7 @@ class DmaOps(SimulationState):
         plan = dma.dst_plan
         bits = dma.dst.written_bits(plan) if dma.dst.written is not None else None
         region = dst_region.region if dst_region.__class__ is AccessPlan else dst_region
-        self._rounds.send_dma(dma.dst, region, dma.sent[0], dma.dst_mask, bits, dst_core,
-                              dma.dst_sem.id, dma.nbytes, dma.core, dma.site)
+        self._rounds.send_dma(dma, region, bits, dst_core)
 
     def _dma_of_unwritten(self, dma: Dma, missing: Any) -> None:
         """A DMA's source region was never written at all (``uninitialized_reads``)."""

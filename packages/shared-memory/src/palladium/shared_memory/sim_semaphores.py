@@ -51,7 +51,7 @@ class SemaphoreOps(DmaOps):
         sem = self._sem(core if target is None else (int(target[0]), int(target[1])), sem_id)
         clock = self._det.release(self._actor(core)) if self._det is not None else None
         if self._rounds is not None and not self._rounds.is_local(sem.core[0]):
-            self._rounds.send_signal(sem.core, sem.id, int(inc))  # another process's core
+            self._rounds.send_signal(sem.core, sem.id, int(inc), clock)  # another process's
         else:
             sem.signal(int(inc), clock)
         if self._obs is not None:

@@ -25,8 +25,8 @@ from palladium.shared_memory.errors import (
     core_name,
 )
 from palladium.shared_memory.observer import ObserverSet
-from palladium.shared_memory.partition import Rounds
 from palladium.shared_memory.options import DmaOrder, SimulationOptions, Uninitialized
+from palladium.shared_memory.partition import Rounds
 from palladium.shared_memory.scheduler import Scheduler, Task
 from palladium.shared_memory.semaphores import Semaphore
 
