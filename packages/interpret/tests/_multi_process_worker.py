@@ -151,12 +151,65 @@ def partial_scenario() -> None:
         time.sleep(10)  # alive (heartbeat going) but never reaching the launch
 
 
+def _racy_kernel(x_ref, o_ref, local_sem, send, recv):
+    """Each device copies its block into its own output while its left neighbour's
+    remote DMA writes the same output, unordered: a write-write race on every device."""
+    me = jax.lax.axis_index("x")
+    remote = pltpu.make_async_remote_copy(
+        x_ref,
+        o_ref,
+        send,
+        recv,
+        device_id=((me + 1) % DEVICES,),
+        device_id_type=pl.DeviceIdType.MESH,
+    )
+    local = pltpu.make_async_copy(x_ref, o_ref, local_sem)
+    remote.start()
+    local.start()
+    local.wait()
+    remote.wait()
+
+
+def race_scenario() -> None:
+    """The racy kernel twice with races collected: each process's reports."""
+    params = pi.InterpretParams(detect_races=True, on_race="collect", rendezvous_timeout=30.0)
+    any_spec = pl.BlockSpec(memory_space=pl.ANY)
+
+    def fn(x):
+        return pl.pallas_call(
+            _racy_kernel,
+            out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+            in_specs=[any_spec],
+            out_specs=any_spec,
+            scratch_shapes=[pltpu.SemaphoreType.DMA] * 3,
+            interpret=params,
+        )(x)
+
+    x = np.asarray(collectives.inputs("right_permute", DEVICES))
+    f = shard_mapped(fn)
+    RESULT["races"] = []
+    for k in range(2):
+        with pi.collect_race_reports() as reports:
+            record(f"race{k}", lambda: f(global_array(x)))
+        RESULT["races"].append([str(r) for r in reports])
+    # Race-free collectives (remote DMAs, signals, the initial barrier): no report.
+    for name in ("all_gather", "all_reduce", "reduce_scatter"):
+        xs = np.asarray(collectives.inputs(name, DEVICES))
+        g = shard_mapped(
+            functools.partial(collectives.COLLECTIVES[name], n=DEVICES, interpret=params)
+        )
+        with pi.collect_race_reports() as reports:
+            record(name, lambda g=g, xs=xs: g(global_array(xs)))
+        RESULT["races"].append([str(r) for r in reports])
+
+
 def main() -> None:
     {
         "collectives": collectives_scenario,
         "deadlock": deadlock_scenario,
         "killed": killed_scenario,
         "partial": partial_scenario,
+        "race": race_scenario,
     }[SCENARIO]()
     with open(os.path.join(OUT, f"{PROCESS}.json"), "w") as f:
         json.dump(RESULT, f)

@@ -154,3 +154,22 @@ def test_launch_reached_by_some_processes_only_is_an_error(tmp_path):
     kind, message = r["errors"]["partial"]
     assert kind == "RendezvousTimeoutError"
     assert "processes [1] never reached this launch" in message
+
+
+@pytest.mark.timeout(300)
+def test_race_across_processes_is_found_where_the_remote_write_lands(tmp_path):
+    results = _run("race", 2, 4, str(tmp_path), timeout=200)
+    for p, r in enumerate(results):
+        assert r is not None
+        assert not r["errors"]
+        first, second, *clean = r["races"]
+        assert first == second  # the same reports on every run
+        assert clean == [[], [], []]  # race-free collectives: no false report
+        assert len(first) == 2
+        own, remote = (2 * p + 1, 2 * p), 2 * p  # (receiver of a local DMA, of a remote one)
+        assert f"data race on 'o_ref (HBM, device {own[0]})'" in first[0]
+        peer = 1 - p
+        sender = (remote - 1) % 4
+        assert f"data race on 'o_ref (HBM, device {remote})'" in first[1]
+        assert f"write by 'x_ref->o_ref (process {peer})'" in first[1]
+        assert f"device {sender} core 0 (_multi_process_worker.py:" in first[1]

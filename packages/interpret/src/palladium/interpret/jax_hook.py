@@ -212,11 +212,10 @@ class _LaunchSite:
     def _execute_split(self, block: range, local_args: list[Any]) -> list[Any]:
         assert self.layout is not None
         name, n = self.kernel.name, self.mesh.num_devices
-        if self.params.detect_races or self.params.dma_order_trials:
+        if self.params.dma_order_trials:
             raise UnsupportedFeatureError(
-                f"kernel '{name}': detect_races and dma_order_trials are not supported yet "
-                f"for a launch split over {self.layout.num_processes} processes; run the "
-                f"check in one process"
+                f"kernel '{name}': dma_order_trials is not supported for a launch split "
+                f"over {self.layout.num_processes} processes; run that check in one process"
             )
         transport = multi_process.KvTransport(
             self.layout, self.layout.launch_id(name),

@@ -27,6 +27,7 @@ others raise ``PeerProcessError`` naming it.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import pickle
 from collections.abc import Callable, Sequence
@@ -187,10 +188,8 @@ class Rounds:
             return
         self.failed = True
         text = f"{type(error).__name__}: {error}".splitlines()[0][:2000]
-        try:
+        with contextlib.suppress(Exception):  # the others may be gone too
             self.transport.abort(text)
-        except Exception:  # the others may be gone too
-            pass
 
     def _status(self, tasks: Sequence[Any]) -> _Status:
         status = _Status("blocked")
