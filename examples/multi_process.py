@@ -29,6 +29,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 KERNELS = ("right_permute", "all_gather", "all_reduce", "reduce_scatter", "jax_all_gather")
+# "exchange": also time the transport alone (benchmarks/device_scaling.py)
 
 
 def worker(
@@ -67,7 +68,9 @@ def worker(
 
     multi_process.KvTransport.meet = meet  # type: ignore[method-assign]
     report: dict = {"process": process, "kernels": {}}
-    for name in kernels:
+    if "exchange" in kernels and processes > 1:
+        report["exchange"] = _exchange_cost(multi_process, processes)
+    for name in (k for k in kernels if k != "exchange"):
         base = "all_gather" if name == "jax_all_gather" else name
         x = np.asarray(collectives.inputs(base, devices))
         xs = jax.make_array_from_callback(x.shape, spec, lambda index, x=x: x[index])
@@ -113,6 +116,26 @@ def worker(
             "exchange_seconds": last.seconds if last else 0.0,
         }
     return report
+
+
+def _exchange_cost(multi_process, processes: int, rounds: int = 200) -> dict:
+    """Seconds per round of the key-value transport alone, with 1 and with 32 messages
+    of 4 KiB (one (8, 128) float32 block each) posted by every process per round."""
+    import pickle
+
+    import numpy as np
+
+    where = multi_process.layout()
+    out = {}
+    for count in (1, 32):
+        payload = pickle.dumps([np.zeros((8, 128), np.float32)] * count)
+        transport = multi_process.KvTransport(where, where.launch_id(f"ping{count}"), "ping")
+        transport.meet(60.0)
+        start = time.perf_counter()
+        for _ in range(rounds):
+            transport.exchange(payload)
+        out[str(count)] = (time.perf_counter() - start) / rounds
+    return out
 
 
 def launch(
@@ -167,7 +190,9 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--processes", type=int, default=2)
     parser.add_argument("--devices", type=int, default=8)
-    parser.add_argument("--kernels", nargs="+", default=list(KERNELS), choices=KERNELS)
+    parser.add_argument(
+        "--kernels", nargs="+", default=list(KERNELS), choices=[*KERNELS, "exchange"]
+    )
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--worker", nargs=2, type=int, metavar=("PROCESS", "PORT"))
     args = parser.parse_args(argv)
@@ -186,7 +211,7 @@ def main(argv: list[str]) -> int:
         os._exit(0)
     reports = launch(args.processes, args.devices, args.kernels, args.repeats)
     print(f"{args.devices} devices over {args.processes} processes:")
-    for name in args.kernels:
+    for name in (k for k in args.kernels if k != "exchange"):
         rows = [r["kernels"][name] for r in reports]
         ok = all(r["right"] for r in rows)
         steady = max(r["steady"] for r in rows) if args.repeats else max(r["first"] for r in rows)
