@@ -145,7 +145,7 @@ class _LaunchSite:
         self._lock = threading.Lock()
         self._launches = [0] * max(mesh.num_devices, 1)
         # A jax.distributed run of 2+ processes: this process simulates its devices only.
-        self.layout = multi_process.layout() if mesh.num_devices > 1 else None
+        self.layout = STATE.processes.current() if mesh.num_devices > 1 else None
 
     def run(self, *args: Any) -> list[np.ndarray]:
         return self._interruptible(lambda: _execute(

@@ -31,7 +31,7 @@ from typing import Any
 from palladium.interpret import _jax_compat as jc
 from palladium.interpret.errors import KernelError, PeerProcessError, RendezvousTimeoutError
 
-__all__ = ["KvTransport", "ProcessLayout", "layout"]
+__all__ = ["KvTransport", "ProcessLayout", "ProcessLayouts"]
 
 HEARTBEAT_INTERVAL = 0.25  # seconds between a process's heartbeats
 PEER_TIMEOUT = 3.0  # a heartbeat standing still this long: the process is gone
@@ -94,23 +94,29 @@ class ProcessLayout:
             time.sleep(HEARTBEAT_INTERVAL)
 
 
-def layout() -> ProcessLayout | None:
-    """This process's layout in a ``jax.distributed`` run of 2+ processes, else None."""
-    client = jc.distributed_client()
-    if client is None:
-        return None
-    import jax
+class ProcessLayouts:
+    """The process-wide ``ProcessLayout`` (``process_state.STATE.processes``): made at
+    the first split launch, kept for the ``jax.distributed`` client it belongs to (its
+    heartbeat thread runs from then on)."""
 
-    count = jax.process_count()
-    if count < 2:
-        return None
-    global _LAYOUT
-    if _LAYOUT is None or _LAYOUT.client is not client:
-        _LAYOUT = ProcessLayout(client, jax.process_index(), count)
-    return _LAYOUT
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._layout: ProcessLayout | None = None
 
+    def current(self) -> ProcessLayout | None:
+        """This process's layout in a ``jax.distributed`` run of 2+ processes, else None."""
+        client = jc.distributed_client()
+        if client is None:
+            return None
+        import jax
 
-_LAYOUT: ProcessLayout | None = None
+        count = jax.process_count()
+        if count < 2:
+            return None
+        with self._lock:
+            if self._layout is None or self._layout.client is not client:
+                self._layout = ProcessLayout(client, jax.process_index(), count)
+            return self._layout
 
 
 class KvTransport:

@@ -24,6 +24,9 @@ launch_scopes      the ``scoped_launch_observer`` factories   untouched (each bl
 mode_loggers       ``LoggingMode`` -> observer factory        back to the ones at import
 progress           the launches running now that report      nothing (empty when no launch
                    their progress, and its one thread        runs)
+processes          this process's place in a jax.distributed  nothing (it belongs to the
+                   run of 2+ processes and its heartbeat     jax.distributed client)
+                   thread (from the first split launch)
 =================  ========================================  ==============================
 
 (``palladium.shared_memory.scheduler`` keeps one more set, of the schedulers running
@@ -48,6 +51,7 @@ from palladium.interpret.blas_limit import SingleThreadLimit
 from palladium.interpret.errors import ConfigError
 from palladium.interpret.eval.rule_table import RuleRegistry, RuleSnapshot
 from palladium.interpret.failures import FailureLog
+from palladium.interpret.multi_process import ProcessLayouts
 from palladium.interpret.progress import ProgressMonitor
 from palladium.interpret.race_log import RaceLog
 from palladium.interpret.rendezvous import RendezvousRegistry
@@ -66,6 +70,8 @@ class ProcessState:
     progress: ProgressMonitor = dataclasses.field(default_factory=ProgressMonitor)
     blas: SingleThreadLimit = dataclasses.field(default_factory=SingleThreadLimit)
     rules: RuleRegistry = dataclasses.field(default_factory=RuleRegistry)
+    # this process's place in a jax.distributed run (multi_process.py)
+    processes: ProcessLayouts = dataclasses.field(default_factory=ProcessLayouts)
     # factory(LaunchInfo) -> Observer | None, in registration order (observers.py)
     launch_observers: list[Callable[[Any], Any]] = dataclasses.field(default_factory=list)
     observers_lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)

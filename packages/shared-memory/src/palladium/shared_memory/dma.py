@@ -96,7 +96,7 @@ class Dma:
         self.add = add
         self.on_done: Callable[[], None] | None = None  # told when the DMA completes
         # A list to receive the data written (a DMA into another process's device).
-        self.sent: list[np.ndarray] | None = None
+        self.sent: list[Any] | None = None
         # uninitialized_reads: the written-ness of the source region (read phase), and who
         # is told when the DMA reads a source region nothing ever wrote.
         self.bits: np.ndarray | None = None
