@@ -33,7 +33,13 @@ KERNELS = ("right_permute", "all_gather", "all_reduce", "reduce_scatter", "jax_a
 
 
 def worker(
-    process: int, processes: int, port: int, devices: int, kernels: list[str], repeats: int
+    process: int,
+    processes: int,
+    port: int,
+    devices: int,
+    kernels: list[str],
+    repeats: int,
+    check_memory: bool = True,
 ) -> dict:
     """One process: initialise jax.distributed, run and time each kernel, check it."""
     os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices // processes}"
@@ -56,7 +62,7 @@ def worker(
     sys.path.insert(0, HERE)
     import collectives
 
-    params = pi.InterpretParams(watchdog_timeout=None)
+    params = pi.InterpretParams(watchdog_timeout=None, check_memory=check_memory)
     mesh = jax.make_mesh((devices,), ("x",), devices=jax.devices())
     spec = NamedSharding(mesh, P("x"))
     exchanges: list[multi_process.KvTransport] = []
@@ -139,7 +145,12 @@ def _exchange_cost(multi_process, processes: int, rounds: int = 200) -> dict:
 
 
 def launch(
-    processes: int, devices: int, kernels: list[str], repeats: int = 1, timeout: float = 1800.0
+    processes: int,
+    devices: int,
+    kernels: list[str],
+    repeats: int = 1,
+    timeout: float = 1800.0,
+    check_memory: bool = True,
 ) -> list[dict]:
     """Run ``worker`` in ``processes`` processes; every process's report."""
     with socket.socket() as s:
@@ -164,6 +175,7 @@ def launch(
                         str(devices),
                         "--repeats",
                         str(repeats),
+                        *([] if check_memory else ["--no-check-memory"]),
                         "--kernels",
                         *kernels,
                     ],
@@ -194,11 +206,25 @@ def main(argv: list[str]) -> int:
         "--kernels", nargs="+", default=list(KERNELS), choices=[*KERNELS, "exchange"]
     )
     parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument(
+        "--no-check-memory",
+        action="store_true",
+        help="skip the TPU compiler's memory check (where libtpu is installed): a ring "
+        "all-gather on 256 devices needs more semaphores than a TPU has",
+    )
     parser.add_argument("--worker", nargs=2, type=int, metavar=("PROCESS", "PORT"))
     args = parser.parse_args(argv)
     if args.worker:
         process, port = args.worker
-        report = worker(process, args.processes, port, args.devices, args.kernels, args.repeats)
+        report = worker(
+            process,
+            args.processes,
+            port,
+            args.devices,
+            args.kernels,
+            args.repeats,
+            check_memory=not args.no_check_memory,
+        )
         print(json.dumps(report), flush=True)
         if args.processes > 1:  # the coordinator (process 0) leaves last
             from jax._src import distributed
@@ -209,7 +235,13 @@ def main(argv: list[str]) -> int:
                 for q in range(1, args.processes):
                     client.blocking_key_value_get(f"example/done/{q}", 600_000)
         os._exit(0)
-    reports = launch(args.processes, args.devices, args.kernels, args.repeats)
+    reports = launch(
+        args.processes,
+        args.devices,
+        args.kernels,
+        args.repeats,
+        check_memory=not args.no_check_memory,
+    )
     print(f"{args.devices} devices over {args.processes} processes:")
     for name in (k for k in args.kernels if k != "exchange"):
         rows = [r["kernels"][name] for r in reports]
