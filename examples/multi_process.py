@@ -227,9 +227,9 @@ def main(argv: list[str]) -> int:
         )
         print(json.dumps(report), flush=True)
         if args.processes > 1:  # the coordinator (process 0) leaves last
-            from jax._src import distributed
+            from palladium.interpret import _jax_compat
 
-            client = distributed.global_state.client
+            client = _jax_compat.distributed_client()
             client.key_value_set(f"example/done/{process}", "1")
             if process == 0:
                 for q in range(1, args.processes):
