@@ -136,14 +136,15 @@ def processes_table(ns: list[int], counts: list[int], timeout: float) -> None:
     import multi_process
 
     print()
-    print("### one process vs a slice split over processes (steady = 2nd call, the slowest "
-          "process's; rounds = lock-step exchanges of one launch; check_memory=False)")
+    print("### one process vs a slice split over processes (steady = 2nd call, wall and CPU "
+          "seconds of the slowest process; rounds = lock-step exchanges of one launch, "
+          "exchanges = seconds in them incl. waiting for the other; check_memory=False)")
     print()
     print("| kernel | N | " + " | ".join(f"P={p}" for p in counts) + " | speed-up |")
     print("|---|---|" + "---|" * len(counts) + "---|")
     for n in ns:
         for name in ("all_gather", "jax_all_gather"):
-            steady = []
+            steady: list[tuple[float, float] | None] = []
             cells = []
             for p in counts:
                 try:
@@ -155,11 +156,15 @@ def processes_table(ns: list[int], counts: list[int], timeout: float) -> None:
                     continue
                 rows = [r["kernels"][name] for r in reports]
                 t = max(r["steady"] for r in rows)
-                steady.append(t)
+                c = max(r["steady_cpu"] for r in rows)
+                steady.append((t, c))
                 flag = "" if all(r["right"] for r in rows) else " (WRONG)"
-                rounds = f", {rows[0]['rounds']} rounds" if p > 1 else ""
-                cells.append(f"{t:.2f} s{flag}{rounds}")
-            ratio = (f"{steady[0] / steady[-1]:.2f}x" if steady[0] and steady[-1] else "")
+                extra = (f", {rows[0]['rounds']} rounds, exchanges "
+                         f"{max(r['exchange_seconds'] for r in rows):.2f} s" if p > 1 else "")
+                cells.append(f"{t:.2f} s (CPU {c:.2f} s){flag}{extra}")
+            first, last = steady[0], steady[-1]
+            ratio = (f"{first[0] / last[0]:.2f}x (CPU {first[1] / last[1]:.2f}x)"
+                     if first and last else "")
             print(f"| {name} | {n} | " + " | ".join(cells) + f" | {ratio} |", flush=True)
     reports = multi_process.launch(2, 2, ["exchange"], timeout=timeout)
     cost = reports[0]["exchange"]
