@@ -238,6 +238,9 @@ def main(argv: list[str]) -> int:
             if process == 0:
                 for q in range(1, args.processes):
                     client.blocking_key_value_get(f"example/done/{q}", 600_000)
+                # Let the service answer the last set before it goes: a process whose
+                # RPC fails on a vanished coordinator is aborted by jax's client.
+                time.sleep(1.0)
         os._exit(0)
     reports = launch(
         args.processes,
