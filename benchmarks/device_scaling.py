@@ -170,8 +170,8 @@ def processes_table(ns: list[int], counts: list[int], timeout: float) -> None:
     cost = reports[0]["exchange"]
     print()
     print(f"key-value transport, 2 processes: {cost['1'] * 1e3:.2f} ms per round with one "
-          f"4 KiB message per process, {cost['32'] * 1e3:.2f} ms with 32 "
-          f"({(cost['32'] - cost['1']) / 31 * 1e6:.0f} µs per extra message)")
+          f"4 KiB message per process, {cost['256'] * 1e3:.2f} ms with 256 "
+          f"({(cost['256'] - cost['1']) / 255 * 1e6:.1f} µs per extra message)")
 
 
 def main(argv: list[str]) -> int:

@@ -129,15 +129,17 @@ def worker(
 
 
 def _exchange_cost(multi_process, processes: int, rounds: int = 200) -> dict:
-    """Seconds per round of the key-value transport alone, with 1 and with 32 messages
+    """Seconds per round of the key-value transport alone, with 1 and with 256 messages
     of 4 KiB (one (8, 128) float32 block each) posted by every process per round."""
     import pickle
 
     import numpy as np
 
-    where = multi_process.layout()
+    from palladium.interpret.process_state import STATE
+
+    where = STATE.processes.current()
     out = {}
-    for count in (1, 32):
+    for count in (1, 256):
         payload = pickle.dumps([np.zeros((8, 128), np.float32)] * count)
         transport = multi_process.KvTransport(where, where.launch_id(f"ping{count}"), "ping")
         transport.meet(60.0)
