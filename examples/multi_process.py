@@ -83,6 +83,7 @@ def worker(
         if name == "jax_all_gather":
             from jax.experimental.pallas.ops.tpu import all_gather as shipped
 
+            @jax.jit
             def f(xs):
                 with pi.force_tpu_interpret_mode(params):
                     return shipped.all_gather(xs, mesh=mesh, axis_name="x")
