@@ -446,3 +446,36 @@ def test_primitive_path_body_loops_over_a_block_ref(xy, loop):
     offsets = np.tile(np.arange(BLOCK[0], dtype=np.float32), ROWS // BLOCK[0])[:, None]
     np.testing.assert_allclose(out, np.asarray(x) + offsets, rtol=1e-6)
     np.testing.assert_array_equal(out, inlined)
+
+
+def _allocations_and_pytrees(use_primitive):
+    """Buffers allocated once and reused by two pipeline calls, with pytree specs."""
+    spec = pl.BlockSpec(BLOCK, lambda i, j: (i, j))
+
+    def body(ins, outs):
+        (o,) = outs
+        o[...] = ins["x"][...] * 2.0 + ins["y"][...]
+
+    def kernel(x_hbm, y_hbm, o_hbm):
+        pipeline, make = pp.emit_pipeline_with_allocations(
+            body, grid=_grid(), in_specs=[{"x": spec, "y": spec}], out_specs=[(spec,)],
+            use_primitive=use_primitive)
+
+        def run_twice(allocs):
+            pipeline({"x": x_hbm, "y": y_hbm}, (o_hbm,), allocations=allocs)
+            pipeline({"x": o_hbm, "y": y_hbm}, (o_hbm,), allocations=allocs)
+
+        pl.run_scoped(run_twice, make({"x": x_hbm, "y": y_hbm}, (o_hbm,)))
+
+    return kernel
+
+
+@pytest.mark.timeout(300)
+def test_allocations_and_pytree_specs_on_the_primitive_path_match_the_inlined_path(xy):
+    x, y = xy
+    params = pi.InterpretParams(detect_races=True)
+    with pi.errors_as_raised():
+        inlined = _call(_allocations_and_pytrees(False), x, y, params=params)
+        primitive = _call(_allocations_and_pytrees(True), x, y, params=params)
+    np.testing.assert_array_equal(primitive, inlined)
+    np.testing.assert_allclose(primitive, (x * 2.0 + y) * 2.0 + y, rtol=1e-6)

@@ -156,9 +156,7 @@ def test_chip_table_is_jax_tpu_info(name):
 def test_device_kinds_name_the_chip_jax_names():
     for version, kind in KINDS.items():
         name = chip_of_device_kind(kind)
-        if name is None:  # a chip palladium does not simulate (newer than v7x)
-            assert _generation(kind) > max(tpu_facts.GENERATIONS)
-            continue
+        assert name is not None, kind
         assert chip_facts(name).jax_chip_version == version.value
 
 
@@ -172,4 +170,13 @@ def test_each_chip_s_device_kind_is_the_one_jax_reads_as_that_chip():
 def test_default_scoped_vmem_limit_is_16_mib_up_to_v5_and_32_mib_from_v6e():
     limits = {name: chip_facts(name).default_scoped_vmem_limit_bytes // 2**20 for name in CHIPS}
     assert limits == {"v2": 16, "v3": 16, "v4": 16, "v4i": 16, "v5e": 16, "v5p": 16,
-                      "v6e": 32, "v7": 32, "v7x": 32}
+                      "v6e": 32, "v7": 32, "v7x": 32, "v8i": 32}
+
+
+def test_every_chip_jax_s_tpu_info_knows_is_simulated():
+    assert {chip_facts(name).jax_chip_version for name in CHIPS} == {
+        v.value for v in tpu_info.ChipVersion}
+    assert chip_of_device_kind("TPU8i") == "v8i"
+    v8i = chip_facts("v8i")
+    assert (v8i.generation, v8i.vmem_capacity_bytes, v8i.num_accumulators) == (
+        8, 192 * 2**20, 256)

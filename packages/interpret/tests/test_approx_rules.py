@@ -20,11 +20,12 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from palladium.interpret import InterpretParams, TpuLoweringError
+from palladium.interpret.fidelity.lowering_check import APPROXIMATION_NOTE
 
 HERE = "test_approx_rules.py"
 TAIL = ("\nA TPU rejects this kernel at compile time (InterpretParams(compile_check="
         "'compiler') asks the compiler itself when libtpu is installed); "
-        "InterpretParams(check_lowering=False) skips this check.")
+        "InterpretParams(check_lowering=False) skips this check.\n" + APPROXIMATION_NOTE)
 
 
 def _params(chip):

@@ -205,7 +205,7 @@ def test_masked_off_elements_read_the_uninitialised_fill_of_every_dtype(dtype):
 def test_chip_facts_come_from_jax_and_name_every_chip():
     from palladium.interpret import CHIPS, ChipFacts, ConfigError, chip_facts
 
-    assert CHIPS == ("v2", "v3", "v4", "v4i", "v5e", "v5p", "v6e", "v7", "v7x")
+    assert CHIPS == ("v2", "v3", "v4", "v4i", "v5e", "v5p", "v6e", "v7", "v7x", "v8i")
     v5e = chip_facts("v5e")
     assert isinstance(v5e, ChipFacts) and v5e.generation == 5
     assert (v5e.vmem_capacity_bytes, v5e.smem_capacity_bytes) == (128 * 2**20, 2**20)

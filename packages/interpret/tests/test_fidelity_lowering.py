@@ -222,20 +222,39 @@ def test_auto_without_libtpu_is_the_approximation(monkeypatch):
         _elementwise(lambda v: jnp.cumsum(v, axis=0), "v5e")(X)
 
 
-def test_a_tpu_palladium_does_not_know_is_an_error_not_a_silent_v5e():
+def test_a_tpu8i_abstract_mesh_simulates_a_tpu8i():
     from jax.sharding import AbstractMesh
 
+    import palladium.interpret as pi
     from palladium.interpret import _jax_compat as jc
 
     device = jc.abstract_device(device_kind="TPU8i", num_cores=1)
     mesh = AbstractMesh((), (), axis_types=(), abstract_device=device)
     call = _elementwise(lambda v: v + 1, None)
+    with jax.sharding.use_abstract_mesh(mesh):
+        lowered = jax.jit(call).trace(X).lower()
+    with pi.timeline() as tl:
+        out = lowered.compile()(X)
+    np.testing.assert_array_equal(out, np.asarray(X) + 1)
+    info = tl.launches[-1].info
+    assert info.memory.chip == "v8i" and info.memory.checker == "approximation"
+    assert info.memory.vmem.capacity_bytes == 192 * 2**20
+
+
+def test_a_tpu_palladium_does_not_know_is_an_error_not_a_silent_v5e():
+    from jax.sharding import AbstractMesh
+
+    from palladium.interpret import _jax_compat as jc
+
+    device = jc.abstract_device(device_kind="TPU v99", num_cores=1)
+    mesh = AbstractMesh((), (), axis_types=(), abstract_device=device)
+    call = _elementwise(lambda v: v + 1, None)
     with jax.sharding.use_abstract_mesh(mesh), pytest.raises(ConfigError) as info:
         jax.jit(call).trace(X).lower()
-    assert str(info.value).startswith(
-        "the abstract mesh's device is a 'TPU8i', a TPU palladium does not simulate; it "
-        "knows ('v2', 'v3', 'v4', ")
-    assert str(info.value).endswith("(InterpretParams(chip=...) chooses one).")
+    assert str(info.value) == (
+        "the abstract mesh's device is a 'TPU v99', a TPU palladium does not simulate; it "
+        "knows ('v2', 'v3', 'v4', 'v4i', 'v5e', 'v5p', 'v6e', 'v7', 'v7x', 'v8i') "
+        "(InterpretParams(chip=...) chooses one).")
 
 
 def test_the_approximations_verdicts_say_who_spoke():

@@ -124,7 +124,7 @@ def test_kernel_preprocessing_is_cached_across_launches(monkeypatch):
     compiled = []
     original = program.compile_jaxpr
     monkeypatch.setattr(program, "compile_jaxpr",
-                        lambda jaxpr: compiled.append(jaxpr) or original(jaxpr))
+                        lambda jaxpr, **kw: compiled.append(jaxpr) or original(jaxpr, **kw))
     f = jax.jit(lambda a, b, c: _abc_call(a, b, c))
     np.testing.assert_array_equal(f(A, B, C), _expected_abc())
     first = len(compiled)

@@ -104,7 +104,8 @@ def test_a_mapping_to_a_non_callable_is_broken(provider):
     (path / f"{bad}.py").write_text(
         f"from {name} import triple_p\n\ndef rules():\n    return {{triple_p: 3}}\n")
     add("non-callable", "rules", bad)
-    with pytest.warns(pi.InterpretRuleWarning, match="'non-callable'.*expected primitive -> callable"):
+    with pytest.warns(pi.InterpretRuleWarning,
+                      match=r"'non-callable'.*expected primitive \(or primitive name\) -> callable"):
         assert pi.load_entry_point_rules() == []
     sys.modules.pop(bad, None)
 

@@ -10,7 +10,6 @@ from _pipeline_harness import (
     accumulating_matmul_body,
     assert_exports,
     call_maker,
-    hbm_call,
     on_tpu,
     run,
 )
@@ -247,15 +246,55 @@ def test_jax_switch_selects_the_primitive():
     assert "palladium_emit_pipeline[" not in text
 
 
-def test_allocations_are_rejected_on_the_primitive_path():
+def allocations_call(use_primitive):
+    """Buffers allocated once (emit_pipeline_with_allocations) and reused by two calls."""
     spec = pl.BlockSpec((8, 128), lambda i: (i, 0))
 
     def kernel(x_hbm, o_hbm):
         pipeline, make = pp.emit_pipeline_with_allocations(
-            scaled_body, grid=(4,), in_specs=[spec], out_specs=[spec], use_primitive=True)
-        pl.run_scoped(lambda allocs: pipeline(x_hbm, o_hbm, allocations=allocs),
-                      make(x_hbm, o_hbm))
+            scaled_body, grid=(4,), in_specs=[spec], out_specs=[spec],
+            use_primitive=use_primitive)
 
-    call = hbm_call(kernel, jax.ShapeDtypeStruct((32, 128), jnp.float32))
-    with pytest.raises(pp.PipelineConfigError, match="use_primitive=True does not take"):
-        jax.make_jaxpr(call)(_x((32, 128)))
+        def run_twice(allocs):
+            pipeline(x_hbm, o_hbm, allocations=allocs)
+            pipeline(o_hbm, o_hbm, allocations=allocs)
+
+        pl.run_scoped(run_twice, make(x_hbm, o_hbm))
+
+    return call_maker(kernel, (32, 128))
+
+
+def pytree_call(use_primitive):
+    """Specs as pytrees matching the operands: a dict of two inputs, a tuple output."""
+
+    def body(ins, outs):
+        (o,) = outs
+        o[...] = ins["a"][...] * 2.0 + ins["b"][...]
+
+    def kernel(a_hbm, b_hbm, o_hbm):
+        spec = pl.BlockSpec((8, 128), lambda i: (i, 0))
+        pp.emit_pipeline(body, grid=(4,), in_specs=[{"a": spec, "b": spec}],
+                         out_specs=[(spec,)], use_primitive=use_primitive)(
+            {"a": a_hbm, "b": b_hbm}, (o_hbm,))
+
+    return call_maker(kernel, (32, 128))
+
+
+@pytest.mark.parametrize("mode", ["interpret_true"])
+def test_allocations_on_the_primitive_path_match_the_inlined_path(mode):
+    x = _x((32, 128))
+    out = run(allocations_call(True), mode, x)
+    np.testing.assert_allclose(out, run(allocations_call(False), mode, x))
+    expected = (np.asarray(x) * 2.0 + np.arange(4).repeat(8)[:, None]) * 2.0
+    np.testing.assert_allclose(out, expected + np.arange(4).repeat(8)[:, None], rtol=1e-6)
+    assert _dma_count(allocations_call(True), x) == _dma_count(allocations_call(False), x)
+    assert_exports(allocations_call(True), x)
+
+
+@pytest.mark.parametrize("mode", ["interpret_true"])
+def test_pytrees_of_specs_on_the_primitive_path_match_the_inlined_path(mode):
+    a, b = _x((32, 128), 0), _x((32, 128), 1)
+    out = run(pytree_call(True), mode, a, b)
+    np.testing.assert_allclose(out, run(pytree_call(False), mode, a, b))
+    np.testing.assert_allclose(out, np.asarray(a) * 2.0 + np.asarray(b), rtol=1e-6)
+    assert_exports(pytree_call(True), a, b)

@@ -299,6 +299,37 @@ def test_auto_uses_the_approximation_for_a_chip_libtpu_cannot_compile_for():
     assert tl.launches[-1].info.memory.checker == "approximation"
 
 
+def test_tpu8i_runs_with_the_approximation_and_its_messages_say_so():
+    # The installed libtpu cannot compile for TPU8i: palladium simulates it (192 MiB of
+    # VMEM per core, jax's tpu_info) and its verdicts say they are the approximation's.
+    def double(x_ref, o_ref):
+        o_ref[...] = x_ref[...] * 2
+
+    with pytest.raises(ConfigError, match="cannot compile for TPU v8i"):
+        _call(double, (8, 128), jnp.float32, chip="v8i", compile_check="compiler")(X)
+    with pi.timeline() as tl:
+        out = _call(double, (8, 128), jnp.float32, chip="v8i")(X)
+    np.testing.assert_array_equal(out, np.asarray(X) * 2)
+    assert tl.launches[-1].info.memory.checker == "approximation"
+
+    def big(x_ref, o_ref, s):
+        s[...] = jnp.zeros_like(s)
+        o_ref[...] = x_ref[...] + s[:8]
+
+    rows = 200 * 2**20 // (128 * 4)  # 200 MiB: more than TPU8i's 192 MiB per core
+    call = pl.pallas_call(big, out_shape=jax.ShapeDtypeStruct(X.shape, X.dtype),
+                          scratch_shapes=[pltpu.VMEM((rows, 128), jnp.float32)],
+                          interpret=pi.InterpretParams(chip="v8i"))
+    with pytest.raises(TpuResourceError) as info:
+        call(X)
+    msg = str(info.value)
+    assert "of VMEM per core on TPU v8i" in msg and "192.00 MiB" in msg
+    assert msg.endswith(
+        f"(Checked by palladium's approximation: the installed libtpu "
+        f"{tpu_compiler.compiler_version()} cannot compile for TPU v8i, so this verdict "
+        "approximates the TPU compiler's.)")
+
+
 _CHILD = textwrap.dedent("""
     import jax, jax.numpy as jnp
     from jax.experimental import pallas as pl

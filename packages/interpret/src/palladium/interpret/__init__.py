@@ -13,6 +13,7 @@ from palladium.interpret.errors import (
     ConfigError,
     DataRaceError,
     DeadlockError,
+    DebugCheckError,
     DmaOrderDependenceError,
     DynamicParallelDimensionError,
     InvalidKernelError,
@@ -35,10 +36,12 @@ from palladium.interpret.errors import (
     WatchdogError,
 )
 from palladium.interpret.eval import (  # noqa: F401  (registers the rules)
+    rules_check,
     rules_control,
     rules_dma,
     rules_memory,
     rules_misc,
+    rules_mxu,
     rules_semaphore,
     rules_unsupported,
 )
@@ -67,6 +70,7 @@ __all__ = [
     "ChipFacts",
     "ConfigError",
     "DataRaceError",
+    "DebugCheckError",
     "DeadlockError",
     "DmaOrderDependenceError",
     "DynamicParallelDimensionError",

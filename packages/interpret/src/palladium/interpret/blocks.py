@@ -19,6 +19,8 @@ def memory_space_of(space: Any) -> MemorySpace | str:
         return "semaphore"
     if space is jc.ANY or space is jc.HBM:
         return MemorySpace.HBM
+    if space is not None and space is jc.HOST:
+        return MemorySpace.HOST
     if space is jc.SMEM:
         return MemorySpace.SMEM
     return MemorySpace.VMEM
@@ -88,7 +90,9 @@ class BlockSpecInfo:
 
     @property
     def in_hbm(self) -> bool:
-        return self.space == MemorySpace.HBM
+        """Whether the kernel gets the operand's whole array where it lives (HBM, or the
+        host's memory for ``pl.HOST``) instead of blocks copied to VMEM/SMEM."""
+        return self.space == MemorySpace.HBM or self.space == MemorySpace.HOST
 
     @property
     def block_shape(self) -> tuple[int, ...]:

@@ -51,7 +51,7 @@ __all__ = [
 #: palladium's chip names -> jax's ``ChipVersion`` values.
 _JAX_CHIP_VERSIONS: dict[str, str] = {
     "v2": "v2", "v3": "v3", "v4": "v4", "v4i": "v4i", "v5e": "v5e", "v5p": "v5p",
-    "v6e": "v6e", "v7": "7", "v7x": "7x",
+    "v6e": "v6e", "v7": "7", "v7x": "7x", "v8i": "8i",
 }
 
 #: palladium's chip names -> the jax device kind of such a TPU (what
@@ -59,10 +59,14 @@ _JAX_CHIP_VERSIONS: dict[str, str] = {
 _DEVICE_KINDS: dict[str, str] = {
     "v2": "TPU v2", "v3": "TPU v3", "v4": "TPU v4", "v4i": "TPU v4 lite",
     "v5e": "TPU v5 lite", "v5p": "TPU v5", "v6e": "TPU v6 lite", "v7": "TPU7", "v7x": "TPU7x",
+    "v8i": "TPU8i",
 }
 
-#: The chip names palladium simulates (``InterpretParams.chip``).
-CHIPS: tuple[str, ...] = tuple(_JAX_CHIP_VERSIONS)
+#: The chip names palladium simulates (``InterpretParams.chip``): every chip the installed
+#: jax's ``tpu_info`` knows (an older jax may not know TPU8i).
+CHIPS: tuple[str, ...] = tuple(
+    name for name, version in _JAX_CHIP_VERSIONS.items()
+    if version in {v.value for v in jc.TpuChipVersion})
 
 #: The chip simulated when neither the params, the abstract mesh nor the default device
 #: name a TPU (every generation >= 4 pads alike).
@@ -73,9 +77,12 @@ DEFAULT_CHIP = "v5e"
 #: ``--xla_tpu_scoped_vmem_limit_kib``, as the docstring of jax's ``CompilerParams``
 #: says). The values are the defaults of that XLA flag: 16 MiB up to v5, 32 MiB from v6e.
 #: jax's ``tpu_info`` does not state them, so they are the one hand-kept fact here.
+#: Generation 8 (TPU8i) is assumed to keep v6e's and v7x's 32 MiB: the installed libtpu
+#: cannot compile for it, so nothing here can confirm it (its checks are the
+#: approximation's, and say so).
 DEFAULT_SCOPED_VMEM_LIMIT_BYTES: dict[int, int] = {
     2: 16 * 2**20, 3: 16 * 2**20, 4: 16 * 2**20, 5: 16 * 2**20,
-    6: 32 * 2**20, 7: 32 * 2**20,
+    6: 32 * 2**20, 7: 32 * 2**20, 8: 32 * 2**20,
 }
 
 
@@ -97,6 +104,9 @@ class ChipFacts:
     num_sublanes: int
     mxu_column_size: int
     num_mxus: int  #: 0 where jax states none (jax < 0.10.2's TpuInfo has no num_mxus)
+    #: (sublanes, mxu_column_size) 32-bit accumulators per MXU (v7x: 128); 0 where jax
+    #: states none (before v7, or jax < 0.10.2)
+    num_accumulators: int
     vmem_capacity_bytes: int
     smem_capacity_bytes: int
     hbm_capacity_bytes: int
@@ -111,7 +121,7 @@ class ChipFacts:
 @functools.cache
 def chip_facts(name: str) -> ChipFacts:
     """The facts of chip ``name`` (one of :data:`CHIPS`); ``ConfigError`` (a ``ValueError``) for another name."""
-    if name not in _JAX_CHIP_VERSIONS:
+    if name not in CHIPS:
         raise ConfigError(f"unknown TPU chip {name!r}; palladium knows {CHIPS}")
     version = _JAX_CHIP_VERSIONS[name]
     info = jc.tpu_info_for_chip(version)
@@ -127,6 +137,7 @@ def chip_facts(name: str) -> ChipFacts:
         num_sublanes=info.num_sublanes,
         mxu_column_size=info.mxu_column_size,
         num_mxus=getattr(info, "num_mxus", 0),
+        num_accumulators=getattr(info, "num_accumulators", 0),
         vmem_capacity_bytes=info.vmem_capacity_bytes,
         smem_capacity_bytes=info.smem_capacity_bytes,
         hbm_capacity_bytes=info.hbm_capacity_bytes,

@@ -30,6 +30,7 @@ from palladium.shared_memory import (
 __all__ = [
     "ConfigError",
     "DataRaceError",
+    "DebugCheckError",
     "DeadlockError",
     "DmaOrderDependenceError",
     "DynamicParallelDimensionError",
@@ -138,6 +139,11 @@ def jax_block_index_phrase(block: tuple[int, ...], kind: str, name: str,
 def jax_revisit_phrase(block: tuple[int, ...], output: int, point: tuple[int, ...]) -> str:
     """jax's phrase for output number ``output`` revisiting ``block`` at ``point``."""
     return f"Revisited block {block} of output {output} in iteration {point}"
+
+
+class DebugCheckError(KernelError):
+    """A ``pl.debug_check`` (``checkify.debug_check``) in a kernel failed, with debug
+    checks enabled (``pl.enable_debug_checks``); a TPU halts on it."""
 
 
 class TpuResourceError(KernelError):

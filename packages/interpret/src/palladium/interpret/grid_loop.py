@@ -122,10 +122,10 @@ class CoreRun:
         self.blocks = GridBlocks((*k.inputs, *k.outputs), len(k.grid_mapping.grid))
         # (operand, block index) -> the simulator's plans of the block's HBM region and
         # of the part of the VMEM/SMEM block it fills: resolved once per block, whatever
-        # the number of visits. A block that fills its whole kernel buffer (no
-        # pl.BoundedSlice dimension) has one kernel-side plan per operand.
-        self._plans: dict[tuple[int, tuple[int, ...]], tuple[AccessPlan, AccessPlan]] = {}
-        self._whole: dict[int, AccessPlan] = {}
+        # the number of visits, and kept with the kernel for its later launches. A block
+        # that fills its whole kernel buffer (no pl.BoundedSlice dimension) has one
+        # kernel-side plan per operand (key ``(operand, None)``).
+        self._plans: dict[Any, Any] = k.copy_plans
 
     def _copy_plans(self, operand: int, block: tuple[int, ...]) -> tuple[AccessPlan, AccessPlan]:
         """(HBM plan, kernel-side plan) of the copy of ``block`` of ``operand`` (inputs
@@ -140,13 +140,13 @@ class CoreRun:
                 hbm, kernel_ref = self.hbm_outputs[operand - n_in], self.output_refs[operand - n_in]
             sim = self.launch.sim
             part = self.blocks.infos[operand].block_region(block)
-            whole = None if part is not None else self._whole.get(operand)
+            whole = None if part is not None else self._plans.get((operand, None))
             if whole is not None:
                 inner = whole
             else:
                 inner = sim.plan(kernel_ref.buffer, part)
                 if part is None:
-                    self._whole[operand] = inner
+                    self._plans[(operand, None)] = inner
             plans = (sim.plan(hbm, self.blocks.region(operand, block)), inner)
             if len(self._plans) >= _PLAN_CACHE_LIMIT:
                 self._plans.clear()
@@ -174,6 +174,16 @@ class CoreRun:
                     out_of_bounds_headline=headline)
 
     def run(self) -> None:
+        self._run_grid()
+        mxu = self.ev.mxu
+        if mxu is not None and mxu.leftovers():
+            site = self._site(self.ev.grid_point or (), "end of the kernel")
+            raise KernelError(
+                f"the kernel left {', '.join(mxu.leftovers())} at its end ({site}); a "
+                "kernel must load every staged RHS (matmul_acc_lhs(load_staged_rhs=...)) "
+                "and pop every accumulator slice it wrote (pltpu.matmul_pop)")
+
+    def _run_grid(self) -> None:
         launch, sim, k = self.launch, self.launch.sim, self.launch.kernel
         params = launch.params
         n_in = len(k.inputs)

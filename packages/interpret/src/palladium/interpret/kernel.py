@@ -7,13 +7,26 @@ import dataclasses
 import os
 from typing import Any
 
+import numpy as np
+
 from palladium.interpret import _jax_compat as jc
 from palladium.interpret.blocks import BlockSpecInfo, memory_space_of
 from palladium.interpret.eval.evaluator import ProgramCache
+from palladium.interpret.eval.segments import uses_async
 
 # Names that say nothing: a ``core_map`` body written as ``@pl.core_map(mesh) def _():``
 # (jax's documented style) or a lambda is reported under the function that wrote it.
 _ANONYMOUS = ("_", "<lambda>")
+
+
+def _static_grid_points(gm: Any) -> int:
+    """How many grid points a launch runs (1 if a dimension is only known at run time)."""
+    n = 1
+    for d in getattr(gm, "grid", ()):
+        if not isinstance(d, int | np.integer):
+            return 1
+        n *= int(d)
+    return n
 
 
 def _kernel_name(jaxpr: Any, name: str | None, enclosing: str | None = None) -> str:
@@ -55,9 +68,15 @@ class PreparedKernel:
     # no user frame of its own (e.g. the DMA inside ``pltpu.sync_copy``'s run_scoped):
     # that of the innermost enclosing equation that has one.
     inherited_sources: dict[int, Any] = dataclasses.field(default_factory=dict)
+    # (operand, block index) -> the simulator's plans of a block copy (grid_loop.py),
+    # kept across launches: a plan serves every buffer of the same shapes and bounds
+    # (another buffer's plan is resolved again by the simulator).
+    copy_plans: dict[Any, Any] = dataclasses.field(default_factory=dict)
     # The VMEM/SMEM it holds per core on the simulated chip
     # (``fidelity.memory_budget.MemoryUse``), counted when the call is lowered.
     memory_use: Any = None
+    #: ``pl.enable_debug_checks`` when the kernel was lowered: ``pl.debug_check`` checks.
+    debug_checks: bool = False
 
     @property
     def launch_location(self) -> str | None:
@@ -120,10 +139,13 @@ class PreparedKernel:
             inputs=inputs,
             outputs=outputs,
             scratch=scratch,
-            programs=ProgramCache(),
+            programs=ProgramCache(races_ok=not uses_async(jaxpr),
+                                  body=getattr(jaxpr, "jaxpr", jaxpr),
+                                  grid_points=_static_grid_points(gm)),
             call_site=(f"{os.path.basename(call_site[0])}:{call_site[1]}"
                        if call_site is not None else None),
             inherited_sources=_inherited_sources(jaxpr),
+            debug_checks=jc.pallas_debug_checks_enabled(),
         )
 
     @property

@@ -40,7 +40,13 @@ def jax_access_name(primitive: Any) -> str:
 
 def _in_hbm(aval: Any) -> bool:
     space = getattr(aval, "memory_space", None)
-    return space is not None and memory_space_of(space) == MemorySpace.HBM
+    return space is not None and memory_space_of(space) in (MemorySpace.HBM, MemorySpace.HOST)
+
+
+def _home(aval: Any) -> str:
+    """How messages name where an HBM or host ref lives."""
+    host = memory_space_of(aval.memory_space) == MemorySpace.HOST
+    return "the host's memory" if host else "HBM"
 
 
 def _where(kernel_name: str, eqn: Any) -> str:
@@ -93,9 +99,10 @@ def check_kernel(jaxpr: Any, kernel_name: str, arg_names: list[str], *,
             if access is not None and eqn.invars and _in_hbm(eqn.invars[0].aval):
                 ref = names.get(id(eqn.invars[0]), "a ref")
                 raise errors.InvalidKernelError(
-                    f"{_where(kernel_name, eqn)}: {access[0]} of '{ref}', which lives in HBM "
-                    f"(memory space {eqn.invars[0].aval.memory_space}): a TPU kernel cannot "
-                    f"read or write HBM directly; copy it with pltpu.sync_copy or "
+                    f"{_where(kernel_name, eqn)}: {access[0]} of '{ref}', which lives in "
+                    f"{_home(eqn.invars[0].aval)} (memory space "
+                    f"{eqn.invars[0].aval.memory_space}): a TPU kernel cannot read or write "
+                    f"{_home(eqn.invars[0].aval)} directly; copy it with pltpu.sync_copy or "
                     f"pltpu.async_copy. {errors.jax_hbm_reference_phrase(access[1])}"
                 )
             if eqn.primitive is jc.run_scoped_p and not allow_hbm_allocation_in_run_scoped:
@@ -106,7 +113,7 @@ def check_kernel(jaxpr: Any, kernel_name: str, arg_names: list[str], *,
                         name = scoped[i] if i < len(scoped) and scoped[i] else f"run_scoped[{i}]"
                         raise errors.InvalidKernelError(
                             f"{_where(kernel_name, eqn)}: run_scoped allocates '{name}' in "
-                            f"HBM, which a TPU kernel cannot do; pass InterpretParams("
+                            f"{_home(var.aval)}, which a TPU kernel cannot do; pass InterpretParams("
                             f"allow_hbm_allocation_in_run_scoped=True) to simulate it anyway. "
                             f"{errors.JAX_HBM_IN_RUN_SCOPED}"
                         )

@@ -92,6 +92,11 @@ class Launch:
         cid = getattr(self.kernel.compiler_params, "collective_id", None)
         return None if cid is None else int(cid)
 
+    @property
+    def debug_checks(self) -> bool:
+        """Whether ``pl.debug_check`` checks (``pl.enable_debug_checks`` at lowering)."""
+        return self.kernel.debug_checks
+
     def fill_value(self, dtype: Any) -> Any:
         return self.memory.fill_value(dtype)
 

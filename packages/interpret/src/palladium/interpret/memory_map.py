@@ -33,7 +33,7 @@ __all__ = ["MemoryMap", "hbm_name"]
 def _owner(space: Any, core: CoreId) -> Any:
     """Who owns a buffer of ``space`` allocated on ``core``: the core, or for HBM its
     device."""
-    return ("hbm", core[0]) if space == MemorySpace.HBM else core
+    return (space.value, core[0]) if isinstance(space, MemorySpace) and space.per_device else core
 
 
 def _core_label(core: CoreId) -> str:
@@ -46,6 +46,11 @@ def _semaphore_kind(dtype: Any) -> SemaphoreKind:
     if isinstance(dtype, jc.BarrierSemaphoreDType):
         return SemaphoreKind.BARRIER
     return SemaphoreKind.REGULAR
+
+
+def _home(info: BlockSpecInfo) -> MemorySpace:
+    """Where an operand's array lives: the host's memory for ``pl.HOST``, else HBM."""
+    return MemorySpace.HOST if info.space == MemorySpace.HOST else MemorySpace.HBM
 
 
 def hbm_name(info: BlockSpecInfo) -> str:
@@ -116,7 +121,7 @@ class MemoryMap:
 
     def peer_buffer(self, buf: BufferRef, target: CoreId) -> BufferRef:
         """The buffer on ``target`` that corresponds to ``buf`` (same allocation position)."""
-        if buf.space == MemorySpace.HBM and target[0] == buf.device:
+        if buf.space.per_device and target[0] == buf.device:
             return buf
         owner = _owner(buf.space, target)
         peers = self._allocated.get(owner, [])
@@ -186,11 +191,11 @@ class MemoryMap:
             full = np.full(padded, self.fill_value(x.dtype), dtype=x.dtype)
             full[info.array_region(tuple(x.shape))] = x
             x = full
-        return self.allocate((device, 0), MemorySpace.HBM, hbm_name(info), None, None, value=x)
+        return self.allocate((device, 0), _home(info), hbm_name(info), None, None, value=x)
 
     def hbm_output(self, device: int, info: BlockSpecInfo) -> BufferRef:
         """A fresh (uninitialised) HBM buffer for an output."""
-        return self.allocate((device, 0), MemorySpace.HBM, hbm_name(info), info.padded_shape,
+        return self.allocate((device, 0), _home(info), hbm_name(info), info.padded_shape,
                              info.dtype)
 
     def core_operands(self, core: CoreId, scalars: list[Any], hbm_inputs: list[BufferRef],

@@ -92,7 +92,7 @@ PROGRESS_INTERVAL_DEFAULT = 60.0
 SNAPSHOT_BYTES_DEFAULT = 2 << 20
 
 _BOOLS = ("detect_races", "skip_floating_point_ops", "allow_hbm_allocation_in_run_scoped",
-          "check_lowering", "check_memory", "deterministic_dot")
+          "check_lowering", "check_memory", "deterministic_dot", "compile_segments")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -200,6 +200,12 @@ class InterpretParams:
         simulated state (each core's grid point and line, semaphores, DMAs in flight,
         buffers); the buffers' contents are copied up to this many bytes in all (the
         largest are left out first). 0: contents of no buffer.
+      compile_segments: run a kernel body's runs of pure array code, ``ref[...]`` loads
+        and stores and loops of them as one XLA executable each (compiled on first use,
+        kept with the kernel), instead of one numpy call per equation; whatever that
+        could change beyond XLA's arithmetic bits (out-of-bounds accesses, races, the
+        timeline, ``skip_floating_point_ops``, ...) runs equation by equation as before
+        (see ``palladium.interpret.eval.segments``). Default True.
     """
 
     detect_races: bool = False
@@ -226,6 +232,7 @@ class InterpretParams:
     deterministic_dot: bool = False
     uninitialized_reads: UninitializedReads = "off"
     progress_interval: float | None = PROGRESS_INTERVAL_DEFAULT
+    compile_segments: bool = True
     failure_snapshot_bytes: int = SNAPSHOT_BYTES_DEFAULT
 
     def __post_init__(self) -> None:

@@ -22,6 +22,8 @@ launch_scopes      the ``scoped_launch_observer`` factories   untouched (each bl
                    every open block's (for launches on XLA's
                    threads)
 mode_loggers       ``LoggingMode`` -> observer factory        back to the ones at import
+segments           compiled segments of kernel bodies by     untouched (a cache: what it
+                   their equations (``eval.segment_cache``)  holds never changes results)
 progress           the launches running now that report      nothing (empty when no launch
                    their progress, and its one thread        runs)
 processes          this process's place in a jax.distributed  nothing (it belongs to the
@@ -50,6 +52,7 @@ from typing import Any
 from palladium.interpret.blas_limit import SingleThreadLimit
 from palladium.interpret.errors import ConfigError
 from palladium.interpret.eval.rule_table import RuleRegistry, RuleSnapshot
+from palladium.interpret.eval.segment_cache import SegmentExecutables
 from palladium.interpret.failures import FailureLog
 from palladium.interpret.multi_process import ProcessLayouts
 from palladium.interpret.progress import ProgressMonitor
@@ -72,6 +75,8 @@ class ProcessState:
     rules: RuleRegistry = dataclasses.field(default_factory=RuleRegistry)
     # this process's place in a jax.distributed run (multi_process.py)
     processes: ProcessLayouts = dataclasses.field(default_factory=ProcessLayouts)
+    # compiled segments of kernel bodies, by their equations' text (eval/segment_cache.py)
+    segments: SegmentExecutables = dataclasses.field(default_factory=SegmentExecutables)
     # factory(LaunchInfo) -> Observer | None, in registration order (observers.py)
     launch_observers: list[Callable[[Any], Any]] = dataclasses.field(default_factory=list)
     observers_lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)

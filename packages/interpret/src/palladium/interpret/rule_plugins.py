@@ -6,7 +6,9 @@ primitive path, for one) declares, in its ``pyproject.toml``::
     [project.entry-points."palladium.interpret_rules"]
     my_package = "my_package.module:interpret_rules"
 
-where ``interpret_rules()`` returns ``{primitive: impl}``; each ``impl`` is registered
+where ``interpret_rules()`` returns ``{primitive: impl}`` (a key may also be a primitive's
+name, for a primitive the provider cannot import: it is registered for the primitive of
+that name when the interpreter first meets one); each ``impl`` is registered
 with :func:`palladium.interpret.register_interpret_rule` (a JAX implementation traced
 with the equation's input types and evaluated in place). The providing package never
 imports palladium.interpret, and palladium.interpret never imports it by name.
@@ -27,7 +29,10 @@ import warnings
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from palladium.interpret.eval.registry import register_interpret_rule
+from palladium.interpret.eval.registry import (
+    register_interpret_rule,
+    register_interpret_rule_by_name,
+)
 
 #: The entry-point group palladium.interpret loads rules from.
 ENTRY_POINT_GROUP = "palladium.interpret_rules"
@@ -50,8 +55,9 @@ def _rules_of(ep: Any) -> Mapping[Any, Callable[..., Any]]:
     if not isinstance(rules, Mapping):
         raise TypeError(f"it returned {type(rules).__name__}, not a mapping of primitives to rules")
     for primitive, impl in rules.items():
-        if not hasattr(primitive, "bind") or not callable(impl):
-            raise TypeError(f"it maps {primitive!r} to {impl!r}: expected primitive -> callable")
+        if not (hasattr(primitive, "bind") or isinstance(primitive, str)) or not callable(impl):
+            raise TypeError(f"it maps {primitive!r} to {impl!r}: expected primitive (or "
+                            "primitive name) -> callable")
     return rules
 
 
@@ -75,6 +81,9 @@ def load_entry_point_rules(entry_points: Iterable[Any] | None = None) -> list[st
             )
             continue
         for primitive, impl in rules.items():
-            register_interpret_rule(primitive, impl)
+            if isinstance(primitive, str):
+                register_interpret_rule_by_name(primitive, impl)
+            else:
+                register_interpret_rule(primitive, impl)
         loaded.append(ep.name)
     return loaded

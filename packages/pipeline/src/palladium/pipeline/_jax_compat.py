@@ -52,6 +52,7 @@ RevisitMode = _pallas_core.RevisitMode
 GridAxis = _pallas_core.GridAxis
 grid_env = _pallas_core.grid_env
 current_grid_env = _pallas_core.current_grid_env
+is_dynamic_dim = _pallas_core.is_dynamic_dim
 tracing_grid_env = _pallas_core.tracing_grid_env
 
 # --- memory spaces and semaphores ----------------------------------------------------

@@ -124,7 +124,6 @@ def emit_pipeline(
 
     def _bind_primitive(ins, in_refs, outs, out_refs, num_cores, core_id, allocations,
                         scratches=None):
-        primitive.check_primitive_support(allocations)
         inline_options = {k: v for k, v in options.items() if k != "_explicit_indices"}
 
         def make_allocations(in_refs_, out_refs_, core_grid):
@@ -135,7 +134,8 @@ def emit_pipeline(
             body, grid=tuple(grid), in_specs=ins, in_refs=tuple(in_refs), out_specs=outs,
             out_refs=tuple(out_refs), scratches=() if scratches is None else tuple(scratches),
             num_cores=num_cores, core_id=core_id, options=inline_options,
-            explicit_indices=_explicit_indices, make_allocations=make_allocations)
+            explicit_indices=_explicit_indices, make_allocations=make_allocations,
+            allocations=allocations)
 
     return wrapped
 

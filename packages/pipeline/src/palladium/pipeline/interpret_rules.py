@@ -36,7 +36,8 @@ from palladium.pipeline.primitive import (
 
 
 def interpret_rules() -> dict[Any, Callable[..., Any]]:
-    """``{primitive: JAX implementation}`` of the pipeline's primitives, for interpreters."""
+    """``{primitive: JAX implementation}`` of the pipeline's primitives, for interpreters
+    (the entry point adds jax's own: :func:`palladium.pipeline.jax_primitive.interpret_rules`)."""
     return {emit_pipeline_p: _expand, pipeline_body_p: run_pipeline_body}
 
 

@@ -34,7 +34,7 @@ from palladium.pipeline import _jax_compat as jc
 from palladium.pipeline.blocks import window_shape
 from palladium.pipeline.buffered_ref import ref_memory_space, ref_value_aval
 from palladium.pipeline.core import emit_inline
-from palladium.pipeline.errors import PipelineConfigError, PipelineNotImplementedError
+from palladium.pipeline.errors import PipelineNotImplementedError
 from palladium.pipeline.grid import partition_grid
 from palladium.pipeline.step import PipelineStep
 
@@ -137,7 +137,7 @@ class SpecMeta:
 class Config:
     """Everything static about one pipeline: the parameters of ``emit_pipeline_p``."""
 
-    in_specs: tuple[SpecMeta | None, ...]
+    in_specs: tuple[SpecMeta | None, ...]  # one per leaf of the in_specs pytree
     out_specs: tuple[SpecMeta | None, ...]
     static_grid: tuple[int | None, ...]
     num_cores: int | None
@@ -152,6 +152,9 @@ class Config:
     num_in: int
     num_out: int
     num_batch_dims: int = 0
+    in_tree: Any = None  # the pytree of in_specs (None: a flat tuple)
+    out_tree: Any = None
+    has_allocations: bool = False  # the caller passed allocations= (the refs' 4th group)
 
     @property
     def rank(self) -> int:
@@ -181,8 +184,8 @@ def _spec_meta(spec, rank: int) -> tuple[SpecMeta | None, tuple]:
         return None, ()
     if not isinstance(spec, jc.BlockSpec):
         raise PipelineNotImplementedError(
-            "use_primitive=True takes one BlockSpec (or pl.no_block_spec) per operand,"
-            f" not a pytree of specs: got {spec!r}")
+            "use_primitive=True takes BlockSpecs (or pl.no_block_spec), one per operand or"
+            f" in pytrees matching the operands: got {spec!r}")
     if spec.index_map is None:
         return SpecMeta(spec.block_shape, None, spec.memory_space, spec.pipeline_mode), ()
     index_map, consts = IndexMap.trace(spec.index_map, [_INT32] * rank)
@@ -211,18 +214,28 @@ def _ref_aval(ref):
     return jax.typeof(ref)
 
 
+def _is_spec_leaf(spec) -> bool:
+    return spec is None or isinstance(spec, jc.BlockSpec)
+
+
 def bind_pipeline(body, *, grid, in_specs, in_refs, out_specs, out_refs, scratches,
                   num_cores, core_id, options: dict[str, Any], explicit_indices: bool,
-                  make_allocations) -> None:
-    """Trace ``body`` and the index maps and bind one ``emit_pipeline_p`` equation."""
+                  make_allocations, allocations=None) -> None:
+    """Trace ``body`` and the index maps and bind one ``emit_pipeline_p`` equation.
+
+    ``in_specs`` / ``out_specs`` may be pytrees (matching the operands'); the caller's
+    ``allocations`` (BufferedRefs allocated once, see ``emit_pipeline_with_allocations``)
+    become operands of the equation, handed back to the emitter when it is expanded."""
     rank = len(grid)
+    in_leaves, in_tree = jax.tree.flatten(tuple(in_specs), is_leaf=_is_spec_leaf)
+    out_leaves, out_tree = jax.tree.flatten(tuple(out_specs), is_leaf=_is_spec_leaf)
     metas: list[SpecMeta | None] = []
     index_consts: list[Any] = []
-    for spec in (*in_specs, *out_specs):
+    for spec in (*in_leaves, *out_leaves):
         meta, consts = _spec_meta(spec, rank)
         metas.append(meta)
         index_consts.extend(consts)
-    in_metas, out_metas = tuple(metas[:len(in_specs)]), tuple(metas[len(in_specs):])
+    in_metas, out_metas = tuple(metas[:len(in_leaves)]), tuple(metas[len(in_leaves):])
     static_grid = tuple(g if isinstance(g, int) else None for g in grid)
     dynamic_grid = [jnp.asarray(g, jnp.int32) for g in grid if not isinstance(g, int)]
     core_grid, _ = partition_grid(tuple(grid), options["dimension_semantics"], num_cores,
@@ -254,7 +267,9 @@ def bind_pipeline(body, *, grid, in_specs, in_refs, out_specs, out_refs, scratch
     body_jaxpr, body_consts = _trace(
         traced_body, [_INT32] * num_scalars + [*blocks_leaves, *scratch_avals],
         "emit_pipeline body")
-    ref_leaves, refs_tree = jc.ref_tree_flatten(tuple(in_refs), tuple(out_refs), scratches)
+    allocated = () if allocations is None else tuple(allocations)
+    ref_leaves, refs_tree = jc.ref_tree_flatten(tuple(in_refs), tuple(out_refs), scratches,
+                                                allocated)
     config = Config(
         in_specs=in_metas, out_specs=out_metas, static_grid=static_grid,
         num_cores=num_cores, has_core_id=core_id is not None,
@@ -262,6 +277,7 @@ def bind_pipeline(body, *, grid, in_specs, in_refs, out_specs, out_refs, scratch
         body_jaxpr=body_jaxpr, num_body_consts=len(body_consts),
         body_dynamic_sizes=body_dynamic, refs_tree=refs_tree,
         num_ref_leaves=len(ref_leaves), num_in=len(in_refs), num_out=len(out_refs),
+        in_tree=in_tree, out_tree=out_tree, has_allocations=allocations is not None,
     )
     core = [] if core_id is None else [jnp.asarray(core_id, jnp.int32)]
     emit_pipeline_p.bind(*index_consts, *dynamic_grid, *core, *body_consts, *ref_leaves,
@@ -270,7 +286,8 @@ def bind_pipeline(body, *, grid, in_specs, in_refs, out_specs, out_refs, scratch
 
 # -- abstract evaluation ----------------------------------------------------------------
 def _base_positions(refs_tree, offset: int, count: int):
-    """``(in, out, scratch)`` lists of the operand positions of every base ref."""
+    """``(in, out, scratch, allocations)`` lists of the operand positions of every base
+    ref."""
     positions = refs_tree.unflatten(list(range(offset, offset + count)))
     base = lambda r: jc.get_ref_and_transforms(r)[0]  # noqa: E731
     return tuple([base(r) for r in jax.tree.leaves(group, is_leaf=_is_ref_like)]
@@ -298,13 +315,14 @@ def _map_body_effects(jaxpr, position_of_invar: Sequence[int | None]) -> set:
 def _emit_pipeline_abstract_eval(*avals, config: Config):
     parts = config.split(list(range(len(avals))))
     ref_offset = parts["refs"][0] if parts["refs"] else len(avals)
-    ins, outs, scratch = _base_positions(config.refs_tree, ref_offset, config.num_ref_leaves)
+    ins, outs, scratch, allocated = _base_positions(config.refs_tree, ref_offset,
+                                                    config.num_ref_leaves)
     effects: set = set()
     for pos in ins:
         effects.add(jc.ReadEffect(pos))
     for pos in outs:
         effects.add(jc.WriteEffect(pos))
-    for pos in scratch:
+    for pos in (*scratch, *allocated):
         effects.update((jc.ReadEffect(pos), jc.WriteEffect(pos)))
     for pos in parts["index_consts"]:
         if isinstance(avals[pos], jc.AbstractRef):
@@ -329,10 +347,13 @@ def _expand(*args, config: Config) -> list:
 
     in_specs = tuple(spec(m) for m in config.in_specs)
     out_specs = tuple(spec(m) for m in config.out_specs)
+    if config.in_tree is not None:
+        in_specs = jax.tree.unflatten(config.in_tree, in_specs)
+        out_specs = jax.tree.unflatten(config.out_tree, out_specs)
     dynamic = iter(parts["grid"])
     grid = tuple(next(dynamic) if g is None else g for g in config.static_grid)
     core_id = parts["core_id"][0] if config.has_core_id else None
-    in_refs, out_refs, scratches = config.refs_tree.unflatten(parts["refs"])
+    in_refs, out_refs, scratches, allocated = config.refs_tree.unflatten(parts["refs"])
     body_consts = parts["body_consts"]
     nb = config.num_batch_dims
 
@@ -355,19 +376,10 @@ def _expand(*args, config: Config) -> list:
     pipeline = emit_inline(run_body, grid=grid, in_specs=in_specs, out_specs=out_specs,
                               num_cores=config.num_cores, core_id=core_id,
                               _explicit_indices=config.explicit_indices, **options)
-    pipeline(*in_refs, *out_refs, scratches=tuple(scratches) or None)
+    pipeline(*in_refs, *out_refs, scratches=tuple(scratches) or None,
+             allocations=tuple(allocated) if config.has_allocations else None)
     return []
 
 
 def _unflatten_refs(refs_tree, leaves):
     return jax.tree.leaves(refs_tree.unflatten(list(leaves)), is_leaf=_is_ref_like)
-
-
-def check_primitive_support(allocations) -> None:
-    """The primitive path does not carry caller-allocated buffers (yet)."""
-    if allocations is not None:
-        raise PipelineConfigError(
-            "use_primitive=True does not take allocations=: the primitive allocates its"
-            " buffers when it is lowered; call the pipeline without allocations or with"
-            " use_primitive=False"
-        )

@@ -172,8 +172,9 @@ def _emit_pipeline_batch(axis_data, args, dims, *, config: Config):
             if transforms and ref_dims[base] is not None:
                 raise PipelineNotImplementedError(
                     "vmap of emit_pipeline over a transformed (.at[...]) operand ref")
-    if any(ref_dims[p] is not None for p in positions[2]):
-        raise PipelineNotImplementedError("vmap of emit_pipeline over scratch refs")
+    if any(ref_dims[p] is not None for p in (*positions[2], *positions[3])):
+        raise PipelineNotImplementedError(
+            "vmap of emit_pipeline over scratch refs or allocations")
     in_dims = _align(config.in_specs, [ref_dims[p] for p in positions[0]])
     out_dims = _align(config.out_specs, [ref_dims[p] for p in positions[1]])
     options = dict(config.options)

@@ -11,25 +11,25 @@ from typing import Any
 from palladium.race_detect.regions import Region
 
 
-def _precedes(event: Any, times: list[int]) -> bool:
+def precedes(event: Any, times: list[int]) -> bool:
     """Whether ``event`` happens-before an access whose clock is ``times``."""
     slot = event.slot
     return slot < len(times) and event.time <= times[slot]
 
 
-_R_MASK = (1 << 32) - 1
+R_MASK = (1 << 32) - 1
 
 Box = tuple[tuple[int, int], ...]  # per dimension [start, stop)
 
 
-def _size(box: Box) -> int:
+def box_size(box: Box) -> int:
     n = 1
     for lo, hi in box:
         n *= hi - lo
     return n
 
 
-def _box_of(region: Region, shape: tuple[int, ...]) -> Box | None:
+def box_of(region: Region, shape: tuple[int, ...]) -> Box | None:
     """The normalised ``region`` as a box, or None (strided, or empty)."""
     box = []
     for index, n in zip(region, shape):
@@ -45,18 +45,18 @@ def _box_of(region: Region, shape: tuple[int, ...]) -> Box | None:
     return tuple(box)
 
 
-def _contains(outer: Box, inner: Box) -> bool:
+def contains(outer: Box, inner: Box) -> bool:
     for (a, b), (c, d) in zip(outer, inner):  # noqa: SIM110 (~2x faster than all(<genexpr>))
         if c < a or b < d:
             return False
     return True
 
 
-def _overlaps(a: Box, b: Box) -> bool:
+def overlaps(a: Box, b: Box) -> bool:
     return all(lo1 < hi2 and lo2 < hi1 for (lo1, hi1), (lo2, hi2) in zip(a, b))
 
 
-def _subtract(outer: Box, inner: Box) -> list[Box]:
+def subtract(outer: Box, inner: Box) -> list[Box]:
     """``outer`` minus ``inner`` (inside it) as disjoint boxes."""
     pieces = []
     rest = list(outer)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from palladium.race_detect.boxes import Box, _box_of, _size
+from palladium.race_detect.boxes import Box, box_of, box_size
 from palladium.race_detect.regions import Region, format_region, normalise
 
 __all__ = ["PreparedAccess", "prepare"]
@@ -48,5 +48,5 @@ def prepare(region: Any, shape: tuple[int, ...], name: str = "buffer") -> Prepar
     """
     shape = tuple(int(d) for d in shape)
     full = normalise(region, shape, name)
-    box = _box_of(full, shape)
-    return PreparedAccess(full, shape, box, _size(box) if box is not None else 0)
+    box = box_of(full, shape)
+    return PreparedAccess(full, shape, box, box_size(box) if box is not None else 0)

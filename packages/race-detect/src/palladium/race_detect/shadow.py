@@ -17,6 +17,10 @@ written by one DMA holds one id, whatever its size), then stores new pairs.
 Tables are reference counted exactly (how many elements hold each id) and freed ids are
 reused, so their size is bounded by the buffer's size and an access costs O(region)
 numpy work plus O(distinct ids) Python work, independent of how many accesses ran before.
+
+An access whose box is exactly a union of uniform boxes (a block written row by row, then
+read whole) runs the same table operations, in the same order, over the boxes themselves
+(``_access_union``) instead of materialising the dense state.
 """
 
 from __future__ import annotations
@@ -26,19 +30,18 @@ from typing import Any
 import numpy as np
 
 from palladium.race_detect.boxes import (
-    _R_MASK,
+    R_MASK,
     Box,
-    _box_of,
-    _contains,
-    _overlaps,
-    _precedes,
-    _size,
-    _subtract,
+    box_of,
+    box_size,
+    contains,
+    overlaps,
+    precedes,
+    subtract,
 )
 from palladium.race_detect.clock import Clock
 from palladium.race_detect.regions import Region, element_at
 from palladium.race_detect.report import Access
-from palladium.race_detect.union import access_union
 
 
 class Event:
@@ -160,11 +163,11 @@ class BufferShadow:
         (computed here when not given).
         """
         if box is None:
-            box = _box_of(region, self.shape)
-            size = _size(box) if box is not None else 0
+            box = box_of(region, self.shape)
+            size = box_size(box) if box is not None else 0
         if mask is None and box is not None and (
             self._access_box(box, size, event, times, is_write)
-            or access_union(self, box, size, event, times, is_write)
+            or self._access_union(box, size, event, times, is_write)
         ):
             return []
         self._materialize(box)
@@ -186,7 +189,7 @@ class BufferShadow:
         write_counts: dict[int, int] = {}
         read_counts: dict[int, int] = {}
         for pair, count in zip(pairs, counts):
-            wid, rid = pair >> 32, pair & _R_MASK
+            wid, rid = pair >> 32, pair & R_MASK
             write_counts[wid] = write_counts.get(wid, 0) + count
             read_counts[rid] = read_counts.get(rid, 0) + count
         races: list[Race] = []
@@ -194,7 +197,7 @@ class BufferShadow:
         for wid in write_counts:
             if wid:
                 earlier = writes.items[wid]
-                if not _precedes(earlier, times):
+                if not precedes(earlier, times):
                     hits = (old >> 32) == wid
                     races.append((earlier, self._element(region, mask, hits)))
         if is_write:
@@ -215,7 +218,7 @@ class BufferShadow:
             }
             for rid, count in read_counts.items():
                 self._drop_read_set(rid, count)
-            new_pairs = [(pair >> 32) << 32 | new_read[pair & _R_MASK] for pair in pairs]
+            new_pairs = [(pair >> 32) << 32 | new_read[pair & R_MASK] for pair in pairs]
             if inverse is None:
                 new = new_pairs[0]
             else:
@@ -242,15 +245,15 @@ class BufferShadow:
             # Newest first: the pieces left by the last split (appended last) are where a
             # block-by-block sweep goes next. Boxes are disjoint, so at most one contains
             # ``box``: the order changes only the time it takes to find it.
-            found = next((b for b in reversed(boxes) if _contains(b, box)), None)
+            found = next((b for b in reversed(boxes) if contains(b, box)), None)
             if found is None:
                 return False
             outer, pair = found, boxes[found]
-        wid, rid = pair >> 32, pair & _R_MASK
+        wid, rid = pair >> 32, pair & R_MASK
         if wid:
             last = self._writes.items[wid]
             slot = last.slot
-            if slot >= len(times) or last.time > times[slot]:  # not _precedes(last, times)
+            if slot >= len(times) or last.time > times[slot]:  # not precedes(last, times)
                 return False
         # The same table operations, in the same order, as the general path on a
         # region holding one pair: ids (and so reports) do not depend on the path.
@@ -258,7 +261,7 @@ class BufferShadow:
             if rid:
                 n = len(times)
                 for e in self._reads.items[rid]:
-                    if e.slot >= n or e.time > times[e.slot]:  # not _precedes(e, times)
+                    if e.slot >= n or e.time > times[e.slot]:  # not precedes(e, times)
                         return False
             writes = self._writes
             if rid:
@@ -280,7 +283,7 @@ class BufferShadow:
             new = wid << 32 | self._reads.add((event,), size)
         if outer is not box:
             del boxes[outer]
-            for piece in _subtract(outer, box):
+            for piece in subtract(outer, box):
                 boxes[piece] = pair
         boxes[box] = new
         return True
@@ -295,7 +298,7 @@ class BufferShadow:
         if self._state is None:
             self._state = np.zeros(self.shape, np.int64)
         boxes = self._boxes
-        hit = list(boxes) if box is None else [b for b in boxes if _overlaps(b, box)]
+        hit = list(boxes) if box is None else [b for b in boxes if overlaps(b, box)]
         for b in hit:
             pair = boxes.pop(b)
             if pair or not self._state_fresh:
@@ -316,9 +319,9 @@ class BufferShadow:
         seen: set[int] = set()
         for rid in read_counts:
             for earlier in self._reads.items[rid]:
-                if earlier.serial not in seen and not _precedes(earlier, times):
+                if earlier.serial not in seen and not precedes(earlier, times):
                     seen.add(earlier.serial)
-                    hits = (old & _R_MASK) == rid
+                    hits = (old & R_MASK) == rid
                     races.append((earlier, self._element(region, mask, hits)))
 
     def _with_read(
@@ -333,7 +336,7 @@ class BufferShadow:
         refs. ``merged``: the sets this access made so far, by their serials (an access
         of one uniform box makes one set, and passes None)."""
         n = len(times)
-        # not _precedes(e, times), inlined: this runs on every read
+        # not precedes(e, times), inlined: this runs on every read
         kept = [e for e in self._reads.items[rid] if e.slot >= n or e.time > times[e.slot]]
         kept.append(event)  # serials grow in program order: the tuple stays sorted
         if merged is None:
@@ -349,3 +352,69 @@ class BufferShadow:
     def _drop_read_set(self, rid: int, count: int) -> None:
         if rid:
             self._reads.release(rid, count)
+
+    # ------------------------------------------------- an access over several boxes
+    def _access_union(
+        self, box: Box, size: int, event: Any, times: list[int], is_write: bool
+    ) -> bool:
+        """Do ``access`` of ``box`` (no mask) over the uniform boxes that tile it:
+        True. False, having changed nothing, when they do not tile it or it races."""
+        boxes = self._boxes
+        inside: list[Box] = []
+        covered = 0
+        for b in boxes:
+            if overlaps(b, box):
+                if not contains(box, b):
+                    return False
+                inside.append(b)
+                covered += box_size(b)
+        if covered != size or len(inside) < 2:
+            return False
+        by_pair: dict[int, int] = {}
+        for b in inside:
+            pair = boxes[b]
+            by_pair[pair] = by_pair.get(pair, 0) + box_size(b)
+        pairs = sorted(by_pair)
+        write_counts: dict[int, int] = {}
+        read_counts: dict[int, int] = {}
+        for pair in pairs:
+            count = by_pair[pair]
+            wid, rid = pair >> 32, pair & R_MASK
+            write_counts[wid] = write_counts.get(wid, 0) + count
+            read_counts[rid] = read_counts.get(rid, 0) + count
+        writes, reads = self._writes, self._reads
+        for wid in write_counts:
+            if wid and not precedes(writes.items[wid], times):
+                return False
+        if is_write:
+            for rid in read_counts:
+                for earlier in reads.items[rid]:
+                    if not precedes(earlier, times):
+                        return False
+            for wid, count in write_counts.items():
+                if wid:
+                    writes.release(wid, count)
+            for rid, count in read_counts.items():
+                self._drop_read_set(rid, count)
+            new = writes.add(event, size) << 32
+            for b in inside:
+                del boxes[b]
+            self._add_box(box, new)
+            return True
+        merged: dict[tuple[int, ...], int] = {}
+        new_read = {
+            rid: self._with_read(rid, event, times, count, merged)
+            for rid, count in read_counts.items()
+        }
+        for rid, count in read_counts.items():
+            self._drop_read_set(rid, count)
+        if len(pairs) == 1:  # all equal: one box, as the general path makes
+            pair = pairs[0]
+            for b in inside:
+                del boxes[b]
+            self._add_box(box, (pair >> 32) << 32 | new_read[pair & R_MASK])
+            return True
+        for b in inside:
+            pair = boxes[b]
+            boxes[b] = (pair >> 32) << 32 | new_read[pair & R_MASK]
+        return True

@@ -30,11 +30,19 @@ OUT_OF_BOUNDS_HINT = "Pass out_of_bounds='uninitialized' to read uninitialised v
 
 
 class MemorySpace(enum.Enum):
-    """Where a buffer lives: HBM (per device, shared by its cores), VMEM or SMEM (per core)."""
+    """Where a buffer lives: HBM or the host's memory (per device, shared by its cores),
+    VMEM or SMEM (per core)."""
 
     HBM = "HBM"
     VMEM = "VMEM"
     SMEM = "SMEM"
+    HOST = "HOST"
+
+    @property
+    def per_device(self) -> bool:
+        """Whether a buffer of this space belongs to the device (HBM, host memory)
+        rather than to one core."""
+        return self is MemorySpace.HBM or self is MemorySpace.HOST
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,8 +65,8 @@ class BufferRef:
     @property
     def where(self) -> str:
         """``HBM, device 1`` or ``VMEM, device 0 core 1``."""
-        if self.space is MemorySpace.HBM:
-            return f"HBM, device {self.device}"
+        if self.space.per_device:
+            return f"{self.space.value}, device {self.device}"
         return f"{self.space.value}, device {self.device} core {self.core}"
 
 

@@ -32,10 +32,11 @@ class BufferOps(SimulationState):
     ) -> BufferRef:
         """Allocate a buffer holding a copy of ``value``, else uninitialised memory.
 
-        HBM belongs to the device (``core`` is ignored); VMEM and SMEM to one core.
+        HBM and host memory belong to the device (``core`` is ignored); VMEM and SMEM to
+        one core.
         """
         space = MemorySpace(space)
-        core = 0 if space is MemorySpace.HBM else int(core)
+        core = 0 if space.per_device else int(core)
         self._check_core((device, core))
         if value is not None:
             data = np.array(value, dtype=dtype, copy=True)
@@ -48,7 +49,8 @@ class BufferOps(SimulationState):
             data = np.full(tuple(int(d) for d in shape),
                            uninitialized_value(dtype, fill or self.uninitialized), dtype)
         bound = data.shape
-        if self.bounds == "padded" and space is not MemorySpace.SMEM:
+        # Host memory is not laid out in TPU tiles; SMEM holds scalars.
+        if self.bounds == "padded" and space in (MemorySpace.HBM, MemorySpace.VMEM):
             bound = padded_shape(data.shape, data.dtype, self.tiling,
                                  generation=self.tpu_generation)
         key = next(self._next_key)
@@ -85,6 +87,34 @@ class BufferOps(SimulationState):
     def is_allocated(self, buf: BufferRef) -> bool:
         """Whether ``buf`` has not been freed yet."""
         return buf.key in self._buffers
+
+    def contents(self, buf: BufferRef) -> np.ndarray:
+        """The array ``buf`` holds, itself (not a copy): for a client that computes a
+        whole run of accesses elsewhere and stores the result back in place. Nothing is
+        checked, counted or told to the race detector: the client answers for that."""
+        return self._buffer(buf).data
+
+    @property
+    def detects_races(self) -> bool:
+        """Whether the race detector is on."""
+        return self._det is not None
+
+    def record_access(self, buf: BufferRef, region: Any, *, write: bool, core: CoreId,
+                      site: object = None) -> None:
+        """Tell the race detector of a read (or write) of ``buf[region]`` by ``core`` that
+        a client did on the array of ``contents`` (the same event ``read``/``write``
+        would give; nothing else is checked). No-op without the race detector."""
+        if self._det is None:
+            return
+        b = self._buffers.get(buf.key) or self._buffer(buf)
+        plan = b.plan(region)
+        if plan.index is None:
+            return
+        if write:
+            self._race_write(core, buf.key, plan, None, site)
+        else:
+            self._det.read(self._actor(core), buf.key, plan.prepared or plan.race_access(),
+                           site=site)
 
     def plan(self, buf: BufferRef, region: Any) -> AccessPlan:
         """``region`` of ``buf`` resolved once: pass the plan instead of the region to

@@ -55,7 +55,7 @@ class BufferState:
 
     @property
     def where(self) -> str:
-        return (f"HBM, device {self.device}" if self.space == "HBM"
+        return (f"{self.space}, device {self.device}" if self.space in ("HBM", "HOST")
                 else f"{self.space}, device {self.device} core {self.core}")
 
     def __str__(self) -> str:

@@ -65,8 +65,8 @@ SUBLANES: int = 8
 TILING_DEFAULT: tuple[int, int] = (SUBLANES, LANES)
 """The (sublane, lane) tile of 32-bit data on a TPU."""
 
-GENERATIONS: tuple[int, ...] = (2, 3, 4, 5, 6, 7)
-"""The TensorCore generations whose tiles these facts describe (v2 .. v7x)."""
+GENERATIONS: tuple[int, ...] = (2, 3, 4, 5, 6, 7, 8)
+"""The TensorCore generations whose tiles these facts describe (v2 .. TPU8i)."""
 
 GENERATION_DEFAULT: int = 5
 """The TPU generation padded for when the caller names none (tiles are the same for

@@ -51,6 +51,8 @@ PARALLEL = getattr(mosaic_core, "PARALLEL", None)
 
 # --- memory spaces and semaphore dtypes -------------------------------------------------
 ANY = pallas_core.MemorySpace.ANY
+#: ``pl.HOST``: the host's memory (jax 0.10.2); None in a jax without it.
+HOST = getattr(pallas_core.MemorySpace, "HOST", None)
 # jax 0.10.0 has no MemorySpace.DEFAULT (a block without a memory space keeps None).
 DEFAULT = getattr(pallas_core.MemorySpace, "DEFAULT", None)
 HBM = mosaic_core.MemorySpace.HBM
@@ -172,6 +174,13 @@ Var = jax_core.Var
 DropVar = jax_core.DropVar
 ShapedArray = jax_core.ShapedArray
 trace_to_jaxpr_dynamic = pe.trace_to_jaxpr_dynamic
+
+
+def sub_jaxpr(invars: Sequence[Any], outvars: Sequence[Any], eqns: Sequence[Any],
+              what: str) -> Any:
+    """A jaxpr of some equations of another (``what`` names it in jax's debug info)."""
+    info = jax_core.DebugInfo(what, what, tuple(str(v) for v in invars), None)
+    return jax_core.Jaxpr([], list(invars), list(outvars), list(eqns), debug_info=info)
 eval_jaxpr = jax_core.eval_jaxpr
 source_info_util = source_info_util
 register_lowering = mlir.register_lowering
@@ -203,6 +212,38 @@ def route_direct_pallas_call_lowering(rule: Any) -> None:
 def tpu_interpret_mode_config() -> Any:
     """The config option ``pl.pallas_call`` consults for a forced interpret mode."""
     return jax_config.pallas_tpu_interpret_mode_context_manager
+
+
+def pallas_debug_checks_enabled() -> bool:
+    """Whether ``pl.debug_check`` checks (``pl.enable_debug_checks``) in this context."""
+    return bool(pallas_core.debug_checks_enabled())
+
+
+def checkify_check_parts(err_tree: Any, args: Any) -> tuple[Any, str]:
+    """The failure predicate and the formatted message of one ``check_p`` equation (what
+    jax's Mosaic lowering reads of it): the predicate is True when the check fails."""
+    from jax import tree_util
+    from jax._src import checkify
+
+    error = tree_util.tree_unflatten(err_tree, list(args))
+    [pred] = error._pred.values()
+    [exception_tree] = error._metadata.values()
+    [payload] = error._payload.values()
+    exception = tree_util.tree_unflatten(exception_tree, payload)
+    if isinstance(exception, checkify.FailedCheckError):
+        message = exception.fmt_string.format(*exception.args, **exception.kwargs)
+    else:
+        message = str(exception)
+    return pred, message
+
+
+def _check_p() -> Any:
+    from jax._src import checkify
+
+    return checkify.check_p
+
+
+check_p = _check_p()
 
 
 def user_frame(source_info: Any) -> tuple[str, int] | None:

@@ -75,6 +75,9 @@ class LaunchServices(Protocol):
     @property
     def collective_id(self) -> int | None: ...
 
+    @property
+    def debug_checks(self) -> bool: ...
+
     def fill_value(self, dtype: Any) -> Any: ...
 
     def program_ids(self, grid_point: tuple[int, ...] | None) -> tuple[int, ...]: ...
@@ -101,6 +104,9 @@ class KernelContext(Protocol):
     core: CoreId
     grid_point: tuple[int, ...] | None
     prng: np.random.Generator | None
+    #: The core's MXU state for the explicit MXU operations (``rules_mxu.MxuState``),
+    #: None until the first one.
+    mxu: Any
     skip_floating_point_ops: bool
     deterministic_dot: bool
 
@@ -115,11 +121,26 @@ class KernelContext(Protocol):
         """The kernel's ``CompilerParams(collective_id=...)`` (None without one)."""
         ...
 
+    @property
+    def debug_checks(self) -> bool:
+        """Whether ``pl.debug_check`` checks: ``pl.enable_debug_checks`` was on when the
+        kernel was lowered (as jax's Mosaic lowering decides)."""
+        ...
+
     def site(self, eqn: Equation | None = None, what: str | None = None) -> Site: ...
 
     def eval_jaxpr(self, jaxpr: Any, consts: list[Value], args: list[Value]) -> list[Value]: ...
 
     def eval_closed(self, closed: Any, args: list[Value]) -> list[Value]: ...
+
+    def run_program(self, prog: Any, args: list[Value]) -> list[Value]:
+        """Run a ``program.Program`` compiled apart from the kernel's cache."""
+        ...
+
+    @property
+    def observes_equations(self) -> bool:
+        """Whether an observer is told of every equation (the timeline)."""
+        ...
 
     def fill_value(self, dtype: Any) -> Any: ...
 

@@ -15,7 +15,7 @@ from collections.abc import Callable
 import numpy as np
 
 from palladium.interpret.errors import KernelError, UnsupportedFeatureError
-from palladium.interpret.eval.refs import Access, _Bitcast, tpu_bitcast
+from palladium.interpret.eval.refs import Access, Bitcast, tpu_bitcast
 from palladium.shared_memory import DmaView
 
 
@@ -34,7 +34,7 @@ def view_nbytes(acc: Access, dtype: np.dtype) -> int:
 
 
 def _has_bitcast(acc: Access) -> bool:
-    return any(isinstance(op, _Bitcast) for op in acc.post)
+    return any(isinstance(op, Bitcast) for op in acc.post)
 
 
 def _region_mask(acc: Access) -> np.ndarray | None:
@@ -58,7 +58,7 @@ def _scatter(acc: Access, dtype: np.dtype, name: str, site: object) -> Callable[
             return flat.reshape(acc.region_shape)
 
         return plain
-    if not isinstance(post[0], _Bitcast) or any(isinstance(p, _Bitcast) for p in post[1:]):
+    if not isinstance(post[0], Bitcast) or any(isinstance(p, Bitcast) for p in post[1:]):
         raise UnsupportedFeatureError(
             f"DMA destination '{name}' is a reshape followed by a bitcast, or two bitcasts; "
             f"the interpreter writes a bitcast destination only when the bitcast comes first "

@@ -39,6 +39,7 @@ class CoreEvaluator:
     core: CoreId
     grid_point: tuple[int, ...] | None = None
     prng: np.random.Generator | None = None
+    mxu: Any = None  # rules_mxu.MxuState, once the kernel uses the explicit MXU operations
     skip_floating_point_ops: bool = dataclasses.field(init=False, default=False)
     deterministic_dot: bool = dataclasses.field(init=False, default=False)
     _quiet: bool = dataclasses.field(init=False, default=False, repr=False)
@@ -67,11 +68,23 @@ class CoreEvaluator:
             ERRORS_IGNORED.reset(token)
             self._quiet = False
 
+    @property
+    def observes_equations(self) -> bool:
+        """Whether an observer is told of every equation (the timeline)."""
+        return self._observers is not None
+
+    def run_program(self, prog: Program, args: list[Value]) -> list[Value]:
+        """Run a program compiled apart from the kernel's cache (a compiled segment's
+        equations, one by one)."""
+        return self._run(prog, [], args)
+
     def _eval(self, jaxpr: Any, consts: list[Value], args: list[Value]) -> list[Value]:
         if isinstance(jaxpr, jc.ClosedJaxpr):
             consts = [*jaxpr.consts, *consts]
             jaxpr = jaxpr.jaxpr
-        prog = self.launch.programs.get(jaxpr)
+        return self._run(self.launch.programs.get(jaxpr), consts, args)
+
+    def _run(self, prog: Program, consts: list[Value], args: list[Value]) -> list[Value]:
         env = list(prog.template)
         for s, x in zip(prog.const_slots, consts):
             env[s] = x
@@ -81,7 +94,8 @@ class CoreEvaluator:
         if obs is not None:
             core, compute = self.core, obs.compute
             for step in prog.steps:
-                compute(core, step.eqn)
+                if not step.segment:  # a segment runs its equations one by one here
+                    compute(core, step.eqn)
                 outs = step.rule(self, step.eqn, [env[i] for i in step.in_slots])
                 for s, o in zip(step.out_slots, outs):
                     env[s] = o
@@ -117,6 +131,10 @@ class CoreEvaluator:
     @property
     def collective_id(self) -> int | None:
         return self.launch.collective_id
+
+    @property
+    def debug_checks(self) -> bool:
+        return self.launch.debug_checks
 
     def fill_value(self, dtype: Any) -> Any:
         return self.launch.fill_value(dtype)

@@ -12,7 +12,7 @@ from palladium.interpret.errors import (
     jax_hbm_reference_phrase,
 )
 from palladium.interpret.eval.context import Equation, KernelContext
-from palladium.interpret.eval.refs import Access, MemRef, _Bitcast, resolve, tpu_bitcast
+from palladium.interpret.eval.refs import Access, Bitcast, MemRef, resolve, tpu_bitcast
 from palladium.interpret.kernel_checks import jax_access_name
 from palladium.shared_memory import AccessPlan, MemorySpace
 
@@ -20,10 +20,12 @@ from palladium.shared_memory import AccessPlan, MemorySpace
 def _checked(ev: KernelContext, ref: Any, eqn: Equation, op: str) -> MemRef:
     if not isinstance(ref, MemRef):
         raise KernelError(f"{op} of a non-memory ref {ref!r} ({ev.site(eqn)})")
-    if ref.buffer.space == MemorySpace.HBM:
+    if ref.buffer.space.per_device:
+        home = "HBM (memory space ANY/HBM)" if ref.buffer.space == MemorySpace.HBM else (
+            "the host's memory (memory space pl.HOST)")
         raise KernelError(
-            f"{op} of '{ref.name}', which lives in HBM (memory space ANY/HBM): a TPU kernel "
-            f"cannot read or write HBM directly; copy it with pltpu.sync_copy or "
+            f"{op} of '{ref.name}', which lives in {home}: a TPU kernel "
+            f"cannot read or write it directly; copy it with pltpu.sync_copy or "
             f"pltpu.async_copy ({ev.site(eqn)}). "
             f"{jax_hbm_reference_phrase(jax_access_name(eqn.primitive))}"
         )
@@ -50,7 +52,7 @@ def read_masked(ev: KernelContext, ref: Any, transforms: Any, mask: Any, eqn: Eq
     """
     ref = _checked(ev, ref, eqn, "load")
     acc = access_of(ref, transforms)
-    if any(isinstance(op, _Bitcast) for op in acc.post):
+    if any(isinstance(op, Bitcast) for op in acc.post):
         return read_access(ev, ref, acc, eqn)
     if acc.post:
         positions = acc.positions()
@@ -91,7 +93,7 @@ def write(
             mask = np.broadcast_to(np.asarray(mask, dtype=bool), acc.region_shape)
         sim.write(ref.buffer, acc.region, value, mask=mask, core=ev.core, site=site)
         return
-    if any(isinstance(op_, _Bitcast) for op_ in acc.post):
+    if any(isinstance(op_, Bitcast) for op_ in acc.post):
         _write_through_bitcast(ev, ref, acc, value, mask, eqn)
         return
     # Reshape / transpose / index after the region: scatter by element position, and
@@ -121,7 +123,7 @@ def write(
 
 def _write_through_bitcast(ev: KernelContext, ref: MemRef, acc: Any, value: Any, mask: Any, eqn: Equation) -> None:
     post = acc.post
-    if not isinstance(post[0], _Bitcast) or any(isinstance(p, _Bitcast) for p in post[1:]):
+    if not isinstance(post[0], Bitcast) or any(isinstance(p, Bitcast) for p in post[1:]):
         raise UnsupportedFeatureError(
             f"write to '{ref.name}' through a reshape followed by a bitcast, or through two "
             f"bitcasts, is not supported ({ev.site(eqn)})"

@@ -18,8 +18,10 @@ from palladium.interpret import _jax_compat as jc
 from palladium.interpret.errors import UnsupportedPrimitiveError
 from palladium.interpret.eval.context import Equation, KernelContext, Value
 from palladium.interpret.eval.refs import MemRef, SemaphoreRef
-from palladium.interpret.eval.registry import RULES, Rule
+from palladium.interpret.eval.registry import RULES, Rule, rule_by_name
 from palladium.interpret.eval.rules_unsupported import UNSUPPORTED, refusal
+from palladium.interpret.eval.segment_trace import is_ref
+from palladium.interpret.eval.segments import Segment, find_segments, segment_io
 from palladium.interpret.numpy_rules import (
     DETERMINISTIC_RULES,
     FLUSHING,
@@ -42,6 +44,7 @@ class Step:
     eqn: Any
     in_slots: tuple[int, ...]
     out_slots: tuple[int, ...]
+    segment: bool = False  # a compiled segment: its equations are observed one by one
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -138,6 +141,8 @@ def resolve_rule(
     if compiler is not None:
         return compiler(eqn, used)
     own = RULES.get(eqn.primitive)
+    if own is None and RULES.by_name:
+        own = rule_by_name(eqn.primitive)
     return own if own is not None else _compute_rule(eqn, operands_flushed)
 
 
@@ -165,7 +170,27 @@ def used_vars(jaxpr: Any) -> frozenset[Any]:
     return frozenset(used)
 
 
-def compile_jaxpr(jaxpr: Any) -> Program:
+def _has_own_rule(prim: Any) -> bool:
+    return RULES.compiler(prim) is not None or RULES.get(prim) is not None
+
+
+def _segment_step(jaxpr: Any, start: int, stop: int, races_ok: bool,
+                  slot_of: Any, fresh: Any) -> Step:
+    """The one step that runs ``jaxpr.eqns[start:stop]`` as a compiled segment."""
+    inputs, outputs = segment_io(jaxpr, start, stop)
+    eqns = jaxpr.eqns[start:stop]
+    inputs = [*(v for v in inputs if not is_ref(v)), *(v for v in inputs if is_ref(v))]
+    sub = jc.sub_jaxpr(inputs, outputs, eqns, "palladium compiled segment")
+    seg = Segment(eqns, inputs, outputs, compile_jaxpr(sub, segments=False), races_ok)
+    ins = tuple(slot_of(a) for a in seg.inputs)
+    return Step(seg, eqns[0], ins, tuple(fresh(v) for v in outputs), segment=True)
+
+
+def compile_jaxpr(jaxpr: Any, *, segments: bool = True, races_ok: bool = False,
+                  runs: int = 1) -> Program:
+    """Compile ``jaxpr``; with ``segments``, its runs of pure array code become compiled
+    segments (``segments.py``; ``races_ok``: the kernel uses no DMA or semaphore;
+    ``runs``: how often a launch runs ``jaxpr``, known for the kernel body)."""
     slots: dict[Any, int] = {}
     template: list[Any] = []
 
@@ -200,7 +225,15 @@ def compile_jaxpr(jaxpr: Any) -> Program:
         return atom in flushed
 
     steps = []
-    for eqn in jaxpr.eqns:
+    starts = dict(find_segments(jaxpr, _has_own_rule, runs)) if segments else {}
+    skip_to = 0
+    for i, eqn in enumerate(jaxpr.eqns):
+        if i < skip_to:
+            continue
+        if i in starts:
+            skip_to = starts[i]
+            steps.append(_segment_step(jaxpr, i, skip_to, races_ok, slot_of, fresh))
+            continue
         ins = tuple(slot_of(a) for a in eqn.invars)
         outs = tuple(fresh(v) for v in eqn.outvars)
         operands_flushed = all(is_flushed(a) for a in eqn.invars)
@@ -215,14 +248,18 @@ def compile_jaxpr(jaxpr: Any) -> Program:
 class ProgramCache:
     """Compiled programs of one kernel's jaxprs, by jaxpr identity."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, races_ok: bool = False, body: Any = None, grid_points: int = 1) -> None:
         self._programs: dict[int, Program] = {}
+        self._races_ok = races_ok  # the kernel starts no DMA: see segments.py
+        # The kernel body runs once per grid point: its segments' work counts that often.
+        self._body, self._grid_points = body, max(int(grid_points), 1)
         self._lock = threading.Lock()
 
     def get(self, jaxpr: Any) -> Program:
         prog = self._programs.get(id(jaxpr))
         if prog is None or prog.jaxpr is not jaxpr or prog.version != RULES.version:
-            prog = compile_jaxpr(jaxpr)
+            runs = self._grid_points if jaxpr is self._body else 1
+            prog = compile_jaxpr(jaxpr, races_ok=self._races_ok, runs=runs)
             with self._lock:
                 self._programs[id(jaxpr)] = prog
         return prog

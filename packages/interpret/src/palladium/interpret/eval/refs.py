@@ -105,7 +105,7 @@ class _Transpose:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class _Bitcast:
+class Bitcast:
     dtype: np.dtype
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
@@ -152,7 +152,7 @@ class Access:
         """For each element of the final view, its flat position within the region."""
         idx = np.arange(math.prod(self.region_shape)).reshape(self.region_shape)
         for op in self.post:
-            if isinstance(op, _Bitcast):
+            if isinstance(op, Bitcast):
                 raise AssertionError("positions() through a bitcast")
             idx = op(idx)
         return idx
@@ -201,7 +201,7 @@ def resolve(shape: tuple[int, ...], dtype: np.dtype, transforms: Sequence[Any], 
             if not post and same_width:
                 lead_cast = cur_dtype
             else:
-                post.append(_Bitcast(cur_dtype))
+                post.append(Bitcast(cur_dtype))
         else:
             raise UnsupportedFeatureError(
                 f"ref '{name}': transform {type(t).__name__} is not supported by the interpreter"
@@ -217,7 +217,7 @@ def resolve(shape: tuple[int, ...], dtype: np.dtype, transforms: Sequence[Any], 
             region.append(slice(start, stop, step))
             region_shape.append(size)
     if lead_cast is not None and lead_cast != np.dtype(dtype):
-        post.insert(0, _Bitcast(lead_cast))
+        post.insert(0, Bitcast(lead_cast))
     return Access(tuple(region), tuple(region_shape), tuple(post))
 
 

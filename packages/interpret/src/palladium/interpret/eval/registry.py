@@ -40,6 +40,24 @@ def rule_compiler(*primitives: Any) -> Callable[[RuleCompiler], RuleCompiler]:
     return decorator
 
 
+def register_interpret_rule_by_name(name: str, impl: Callable[..., Any]) -> None:
+    """:func:`register_interpret_rule` for the primitive named ``name``, done when the
+    interpreter first meets an equation of it: for a primitive its provider cannot import
+    (palladium-pipeline's rule for jax's own ``emit_pipeline``, whose module palladium
+    does not import). A rule registered for the primitive itself wins."""
+    RULES.by_name[name] = impl
+    RULES.version += 1
+
+
+def rule_by_name(primitive: Any) -> Rule | None:
+    """The rule registered by name for ``primitive`` (registered for it now), or None."""
+    impl = RULES.by_name.get(str(primitive))
+    if impl is None:
+        return None
+    register_interpret_rule(primitive, impl)
+    return RULES.get(primitive)
+
+
 def register_interpret_rule(primitive: jc.Primitive, impl: Callable[..., Any]) -> None:
     """Teach the interpreter a primitive it does not know (e.g. one with a Mosaic lowering).
 

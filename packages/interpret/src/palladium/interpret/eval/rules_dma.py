@@ -7,7 +7,8 @@ from typing import Any
 import numpy as np
 
 from palladium.interpret import _jax_compat as jc
-from palladium.interpret.errors import KernelError
+from palladium.interpret.chip import chip_facts
+from palladium.interpret.errors import KernelError, TpuLoweringError
 from palladium.interpret.eval.context import Equation, KernelContext, Value
 from palladium.interpret.eval.dma_view import dma_view, view_nbytes
 from palladium.interpret.eval.memory import access_of
@@ -40,6 +41,38 @@ def _check_same_dtype(src: MemRef, dst: MemRef, site: Any) -> None:
         )
 
 
+# What the TPU compiler accepts for DMAs to and from the host's memory (pl.HOST), asked of
+# libtpu 0.0.42.1 for v4, v5e, v5p, v6e and v7x (tests/compiler/test_host_memory.py): from
+# the host only into HBM ("Unimplemented DMA from host to vmem" / "to smem" / "to host");
+# into the host from HBM, and from VMEM and SMEM from v5 on (v4's compiler aborts on VMEM:
+# "Unexpected opcode: kDmaVmemToHost", and rejects SMEM: "Unimplemented DMA from smem to
+# host").
+_HOST = MemorySpace.HOST
+
+
+def _check_host_dma(ev: KernelContext, src: MemRef, dst: MemRef, eqn: Equation) -> None:
+    src_space, dst_space = src.buffer.space, dst.buffer.space
+    if src_space is not _HOST and dst_space is not _HOST:
+        return
+    rejected = None
+    if src_space is _HOST and dst_space is not MemorySpace.HBM:
+        rejected = (f"the TPU compiler rejects a DMA from the host's memory to "
+                    f"{dst_space.value} (\"Unimplemented DMA from host to "
+                    f"{dst_space.value.lower()}\"): a DMA reads the host's memory only into "
+                    "HBM. Copy it into an HBM ref (memory space pl.ANY) first")
+    elif (dst_space is _HOST and src_space in (MemorySpace.VMEM, MemorySpace.SMEM)
+          and ev.params.chip is not None and chip_facts(ev.params.chip).generation < 5):
+        said = ("it aborts: \"Unexpected opcode: kDmaVmemToHost\"" if src_space is
+                MemorySpace.VMEM else "\"Unimplemented DMA from smem to host\"")
+        rejected = (f"the TPU compiler for TPU {ev.params.chip} cannot compile a DMA from "
+                    f"{src_space.value} to the host's memory ({said}; v5e and newer accept "
+                    "it). Copy it into an HBM ref (memory space pl.ANY) first")
+    if rejected is not None:
+        raise TpuLoweringError(
+            f"DMA from '{src.name}' ({src_space.value}) to '{dst.name}' "
+            f"({dst_space.value}): {rejected} ({ev.site(eqn)})")
+
+
 def sem_id(ev: KernelContext, value: Any, eqn: Equation, transforms: Any = ()) -> int:
     ref, own = split_transformed(value)
     transforms = (*own, *transforms)
@@ -53,6 +86,7 @@ def _dma_start(ev: KernelContext, eqn: Equation, invals: list[Value]) -> list[Va
     src, dst, dst_sem, src_sem, device_id = jc.dma_operands(eqn.params["tree"], invals)
     src_ref, src_acc = _mem(ev, src, eqn, "source")
     dst_ref, dst_acc = _mem(ev, dst, eqn, "destination")
+    _check_host_dma(ev, src_ref, dst_ref, eqn)
     view = dma_view(_side(src_ref, src_acc), _side(dst_ref, dst_acc), ev.site(eqn))
     if view is None:
         _check_same_dtype(src_ref, dst_ref, ev.site(eqn))
@@ -102,7 +136,8 @@ _SMEM = MemorySpace.SMEM  # an enum's hash is a Python call: compare instead
 
 def _leaf_key(x: Any) -> Any:
     if type(x) is MemRef:
-        return ("m", x.buffer.shape, x.buffer.dtype, x.buffer.space is _SMEM)
+        return ("m", x.buffer.shape, x.buffer.dtype, x.buffer.space is _SMEM,
+                x.buffer.space is _HOST)
     if type(x) is SemaphoreRef:
         return ("s", x.ids.shape)
     if isinstance(x, (int, np.integer)) or (type(x) is np.ndarray and not x.ndim):
@@ -158,6 +193,7 @@ def _compile_dma_start(eqn: Equation, used: frozenset[Any]) -> Any:
         src, dst, dst_sem, src_sem, device_id = jc.dma_operands(tree, invals)
         src_ref, src_acc = _mem(ev, src, eqn, "source")
         dst_ref, dst_acc = _mem(ev, dst, eqn, "destination")
+        _check_host_dma(ev, src_ref, dst_ref, eqn)
         view = dma_view(_side(src_ref, src_acc), _side(dst_ref, dst_acc), ev.site(eqn))
         if view is None:
             _check_same_dtype(src_ref, dst_ref, ev.site(eqn))

@@ -17,18 +17,12 @@ from palladium.interpret.errors import UnsupportedPrimitiveError
 from palladium.interpret.eval.context import Equation, KernelContext, Value
 from palladium.interpret.eval.registry import RULES
 
-_MXU = ("the explicit MXU operations (pltpu.matmul_push_rhs, matmul_acc_lhs, matmul_pop) "
-        "keep operands and accumulators inside the MXU, which palladium does not model; "
-        "write the product with jnp.dot or lax.dot_general")
 _PACK = ("pltpu.pack_elementwise / unpack_elementwise (packing narrow values into the "
          "bits of wider words) are not modelled; bitcast and shift explicitly instead")
 _KEYS = ("splitting or joining a TPU hardware PRNG key is not modelled; seed the core's "
          "generator with pltpu.prng_seed and draw with pltpu.prng_random_bits")
 
 UNSUPPORTED: dict[str, str] = {
-    "matmul_push_rhs": _MXU,
-    "matmul_acc_lhs": _MXU,
-    "matmul_pop": _MXU,
     "pack_elementwise": _PACK,
     "unpack_elementwise": _PACK,
     "stochastic_round": ("pltpu.stochastic_round rounds with the TPU's hardware random "
@@ -37,8 +31,9 @@ UNSUPPORTED: dict[str, str] = {
     "prng_split": _KEYS,
     "prng_join": _KEYS,
     "emit_pipeline": ("jax's own emit_pipeline primitive (jax_use_emit_pipeline_primitive) "
-                      "is not interpreted; use palladium.pipeline.emit_pipeline, or leave "
-                      "that flag off"),
+                      "is interpreted by the rule palladium-pipeline brings (pip install "
+                      "palladium-pipeline), which is not installed; or use "
+                      "palladium.pipeline.emit_pipeline, or leave that flag off"),
     "pipeline_body": ("jax's own emit_pipeline primitive (jax_use_emit_pipeline_primitive) "
                       "is not interpreted; use palladium.pipeline.emit_pipeline, or leave "
                       "that flag off"),
@@ -51,7 +46,7 @@ palladium can name without importing their module get a refusing rule below; the
 implementation."""
 
 BOUND_ON_CPU: frozenset[str] = frozenset({
-    "add_any", "atan2", "broadcast_to", "check", "debug_callback", "debug_print",
+    "add_any", "atan2", "broadcast_to", "debug_callback", "debug_print",
     "dim_as_value", "erf", "erf_inv", "gather", "iota_2x32_shape", "platform_index",
     "random_bits", "random_fold_in", "random_seed", "random_unwrap", "random_wrap",
     "reshard", "stack", "stage", "stop_gradient", "tan", "threefry2x32", "unstack",
@@ -73,7 +68,7 @@ def _refuse(ev: KernelContext, eqn: Equation, invals: list[Value]) -> list[Value
     raise refusal(str(eqn.primitive), ev.site(eqn))
 
 
-for _p in (jc.matmul_push_rhs_p, jc.matmul_acc_lhs_p, jc.matmul_pop_p, jc.pack_elementwise_p,
+for _p in (jc.pack_elementwise_p,
            jc.unpack_elementwise_p, jc.stochastic_round_p, jc.split_key_p, jc.join_key_p,
            jc.empty_ref_p):
     if _p is not None:

@@ -29,6 +29,7 @@ from palladium.interpret.errors import (
 )
 from palladium.interpret.fidelity import lowering_check, tpu_compiler
 from palladium.interpret.kernel import PreparedKernel
+from palladium.shared_memory import MemorySpace
 
 __all__ = ["check_with_compiler"]
 
@@ -51,7 +52,11 @@ def check_with_compiler(kernel: PreparedKernel, bind: Callable[..., Any],
             "kernel runs unchecked and its simulation reports the block.",
             TpuLoweringWarning, stacklevel=3)
         return None
-    verdict = tpu_compiler.compile_verdict(bind, avals_in, chip=chip, mesh_axes=mesh_axes)
+    host_in = [False] * (len(avals_in) - len(kernel.inputs)) + [
+        info.space == MemorySpace.HOST for info in kernel.inputs]
+    host_out = [info.space == MemorySpace.HOST for info in kernel.outputs]
+    verdict = tpu_compiler.compile_verdict(bind, avals_in, chip=chip, mesh_axes=mesh_axes,
+                                           host=(host_in, host_out))
     if verdict.accepted:
         return verdict
     if verdict.kind in ("crashed", "timeout"):

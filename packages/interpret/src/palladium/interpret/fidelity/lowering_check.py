@@ -36,7 +36,7 @@ from palladium.interpret import _jax_compat as jc
 from palladium.interpret.chip import device_kind
 from palladium.interpret.errors import TpuLoweringError, TpuLoweringWarning
 from palladium.interpret.eval.registry import RULES
-from palladium.interpret.fidelity import approx_access, approx_rules  # noqa: F401  (rules)
+from palladium.interpret.fidelity import approx_access, approx_rules, tpu_compiler  # noqa: F401  (rules)
 from palladium.interpret.fidelity.approx_registry import Violation, first_violation
 from palladium.interpret.kernel import PreparedKernel
 
@@ -45,7 +45,20 @@ APPROXIMATION_NOTE = (
     "(Checked by palladium's approximation; where libtpu is installed, the TPU compiler "
     "itself decides: pip install 'palladium-interpret[compiler]'.)")
 
-__all__ = ["APPROXIMATION_NOTE", "check_lowering", "device_kind", "equation_line",
+
+
+def approximation_note(chip: str) -> str:
+    """Said under a verdict of the approximation on ``chip``: which checker spoke, and
+    why the compiler did not (not installed, or the installed libtpu cannot compile for
+    ``chip``: v4i, v7, TPU8i with jax 0.10.x's libtpu)."""
+    version = tpu_compiler.compiler_version()
+    if version is None or tpu_compiler.can_compile_for(chip):
+        return APPROXIMATION_NOTE
+    return (f"(Checked by palladium's approximation: the installed libtpu {version} cannot "
+            f"compile for TPU {chip}, so this verdict approximates the TPU compiler's.)")
+
+
+__all__ = ["APPROXIMATION_NOTE", "approximation_note", "check_lowering", "device_kind", "equation_line",
            "kernel_line", "not_the_kernels_fault", "unknown_everywhere"]
 
 # Mosaic's own block-shape checks run before any equation is lowered; a failure there is
@@ -98,7 +111,8 @@ def _report_rule(kernel: PreparedKernel, chip: str, violation: Violation) -> Non
         f"of the TPU compiler says: {violation.message}\n"
         "A TPU rejects this kernel at compile time (InterpretParams(compile_check="
         "'compiler') asks the compiler itself when libtpu is installed); "
-        "InterpretParams(check_lowering=False) skips this check.")
+        "InterpretParams(check_lowering=False) skips this check.\n"
+        + approximation_note(chip))
 
 
 def _report(kernel: PreparedKernel, chip: str, exc: Exception) -> None:
@@ -121,7 +135,7 @@ def _report(kernel: PreparedKernel, chip: str, exc: Exception) -> None:
             "(blocks whose last two dimensions are divisible by 8 and 128 or equal to the "
             "array's, operations Mosaic lowers, supported dtypes); "
             "InterpretParams(check_lowering=False) skips this check."
-            + print_hint(primitive) + "\n" + APPROXIMATION_NOTE
+            + print_hint(primitive) + "\n" + approximation_note(chip)
         ) from exc
     reason = not_ours or "the failure is outside the kernel's equations and block specs"
     warnings.warn(

@@ -46,7 +46,7 @@ from palladium.interpret import _jax_compat as jc
 from palladium.interpret.blocks import BlockSpecInfo, memory_space_of
 from palladium.interpret.chip import CHIP_GENERATIONS, CompilerFacts, chip_facts, compiler_facts
 from palladium.interpret.errors import TpuResourceError
-from palladium.interpret.fidelity.lowering_check import APPROXIMATION_NOTE
+from palladium.interpret.fidelity.lowering_check import approximation_note
 from palladium.interpret.kernel import PreparedKernel, sub_jaxprs
 from palladium.shared_memory import MemorySpace, padded_shape
 
@@ -403,5 +403,5 @@ def _over_message(kernel: PreparedKernel, chip: str, space: SpaceUse) -> str:
             "smaller blocks or fewer buffers (pipeline_mode=pl.Buffered(1)).")
     else:
         lines.append("Use smaller scalar-prefetch operands, SMEM blocks or SMEM scratch.")
-    lines.append(APPROXIMATION_NOTE)
+    lines.append(approximation_note(chip))
     return "\n".join(lines)

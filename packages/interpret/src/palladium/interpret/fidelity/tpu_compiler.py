@@ -44,6 +44,7 @@ import numpy as np
 
 from palladium.interpret import _jax_compat as jc
 from palladium.interpret._version import __version__ as palladium_version
+from palladium.interpret.cache_root import cache_root
 from palladium.interpret.fidelity.compiler_process import COMPILER_PROCESS, PRESTART_VARIABLE
 from palladium.interpret.fidelity.compiler_protocol import describe_failure
 
@@ -197,11 +198,7 @@ _MEMORY_LOCK = threading.Lock()
 
 def cache_dir() -> Path:
     """Where verdicts are kept across processes."""
-    root = os.environ.get("PALLADIUM_CACHE_DIR")
-    if root:
-        return Path(root) / "tpu-compiler"
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "palladium" / "tpu-compiler"
+    return cache_root() / "tpu-compiler"
 
 
 def clear_memory_cache() -> None:
@@ -214,32 +211,46 @@ _WORKER = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="palladium
 
 
 def compile_verdict(bind: Callable[..., Any], avals_in: Sequence[Any], *, chip: str,
-                    mesh_axes: dict[str, int], use_disk: bool = True) -> Verdict:
+                    mesh_axes: dict[str, int], use_disk: bool = True,
+                    host: tuple[Sequence[bool], Sequence[bool]] = ((), ())) -> Verdict:
     """Compile ``bind`` (the kernel's primitive bound with ``interpret=False``) for
     ``chip`` with operands ``avals_in`` (per device), over a mesh of ``mesh_axes`` when
-    there is one; return the compiler's verdict.
+    there is one; return the compiler's verdict. ``host``: which operands and which
+    results live in the host's memory (``pl.HOST``): they are placed in pinned host
+    memory, as a TPU program must place them (the compiler aborts otherwise).
 
     It is traced, lowered and compiled on a thread of its own: jax's trace state and
     context meshes are per thread, and the caller (a lowering rule, possibly inside a
     ``shard_map``) is in the middle of another trace.
     """
     return _WORKER.submit(_compile_verdict, bind, avals_in, chip=chip,
-                          mesh_axes=mesh_axes, use_disk=use_disk).result()
+                          mesh_axes=mesh_axes, use_disk=use_disk, host=host).result()
 
 
 def _compile_verdict(bind: Callable[..., Any], avals_in: Sequence[Any], *, chip: str,
-                     mesh_axes: dict[str, int], use_disk: bool) -> Verdict:
+                     mesh_axes: dict[str, int], use_disk: bool,
+                     host: tuple[Sequence[bool], Sequence[bool]] = ((), ())) -> Verdict:
     start = time.perf_counter()
     num_devices = int(np.prod(list(mesh_axes.values()))) if mesh_axes else 1
     topo_name = topology_name(chip, num_devices)
     devices = _topology(topo_name).devices
     checker = checker_name()
     fn, shardings = _program(bind, mesh_axes, devices)
+    host_in, host_out = host
+    placed = [s.with_memory_kind("pinned_host") if i < len(host_in) and host_in[i] else s
+              for i, s in enumerate(shardings(len(avals_in)))]
     structs = [jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s)
-               for a, s in zip(avals_in, shardings(len(avals_in)))]
+               for a, s in zip(avals_in, placed)]
+    jit_args: dict[str, Any] = {}
+    if any(host_out):
+        result_shardings = shardings(len(host_out))
+        jit_args["out_shardings"] = [
+            s.with_memory_kind("pinned_host") if on_host else s
+            for s, on_host in zip(result_shardings, host_out)]
     with jax.default_device(devices[0]):
         try:
-            lowered = jax.jit(fn).trace(*structs).lower(lowering_platforms=("tpu",))
+            lowered = jax.jit(fn, **jit_args).trace(*structs).lower(
+                lowering_platforms=("tpu",))
         except Exception as exc:  # noqa: BLE001  (jax's TPU lowering rejects the kernel)
             return Verdict(_kind(exc), describe_failure(exc), checker, topo_name,
                            time.perf_counter() - start, error=exc)

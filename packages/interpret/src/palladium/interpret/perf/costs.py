@@ -112,6 +112,27 @@ def _dot_cost(eqn: Any, chip: ChipModel) -> Cost:
     return Cost(flops / rate, "mxu", flops)
 
 
+def _explicit_mxu_cost(eqn: Any, chip: ChipModel) -> Cost:
+    """The explicit MXU operations (v7x): ``matmul_acc_lhs`` multiplies an M x 256 LHS by
+    the loaded 256 x 256 weights (2 * M * 256 * 256 flops at the dtype's MXU rate);
+    pushing an RHS and popping a result move their vregs through the MXU's push / pop
+    slots, one vreg per cycle (the bundle's matrix-push and -pop slots, see model.py).
+    ASSUMPTION: the core's whole MXU rate for one MXU's matmul (a kernel using both MXUs
+    alternates between them, which this sequential model does not overlap)."""
+    name = str(eqn.primitive)
+    if name == "matmul_acc_lhs":
+        lhs = eqn.invars[0].aval
+        flops = 2.0 * int(lhs.shape[0]) * 256 * 256
+        rate = (chip.mxu_fp8_ops if np.dtype(lhs.dtype).name.startswith("float8")
+                else chip.mxu_bf16_flops)
+        return Cost(flops / rate, "mxu", flops)
+    moved = eqn.invars[0].aval if name == "matmul_push_rhs" else eqn.outvars[0].aval
+    return Cost(_vregs(moved, chip) / chip.clock_hz, "mxu")
+
+
+_EXPLICIT_MXU = frozenset({"matmul_push_rhs", "matmul_acc_lhs", "matmul_pop"})
+
+
 def equation_cost(eqn: Any, chip: ChipModel) -> Cost:
     """The cost of one equation on ``chip``'s TensorCore."""
     name = str(eqn.primitive)
@@ -120,6 +141,8 @@ def equation_cost(eqn: Any, chip: ChipModel) -> Cost:
         return FREE
     if name == "dot_general":
         return _dot_cost(eqn, chip)
+    if name in _EXPLICIT_MXU:
+        return _explicit_mxu_cost(eqn, chip)
     if name in _LOADS:
         n = sum(_vregs(v.aval, chip) for v in eqn.outvars)
         return Cost(n / (chip.vmem_vregs_per_cycle * chip.clock_hz), "vmem")

@@ -62,11 +62,16 @@ _CLOCK_HZ: dict[str, float] = {
 
 #: ICI bandwidth, bytes/s one way on one link (a ring neighbour), from the scaling book's
 #: chip table (jax-ml.github.io/scaling-book/tpus, "ICI one-way bandwidth per link"):
-#: v4 / v5e 4.5e10, v5p / v6e 9e10. v2 / v3 / v7: ASSUMED (v4's, v6e's).
+#: v4 / v5e 4.5e10, v5p / v6e 9e10. v2 / v3 / v7 / TPU8i: ASSUMED (v4's, v6e's).
 _ICI_BYTES_PER_S: dict[str, float] = {
     "v2": 4.5e10, "v3": 4.5e10, "v4": 4.5e10, "v4i": 4.5e10, "v5e": 4.5e10, "v5p": 9e10,
-    "v6e": 9e10, "v7": 9e10, "v7x": 9e10,
+    "v6e": 9e10, "v7": 9e10, "v7x": 9e10, "v8i": 9e10,
 }
+
+#: DMAs to and from the host's memory (``pl.HOST``) cross the host link, bytes/s one way.
+#: ASSUMPTION: a PCIe 4.0 x16 link (~32 GB/s) shared by the device's DMAs, for every chip.
+HOST_BYTES_PER_S = 32e9
+
 
 @dataclasses.dataclass(frozen=True)
 class ChipModel:
@@ -84,6 +89,7 @@ class ChipModel:
     vmem_capacity_bytes: int  # per TensorCore (TpuInfo)
     vmem_limit_bytes: int  # XLA's default scoped-VMEM limit (chip_facts)
     tensor_cores_per_chip: int = 1
+    host_bytes_per_second: float = HOST_BYTES_PER_S  # the host link (pl.HOST DMAs)
     dma_latency_s: float = DMA_LATENCY_S
     step_overhead_s: float = STEP_OVERHEAD_S
     launch_overhead_s: float = LAUNCH_OVERHEAD_S

@@ -147,10 +147,10 @@ class LaunchRecord:
 
     @property
     def exposed_dma_seconds(self) -> float:
-        """Time the critical core waited for DMAs (HBM and ICI): DMA time not hidden
-        behind its compute."""
+        """Time the critical core waited for DMAs (HBM, ICI and the host link): DMA time
+        not hidden behind its compute."""
         exposed = self._critical_stats.exposed
-        return exposed.get("hbm", 0.0) + exposed.get("ici", 0.0)
+        return exposed.get("hbm", 0.0) + exposed.get("ici", 0.0) + exposed.get("host", 0.0)
 
     def busy_seconds(self, resource: str) -> float:
         """How long the busiest device's ``"hbm"`` or ``"ici"`` link must stream:
@@ -161,7 +161,7 @@ class LaunchRecord:
     @property
     def bound(self) -> str:
         """The resource that needs the most time: ``"compute"`` (the critical core's
-        compute), ``"HBM"`` / ``"ICI"`` (the busiest device's bytes over bandwidth) or
+        compute), ``"HBM"`` / ``"ICI"`` / ``"host link"`` (the busiest device's bytes over bandwidth) or
         ``"per-step overhead"`` (grid steps x overhead, prologue, epilogue);
         ``"synchronisation"`` when waits on other cores' signals or barriers exceed
         them all."""
@@ -170,6 +170,7 @@ class LaunchRecord:
             "compute": self.compute_seconds,
             "HBM": self.busy_seconds("hbm"),
             "ICI": self.busy_seconds("ici"),
+            "host link": self.busy_seconds("host"),
             "per-step overhead": self.overhead_seconds,
             "synchronisation": exposed.get("sem", 0.0) + exposed.get("barrier", 0.0),
         }

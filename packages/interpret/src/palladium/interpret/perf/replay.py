@@ -26,6 +26,9 @@ from collections.abc import Iterator
 from typing import Any
 
 from palladium.interpret.perf.model import ChipModel
+from palladium.shared_memory import MemorySpace
+
+_HOST = MemorySpace.HOST
 
 CoreId = tuple[int, int]
 Action = tuple[Any, ...]
@@ -141,7 +144,9 @@ def _plain(events: list[tuple[Any, ...]]) -> Iterator[Action]:
                 yield ("compute", ev[1], "compute")
         elif kind == "dma":
             d = ev[1]
-            res = ("ici", d.src.device) if d.remote else ("hbm", d.core[0])
+            res = (("ici", d.src.device) if d.remote
+                   else ("host", d.core[0]) if _HOST in (d.src.space, d.dst.space)
+                   else ("hbm", d.core[0]))
             signals = [(d.dst_sem.key, d.nbytes)]
             if d.src_sem is not None:
                 signals.append((d.src_sem.key, d.nbytes))
@@ -166,7 +171,8 @@ class Replay:
                  vmem_base: dict[CoreId, int] | None = None) -> None:
         self.chip = chip
         self.bandwidth = {"hbm": chip.hbm_bandwidth(cores_per_device),
-                          "ici": chip.ici_bytes_per_second}
+                          "ici": chip.ici_bytes_per_second,
+                          "host": chip.host_bytes_per_second}
         self.cores = tuple(sorted(set(cores) | set(events)))
         self.programs = {c: _pipeline(c, events.get(c, []), chip) for c in self.cores}
         self.clock = dict.fromkeys(self.cores, 0.0)

@@ -1,0 +1,124 @@
+"""Compiled segments kept across launches and processes.
+
+A segment's executable (``segments.py``) is keyed by the text of its equations (shapes,
+dtypes, parameters and literals included), the versions of jax, jaxlib and palladium,
+``XLA_FLAGS`` and the host CPU (an executable holds the host's instructions): in memory
+for the process (``STATE.segments``: a kernel traced again after ``jax.clear_caches()``
+finds its segments compiled) and on disk under ``$PALLADIUM_CACHE_DIR/segments``, else
+``~/.cache/palladium/segments`` (a new process loads one in ~10 ms instead of compiling
+it in ~0.2-0.5 s). Whether a segment is compiled never depends on this cache, only how
+long compiling takes: results are the same with a cold cache or a warm one.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import hashlib
+import importlib.metadata
+import os
+import pickle
+import platform
+import tempfile
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from palladium.interpret.cache_root import cache_root
+
+__all__ = ["SegmentExecutables", "segments_dir"]
+
+_MEMORY_LIMIT = 1024
+_DISK_LIMIT = 4096  # files; the oldest go first
+_FORMAT = 1
+
+
+def segments_dir() -> Path:
+    return cache_root() / "segments"
+
+
+@functools.cache
+def _environment() -> str:
+    versions = []
+    for dist in ("jax", "jaxlib", "palladium-interpret"):
+        try:
+            versions.append(f"{dist}={importlib.metadata.version(dist)}")
+        except importlib.metadata.PackageNotFoundError:
+            versions.append(f"{dist}=?")
+    cpu = platform.processor()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu += "".join(line for line in f if line.startswith(("flags", "Features")))[:4096]
+    except OSError:
+        pass
+    return "\n".join([f"format={_FORMAT}", *versions, platform.machine(), cpu,
+                      os.environ.get("XLA_FLAGS", "")])
+
+
+class SegmentExecutables:
+    """Compiled segments by key, in memory (bounded) and on disk."""
+
+    def __init__(self) -> None:
+        self._memory: collections.OrderedDict[str, Any] = collections.OrderedDict()
+        self._lock = threading.Lock()
+        self.compiled = 0  # compiled in this process (the rest came from a cache)
+
+    def __len__(self) -> int:
+        return len(self._memory)
+
+    def clear(self) -> None:
+        """Forget the executables kept in memory (the disk cache stays)."""
+        with self._lock:
+            self._memory.clear()
+
+    def get(self, text: str, compile_fn: Callable[[], Any]) -> Any:
+        """The executable of the segment whose key text is ``text``: kept, loaded from
+        disk, or ``compile_fn()`` (then kept and written to disk)."""
+        key = hashlib.sha256(f"{_environment()}\n{text}".encode()).hexdigest()
+        with self._lock:
+            hit = self._memory.get(key)
+            if hit is not None:
+                self._memory.move_to_end(key)
+                return hit
+        exe = _load(key)
+        if exe is None:
+            exe = compile_fn()
+            self.compiled += 1
+            _store(key, exe)
+        with self._lock:
+            self._memory[key] = exe
+            if len(self._memory) > _MEMORY_LIMIT:
+                self._memory.popitem(last=False)
+        return exe
+
+
+def _load(key: str) -> Any:
+    import jax
+    from jax.experimental.serialize_executable import deserialize_and_load
+
+    try:
+        payload, in_tree, out_tree = pickle.loads((segments_dir() / f"{key}.bin").read_bytes())
+        return deserialize_and_load(payload, in_tree, out_tree,
+                                    execution_devices=jax.devices("cpu")[:1])
+    except Exception:  # noqa: BLE001 - missing, stale or corrupt: compile it again
+        return None
+
+
+def _store(key: str, exe: Any) -> None:
+    from jax.experimental.serialize_executable import serialize
+
+    folder = segments_dir()
+    try:
+        data = pickle.dumps(serialize(exe))
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("wb", dir=folder, suffix=".tmp", delete=False) as f:
+            f.write(data)
+        os.replace(f.name, folder / f"{key}.bin")
+        files = list(folder.glob("*.bin"))
+        if len(files) > _DISK_LIMIT:
+            files.sort(key=lambda p: p.stat().st_mtime)
+            for old in files[: len(files) - _DISK_LIMIT]:
+                old.unlink(missing_ok=True)
+    except Exception:  # noqa: BLE001 - a cache that cannot be written only costs time
+        pass

@@ -1,0 +1,148 @@
+"""The race detector's view of a compiled segment: its ref accesses, replayed in order.
+
+With ``detect_races`` on, a kernel that starts DMAs or uses semaphores has agents other
+than its core (DMAs in flight, other cores, other devices) that may touch a buffer the
+core computes on, so every ref access must reach the race detector. A compiled segment
+(``segments.py``) then also returns the start indices of every access it made (per loop
+iteration, stacked), and :func:`replay` hands them to the detector after the segment
+ran: the same events, for the same regions, at the same sites and in the same order as
+the one-equation path gives them. No scheduling point lies inside a segment, so the
+core's clock is the same for all of them. A segment with a ``cond`` or a ``while``
+(whose accesses are not known to have happened) runs equation by equation instead.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from palladium.interpret import _jax_compat as jc
+from palladium.interpret.eval.context import KernelContext
+
+__all__ = ["LoggedAccess", "LoggedLoop", "access_log_plan", "replay"]
+
+
+@dataclasses.dataclass(frozen=True)
+class LoggedAccess:
+    """One ref access of the segment: its equation, its ref (position among the
+    segment's refs), what the detector sees (False: a read, True: a write, in order),
+    its position in the log, and its window's sizes and integer-indexed dimensions."""
+
+    eqn: Any
+    ref: int
+    kinds: tuple[bool, ...]
+    pos: int
+    sizes: tuple[int, ...]
+    dropped: frozenset[int]
+
+
+@dataclasses.dataclass(frozen=True)
+class LoggedLoop:
+    """A ``scan`` whose body's accesses are logged once per iteration."""
+
+    length: int
+    reverse: bool
+    body: tuple[Any, ...]
+
+
+_KINDS = {jc.get_p: (False,), jc.swap_p: (True,), jc.addupdate_p: (False, True)}
+_CALLS = (jc.jit_p, jc.custom_jvp_call_p, jc.custom_vjp_call_p)
+
+
+def _window(eqn: Any, shape: tuple[int, ...], n_lead: int) -> tuple[tuple[int, ...], frozenset[int]]:
+    transforms = eqn.params["tree"].unflatten(eqn.invars[n_lead:])
+    if not transforms:
+        return tuple(shape), frozenset()
+    sizes, dropped = [], set()
+    for d, i in enumerate(transforms[0].indices):
+        if isinstance(i, jc.Slice):
+            sizes.append(int(i.size))
+        else:
+            sizes.append(1)
+            dropped.add(d)
+    return tuple(sizes), frozenset(dropped)
+
+
+def access_log_plan(eqns: Sequence[Any], refs: Sequence[Any]) -> tuple[Any, ...] | None:
+    """The accesses of ``eqns`` in the order a compiled segment logs them (and the
+    one-equation path makes them); None if one lies inside a ``cond`` or ``while``."""
+    counter = [0]
+
+    def walk(eqns: Sequence[Any], where: dict[Any, int]) -> list[Any] | None:
+        items: list[Any] = []
+        for eqn in eqns:
+            prim, p = eqn.primitive, eqn.params
+            if prim in _KINDS:
+                ref = eqn.invars[0]
+                sizes, dropped = _window(eqn, tuple(ref.aval.shape), 1 if prim is jc.get_p else 2)
+                items.append(LoggedAccess(eqn, where[ref], _KINDS[prim], counter[0], sizes, dropped))
+                counter[0] += 1
+                continue
+            if prim is jc.scan_p:
+                inner = p["jaxpr"].jaxpr
+            elif prim in _CALLS:
+                inner = p["jaxpr"] if prim is jc.jit_p else p["call_jaxpr"]
+                inner = getattr(inner, "jaxpr", inner)
+            elif prim is jc.cond_p or prim is jc.while_p:
+                if _has_access(eqn):
+                    return None
+                continue
+            else:
+                continue
+            inner_where = {v: where[o] for v, o in zip(inner.invars, eqn.invars)
+                           if not isinstance(o, jc.Literal) and o in where}
+            body = walk(inner.eqns, inner_where)
+            if body is None:
+                return None
+            if prim is jc.scan_p:
+                if body:
+                    items.append(LoggedLoop(int(p["length"]), bool(p["reverse"]), tuple(body)))
+            else:
+                items.extend(body)
+        return items
+
+    plan = walk(eqns, {r: i for i, r in enumerate(refs)})
+    return None if plan is None else tuple(plan)
+
+
+def _has_access(eqn: Any) -> bool:
+    for v in eqn.params.values():
+        for x in v if isinstance(v, tuple | list) else (v,):
+            inner = getattr(x, "jaxpr", x)
+            if isinstance(inner, jc.Jaxpr) and any(
+                    e.primitive in _KINDS or _has_access(e) for e in inner.eqns):
+                return True
+    return False
+
+
+def replay(ev: KernelContext, plan: tuple[Any, ...], log: Sequence[Any],
+           buffers: Sequence[Any]) -> None:
+    """Tell the race detector of every access the segment made (``log``: its start
+    indices, as the compiled segment returned them; ``buffers``: of its refs)."""
+    starts = [np.asarray(x) for x in log]
+    sim, core = ev.sim, ev.core
+    plans: dict[tuple[int, int, tuple[int, ...]], Any] = {}
+
+    def walk(items: tuple[Any, ...], prefix: tuple[int, ...]) -> None:
+        for item in items:
+            if isinstance(item, LoggedLoop):
+                order = range(item.length - 1, -1, -1) if item.reverse else range(item.length)
+                for i in order:
+                    walk(item.body, (*prefix, i))
+                continue
+            at = tuple(int(s) for s in starts[item.pos][prefix])
+            buf = buffers[item.ref]
+            key = (buf.key, item.pos, at)
+            region_plan = plans.get(key)
+            if region_plan is None:
+                region = tuple(s if d in item.dropped else slice(s, s + n)
+                               for d, (s, n) in enumerate(zip(at, item.sizes)))
+                region_plan = plans[key] = sim.plan(buf, region)
+            site = ev.site(item.eqn)
+            for write in item.kinds:
+                sim.record_access(buf, region_plan, write=write, core=core, site=site)
+
+    walk(plan, ())

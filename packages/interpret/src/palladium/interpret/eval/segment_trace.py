@@ -1,0 +1,268 @@
+"""A kernel-body segment as one pure function for XLA: its refs become arrays.
+
+:func:`segment_function` turns a run of equations (pure array code, ``ref[...]`` loads
+and stores, and loops, conditionals and calls made of the same) into a function of the
+segment's input values and the contents of the refs it touches, returning the
+segment's live results, the refs' new contents and one flag: every ref access was
+within its buffer, and every ``while`` loop ended within ``WHILE_LIMIT`` iterations.
+``jax.jit`` compiles it (``segments.py``). A false flag means the results are not
+used: the segment runs again equation by equation, and that path reports the
+out-of-bounds access or runs the loop under the watchdog exactly as it always did.
+
+Which equations may be in a segment is :func:`fusible`: one rule per kind of equation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from palladium.interpret import _jax_compat as jc
+
+__all__ = ["WHILE_LIMIT", "fusible", "is_ref", "segment_function"]
+
+#: Iterations a compiled ``while`` loop may run before the segment gives up and runs
+#: equation by equation (where the watchdog sees a loop that never ends).
+WHILE_LIMIT = 1 << 20
+
+_ACCESS = (jc.get_p, jc.swap_p, jc.addupdate_p)
+_CALLS = (jc.jit_p, jc.custom_jvp_call_p, jc.custom_vjp_call_p)
+
+
+def is_ref(atom: Any) -> bool:
+    return isinstance(getattr(atom, "aval", None), jc.AbstractRef)
+
+
+def _sub_jaxprs(eqn: Any) -> list[Any]:
+    p = eqn.params
+    prim = eqn.primitive
+    if prim is jc.scan_p:
+        return [p["jaxpr"]]
+    if prim is jc.while_p:
+        return [p["cond_jaxpr"], p["body_jaxpr"]]
+    if prim is jc.cond_p:
+        return list(p["branches"])
+    if prim is jc.jit_p:
+        return [p["jaxpr"]]
+    return [p["call_jaxpr"]]
+
+
+def _plain_indexer(eqn: Any, n_lead: int) -> bool:
+    """Whether an access's transforms are one ``NDIndexer`` of unit-stride slices of
+    static size and scalar indices (what ``dynamic_slice`` expresses)."""
+    transforms = eqn.params["tree"].unflatten(eqn.invars[n_lead:])
+    if len(transforms) > 1 or any(not isinstance(t, jc.NDIndexer) for t in transforms):
+        return False
+    for t in transforms:
+        for i in t.indices:
+            if isinstance(i, jc.Slice):
+                if i.stride != 1 or not isinstance(i.size, int | np.integer):
+                    return False
+            elif getattr(getattr(i, "aval", None), "shape", None) != () and not isinstance(
+                    i, int | np.integer):
+                return False
+    return True
+
+
+def fusible(eqn: Any, has_own_rule: Callable[[Any], bool]) -> bool:
+    """Whether ``eqn`` can run inside a compiled segment. ``has_own_rule(primitive)``:
+    the interpreter evaluates that primitive itself (DMAs, semaphores, program ids, ...),
+    so it must stay outside."""
+    prim = eqn.primitive
+    if prim in _ACCESS:
+        return (not is_ref(eqn.outvars[0]) and
+                _plain_indexer(eqn, 1 if prim is jc.get_p else 2))
+    if prim is jc.while_p and any(e.primitive in _ACCESS for e in eqn.params["cond_jaxpr"].jaxpr.eqns):
+        return False  # a loop test that reads a ref: its bounds are checked one by one
+    if prim in (jc.scan_p, jc.while_p, jc.cond_p, *_CALLS):
+        return all(fusible(e, has_own_rule) for j in _sub_jaxprs(eqn)
+                   for e in getattr(j, "jaxpr", j).eqns)
+    if has_own_rule(prim) or eqn.effects:
+        return False
+    return not any(is_ref(a) for a in (*eqn.invars, *eqn.outvars))
+
+
+class _State:
+    """The refs' contents (traced), the all-accesses-in-bounds flag and, for the race
+    detector, the log of every access's start indices (None: no log)."""
+
+    def __init__(self, values: list[Any], ok: Any, log: list[Any] | None = None) -> None:
+        self.values = values
+        self.ok = ok
+        self.log = log
+
+
+def _window(state: _State, handle: int, transforms: Sequence[Any]) -> tuple[list[Any], list[int], list[int]]:
+    """(starts, sizes, dropped dimensions) of an access; checks its bounds."""
+    shape = state.values[handle].shape
+    if not transforms:
+        if state.log is not None:
+            state.log.append(jnp.zeros((len(shape),), jnp.int32))
+        return [0] * len(shape), list(shape), []
+    starts, sizes, dropped = [], [], []
+    for d, (i, n) in enumerate(zip(transforms[0].indices, shape)):
+        if isinstance(i, jc.Slice):
+            start, size = i.start, int(i.size)
+        else:
+            start, size = i, 1
+            dropped.append(d)
+        start = jnp.asarray(start, jnp.int32)
+        state.ok = state.ok & (start >= 0) & (start <= n - size)
+        starts.append(start)
+        sizes.append(size)
+    if state.log is not None:
+        state.log.append(jnp.stack(starts) if starts else jnp.zeros((0,), jnp.int32))
+    return starts, sizes, dropped
+
+
+def _get(state: _State, handle: int, transforms: Sequence[Any]) -> Any:
+    starts, sizes, dropped = _window(state, handle, transforms)
+    value = lax.dynamic_slice(state.values[handle], starts, sizes)
+    return value.reshape([s for d, s in enumerate(sizes) if d not in dropped])
+
+
+def _put(state: _State, handle: int, transforms: Sequence[Any], value: Any, add: bool) -> Any:
+    starts, sizes, dropped = _window(state, handle, transforms)
+    array = state.values[handle]
+    old = lax.dynamic_slice(array, starts, sizes)
+    new = jnp.broadcast_to(jnp.asarray(value, array.dtype),
+                           [s for d, s in enumerate(sizes) if d not in dropped]).reshape(sizes)
+    if add:
+        new = (old + new).astype(array.dtype)
+    state.values[handle] = lax.dynamic_update_slice(array, new, starts)
+    return old.reshape([s for d, s in enumerate(sizes) if d not in dropped])
+
+
+def _read(env: dict[Any, Any], atom: Any) -> Any:
+    return atom.val if isinstance(atom, jc.Literal) else env[atom]
+
+
+def _run(jaxpr: Any, consts: Sequence[Any], args: Sequence[Any], state: _State) -> list[Any]:
+    """Evaluate ``jaxpr`` (refs given as handles: ints into ``state.values``)."""
+    if isinstance(jaxpr, jc.ClosedJaxpr):
+        consts = [*jaxpr.consts, *consts]
+        jaxpr = jaxpr.jaxpr
+    env: dict[Any, Any] = dict(zip(jaxpr.constvars, consts))
+    env.update(zip(jaxpr.invars, args))
+    for eqn in jaxpr.eqns:
+        invals = [_read(env, a) for a in eqn.invars]
+        outs = _eqn(eqn, invals, state)
+        for v, o in zip(eqn.outvars, outs):
+            env[v] = o
+    return [_read(env, a) for a in jaxpr.outvars]
+
+
+def _eqn(eqn: Any, invals: list[Any], state: _State) -> list[Any]:
+    prim, p = eqn.primitive, eqn.params
+    if prim is jc.get_p:
+        value = _get(state, invals[0], p["tree"].unflatten(invals[1:]))
+        return [value.astype(eqn.outvars[0].aval.dtype)]
+    if prim is jc.swap_p or prim is jc.addupdate_p:
+        ref, val, *idx = invals
+        old = _put(state, ref, p["tree"].unflatten(idx), val, prim is jc.addupdate_p)
+        return [old] if prim is jc.swap_p else []
+    if prim is jc.scan_p:
+        return _scan(eqn, invals, state)
+    if prim is jc.while_p:
+        return _while(eqn, invals, state)
+    if prim is jc.cond_p:
+        return _cond(eqn, invals, state)
+    if prim in _CALLS:
+        inner = p["jaxpr"] if prim is jc.jit_p else p["call_jaxpr"]
+        return _run(inner, [], invals, state)
+    out = prim.bind(*invals, **prim.get_bind_params(p))
+    return list(out) if prim.multiple_results else [out]
+
+
+def _scan(eqn: Any, invals: list[Any], state: _State) -> list[Any]:
+    p = eqn.params
+    nc, ncarry = p["num_consts"], p["num_carry"]
+    consts, carry, xs = invals[:nc], invals[nc: nc + ncarry], invals[nc + ncarry:]
+
+    def body(c: Any, x: Any) -> Any:
+        carry, values, ok = c
+        inner = _State(list(values), ok, None if state.log is None else [])
+        out = _run(p["jaxpr"], [], [*consts, *carry, *x], inner)
+        return (out[:ncarry], inner.values, inner.ok), (out[ncarry:], inner.log or [])
+
+    (carry, values, ok), (ys, log) = lax.scan(body, (list(carry), state.values, state.ok), list(xs),
+                                       length=p["length"], reverse=p["reverse"])
+    state.values, state.ok = list(values), ok
+    if state.log is not None:
+        state.log.extend(log)  # one array per access, stacked over the iterations
+    return [*carry, *ys]
+
+
+def _while(eqn: Any, invals: list[Any], state: _State) -> list[Any]:
+    p = eqn.params
+    nc, nb = p["cond_nconsts"], p["body_nconsts"]
+    cconsts, bconsts, carry = invals[:nc], invals[nc: nc + nb], invals[nc + nb:]
+
+    def test(values: Any, carry: Any) -> Any:
+        return _run(p["cond_jaxpr"], [], [*cconsts, *carry], _State(list(values), ok=True))[0]
+
+    def keep_going(c: Any) -> Any:
+        n, carry, values, _ = c
+        return test(values, carry) & (n < WHILE_LIMIT)
+
+    def body(c: Any) -> Any:
+        n, carry, values, ok = c
+        inner = _State(list(values), ok)
+        carry = _run(p["body_jaxpr"], [], [*bconsts, *carry], inner)
+        return n + 1, carry, inner.values, inner.ok
+
+    _, carry, values, ok = lax.while_loop(
+        keep_going, body, (jnp.int32(0), list(carry), state.values, state.ok))
+    state.values = list(values)
+    state.ok = ok & ~test(values, carry)  # stopped by the limit: not finished
+    return list(carry)
+
+
+def _cond(eqn: Any, invals: list[Any], state: _State) -> list[Any]:
+    index, *args = invals
+    branches = eqn.params["branches"]
+    refs = [i for i, a in enumerate(eqn.invars[1:]) if is_ref(a)]
+    plain = [a for i, a in enumerate(args) if i not in refs]
+
+    def branch(jaxpr: Any) -> Callable[..., Any]:
+        def run(operands: Any) -> Any:
+            values, ok, plain = operands
+            it = iter(plain)
+            full = [args[i] if i in refs else next(it) for i in range(len(args))]
+            inner = _State(list(values), ok)
+            out = _run(jaxpr, [], full, inner)
+            return out, inner.values, inner.ok
+        return run
+
+    index = jnp.clip(jnp.asarray(index, jnp.int32), 0, len(branches) - 1)
+    out, values, ok = lax.switch(index, [branch(b) for b in branches],
+                                 (state.values, state.ok, plain))
+    state.values, state.ok = list(values), ok
+    return list(out)
+
+
+def segment_function(eqns: Sequence[Any], inputs: Sequence[Any], refs: Sequence[Any],
+                     outputs: Sequence[Any], written: Sequence[int],
+                     log: bool = False) -> Callable[..., Any]:
+    """The segment as ``f(*input_values, *ref_contents) -> (outputs, new contents of the
+    refs ``written`` (by position in ``refs``), ok)``; with ``log``, a fourth result: the
+    start indices of every access, in the order of :func:`access_log_plan`."""
+    handles = {r: i for i, r in enumerate(refs)}
+
+    def f(*args: Any) -> Any:
+        values, contents = args[: len(inputs)], args[len(inputs):]
+        env: dict[Any, Any] = dict(zip(inputs, values))
+        env.update(handles)
+        state = _State(list(contents), jnp.bool_(True), [] if log else None)
+        for eqn in eqns:
+            outs = _eqn(eqn, [_read(env, a) for a in eqn.invars], state)
+            for v, o in zip(eqn.outvars, outs):
+                env[v] = o
+        result = ([_read(env, a) for a in outputs], [state.values[i] for i in written], state.ok)
+        return (*result, state.log) if log else result
+
+    return f

@@ -1,0 +1,259 @@
+"""Compiled segments: a kernel body's runs of pure array code run as one XLA executable.
+
+Between the equations that touch the simulation (DMAs, semaphores, program ids, ...), a
+kernel body is straight-line array code, ``ref[...]`` loads and stores and loops of the
+same. :func:`find_segments` picks such runs when a jaxpr is compiled (``program.py``);
+each becomes one step whose rule, :class:`Segment`, runs it as one ``jax.jit``-compiled
+function of its inputs and its refs' contents (``segment_trace.py``), compiled on the
+segment's first run and kept with the kernel's programs for every later launch.
+
+The equation-by-equation path stays the oracle and runs instead whenever the compiled
+one could differ from it in anything but XLA's own arithmetic bits:
+- ``skip_floating_point_ops``, ``deterministic_dot``, ``uninitialized_reads`` and an
+  observer of every equation (the timeline) need each equation seen;
+- with ``detect_races``, in a kernel that starts DMAs or uses semaphores (another agent
+  may touch a buffer while the core computes: the race detector must see each access), a
+  segment with a ``cond`` or ``while`` around an access; any other segment of such a
+  kernel runs compiled and its accesses are replayed to the detector in order
+  (``segment_races.py``). A kernel without DMAs or semaphores has nothing but its own
+  core and the grid loop's block copies touching its VMEM and SMEM, so its accesses can
+  race with nothing and are not replayed;
+- a ref that is not a whole VMEM/SMEM buffer of the aval's shape (HBM, a transformed ref);
+- an access out of bounds or a ``while`` loop past ``WHILE_LIMIT`` (the compiled result
+  is dropped, and the one-equation path reports the access or runs the loop under the
+  watchdog: the same error at the same site);
+- a segment XLA cannot compile (a primitive with no CPU lowering).
+``InterpretParams(compile_segments=False)`` turns the compiled path off.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from palladium.interpret import _jax_compat as jc
+from palladium.interpret.eval.context import Equation, KernelContext, Value
+from palladium.interpret.eval.refs import MemRef
+from palladium.interpret.eval.segment_races import access_log_plan, replay
+from palladium.interpret.eval.segment_trace import fusible, is_ref, segment_function
+from palladium.interpret.process_state import STATE
+from palladium.shared_memory import MemorySpace
+
+__all__ = ["ASYNC_PRIMITIVES", "MIN_WORK", "MIN_WORK_PER_LAUNCH", "Segment", "find_segments", "segment_io",
+           "uses_async", "work"]
+
+#: The least work (equations run per execution of the segment, loop bodies counted once
+#: per iteration) worth compiling. A call of a compiled segment costs ~20-80 us, about
+#: what numpy takes for 4-8 small equations; compiling one costs ~0.2-0.5 s (~10 ms from
+#: the disk cache). Whether a segment is compiled must not depend on timing or on the
+#: cache (its results are XLA's bits, the one-equation path's may differ in the last
+#: place), so the rule is static: loops of small equations, where the gain is 10-100x.
+MIN_WORK = 256
+#: The least work per launch (``work`` times the runs of the jaxpr in one launch: the
+#: kernel body's grid points) worth compiling: about what numpy takes in the time a
+#: segment takes to compile (~0.3 s), so that compiling pays back within the first call.
+MIN_WORK_PER_LAUNCH = 30_000
+#: Iterations assumed of a ``while`` loop (a ``fori_loop`` with traced bounds).
+WHILE_GUESS = 8
+_SPACES = (MemorySpace.VMEM, MemorySpace.SMEM)
+
+
+def _async_primitives() -> frozenset[Any]:
+    names = ("dma_start_p", "dma_wait_p", "semaphore_signal_p", "semaphore_wait_p",
+             "semaphore_read_p", "get_barrier_semaphore_p")
+    return frozenset(p for p in (getattr(jc, n, None) for n in names) if p is not None)
+
+
+ASYNC_PRIMITIVES = _async_primitives()
+
+
+def _children(eqn: Any) -> list[Any]:
+    out = []
+    for v in eqn.params.values():
+        for x in v if isinstance(v, tuple | list) else (v,):
+            inner = getattr(x, "jaxpr", x)
+            if isinstance(inner, jc.Jaxpr):
+                out.append(inner)
+    return out
+
+
+def uses_async(jaxpr: Any) -> bool:
+    """Whether ``jaxpr`` (at any depth) starts or waits on a DMA or uses a semaphore."""
+    for eqn in getattr(jaxpr, "jaxpr", jaxpr).eqns:
+        if eqn.primitive in ASYNC_PRIMITIVES or any(uses_async(j) for j in _children(eqn)):
+            return True
+    return False
+
+
+def _written(eqns: Sequence[Any]) -> set[Any]:
+    """The refs (variables of ``eqns``' scope) some equation stores to, at any depth."""
+    out: set[Any] = set()
+    for eqn in eqns:
+        prim, p = eqn.primitive, eqn.params
+        if prim is jc.swap_p or prim is jc.addupdate_p:
+            out.add(eqn.invars[0])
+            continue
+        if prim is jc.scan_p:
+            pairs = [(p["jaxpr"].jaxpr, eqn.invars)]
+        elif prim is jc.while_p:
+            pairs = [(p["body_jaxpr"].jaxpr, eqn.invars[p["cond_nconsts"]:])]
+        elif prim is jc.cond_p:
+            pairs = [(b.jaxpr, eqn.invars[1:]) for b in p["branches"]]
+        elif prim is jc.jit_p:
+            pairs = [(p["jaxpr"].jaxpr, eqn.invars)]
+        elif "call_jaxpr" in p:
+            pairs = [(getattr(p["call_jaxpr"], "jaxpr", p["call_jaxpr"]), eqn.invars)]
+        else:
+            continue
+        for inner, outer in pairs:
+            inner_written = _written(inner.eqns)
+            out.update(o for v, o in zip(inner.invars, outer) if v in inner_written)
+    return out
+
+
+class Segment:
+    """One compiled segment: the rule of the step that replaces its equations."""
+
+    def __init__(self, eqns: Sequence[Any], inputs: Sequence[Any], outputs: Sequence[Any],
+                 fallback: Any, races_ok: bool) -> None:
+        self.eqns = tuple(eqns)
+        self.plain = [v for v in inputs if not is_ref(v)]
+        self.refs = [v for v in inputs if is_ref(v)]
+        self.outputs = list(outputs)
+        written = _written(self.eqns)
+        self.written = [i for i, r in enumerate(self.refs) if r in written]
+        self.fallback = fallback  # the same equations as a Program of their own
+        self.races_ok = races_ok
+        self._shapes = [(tuple(r.aval.shape), np.dtype(r.aval.dtype)) for r in self.refs]
+        self._dtypes = [np.dtype(v.aval.dtype) for v in self.plain]
+        # With races on in a kernel with DMAs: the accesses to replay (None: not possible)
+        self.log_plan = None if races_ok else access_log_plan(self.eqns, self.refs)
+        self._compiled: dict[bool, Callable[..., Any]] = {}
+        self._failed = False
+        self._lock = threading.Lock()
+
+    @property
+    def inputs(self) -> list[Any]:
+        return [*self.plain, *self.refs]
+
+    def _compile(self, log: bool) -> Callable[..., Any] | None:
+        """The executable (``log``: the variant that also returns the access log)."""
+        with self._lock:
+            if log not in self._compiled and not self._failed:
+                fn = segment_function(self.eqns, self.plain, self.refs, self.outputs,
+                                      self.written, log)
+                specs = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in self.plain]
+                specs += [jax.ShapeDtypeStruct(s, d) for s, d in self._shapes]
+                text = f"{self.fallback.jaxpr}\nwritten={self.written}\nlog={log}"
+                try:
+                    self._compiled[log] = STATE.segments.get(
+                        text, lambda: jax.jit(fn).lower(*specs).compile())
+                except Exception:  # noqa: BLE001 - no CPU lowering: the one-equation path
+                    self._failed = True
+            return self._compiled.get(log)
+
+    def _mode(self, ev: KernelContext) -> bool | None:
+        """None: run equation by equation; else whether to log the accesses."""
+        if ev.skip_floating_point_ops or ev.deterministic_dot or ev.observes_equations:
+            return None
+        params = ev.params
+        if not params.compile_segments or params.uninitialized_reads != "off":
+            return None
+        if self.races_ok or not params.detect_races:
+            return False
+        return None if self.log_plan is None else True
+
+    def __call__(self, ev: KernelContext, eqn: Equation, invals: list[Value]) -> list[Value]:
+        log = None if self._failed else self._mode(ev)
+        if log is None:
+            return ev.run_program(self.fallback, invals)
+        n = len(self.plain)
+        contents = []
+        for ref, (shape, dtype) in zip(invals[n:], self._shapes):
+            if type(ref) is not MemRef or ref.buffer.space not in _SPACES:
+                return ev.run_program(self.fallback, invals)
+            data = ev.sim.contents(ref.buffer)
+            if data.shape != shape or data.dtype != dtype:
+                return ev.run_program(self.fallback, invals)
+            contents.append(data)
+        compiled = self._compiled.get(log) or self._compile(log)
+        if compiled is None:
+            return ev.run_program(self.fallback, invals)
+        plain = [x if getattr(x, "dtype", None) == d else np.asarray(x, d)
+                 for x, d in zip(invals[:n], self._dtypes)]
+        outs, new, ok, *accesses = compiled(*plain, *contents)
+        if not ok:
+            return ev.run_program(self.fallback, invals)
+        if log:
+            assert self.log_plan is not None
+            replay(ev, self.log_plan, accesses[0], [r.buffer for r in invals[n:]])
+        for i, value in zip(self.written, new):
+            contents[i][...] = np.asarray(value)
+        return [np.asarray(o) for o in outs]
+
+
+def work(eqns: Sequence[Any]) -> int:
+    """Equations one run of ``eqns`` evaluates (loop bodies once per iteration)."""
+    total = 0
+    for eqn in eqns:
+        prim, p = eqn.primitive, eqn.params
+        if prim is jc.scan_p:
+            total += int(p["length"]) * work(p["jaxpr"].jaxpr.eqns)
+        elif prim is jc.while_p:
+            total += WHILE_GUESS * (work(p["body_jaxpr"].jaxpr.eqns)
+                                    + work(p["cond_jaxpr"].jaxpr.eqns))
+        elif prim is jc.cond_p:
+            total += 1 + max(work(b.jaxpr.eqns) for b in p["branches"])
+        elif prim is jc.jit_p or "call_jaxpr" in p:
+            inner = p["jaxpr"] if prim is jc.jit_p else p["call_jaxpr"]
+            total += work(getattr(inner, "jaxpr", inner).eqns)
+        else:
+            total += 1
+    return total
+
+
+def _worth_compiling(eqns: Sequence[Any], runs: int) -> bool:
+    w = work(eqns)
+    return w >= MIN_WORK or w * runs >= MIN_WORK_PER_LAUNCH
+
+
+def find_segments(jaxpr: Any, has_own_rule: Callable[[Any], bool],
+                  runs: int = 1) -> list[tuple[int, int]]:
+    """The ``[start, stop)`` equation ranges of ``jaxpr`` worth compiling: maximal runs of
+    fusible equations whose ``work`` is at least ``MIN_WORK``, or at least
+    ``MIN_WORK_PER_LAUNCH`` over the ``runs`` of ``jaxpr`` in one launch."""
+    found: list[tuple[int, int]] = []
+    start = None
+    eqns = jaxpr.eqns
+    for i, eqn in enumerate([*eqns, None]):
+        ok = eqn is not None and fusible(eqn, has_own_rule)
+        if ok and start is None:
+            start = i
+        elif not ok and start is not None:
+            if _worth_compiling(eqns[start:i], runs):
+                found.append((start, i))
+            start = None
+    return found
+
+
+def segment_io(jaxpr: Any, start: int, stop: int) -> tuple[list[Any], list[Any]]:
+    """(inputs, live outputs) of ``jaxpr.eqns[start:stop]``, in first-use order."""
+    eqns = jaxpr.eqns
+    defined: set[Any] = set()
+    inputs: list[Any] = []
+    seen: set[Any] = set()
+    for eqn in eqns[start:stop]:
+        for a in eqn.invars:
+            if isinstance(a, jc.Literal) or a in defined or a in seen:
+                continue
+            seen.add(a)
+            inputs.append(a)
+        defined.update(eqn.outvars)
+    later = {a for eqn in eqns[stop:] for a in eqn.invars if not isinstance(a, jc.Literal)}
+    later.update(a for a in jaxpr.outvars if not isinstance(a, jc.Literal))
+    outputs = [v for eqn in eqns[start:stop] for v in eqn.outvars if v in later]
+    return inputs, outputs

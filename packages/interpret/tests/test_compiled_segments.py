@@ -1,0 +1,286 @@
+"""Compiled segments (eval/segments.py): a loop of small array operations and ref
+accesses runs as one XLA executable, with the results of jax's own HLO interpreter, and
+everything the one-equation path reports (out-of-bounds accesses, races, runaway loops,
+the timeline, skip_floating_point_ops) stays exactly as it was."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+import palladium.interpret as pi
+from palladium.interpret import (
+    DataRaceError,
+    InterpretParams,
+    OutOfBoundsError,
+    WatchdogError,
+    errors_as_raised,
+)
+from palladium.interpret.eval import segments
+
+ROWS, WIDTH = 64, 128
+
+
+def _scan_kernel(x_ref, a_ref, o_ref, h_ref):
+    """h_t = a_t * h_{t-1} + sqrt(1 - a_t^2) * tanh(x_t), one row per loop step."""
+    h_ref[...] = jnp.zeros_like(h_ref)
+
+    def step(t, h):
+        a = jax.nn.sigmoid(a_ref[pl.ds(t, 1), :])
+        h = a * h + jnp.sqrt(jnp.maximum(1.0 - a * a, 0.0)) * jnp.tanh(x_ref[pl.ds(t, 1), :])
+        o_ref[pl.ds(t, 1), :] = h
+        return h
+
+    h_ref[...] = jax.lax.fori_loop(0, ROWS, step, h_ref[...])
+
+
+def _scan(params, x, a):
+    return pl.pallas_call(
+        _scan_kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+        scratch_shapes=[pltpu.VMEM((1, WIDTH), jnp.float32)], interpret=params)(x, a)
+
+
+def _inputs():
+    rng = np.random.default_rng(0)
+    return (rng.standard_normal((ROWS, WIDTH), np.float32),
+            rng.standard_normal((ROWS, WIDTH), np.float32))
+
+
+def _reference(x, a):
+    x, a = np.float64(x), np.float64(a)
+    gate = 1 / (1 + np.exp(-a))
+    h, out = np.zeros(WIDTH), np.empty_like(x)
+    for t in range(ROWS):
+        h = gate[t] * h + np.sqrt(np.maximum(1 - gate[t] ** 2, 0)) * np.tanh(x[t])
+        out[t] = h
+    return out
+
+
+@pytest.fixture(autouse=True)
+def _own_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("PALLADIUM_CACHE_DIR", str(tmp_path))
+    pi.STATE.segments.clear()
+
+
+def test_a_loop_of_small_operations_is_compiled_and_gives_jax_hlo_interpreters_bits():
+    x, a = _inputs()
+    before = pi.STATE.segments.compiled
+    out = np.asarray(_scan(InterpretParams(), x, a))
+    assert pi.STATE.segments.compiled == before + 1
+    np.testing.assert_allclose(out, _reference(x, a), rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(out, np.asarray(_scan(True, x, a)))
+    # The one-equation path (numpy) agrees to within float32 rounding.
+    slow = np.asarray(_scan(InterpretParams(compile_segments=False), x, a))
+    np.testing.assert_allclose(out, slow, rtol=1e-6, atol=1e-6)
+
+
+def test_segments_are_chosen_by_a_static_rule():
+    jaxpr = jax.make_jaxpr(lambda x, a: _scan(InterpretParams(), x, a))(*_inputs())
+    kernel = next(e for e in jaxpr.eqns if e.primitive.name == "pallas_call").params["jaxpr"]
+    runs = segments.find_segments(kernel, lambda prim: prim.name == "program_id")
+    assert runs == [(0, len(kernel.eqns))]  # the whole body: zeros, loop, store
+    assert segments.work(kernel.eqns) >= segments.MIN_WORK
+    assert segments.work(kernel.eqns[:1]) < segments.MIN_WORK
+
+
+def test_a_new_process_loads_the_compiled_segment_from_disk(tmp_path):
+    script = textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {os.path.dirname(__file__)!r})
+        import numpy as np
+        import palladium.interpret as pi
+        from test_compiled_segments import _inputs, _scan
+        out = np.asarray(_scan(pi.InterpretParams(), *_inputs()))
+        print(pi.STATE.segments.compiled, out.sum())
+    """)
+    env = {**os.environ, "PALLADIUM_CACHE_DIR": str(tmp_path), "JAX_PLATFORMS": "cpu"}
+    runs = [subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                           text=True, timeout=240) for _ in range(2)]
+    for r in runs:
+        assert r.returncode == 0, r.stderr
+    (first, total_1), (second, total_2) = (r.stdout.split() for r in runs)
+    assert (first, second) == ("1", "0")
+    assert total_1 == total_2
+    assert list((tmp_path / "segments").glob("*.bin"))
+
+
+def _oob_kernel(n_ref, x_ref, o_ref):
+    def step(t, acc):
+        return acc + x_ref[pl.ds(t + n_ref[0], 1), :]
+
+    o_ref[...] = jax.lax.fori_loop(0, ROWS, step, jnp.zeros((1, WIDTH), jnp.float32))
+
+
+def _oob(params, shift):
+    x = jnp.ones((ROWS, WIDTH), jnp.float32)
+    return pl.pallas_call(
+        _oob_kernel, out_shape=jax.ShapeDtypeStruct((1, WIDTH), jnp.float32),
+        in_specs=[pl.BlockSpec(memory_space=pltpu.SMEM), pl.BlockSpec()],
+        interpret=params)(jnp.array([shift], jnp.int32), x)
+
+
+def test_an_out_of_bounds_access_inside_a_compiled_loop_is_reported_as_before():
+    np.testing.assert_array_equal(_oob(InterpretParams(), 0), np.full((1, WIDTH), ROWS))
+    messages = []
+    for compiled in (True, False):
+        with pytest.raises(OutOfBoundsError) as info, errors_as_raised():
+            _oob(InterpretParams(compile_segments=compiled), 3)
+        messages.append(str(info.value))
+    assert messages[0] == messages[1]
+    assert "[64:65, 0:128]" in messages[0] and "test_compiled_segments.py:" in messages[0]
+
+
+def _forever_kernel(x_ref, o_ref):
+    def cond(c):
+        return c[0] >= 0  # never false
+
+    o_ref[...] = jax.lax.while_loop(cond, lambda c: (c[0] + 1, c[1] * 0.5),
+                                    (jnp.int32(0), x_ref[...]))[1]
+
+
+@pytest.mark.timeout(120)
+def test_a_loop_that_never_ends_is_still_a_watchdog_error():
+    x = jnp.ones((8, WIDTH), jnp.float32)
+    call = pl.pallas_call(_forever_kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+                          interpret=InterpretParams(watchdog_timeout=3.0))
+    with pytest.raises(WatchdogError, match="test_compiled_segments.py:"), errors_as_raised():
+        call(x)
+
+
+def _race_kernel(x_hbm, o_ref, buf, sem):
+    copy = pltpu.make_async_copy(x_hbm, buf, sem)
+    copy.start()
+
+    def step(t, acc):  # reads the DMA's destination before waiting for it
+        return acc + buf[pl.ds(t, 1), :]
+
+    o_ref[...] = jax.lax.fori_loop(0, ROWS, step, jnp.zeros((1, WIDTH), jnp.float32))
+    copy.wait()
+
+
+def test_with_races_on_a_kernel_that_starts_dmas_runs_equation_by_equation():
+    x = jnp.ones((ROWS, WIDTH), jnp.float32)
+    call = pl.pallas_call(
+        _race_kernel, out_shape=jax.ShapeDtypeStruct((1, WIDTH), jnp.float32),
+        in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
+        scratch_shapes=[pltpu.VMEM((ROWS, WIDTH), jnp.float32), pltpu.SemaphoreType.DMA],
+        interpret=InterpretParams(detect_races=True))
+    with pytest.raises(DataRaceError, match="test_compiled_segments.py:"), errors_as_raised():
+        call(x)
+
+
+def test_skip_floating_point_ops_and_the_timeline_see_every_equation():
+    x, a = _inputs()
+    skipped = np.asarray(_scan(InterpretParams(skip_floating_point_ops=True), x, a))
+    assert np.isinf(skipped).all()
+    with pi.timeline() as tl:
+        _scan(InterpretParams(compile_segments=False), x, a)
+    with pi.timeline() as tl_compiled:
+        _scan(InterpretParams(), x, a)
+    (one,), (other,) = tl.launches, tl_compiled.launches
+    assert one.summary() == other.summary()
+
+
+@pytest.mark.timeout(300)
+def test_every_device_of_a_multi_device_launch_runs_the_compiled_loop():
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    n = 4
+    mesh = jax.make_mesh((n,), ("x",), devices=jax.devices()[:n])
+    x, a = _inputs()
+    shard = NamedSharding(mesh, P("x"))
+    xs, as_ = (jax.device_put(np.concatenate([v * (i + 1) for i in range(n)]), shard)
+               for v in (x, a))
+    f = jax.jit(jax.shard_map(lambda x, a: _scan(InterpretParams(), x, a), mesh=mesh,
+                              in_specs=(P("x"), P("x")), out_specs=P("x"), check_vma=False))
+    out = np.asarray(f(xs, as_))
+    for i in range(n):
+        expected = np.asarray(_scan(InterpretParams(), x * (i + 1), a * (i + 1)))
+        np.testing.assert_array_equal(out[i * ROWS:(i + 1) * ROWS], expected)
+
+
+def _dma_then_loop_kernel(x_hbm, o_ref, buf, sem, *, wait_first):
+    copy = pltpu.make_async_copy(x_hbm, buf, sem)
+    copy.start()
+    if wait_first:
+        copy.wait()
+
+    def step(t, acc):
+        return acc + jnp.tanh(buf[pl.ds(t, 1), :]) * jax.nn.sigmoid(buf[pl.ds(t, 1), :])
+
+    o_ref[...] = jax.lax.fori_loop(0, ROWS, step, jnp.zeros((1, WIDTH), jnp.float32))
+    if not wait_first:
+        copy.wait()
+
+
+def _dma_then_loop(params, x, wait_first):
+    import functools
+
+    return pl.pallas_call(
+        functools.partial(_dma_then_loop_kernel, wait_first=wait_first),
+        out_shape=jax.ShapeDtypeStruct((1, WIDTH), jnp.float32),
+        in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
+        scratch_shapes=[pltpu.VMEM((ROWS, WIDTH), jnp.float32), pltpu.SemaphoreType.DMA],
+        interpret=params,
+    )(x)
+
+
+def test_with_races_on_a_dma_kernels_loop_runs_compiled_and_its_accesses_are_replayed():
+    x, _ = _inputs()
+    before = pi.STATE.segments.compiled
+    raced = np.asarray(_dma_then_loop(InterpretParams(detect_races=True), x, True))
+    assert pi.STATE.segments.compiled == before + 1  # the variant that logs its accesses
+    plain = np.asarray(_dma_then_loop(InterpretParams(), x, True))
+    np.testing.assert_array_equal(raced, plain)  # races on or off: the same bits
+    expected = (np.tanh(x) / (1 + np.exp(-x))).sum(0, keepdims=True)
+    np.testing.assert_allclose(raced, expected, rtol=1e-5, atol=1e-4)
+    reports = []
+    for compiled in (True, False):
+        params = InterpretParams(detect_races=True, on_race="collect",
+                                 compile_segments=compiled)
+        with pi.collect_race_reports() as got:
+            _dma_then_loop(params, x, False)
+        reports.append([str(r) for r in got])
+    assert reports[0] == reports[1] and reports[0]
+    assert "test_compiled_segments.py:" in reports[0][0]
+
+
+def test_a_body_without_loops_is_compiled_when_its_grid_is_large():
+    def body(x_ref, o_ref):
+        x = x_ref[...]
+        y = jnp.tanh(x) * 0.5 + jnp.exp(-x * x) - jax.nn.sigmoid(x) * x
+        o_ref[...] = jnp.maximum(y, -1.0) + jnp.sqrt(jnp.abs(y) + 1.0)
+
+    kernel_jaxpr = jax.make_jaxpr(
+        lambda x: pl.pallas_call(body, out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32),
+                                 interpret=InterpretParams())(x))(np.ones((8, 128), np.float32))
+    kernel = next(e for e in kernel_jaxpr.eqns if e.primitive.name == "pallas_call")
+    eqns = kernel.params["jaxpr"]
+    w = segments.work(eqns.eqns)
+    assert w < segments.MIN_WORK
+    few = -(-segments.MIN_WORK_PER_LAUNCH // w) - 1
+    assert segments.find_segments(eqns, lambda p: False, runs=few) == []
+    assert segments.find_segments(eqns, lambda p: False, runs=few + 1) == [(0, len(eqns.eqns))]
+
+    def call(params, x):
+        return pl.pallas_call(body, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+                              grid=(x.shape[0] // 8,),
+                              in_specs=[pl.BlockSpec((8, 128), lambda i: (i, 0))],
+                              out_specs=pl.BlockSpec((8, 128), lambda i: (i, 0)),
+                              interpret=params)(x)
+
+    x = np.random.default_rng(1).standard_normal(((few + 1) * 8, 128), np.float32)
+    before = pi.STATE.segments.compiled
+    out = np.asarray(call(InterpretParams(), x))
+    assert pi.STATE.segments.compiled == before + 1
+    slow = np.asarray(call(InterpretParams(compile_segments=False), x))
+    np.testing.assert_allclose(out, slow, rtol=1e-6, atol=1e-6)
+    np.testing.assert_array_equal(out, np.asarray(call(True, x)))  # jax's HLO interpreter
