@@ -15,6 +15,7 @@ simulator's cost per DMA does not grow with the device count.
     python benchmarks/device_scaling.py --max 16        # 2..16 only (~1 min)
     python benchmarks/device_scaling.py --big 128       # also 128, not 256
     python benchmarks/device_scaling.py --max 0 --big --races 8 16 32 64   # race overhead only
+    python benchmarks/device_scaling.py --max 0 --big --races --processes 1 2   # 1 vs 2 processes
 """
 
 from __future__ import annotations
@@ -127,6 +128,52 @@ def _cell(r: dict | None, timeout: float, per_dma: bool = True) -> str:
     return s
 
 
+def processes_table(ns: list[int], counts: list[int], timeout: float) -> None:
+    """Steady time of the ring and jax's all-gather on one process vs a slice split over
+    several (``examples/multi_process.py``: P processes of one ``jax.distributed`` run on
+    this machine), and the key-value transport's cost per round and per message."""
+    sys.path.insert(0, os.path.join(HERE, os.pardir, "examples"))
+    import multi_process
+
+    print()
+    print("### one process vs a slice split over processes (steady = 2nd call, wall and CPU "
+          "seconds of the slowest process; rounds = lock-step exchanges of one launch, "
+          "exchanges = seconds in them incl. waiting for the other; check_memory=False)")
+    print()
+    print("| kernel | N | " + " | ".join(f"P={p}" for p in counts) + " | speed-up |")
+    print("|---|---|" + "---|" * len(counts) + "---|")
+    for n in ns:
+        for name in ("all_gather", "jax_all_gather"):
+            steady: list[tuple[float, float] | None] = []
+            cells = []
+            for p in counts:
+                try:
+                    reports = multi_process.launch(
+                        p, n, [name], repeats=1, timeout=timeout, check_memory=False)
+                except Exception as e:  # noqa: BLE001 - a table cell, not a crash
+                    cells.append(f"error: {str(e)[:80]}")
+                    steady.append(None)
+                    continue
+                rows = [r["kernels"][name] for r in reports]
+                t = max(r["steady"] for r in rows)
+                c = max(r["steady_cpu"] for r in rows)
+                steady.append((t, c))
+                flag = "" if all(r["right"] for r in rows) else " (WRONG)"
+                extra = (f", {rows[0]['rounds']} rounds, exchanges "
+                         f"{max(r['exchange_seconds'] for r in rows):.2f} s" if p > 1 else "")
+                cells.append(f"{t:.2f} s (CPU {c:.2f} s){flag}{extra}")
+            first, last = steady[0], steady[-1]
+            ratio = (f"{first[0] / last[0]:.2f}x (CPU {first[1] / last[1]:.2f}x)"
+                     if first and last else "")
+            print(f"| {name} | {n} | " + " | ".join(cells) + f" | {ratio} |", flush=True)
+    reports = multi_process.launch(2, 2, ["exchange"], timeout=timeout)
+    cost = reports[0]["exchange"]
+    print()
+    print(f"key-value transport, 2 processes: {cost['1'] * 1e3:.2f} ms per round with one "
+          f"4 KiB message per process, {cost['256'] * 1e3:.2f} ms with 256 "
+          f"({(cost['256'] - cost['1']) / 255 * 1e6:.1f} µs per extra message)")
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--worker", nargs=3, metavar=("NAME", "N", "REPEATS"))
@@ -136,6 +183,10 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--max", type=int, default=64, help="largest N of the steady table")
     parser.add_argument("--big", type=int, nargs="*", default=[128, 256],
                         help="device counts for the completion table (none: skip it)")
+    parser.add_argument("--processes", type=int, nargs="*", default=[],
+                        help="process counts to compare (e.g. 1 2; none: skip the table)")
+    parser.add_argument("--process-devices", type=int, nargs="*", default=[64, 256],
+                        help="device counts of the processes table")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--timeout", type=float, default=600.0)
     args = parser.parse_args(argv)
@@ -174,6 +225,8 @@ def main(argv: list[str]) -> int:
                 per = f"{r['steady'] / r['dmas'] * 1e6:.0f} µs" if r["dmas"] else ""
                 print(f"| {name} | {n} | {r['dmas']} | {r['first']:.2f} s{flag} | "
                       f"{r['steady']:.2f} s | {per} |", flush=True)
+    if args.processes:
+        processes_table(args.process_devices, args.processes, args.timeout)
     if args.races:
         print()
         print(f"### race-detection overhead (steady ms, races off / on, and on / off; medians of {args.repeats} "

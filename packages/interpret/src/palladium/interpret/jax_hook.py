@@ -23,11 +23,16 @@ import numpy as np
 
 from palladium import shared_memory
 from palladium.interpret import _jax_compat as jc
-from palladium.interpret import interrupts
+from palladium.interpret import interrupts, multi_process
 from palladium.interpret.blas import single_threaded_blas
 from palladium.interpret.chip import resolve_chip
 from palladium.interpret.devices import DeviceMesh
-from palladium.interpret.errors import DataRaceError, SimulationError
+from palladium.interpret.errors import (
+    DataRaceError,
+    KernelError,
+    SimulationError,
+    UnsupportedFeatureError,
+)
 from palladium.interpret.fidelity import tpu_compiler
 from palladium.interpret.fidelity.checks import check_kernel
 from palladium.interpret.host_call import host_call
@@ -76,11 +81,12 @@ def in_flight_rendezvous() -> int:
 
 
 def _execute(kernel: PreparedKernel, params: InterpretParams, mesh: DeviceMesh,
-             device_args: list[list[np.ndarray]]) -> list[list[np.ndarray]]:
+             device_args: list[list[np.ndarray]],
+             partition: shared_memory.Partition | None = None) -> list[list[np.ndarray]]:
     """Run one launch on every device; with ``dma_order_trials``, check other orders."""
     try:
         with single_threaded_blas():
-            results = _attempt(kernel, params, mesh, device_args).results
+            results = _attempt(kernel, params, mesh, device_args, partition=partition).results
             if params.dma_order_trials:
                 check_dma_order(
                     lambda p: _attempt(kernel, p, mesh, device_args, observe=False).results,
@@ -102,8 +108,9 @@ class _Attempt:
 
 
 def _attempt(kernel: PreparedKernel, params: InterpretParams, mesh: DeviceMesh,
-             device_args: list[list[np.ndarray]], observe: bool = True) -> _Attempt:
-    launch = Launch(kernel, params, mesh, observe=observe)
+             device_args: list[list[np.ndarray]], observe: bool = True,
+             partition: shared_memory.Partition | None = None) -> _Attempt:
+    launch = Launch(kernel, params, mesh, observe=observe, partition=partition)
     try:
         return _Attempt(launch, launch.execute_devices(device_args))
     finally:
@@ -137,6 +144,8 @@ class _LaunchSite:
         self.mesh = mesh
         self._lock = threading.Lock()
         self._launches = [0] * max(mesh.num_devices, 1)
+        # A jax.distributed run of 2+ processes: this process simulates its devices only.
+        self.layout = STATE.processes.current() if mesh.num_devices > 1 else None
 
     def run(self, *args: Any) -> list[np.ndarray]:
         return self._interruptible(lambda: _execute(
@@ -169,6 +178,8 @@ class _LaunchSite:
                         dtype=a.dtype) for a in self.kernel.out_avals]
 
     def _join(self, seq: int, d: int, n: int, args: tuple[Any, ...]) -> list[np.ndarray]:
+        if self.layout is not None:
+            return self._join_split(seq, d, n, args)
         return _RENDEZVOUS.join(
             (self, seq), n, d, [np.asarray(a) for a in args],
             lambda device_args: _execute(self.kernel, self.params, self.mesh, device_args),
@@ -176,6 +187,45 @@ class _LaunchSite:
             describe=lambda: f"kernel '{self.kernel.name}' launch #{seq} on {n} devices",
             on_timeout=lambda: self._skip_launch(seq),
         )
+
+    def _join_split(self, seq: int, d: int, n: int, args: tuple[Any, ...]) -> list[np.ndarray]:
+        """A launch split over processes: this process's devices meet here, then the
+        processes meet in the key-value store (``multi_process``)."""
+        assert self.layout is not None
+        block = self.layout.block(n, self.kernel.name)
+        if d not in block:
+            raise KernelError(
+                f"kernel '{self.kernel.name}': device {d} of the mesh runs in process "
+                f"{self.layout.process}, which simulates mesh positions {block.start}-"
+                f"{block.stop - 1}; a launch split over processes needs the mesh to list "
+                f"jax.devices() in order (e.g. jax.make_mesh over all devices)"
+            )
+        return _RENDEZVOUS.join(
+            (self, seq), len(block), d - block.start, [np.asarray(a) for a in args],
+            lambda local_args: self._execute_split(block, local_args),
+            timeout=self.params.rendezvous_timeout,
+            describe=lambda: f"kernel '{self.kernel.name}' launch #{seq} on {len(block)} "
+                             f"devices of process {self.layout.process if self.layout else 0}",
+            on_timeout=lambda: self._skip_launch(seq),
+        )
+
+    def _execute_split(self, block: range, local_args: list[Any]) -> list[Any]:
+        assert self.layout is not None
+        name, n = self.kernel.name, self.mesh.num_devices
+        if self.params.dma_order_trials:
+            raise UnsupportedFeatureError(
+                f"kernel '{name}': dma_order_trials is not supported for a launch split "
+                f"over {self.layout.num_processes} processes; run that check in one process"
+            )
+        transport = multi_process.KvTransport(
+            self.layout, self.layout.launch_id(name),
+            f"kernel '{name}' on {n} devices over {self.layout.num_processes} processes")
+        transport.meet(self.params.rendezvous_timeout)
+        partition = shared_memory.Partition(frozenset(block), transport)
+        device_args = [local_args[d - block.start] if d in block else local_args[0]
+                       for d in range(n)]
+        results = _execute(self.kernel, self.params, self.mesh, device_args, partition)
+        return results[block.start:block.stop]
 
     def _skip_launch(self, seq: int) -> None:
         """Launch ``seq`` timed out: every device's next call is launch ``seq + 1`` at

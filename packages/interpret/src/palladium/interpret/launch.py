@@ -29,7 +29,7 @@ from palladium.interpret.memory_map import MemoryMap
 from palladium.interpret.observers import LaunchInfo, launch_observers
 from palladium.interpret.params import InterpretParams
 from palladium.interpret.process_state import STATE
-from palladium.shared_memory import BufferRef, SemaphoreLeakError, Simulation
+from palladium.shared_memory import BufferRef, Partition, SemaphoreLeakError, Simulation
 
 _UNINITIALIZED_HINT = (
     "Write every element before it is read (initialise scratch and accumulators, e.g. "
@@ -47,7 +47,8 @@ class Launch:
     """The state of one kernel launch, shared by the cores that run it."""
 
     def __init__(self, kernel: PreparedKernel, params: InterpretParams,
-                 mesh: DeviceMesh | None = None, *, observe: bool = True) -> None:
+                 mesh: DeviceMesh | None = None, *, observe: bool = True,
+                 partition: Partition | None = None) -> None:
         self.kernel = kernel
         self.params = params
         self.observe = observe  # False: a re-run (order trials), not shown to observers
@@ -72,7 +73,11 @@ class Launch:
             out_of_bounds_hint=_OUT_OF_BOUNDS_HINT,
             uninitialized_hint=_UNINITIALIZED_HINT,
             snapshot_bytes=params.failure_snapshot_bytes,
+            partition=partition,
         )
+        # The devices this process runs (all of them unless split over processes).
+        self.local_devices = (frozenset(range(self.num_devices)) if partition is None
+                              else partition.local_devices)
         self.core_runs: dict[CoreId, CoreRun] = {}
         self.sim.grid_point_of = self._grid_point_of
         self.memory = MemoryMap(self.sim, kernel, params, self.num_cores)
@@ -207,18 +212,23 @@ class Launch:
                 run = CoreRun(self, core, operands, points[c], hbm_inputs, hbm_outputs,
                               set(aliases))
                 self.core_runs[core] = run
-                bodies[core] = run.run
+                if device in self.local_devices:
+                    bodies[core] = run.run
         try:
             self._run(bodies)
-            for hbm_outputs in device_outputs:
-                self._check_outputs_written(hbm_outputs, aliases)
+            for device, hbm_outputs in enumerate(device_outputs):
+                if device in self.local_devices:
+                    self._check_outputs_written(hbm_outputs, aliases)
         except PalladiumError as e:
             if getattr(e, "snapshot", None) is None and self.params.failure_snapshot_bytes:
                 e.snapshot = self.sim.snapshot(  # type: ignore[attr-defined]
                     self.params.failure_snapshot_bytes, title=f"simulated state at the failure ({type(e).__name__}):")
             raise
-        results = []
-        for hbm_outputs in device_outputs:
+        results: list[list[np.ndarray]] = []
+        for device, hbm_outputs in enumerate(device_outputs):
+            if device not in self.local_devices:
+                results.append([])  # another process's device: its outputs are there
+                continue
             outs = []
             for buf, aval, info in zip(hbm_outputs, k.out_avals, k.outputs):
                 value = np.asarray(self.sim.value(buf))

@@ -26,6 +26,9 @@ segments           compiled segments of kernel bodies by     untouched (a cache:
                    their equations (``eval.segment_cache``)  holds never changes results)
 progress           the launches running now that report      nothing (empty when no launch
                    their progress, and its one thread        runs)
+processes          this process's place in a jax.distributed  nothing (it belongs to the
+                   run of 2+ processes and its heartbeat     jax.distributed client)
+                   thread (from the first split launch)
 =================  ========================================  ==============================
 
 (``palladium.shared_memory.scheduler`` keeps one more set, of the schedulers running
@@ -51,6 +54,7 @@ from palladium.interpret.errors import ConfigError
 from palladium.interpret.eval.rule_table import RuleRegistry, RuleSnapshot
 from palladium.interpret.eval.segment_cache import SegmentExecutables
 from palladium.interpret.failures import FailureLog
+from palladium.interpret.multi_process import ProcessLayouts
 from palladium.interpret.progress import ProgressMonitor
 from palladium.interpret.race_log import RaceLog
 from palladium.interpret.rendezvous import RendezvousRegistry
@@ -69,6 +73,8 @@ class ProcessState:
     progress: ProgressMonitor = dataclasses.field(default_factory=ProgressMonitor)
     blas: SingleThreadLimit = dataclasses.field(default_factory=SingleThreadLimit)
     rules: RuleRegistry = dataclasses.field(default_factory=RuleRegistry)
+    # this process's place in a jax.distributed run (multi_process.py)
+    processes: ProcessLayouts = dataclasses.field(default_factory=ProcessLayouts)
     # compiled segments of kernel bodies, by their equations' text (eval/segment_cache.py)
     segments: SegmentExecutables = dataclasses.field(default_factory=SegmentExecutables)
     # factory(LaunchInfo) -> Observer | None, in registration order (observers.py)

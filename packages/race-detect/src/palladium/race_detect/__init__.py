@@ -22,6 +22,7 @@ from palladium.race_detect.errors import (
 )
 from palladium.race_detect.policy import OnRace
 from palladium.race_detect.prepared import PreparedAccess, prepare
+from palladium.race_detect.remote import ClockExchange
 from palladium.race_detect.report import Access, RaceReport
 
 __all__ = [
@@ -29,6 +30,7 @@ __all__ = [
     "Actor",
     "ActorError",
     "Clock",
+    "ClockExchange",
     "ConfigError",
     "DataRaceError",
     "OnRace",

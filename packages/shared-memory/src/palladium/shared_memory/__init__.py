@@ -15,6 +15,7 @@ from palladium.shared_memory.errors import (
     DeadlockError,
     OutOfBoundsError,
     PalladiumError,
+    PeerProcessError,
     SemaphoreLeakError,
     SimulationError,
     UninitializedReadError,
@@ -29,6 +30,7 @@ from palladium.shared_memory.observer import (
     SemaphoreInfo,
 )
 from palladium.shared_memory.options import SimulationOptions
+from palladium.shared_memory.partition import Partition, Transport
 from palladium.shared_memory.regions import AccessPlan
 from palladium.shared_memory.scheduler import interrupt_all
 from palladium.shared_memory.semaphores import SemaphoreKind
@@ -67,7 +69,9 @@ __all__ = [
     "Observer",
     "ObserverSet",
     "OutOfBoundsError",
+    "Partition",
     "PalladiumError",
+    "PeerProcessError",
     "SemaphoreInfo",
     "SemaphoreKind",
     "SemaphoreState",
@@ -76,6 +80,7 @@ __all__ = [
     "SimulationOptions",
     "SimulationError",
     "Snapshot",
+    "Transport",
     "UninitializedReadError",
     "UninitializedReadWarning",
     "WatchdogError",

@@ -48,6 +48,11 @@ def _report(event: Any, actor: Any, buf: Buffer, plan: AccessPlan, mask: Any, si
         event(actor, buf.ref.key, race, site=site, mask=np.broadcast_to(sub, shape))
 
 
+def report_write(det: Any, actor: Any, buf: Buffer, plan: AccessPlan, mask: Any, site: object) -> None:
+    """Tell the race detector that ``actor`` wrote the stored elements of ``plan``."""
+    _report(det.write, actor, buf, plan, mask, site)
+
+
 class DmaState(enum.Enum):
     """Progress of a DMA: started, source read, destination written."""
 
@@ -62,7 +67,7 @@ class Dma:
     __slots__ = (
         "actor", "add", "bits", "convert", "core", "data", "dst", "dst_mask", "dst_plan", "dst_sem",
         "id", "name", "nbytes", "on_done", "on_unwritten", "queued", "site", "src", "src_mask",
-        "src_plan", "src_sem", "state",
+        "sent", "src_plan", "src_sem", "state",
     )
 
     def __init__(
@@ -90,6 +95,8 @@ class Dma:
         self.convert = view.convert
         self.add = add
         self.on_done: Callable[[], None] | None = None  # told when the DMA completes
+        # A list to receive the data written (a DMA into another process's device).
+        self.sent: list[Any] | None = None
         # uninitialized_reads: the written-ness of the source region (read phase), and who
         # is told when the DMA reads a source region nothing ever wrote.
         self.bits: np.ndarray | None = None
@@ -197,17 +204,22 @@ class Dma:
             data = (old + data).astype(old.dtype, copy=False)
         old_bits = self.dst.written_bits(plan) if self.add else None
         self.dst.write(plan, data, self.dst_mask, "DMA write", self.core, self.site)
+        if self.sent is not None:
+            self.sent.append(data)
         if self.bits is not None and self.dst.written is not None:
             self._write_bits(old_bits)
         clock = None
         if det is not None:
-            if plan.index is not None:
+            # Into another process's device (``sent``): checked there, where it lands.
+            if plan.index is not None and self.sent is None:
                 _report(det.write, self.actor, self.dst, plan, self.dst_mask, self.site)
             # Finished first, so the release does not tick: the clock it hands to the
             # receive semaphore holds the DMA's final time, and a core that waited on it
             # can give the DMA's slot to its next DMA (RaceDetector._reusable_slot).
             det.finish(self.actor)
             clock = det.release(self.actor)
+        if self.sent is not None:
+            self.sent.append(clock)
         self.data = None
         self.state = DmaState.DONE
         if self.queued:

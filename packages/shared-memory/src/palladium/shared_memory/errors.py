@@ -13,6 +13,7 @@ __all__ = [
     "DeadlockError",
     "OutOfBoundsError",
     "PalladiumError",
+    "PeerProcessError",
     "SemaphoreLeakError",
     "SimulationError",
     "UninitializedReadError",
@@ -59,3 +60,9 @@ def core_name(core: tuple[int, int]) -> str:
 def at_site(site: object) -> str:
     """`` at <site>`` or nothing, for appending to messages."""
     return "" if site is None else f" at {site}"
+
+
+class PeerProcessError(SimulationError):
+    """A launch split over several processes (``Partition``) cannot go on because another
+    process failed, died, or never reached the launch. The message names the process and
+    why; every surviving process raises it instead of waiting forever."""

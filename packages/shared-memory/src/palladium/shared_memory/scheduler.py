@@ -36,7 +36,7 @@ import random
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import greenlet
@@ -119,6 +119,9 @@ class Scheduler:
         self.watchdog = watchdog
         self.watchdog_hint = watchdog_hint
         self.deadline = math.inf
+        # A partitioned simulation's round (``partition.Rounds.stall``): called when no
+        # local task can run; None when something changed, else the deadlock message.
+        self.on_stall: Callable[[Sequence[Task]], str | None] | None = None
         # Told of the run's first error while every core is still where it was (before
         # the others unwind): the simulation snapshots its state there.
         self.on_error: Callable[[BaseException, Task | None], None] | None = None
@@ -210,9 +213,17 @@ class Scheduler:
         if not self.cancelled:
             nxt = self._pick()
             if nxt is None and any(t.state is _State.BLOCKED for t in self.tasks):
-                self.error = DeadlockError(self.deadlock_message())
-                self._failed(self.error, None)
-                self.cancelled = True
+                try:
+                    nxt, message = self._stalled()
+                except BaseException as e:  # a peer process failed or vanished
+                    nxt, message = None, None
+                    self.error = e
+                    self._failed(e, None)
+                    self.cancelled = True
+                if nxt is None and not self.cancelled:
+                    self.error = DeadlockError(message or self.deadlock_message())
+                    self._failed(self.error, None)
+                    self.cancelled = True
         if self.cancelled:
             nxt = next((t for t in self.tasks if t.state is not _State.DONE), None)
         if nxt is not None:
@@ -306,7 +317,9 @@ class Scheduler:
         try:
             nxt = self._pick()
             if nxt is None:
-                raise DeadlockError(self.deadlock_message())
+                nxt, message = self._stalled()
+                if nxt is None:
+                    raise DeadlockError(message or self.deadlock_message())
             if nxt is not task:
                 self._handoff(task, nxt)
         finally:
@@ -319,6 +332,18 @@ class Scheduler:
                 watch.waiting.remove(task)
             task.watch = None
             self._list(task)
+
+    def _stalled(self) -> tuple[Task | None, str | None]:
+        """No task can run: without ``on_stall``, (None, None); else rounds with the
+        other processes until a task can run, or (None, their deadlock message)."""
+        while self.on_stall is not None:
+            message = self.on_stall(self.tasks)
+            if message is not None:
+                return None, message
+            nxt = self._pick()
+            if nxt is not None:
+                return nxt, None
+        return None, None
 
     # -- the runnable list -------------------------------------------------------------
 

@@ -76,7 +76,10 @@ class BufferOps(SimulationState):
             np.full(data.shape, value is not None)
             if self._track_written and data.flags.writeable else None,
         )
-        if self._det is not None:
+        if self._rounds is not None:
+            self._rounds.allocated(key, int(device), core, space.value)
+        if self._det is not None and (self._rounds is None or self._rounds.is_local(device)):
+            # (another process's buffer is checked by that process)
             self._det.register_buffer(key, data.shape, f"{name} ({ref.where})")
         if self._obs is not None:
             self._obs.allocate(ref, data.nbytes, (int(device), core))

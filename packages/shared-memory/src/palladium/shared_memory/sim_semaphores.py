@@ -50,7 +50,10 @@ class SemaphoreOps(DmaOps):
         self._sched.check()
         sem = self._sem(core if target is None else (int(target[0]), int(target[1])), sem_id)
         clock = self._det.release(self._actor(core)) if self._det is not None else None
-        sem.signal(int(inc), clock)
+        if self._rounds is not None and not self._rounds.is_local(sem.core[0]):
+            self._rounds.send_signal(sem.core, sem.id, int(inc), clock)  # another process's
+        else:
+            sem.signal(int(inc), clock)
         if self._obs is not None:
             self._obs.semaphore_signal(core, semaphore_info(sem), int(inc))
         self._sched.yield_point(task)
@@ -103,6 +106,8 @@ class SemaphoreOps(DmaOps):
         """
         self._flush_dmas()
         cores = [c for c in self._cores if device is None or c[0] == device]
+        if self._rounds is not None:  # the other processes check their own
+            cores = [c for c in cores if self._rounds.is_local(c[0])]
         leaks = [s for c in cores for s in self._sems[c].values() if s.count != 0]
         if leaks:
             raise SemaphoreLeakError(self._leak_message(leaks, "at kernel exit"))

@@ -26,6 +26,7 @@ from palladium.shared_memory.errors import (
 )
 from palladium.shared_memory.observer import ObserverSet
 from palladium.shared_memory.options import DmaOrder, SimulationOptions, Uninitialized
+from palladium.shared_memory.partition import Rounds
 from palladium.shared_memory.scheduler import Scheduler, Task
 from palladium.shared_memory.semaphores import Semaphore
 
@@ -73,6 +74,9 @@ class SimulationState:
     _cores: list[CoreId]
     _sems: dict[CoreId, dict[int, Semaphore]]
     _next_sem: dict[CoreId, int]
+    _rounds: Rounds | None
+    _barrier_arrived: list[CoreId]
+    _run_cores: list[CoreId]
     _det: RaceDetector | None
     _root: Actor | None
     _actors: dict[CoreId, Actor]

@@ -43,6 +43,7 @@ from palladium.shared_memory.options import (
     Uninitialized,
     UninitializedReads,
 )
+from palladium.shared_memory.partition import Partition, Rounds
 from palladium.shared_memory.scheduler import Scheduler, WaitPoint
 from palladium.shared_memory.semaphores import (
     BARRIER_SEMAPHORE_ID,
@@ -105,6 +106,7 @@ class Simulation(BufferOps, SemaphoreOps):
         snapshot_bytes: int | None = None,
         uninitialized_reads: UninitializedReads = "off",
         uninitialized_hint: str = _UNINITIALIZED_HINT,
+        partition: Partition | None = None,
     ):
         # ``options`` (a SimulationOptions, as the interpreter passes) or the same
         # choices one keyword each.
@@ -152,6 +154,8 @@ class Simulation(BufferOps, SemaphoreOps):
         # each core is in its grid (the interpreter's), shown in snapshots and progress.
         self.snapshot_bytes = snapshot_bytes
         self.grid_point_of: Callable[[CoreId], Any] | None = None
+        # Some devices of a slice simulated by several processes (see ``partition``).
+        self._rounds = None if partition is None else Rounds(self, partition, self._release_barrier)
         self._sched = self._scheduler()
         self._buffers: dict[int, Buffer] = {}
         self._next_key = itertools.count()
@@ -215,7 +219,14 @@ class Simulation(BufferOps, SemaphoreOps):
                           oracle=self._scheduler_oracle)
         if self.snapshot_bytes is not None:
             sched.on_error = self._snapshot_on_error
+        if self._rounds is not None:
+            sched.on_stall = self._rounds.stall
         return sched
+
+    @property
+    def rounds(self) -> Rounds | None:
+        """A partitioned run's rounds (how many, messages sent); None otherwise."""
+        return self._rounds
 
     # -- the state, to look at (a failure's snapshot, progress reports) --------------------
 
@@ -280,12 +291,8 @@ class Simulation(BufferOps, SemaphoreOps):
         self._barrier_arrived.append(core)
         self._barrier_sites[core] = site
         generation = self._barrier_generation
-        if len(self._barrier_arrived) >= len(participants):
-            self._barrier_arrived = []
-            self._barrier_generation += 1
-            self._barrier_point.changed()
-            if self._det is not None:
-                self._det.barrier([self._actor(c) for c in participants])
+        if len(self._barrier_arrived) >= len(participants) and self._rounds is None:
+            self._release_barrier()
             if self._obs is not None:
                 self._obs.barrier_end(core)
             self._sched.yield_point(task)
@@ -301,6 +308,15 @@ class Simulation(BufferOps, SemaphoreOps):
         )
         if self._obs is not None:
             self._obs.barrier_end(core)
+
+    def _release_barrier(self) -> None:
+        """Every core of the run is at the barrier (of every process, partitioned)."""
+        participants = self._run_cores
+        self._barrier_arrived = []
+        self._barrier_generation += 1
+        self._barrier_point.changed()
+        if self._det is not None:
+            self._det.barrier([self._actor(c) for c in participants])
 
     def run(self, bodies: dict[CoreId, Callable[[], None]], *, check_leaks: bool = True) -> None:
         """Run each body as one simulated core, one at a time, until all finish.
@@ -321,6 +337,8 @@ class Simulation(BufferOps, SemaphoreOps):
         try:
             try:
                 self._sched.run(bodies)
+                if self._rounds is not None:
+                    self._rounds.drain()
             finally:
                 self._run_cores = []
                 # A cancelled scheduler would cancel every later call: start afresh.
@@ -331,6 +349,8 @@ class Simulation(BufferOps, SemaphoreOps):
             if check_leaks:
                 self.check_semaphores()
         except BaseException as e:
+            if self._rounds is not None:
+                self._rounds.fail(e)
             if self._obs is not None:
                 self._obs.run_failed(tuple(sorted(cores)), e)
             raise

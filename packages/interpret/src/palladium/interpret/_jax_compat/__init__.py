@@ -370,3 +370,12 @@ def default_prng_is_partitionable_threefry() -> bool:
     0.10's default; ``grid_order`` computes its permutations with numpy for it)."""
     return (getattr(jax.config, "jax_default_prng_impl", None) == "threefry2x32"
             and bool(getattr(jax.config, "jax_threefry_partitionable", False)))
+
+
+# --- jax.distributed (a launch split over processes) --------------------------------------
+def distributed_client() -> Any:
+    """The coordination-service client of ``jax.distributed.initialize`` (None when
+    this process is not part of a multi-process run)."""
+    from jax._src import distributed
+
+    return distributed.global_state.client

@@ -1,0 +1,232 @@
+"""A launch split over the processes of a ``jax.distributed`` run.
+
+After ``jax.distributed.initialize(...)`` with P processes, each holding D/P CPU devices,
+a ``shard_map`` over the D devices calls each process's host callbacks for its own
+devices only. Palladium then simulates, in each process, the devices of that process
+(``shared_memory.partition``): the local callbacks meet as in one process, the processes
+agree that they all reached the launch, and remote DMAs, signals and barriers that
+cross processes travel as messages through the coordination service's key-value store
+(:class:`KvTransport`), one exchange per lock-step round.
+
+The mesh must list the devices in ``jax.devices()`` order (``jax.make_mesh`` over all
+devices does): process p then simulates the contiguous block of mesh positions
+``[p*D/P, (p+1)*D/P)``.
+
+Liveness: each process sets a heartbeat key every ``HEARTBEAT_INTERVAL`` seconds while
+it takes part in a launch; a process waiting for another's round gives up with
+``PeerProcessError`` when that process posted a failure, or its heartbeat stood still
+for ``PEER_TIMEOUT`` seconds (it died or was killed), or the coordination service is
+gone. A process that never reaches the launch at all is a ``RendezvousTimeoutError``
+after ``InterpretParams.rendezvous_timeout`` on the others.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import threading
+import time
+from typing import Any
+
+from palladium.interpret import _jax_compat as jc
+from palladium.interpret.errors import KernelError, PeerProcessError, RendezvousTimeoutError
+
+__all__ = ["KvTransport", "ProcessLayout", "ProcessLayouts"]
+
+HEARTBEAT_INTERVAL = 0.25  # seconds between a process's heartbeats
+PEER_TIMEOUT = 3.0  # a heartbeat standing still this long: the process is gone
+_POLL_MS = 100  # a blocking get's slice while waiting for a peer
+
+_PREFIX = "palladium"
+
+
+class ProcessLayout:
+    """This process's place in a multi-process run: its index, the process count, and
+    the block of mesh positions it simulates for a mesh of ``n`` devices."""
+
+    def __init__(self, client: Any, process: int, num_processes: int) -> None:
+        self.client = client
+        self.process = process
+        self.num_processes = num_processes
+        self._launches: collections.Counter[str] = collections.Counter()
+        self._lock = threading.Lock()
+        self._heartbeat: threading.Thread | None = None
+
+    def block(self, num_devices: int, kernel_name: str) -> range:
+        """The mesh positions this process simulates."""
+        p, count = self.process, self.num_processes
+        if num_devices % count:
+            raise KernelError(
+                f"kernel '{kernel_name}': a launch on {num_devices} devices cannot be split "
+                f"over {count} processes evenly; give every process the same number of "
+                f"devices of the mesh"
+            )
+        per = num_devices // count
+        return range(p * per, (p + 1) * per)
+
+    def launch_id(self, kernel_name: str) -> str:
+        """The key prefix of this process's next split launch of ``kernel_name``: the
+        same on every process, which run the same program (k-th launch of that name)."""
+        with self._lock:
+            k = self._launches[kernel_name]
+            self._launches[kernel_name] += 1
+        return f"{_PREFIX}/launch/{kernel_name}/{k}"
+
+    def start_heartbeat(self) -> None:
+        """Start this process's heartbeat thread (once)."""
+        with self._lock:
+            if self._heartbeat is not None:
+                return
+            self._heartbeat = threading.Thread(
+                target=self._beat, name="palladium-heartbeat", daemon=True
+            )
+            self._heartbeat.start()
+
+    def _beat(self) -> None:
+        key = f"{_PREFIX}/heartbeat/{self.process}"
+        n = 0
+        while True:
+            try:
+                self.client.key_value_set_bytes(key, str(n).encode(), allow_overwrite=True)
+            except Exception:  # the coordination service is gone: the waits say so
+                return
+            n += 1
+            time.sleep(HEARTBEAT_INTERVAL)
+
+
+class ProcessLayouts:
+    """The process-wide ``ProcessLayout`` (``process_state.STATE.processes``): made at
+    the first split launch, kept for the ``jax.distributed`` client it belongs to (its
+    heartbeat thread runs from then on)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._layout: ProcessLayout | None = None
+
+    def current(self) -> ProcessLayout | None:
+        """This process's layout in a ``jax.distributed`` run of 2+ processes, else None."""
+        client = jc.distributed_client()
+        if client is None:
+            return None
+        import jax
+
+        count = jax.process_count()
+        if count < 2:
+            return None
+        with self._lock:
+            if self._layout is None or self._layout.client is not client:
+                self._layout = ProcessLayout(client, jax.process_index(), count)
+            return self._layout
+
+
+class KvTransport:
+    """One split launch's rounds over the coordination service's key-value store:
+    round k of process p is the key ``<launch>/r<k>/<p>``."""
+
+    def __init__(self, where: ProcessLayout, launch: str, describe: str) -> None:
+        self.client = where.client
+        self.process = where.process
+        self.num_processes = where.num_processes
+        self.launch = launch
+        self.describe = describe
+        self.round = 0
+        self.seconds = 0.0  # spent in exchanges (the benchmark's cost per message)
+        self._beats: dict[int, tuple[bytes | None, float]] = {}
+        where.start_heartbeat()
+
+    def meet(self, timeout: float) -> None:
+        """Every process reached this launch (else ``RendezvousTimeoutError`` after
+        ``timeout`` seconds naming the missing ones)."""
+        self._set(f"{self.launch}/ready/{self.process}", b"1")
+        deadline = time.monotonic() + timeout
+        for q in range(self.num_processes):
+            if q == self.process:
+                continue
+            if self._wait(f"{self.launch}/ready/{q}", q, deadline) is None:
+                missing = [
+                    r
+                    for r in range(self.num_processes)
+                    if r != self.process and self._try(f"{self.launch}/ready/{r}") is None
+                ]
+                raise RendezvousTimeoutError(
+                    f"{self.describe}: waited {timeout:g} s for all {self.num_processes} "
+                    f"processes; processes {missing} never reached this launch (process "
+                    f"{self.process} did). Every process must run the same launches in the "
+                    f"same order; raise InterpretParams(rendezvous_timeout=...) if one is "
+                    f"merely slow."
+                )
+
+    def exchange(self, payload: bytes) -> list[bytes]:
+        start = time.perf_counter()
+        k = self.round
+        self.round += 1
+        self._set(f"{self.launch}/r{k}/{self.process}", payload)
+        out = []
+        for q in range(self.num_processes):
+            if q == self.process:
+                out.append(payload)
+                continue
+            got = self._wait(f"{self.launch}/r{k}/{q}", q, None)
+            assert got is not None
+            out.append(got)
+        if k:  # every process posted round k, so all have read round k - 1
+            self._delete(f"{self.launch}/r{k - 1}/{self.process}")
+        self.seconds += time.perf_counter() - start
+        return out
+
+    def abort(self, error: str) -> None:
+        self._set(f"{self.launch}/failed/{self.process}", error.encode())
+
+    # -- the key-value store ------------------------------------------------------------
+
+    def _wait(self, key: str, peer: int, deadline: float | None) -> bytes | None:
+        """The value of ``key`` (posted by ``peer``) once it exists; None at
+        ``deadline``; ``PeerProcessError`` when ``peer`` failed or is gone."""
+        while True:
+            try:
+                return bytes(self.client.blocking_key_value_get_bytes(key, _POLL_MS))
+            except Exception as e:  # a timeout, or the service is gone
+                if "DEADLINE_EXCEEDED" not in str(e) and "timed out" not in str(e).lower():
+                    raise PeerProcessError(
+                        f"{self.describe}: the coordination service of jax.distributed is "
+                        f"unreachable from process {self.process} (its process 0, the "
+                        f"coordinator, died?): {str(e).splitlines()[0][:300]}"
+                    ) from None
+            failed = self._try(f"{self.launch}/failed/{peer}")
+            if failed is not None:
+                raise PeerProcessError(
+                    f"{self.describe}: process {peer} of {self.num_processes} failed in "
+                    f"this launch: {failed.decode(errors='replace')}"
+                )
+            self._check_alive(peer)
+            if deadline is not None and time.monotonic() > deadline:
+                return None
+
+    def _check_alive(self, peer: int) -> None:
+        beat = self._try(f"{_PREFIX}/heartbeat/{peer}")
+        if beat is None:  # not beating yet: it has not reached a split launch so far
+            return
+        now = time.monotonic()
+        last, since = self._beats.get(peer, (None, now))
+        if beat != last or peer not in self._beats:
+            self._beats[peer] = (beat, now)
+            return
+        if now - since > PEER_TIMEOUT:
+            raise PeerProcessError(
+                f"{self.describe}: process {peer} of {self.num_processes} stopped "
+                f"responding (no heartbeat for {now - since:.1f} s): it died or was killed "
+                f"while process {self.process} waited for its round {self.round - 1}"
+            )
+
+    def _try(self, key: str) -> bytes | None:
+        try:
+            return bytes(self.client.key_value_try_get_bytes(key))
+        except Exception:
+            return None
+
+    def _set(self, key: str, value: bytes) -> None:
+        self.client.key_value_set_bytes(key, value, allow_overwrite=True)
+
+    def _delete(self, key: str) -> None:
+        with contextlib.suppress(Exception):
+            self.client.key_value_delete(key)

@@ -1,0 +1,232 @@
+"""One process of a multi-process test run (``test_multi_process.py`` starts them).
+
+    python _multi_process_worker.py SCENARIO PROCESS PROCESSES PORT DEVICES OUT_DIR
+
+PROCESSES == 1: no ``jax.distributed`` (the one-process reference run). Else process
+PROCESS of PROCESSES, coordinator on 127.0.0.1:PORT, each with DEVICES/PROCESSES CPU
+devices. Writes ``OUT_DIR/<PROCESS>.json`` ({"outputs": {name: [[position, path]]},
+"errors": {name: [type, message]}, "seconds": {name: s}}) and the local shards as
+``.npy`` files, then leaves with ``os._exit`` (no distributed shutdown barrier: a test
+may have killed a peer).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import signal
+import sys
+import time
+
+SCENARIO, PROCESS, PROCESSES, PORT, DEVICES, OUT = sys.argv[1:7]
+PROCESS, PROCESSES, DEVICES = int(PROCESS), int(PROCESSES), int(DEVICES)
+os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={DEVICES // PROCESSES}"
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import jax  # noqa: E402
+
+if PROCESSES > 1:
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.distributed.initialize(
+        coordinator_address=f"127.0.0.1:{PORT}", num_processes=PROCESSES, process_id=PROCESS
+    )
+
+import numpy as np  # noqa: E402
+from jax.experimental import pallas as pl  # noqa: E402
+from jax.experimental.pallas import tpu as pltpu  # noqa: E402
+from jax.sharding import NamedSharding  # noqa: E402
+from jax.sharding import PartitionSpec as P  # noqa: E402
+
+import palladium.interpret as pi  # noqa: E402
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), *[os.pardir] * 3, "examples"))
+import collectives  # noqa: E402
+
+PARAMS = pi.InterpretParams(rendezvous_timeout=30.0, watchdog_timeout=60.0)
+MESH = jax.make_mesh((DEVICES,), ("x",), devices=jax.devices())
+RESULT: dict = {"outputs": {}, "errors": {}, "seconds": {}}
+
+
+def global_array(x: np.ndarray) -> jax.Array:
+    """``x`` split over the mesh's devices along its first axis (this process's part)."""
+    return jax.make_array_from_callback(
+        x.shape, NamedSharding(MESH, P("x")), lambda index: x[index]
+    )
+
+
+def shard_mapped(fn):
+    return jax.jit(jax.shard_map(fn, mesh=MESH, in_specs=P("x"), out_specs=P("x"), check_vma=False))
+
+
+def record(name: str, call) -> None:
+    """Run ``call()``; save this process's shards of its result, or its error."""
+    start = time.perf_counter()
+    try:
+        with pi.errors_as_raised():
+            out = call()
+            out.block_until_ready()
+    except Exception as e:  # noqa: BLE001 - the test checks type and message
+        RESULT["errors"][name] = [type(e).__name__, str(e)]
+        RESULT["seconds"][name] = time.perf_counter() - start
+        return
+    RESULT["seconds"][name] = time.perf_counter() - start
+    shards = []
+    for shard in out.addressable_shards:
+        first = shard.index[0].start or 0
+        path = os.path.join(OUT, f"{name}-{PROCESS}-{first}.npy")
+        np.save(path, np.asarray(shard.data))
+        shards.append([first, path])
+    RESULT["outputs"][name] = shards
+
+
+def collectives_scenario() -> None:
+    for name, fn in collectives.COLLECTIVES.items():
+        x = np.asarray(collectives.inputs(name, DEVICES))
+        f = shard_mapped(functools.partial(fn, n=DEVICES, interpret=PARAMS))
+        record(name, lambda f=f, x=x: f(global_array(x)))
+    from jax.experimental.pallas.ops.tpu import all_gather as shipped
+
+    x = np.asarray(collectives.inputs("all_gather", DEVICES))
+
+    def jax_all_gather():
+        with pi.force_tpu_interpret_mode(PARAMS):
+            return shipped.all_gather(global_array(x), mesh=MESH, axis_name="x")
+
+    record("jax_all_gather", jax_all_gather)
+
+
+def _deadlock_kernel(x_ref, o_ref, sem):
+    """Each device signals its right neighbour once, then waits for 2: all block."""
+    me = jax.lax.axis_index("x")
+    pl.semaphore_signal(
+        sem, 1, device_id=((me + 1) % DEVICES,), device_id_type=pl.DeviceIdType.MESH
+    )
+    pl.semaphore_wait(sem, 2)
+    o_ref[...] = x_ref[...]
+
+
+def deadlock_scenario() -> None:
+    def fn(x):
+        return pl.pallas_call(
+            _deadlock_kernel,
+            out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+            scratch_shapes=[pltpu.SemaphoreType.REGULAR],
+            interpret=PARAMS,
+        )(x)
+
+    x = np.asarray(collectives.inputs("right_permute", DEVICES))
+    record("deadlock", lambda: shard_mapped(fn)(global_array(x)))
+
+
+def killed_scenario() -> None:
+    """A warm-up launch, then process 1 kills itself (SIGKILL) in the middle of the
+    second launch's rounds; the others must fail with PeerProcessError."""
+    from palladium.interpret import multi_process
+
+    x = np.asarray(collectives.inputs("all_gather", DEVICES))
+    f = shard_mapped(functools.partial(collectives.all_gather, n=DEVICES, interpret=PARAMS))
+    record("warm_up", lambda: f(global_array(x)))
+    if PROCESS == 1:
+        exchange = multi_process.KvTransport.exchange
+
+        def dying(self, payload):
+            if self.round == 2:
+                os.kill(os.getpid(), signal.SIGKILL)
+            return exchange(self, payload)
+
+        multi_process.KvTransport.exchange = dying  # type: ignore[method-assign]
+    record("killed", lambda: f(global_array(x)))
+
+
+def partial_scenario() -> None:
+    """A warm-up launch, then only process 0 runs the second launch."""
+    x = np.asarray(collectives.inputs("right_permute", DEVICES))
+    params = pi.InterpretParams(rendezvous_timeout=4.0)
+    f = shard_mapped(functools.partial(collectives.right_permute, n=DEVICES, interpret=params))
+    record("warm_up", lambda: f(global_array(x)))
+    if PROCESS == 0:
+        record("partial", lambda: f(global_array(x)))
+    else:
+        time.sleep(10)  # alive (heartbeat going) but never reaching the launch
+
+
+def _racy_kernel(x_ref, o_ref, local_sem, send, recv):
+    """Each device copies its block into its own output while its left neighbour's
+    remote DMA writes the same output, unordered: a write-write race on every device."""
+    me = jax.lax.axis_index("x")
+    remote = pltpu.make_async_remote_copy(
+        x_ref,
+        o_ref,
+        send,
+        recv,
+        device_id=((me + 1) % DEVICES,),
+        device_id_type=pl.DeviceIdType.MESH,
+    )
+    local = pltpu.make_async_copy(x_ref, o_ref, local_sem)
+    remote.start()
+    local.start()
+    local.wait()
+    remote.wait()
+
+
+def race_scenario() -> None:
+    """The racy kernel twice with races collected: each process's reports."""
+    params = pi.InterpretParams(detect_races=True, on_race="collect", rendezvous_timeout=30.0)
+    any_spec = pl.BlockSpec(memory_space=pl.ANY)
+
+    def fn(x):
+        return pl.pallas_call(
+            _racy_kernel,
+            out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+            in_specs=[any_spec],
+            out_specs=any_spec,
+            scratch_shapes=[pltpu.SemaphoreType.DMA] * 3,
+            interpret=params,
+        )(x)
+
+    x = np.asarray(collectives.inputs("right_permute", DEVICES))
+    f = shard_mapped(fn)
+    RESULT["races"] = []
+    for k in range(2):
+        with pi.collect_race_reports() as reports:
+            record(f"race{k}", lambda: f(global_array(x)))
+        RESULT["races"].append([str(r) for r in reports])
+    # Race-free collectives (remote DMAs, signals, the initial barrier): no report.
+    for name in ("all_gather", "all_reduce", "reduce_scatter"):
+        xs = np.asarray(collectives.inputs(name, DEVICES))
+        g = shard_mapped(
+            functools.partial(collectives.COLLECTIVES[name], n=DEVICES, interpret=params)
+        )
+        with pi.collect_race_reports() as reports:
+            record(name, lambda g=g, xs=xs: g(global_array(xs)))
+        RESULT["races"].append([str(r) for r in reports])
+
+
+def main() -> None:
+    {
+        "collectives": collectives_scenario,
+        "deadlock": deadlock_scenario,
+        "killed": killed_scenario,
+        "partial": partial_scenario,
+        "race": race_scenario,
+    }[SCENARIO]()
+    with open(os.path.join(OUT, f"{PROCESS}.json"), "w") as f:
+        json.dump(RESULT, f)
+    sys.stdout.flush()
+    if PROCESSES > 1:  # the coordinator (process 0) leaves last: the others need it
+        from palladium.interpret import _jax_compat
+
+        client = _jax_compat.distributed_client()
+        client.key_value_set(f"test/done/{PROCESS}", "1")
+        if PROCESS == 0:
+            for q in range(1, PROCESSES):
+                if not (SCENARIO == "killed" and q == 1):
+                    client.blocking_key_value_get(f"test/done/{q}", 60_000)
+            # Let the service answer the last set before it goes: a process whose RPC
+            # fails on a vanished coordinator is aborted by jax's client.
+            time.sleep(1.0)
+    os._exit(0)
+
+
+main()

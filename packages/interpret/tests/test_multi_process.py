@@ -1,0 +1,175 @@
+"""A launch split over the processes of a ``jax.distributed`` run (``multi_process``).
+
+Each test starts P worker processes (``_multi_process_worker.py``) with a local
+coordinator on a free loopback port, D/P CPU devices each, and compares what they
+return with the one-process run of the same kernels on D devices: bit for bit for the
+collectives of examples/collectives.py and jax's shipped all-gather; a deadlock across
+processes is a ``DeadlockError`` on every process naming every core; a killed process
+is a ``PeerProcessError`` on the others within seconds; a launch only some processes
+reach is a ``RendezvousTimeoutError``. Every process is killed in a ``finally``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+WORKER = os.path.join(os.path.dirname(__file__), "_multi_process_worker.py")
+COLLECTIVES = ("right_permute", "all_gather", "all_reduce", "reduce_scatter", "jax_all_gather")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _run(
+    scenario: str,
+    processes: int,
+    devices: int,
+    out_dir: str,
+    timeout: float,
+    expect_killed: tuple[int, ...] = (),
+) -> list[dict | None]:
+    """Start the workers, wait for all (at most ``timeout`` s in all), return each
+    one's result (None for a process in ``expect_killed``)."""
+    port = _free_port()
+    env = dict(os.environ, JAX_PLATFORMS="cpu", ALLOW_MULTIPLE_LIBTPU_LOAD="1")
+    env.pop("XLA_FLAGS", None)
+    procs = []
+    try:
+        for p in range(processes):
+            log = open(os.path.join(out_dir, f"{p}.log"), "w")  # noqa: SIM115
+            procs.append(
+                subprocess.Popen(
+                    [
+                        sys.executable,
+                        WORKER,
+                        scenario,
+                        str(p),
+                        str(processes),
+                        str(port),
+                        str(devices),
+                        out_dir,
+                    ],
+                    env=env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                )
+            )
+        for proc in procs:
+            proc.wait(timeout=timeout)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    results: list[dict | None] = []
+    for p in range(processes):
+        path = os.path.join(out_dir, f"{p}.json")
+        if p in expect_killed:
+            assert not os.path.exists(path)
+            results.append(None)
+            continue
+        if not os.path.exists(path):
+            with open(os.path.join(out_dir, f"{p}.log")) as f:
+                pytest.fail(f"process {p} wrote no result; its log:\n{f.read()[-3000:]}")
+        with open(path) as f:
+            results.append(json.load(f))
+    return results
+
+
+def _assembled(results: list[dict | None], name: str) -> np.ndarray:
+    shards = []
+    for r in results:
+        assert r is not None
+        assert name not in r["errors"], r["errors"].get(name)
+        shards += [(first, np.load(path)) for first, path in r["outputs"][name]]
+    return np.concatenate([a for _, a in sorted(shards, key=lambda s: s[0])])
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """The one-process run of the collectives on 8 and 16 devices."""
+    out = {}
+    for devices in (8, 16):
+        d = str(tmp_path_factory.mktemp(f"one{devices}"))
+        results = _run("collectives", 1, devices, d, timeout=240)
+        out[devices] = {name: _assembled(results, name) for name in COLLECTIVES}
+    return out
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize(("processes", "devices"), [(2, 8), (4, 16)])
+def test_collectives_equal_one_process_run(reference, tmp_path, processes, devices):
+    results = _run("collectives", processes, devices, str(tmp_path), timeout=420)
+    for name in COLLECTIVES:
+        got = _assembled(results, name)
+        want = reference[devices][name]
+        assert got.dtype == want.dtype and got.shape == want.shape, name
+        assert np.array_equal(got.view(np.uint8), want.view(np.uint8)), name
+
+
+@pytest.mark.timeout(300)
+def test_deadlock_across_processes_is_reported_on_every_process(tmp_path):
+    results = _run("deadlock", 2, 4, str(tmp_path), timeout=200)
+    messages = []
+    for r in results:
+        assert r is not None
+        kind, message = r["errors"]["deadlock"]
+        assert kind == "DeadlockError"
+        messages.append(message)
+    assert "across 2 processes" in messages[0]
+    for d in range(4):
+        assert f"device {d} core 0 (process {d // 2}) waits on semaphore" in messages[0]
+        assert "for 2, count 1" in messages[0]
+    # the same report on every process
+    assert messages[0].split("[palladium")[0] == messages[1].split("[palladium")[0]
+
+
+@pytest.mark.timeout(300)
+def test_killed_process_is_an_error_on_the_others_within_seconds(tmp_path):
+    results = _run("killed", 2, 8, str(tmp_path), timeout=200, expect_killed=(1,))
+    r = results[0]
+    assert r is not None
+    assert "warm_up" in r["outputs"]
+    kind, message = r["errors"]["killed"]
+    assert kind == "PeerProcessError"
+    assert "process 1 of 2 stopped responding" in message
+    assert r["seconds"]["killed"] < 10.0
+
+
+@pytest.mark.timeout(300)
+def test_launch_reached_by_some_processes_only_is_an_error(tmp_path):
+    results = _run("partial", 2, 4, str(tmp_path), timeout=200)
+    r = results[0]
+    assert r is not None
+    kind, message = r["errors"]["partial"]
+    assert kind == "RendezvousTimeoutError"
+    assert "processes [1] never reached this launch" in message
+
+
+@pytest.mark.timeout(300)
+def test_race_across_processes_is_found_where_the_remote_write_lands(tmp_path):
+    results = _run("race", 2, 4, str(tmp_path), timeout=200)
+    for p, r in enumerate(results):
+        assert r is not None
+        assert not r["errors"]
+        first, second, *clean = r["races"]
+        assert first == second  # the same reports on every run
+        assert clean == [[], [], []]  # race-free collectives: no false report
+        assert len(first) == 2
+        own, remote = (2 * p + 1, 2 * p), 2 * p  # (receiver of a local DMA, of a remote one)
+        assert f"data race on 'o_ref (HBM, device {own[0]})'" in first[0]
+        peer = 1 - p
+        sender = (remote - 1) % 4
+        assert f"data race on 'o_ref (HBM, device {remote})'" in first[1]
+        assert f"write by 'x_ref->o_ref (process {peer})'" in first[1]
+        assert f"device {sender} core 0 (_multi_process_worker.py:" in first[1]
