@@ -118,6 +118,15 @@ class ChipFacts:
     default_scoped_vmem_limit_bytes: int  #: see DEFAULT_SCOPED_VMEM_LIMIT_BYTES
 
 
+#: (num_mxus, num_accumulators) per chip as jax 0.10.2's ``tpu_info`` states them, for
+#: jax 0.10.0, whose ``TpuInfo`` has neither field (the explicit MXU operations need them).
+#: Tested against jax's own values where jax has them (``tests/test_chip_mxu_facts.py``).
+MXU_FACTS_OF_JAX_0_10_2: dict[str, tuple[int, int]] = {
+    "v2": (1, 0), "v3": (2, 0), "v4": (4, 0), "v4i": (4, 0), "v5e": (4, 0), "v5p": (4, 0),
+    "v6e": (2, 0), "v7": (2, 128), "v7x": (2, 128), "v8i": (2, 256),
+}
+
+
 @functools.cache
 def chip_facts(name: str) -> ChipFacts:
     """The facts of chip ``name`` (one of :data:`CHIPS`); ``ConfigError`` (a ``ValueError``) for another name."""
@@ -136,8 +145,8 @@ def chip_facts(name: str) -> ChipFacts:
         num_lanes=info.num_lanes,
         num_sublanes=info.num_sublanes,
         mxu_column_size=info.mxu_column_size,
-        num_mxus=getattr(info, "num_mxus", 0),
-        num_accumulators=getattr(info, "num_accumulators", 0),
+        num_mxus=getattr(info, "num_mxus", MXU_FACTS_OF_JAX_0_10_2[name][0]),
+        num_accumulators=getattr(info, "num_accumulators", MXU_FACTS_OF_JAX_0_10_2[name][1]),
         vmem_capacity_bytes=info.vmem_capacity_bytes,
         smem_capacity_bytes=info.smem_capacity_bytes,
         hbm_capacity_bytes=info.hbm_capacity_bytes,

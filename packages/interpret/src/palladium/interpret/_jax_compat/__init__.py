@@ -215,8 +215,11 @@ def tpu_interpret_mode_config() -> Any:
 
 
 def pallas_debug_checks_enabled() -> bool:
-    """Whether ``pl.debug_check`` checks (``pl.enable_debug_checks``) in this context."""
-    return bool(pallas_core.debug_checks_enabled())
+    """Whether ``pl.debug_check`` checks (``pl.enable_debug_checks``) in this context
+    (jax 0.10.0 has no ``pallas_core.debug_checks_enabled``; the config state is in both)."""
+    from jax.experimental import pallas as pl
+
+    return bool(pl.enable_debug_checks.value)
 
 
 def checkify_check_parts(err_tree: Any, args: Any) -> tuple[Any, str]:
