@@ -40,7 +40,7 @@ from jax.sharding import PartitionSpec as P  # noqa: E402
 
 import palladium.interpret as pi  # noqa: E402
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), *[os.pardir] * 3, "examples"))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir, "examples"))
 import collectives  # noqa: E402
 
 PARAMS = pi.InterpretParams(rendezvous_timeout=30.0, watchdog_timeout=60.0)
