@@ -85,9 +85,9 @@ SUBSET = {
         "packages/interpret/tests/test_smoke.py",
         "packages/interpret/tests/test_api.py",
         "packages/interpret/tests/test_errors.py",
-        "packages/interpret/tests/test_multi_device.py",
-        "packages/interpret/tests/test_blas.py",
-        "packages/interpret/tests/test_quiet_rules.py",
+        "packages/interpret/tests/hook/test_multi_device.py",
+        "packages/interpret/tests/run/test_blas.py",
+        "packages/interpret/tests/numpy_rules/test_quiet_rules.py",
     ],
     "pipeline": [
         "packages/pipeline/tests/test_smoke.py",

@@ -37,7 +37,7 @@ def worker(name: str, n: int, repeats: int) -> dict:
     sys.path.insert(0, HERE)
     import interpret_multi_device
 
-    from palladium.interpret import observers
+    from palladium.interpret.observe import observers
     from palladium.shared_memory import Observer
 
     class CountDmas(Observer):

@@ -23,7 +23,7 @@ from interpret_vs_jax import _flash_case, _matmul_case  # noqa: E402  (same kern
 
 import palladium.interpret as pi
 from palladium.interpret.fidelity import checks
-from palladium.interpret.observers import add_launch_observer, remove_launch_observer
+from palladium.interpret.observe.observers import add_launch_observer, remove_launch_observer
 
 
 def _first_call(fn, args, check: bool) -> tuple[float, float]:

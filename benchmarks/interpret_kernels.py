@@ -152,8 +152,7 @@ def profile(case, races: bool, top: int, dump: str | None = None) -> None:
         jax.block_until_ready(jitted(*args))
         prof = cProfile.Profile()
         # The interpreter runs on a thread XLA owns: profile its entry point there.
-        from palladium.interpret import jax_hook
-
+        from palladium.interpret.hook import jax_hook
         entry = jax_hook._execute
 
         def profiled(*a, **k):

@@ -38,7 +38,7 @@ from jax.experimental.pallas.ops.tpu import flash_attention as fa
 from jax.experimental.pallas.ops.tpu.matmul import matmul
 
 import palladium.interpret as pi
-from palladium.interpret import jax_hook
+from palladium.interpret.hook import jax_hook
 
 
 @dataclass(frozen=True)
@@ -184,7 +184,7 @@ class _Profiles:
     def capture(self):
         entry = getattr(jax_hook, "_execute", None)
         if entry is None:
-            raise RuntimeError("palladium.interpret.jax_hook._execute (the interpreter's "
+            raise RuntimeError("palladium.interpret.hook.jax_hook._execute (the interpreter's "
                                "entry point) is gone: update the benchmark's profiler")
 
         def profiled(*args, **kwargs):

@@ -57,8 +57,7 @@ def worker(
     from jax.sharding import PartitionSpec as P
 
     import palladium.interpret as pi
-    from palladium.interpret import multi_process
-
+    from palladium.interpret.hook import multi_process
     sys.path.insert(0, HERE)
     import collectives
 
@@ -136,7 +135,7 @@ def _exchange_cost(multi_process, processes: int, rounds: int = 200) -> dict:
 
     import numpy as np
 
-    from palladium.interpret.process_state import STATE
+    from palladium.interpret.state.process_state import STATE
 
     where = STATE.processes.current()
     out = {}

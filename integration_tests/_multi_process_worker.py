@@ -122,8 +122,7 @@ def deadlock_scenario() -> None:
 def killed_scenario() -> None:
     """A warm-up launch, then process 1 kills itself (SIGKILL) in the middle of the
     second launch's rounds; the others must fail with PeerProcessError."""
-    from palladium.interpret import multi_process
-
+    from palladium.interpret.hook import multi_process
     x = np.asarray(collectives.inputs("all_gather", DEVICES))
     f = shard_mapped(functools.partial(collectives.all_gather, n=DEVICES, interpret=PARAMS))
     record("warm_up", lambda: f(global_array(x)))

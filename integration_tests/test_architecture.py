@@ -144,7 +144,7 @@ def _instantiations(path: pathlib.Path) -> set[str]:
 
 def test_process_wide_state_is_made_only_in_process_state():
     makers = {m: made for m, p in MODULES.items() if (made := _instantiations(p))}
-    assert makers == {"palladium.interpret.process_state": _STATE_CLASSES}, makers
+    assert makers == {"palladium.interpret.state.process_state": _STATE_CLASSES}, makers
 
 
 # Modules whose leading underscore marks them as a package's internal seam, meant to be

@@ -29,7 +29,7 @@ from jax.experimental import pallas as pl
 from jax.sharding import PartitionSpec as P
 
 from palladium.interpret import InterpretParams, OutOfBoundsError, errors_as_raised
-from palladium.interpret.jax_hook import in_flight_rendezvous
+from palladium.interpret.hook.jax_hook import in_flight_rendezvous
 
 EXAMPLES = os.path.dirname(os.path.abspath(collectives.__file__))
 
@@ -74,7 +74,7 @@ def test_repeated_calls_are_bit_identical():
 
 def test_race_free_collective_passes_the_dma_order_check():
     """The correct counterpart of the racy gather of
-    packages/interpret/tests/test_multi_device.py: random completion orders agree."""
+    packages/interpret/tests/hook/test_multi_device.py: random completion orders agree."""
     fine = InterpretParams(dma_order="random", dma_order_trials=3)
     out = run(functools.partial(all_gather, interpret=fine), 4, inputs("all_gather", 4))
     np.testing.assert_array_equal(out, reference("all_gather", inputs("all_gather", 4), 4))

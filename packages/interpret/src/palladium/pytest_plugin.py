@@ -82,7 +82,7 @@ class KernelRecords:
 
 
 class _LaunchRecorder:
-    """A launch observer factory (``palladium.interpret.observers``) that appends a
+    """A launch observer factory (``palladium.interpret.observe.observers``) that appends a
     :class:`LaunchRecord` per launch to one test's records; it observes nothing else.
     It is scoped to the test's context (``scoped_launch_observer``): launches of other
     threads are not the test's."""
@@ -242,7 +242,7 @@ class _Plugin:
             yield
             return
         import palladium.interpret as pi
-        from palladium.interpret.observers import scoped_launch_observer
+        from palladium.interpret.observe.observers import scoped_launch_observer
 
         try:
             with contextlib.ExitStack() as stack:

@@ -3,13 +3,19 @@ model accepts (the accumulator's last address included), and rejects what the mo
 rejects (staging registers, MXU index, accumulator bounds and alignment, LHS rows, a
 second push into a full register, any chip before v7)."""
 
+import sys
+from pathlib import Path
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from test_mxu import ERRORS, _normal, _one
 
 import palladium.interpret as pi
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "eval"))
+from test_mxu import ERRORS, _normal, _one  # noqa: E402  (the model's tests, tests/eval)
+
 from palladium.interpret import TpuCompilerError, TpuLoweringError
 from palladium.interpret.fidelity import tpu_compiler
 

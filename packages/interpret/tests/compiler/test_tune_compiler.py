@@ -12,7 +12,7 @@ import pytest
 import palladium.interpret as pi
 from palladium.interpret.fidelity import tpu_compiler
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tune"))
 from test_tune import matmul  # noqa: E402
 
 S = jax.ShapeDtypeStruct

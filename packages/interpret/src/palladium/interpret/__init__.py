@@ -6,7 +6,6 @@ against palladium's simulated TPU memory (``palladium.shared_memory``), with opt
 race detection, deadlock detection, out-of-bounds and revisit checks.
 """
 
-from palladium.interpret import process_state
 from palladium.interpret._version import __version__
 from palladium.interpret.chip import CHIPS, ChipFacts, chip_facts
 from palladium.interpret.errors import (
@@ -46,7 +45,7 @@ from palladium.interpret.eval import (  # noqa: F401  (registers the rules)
     rules_unsupported,
 )
 from palladium.interpret.eval.registry import register_interpret_rule
-from palladium.interpret.jax_hook import (
+from palladium.interpret.hook.jax_hook import (
     collect_race_reports,
     collected_race_reports,
     errors_as_raised,
@@ -57,8 +56,9 @@ from palladium.interpret.jax_hook import (
 )
 from palladium.interpret.params import InterpretParams, LoggingMode
 from palladium.interpret.perf import LaunchRecord, Timeline, timeline
-from palladium.interpret.process_state import STATE
 from palladium.interpret.rule_plugins import InterpretRuleWarning, load_entry_point_rules
+from palladium.interpret.state import process_state
+from palladium.interpret.state.process_state import STATE
 from palladium.interpret.tune import (
     Prediction,
     SweepResult,

@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 import numpy as np
 
 from palladium.interpret.eval.refs import MemRef, SemaphoreRef
+from palladium.interpret.eval.site import Site
 from palladium.interpret.params import InterpretParams
-from palladium.interpret.site import Site
 from palladium.shared_memory import BufferRef, Simulation
 
 if TYPE_CHECKING:  # program.py resolves rules, which take a KernelContext

@@ -23,9 +23,9 @@ from palladium.interpret.eval.context import (
 )
 from palladium.interpret.eval.program import Program, ProgramCache, Step, compile_jaxpr
 from palladium.interpret.eval.refs import MemRef, SemaphoreRef
+from palladium.interpret.eval.site import Site
 from palladium.interpret.numpy_rules.common import ERRORS_IGNORED
 from palladium.interpret.params import InterpretParams
-from palladium.interpret.site import Site
 from palladium.shared_memory import BufferRef, Simulation
 
 __all__ = ["CoreEvaluator", "Program", "ProgramCache", "Step", "compile_jaxpr"]

@@ -6,6 +6,7 @@ from typing import Any
 
 import numpy as np
 
+from palladium.interpret import _jax_compat as jc
 from palladium.interpret.errors import (
     KernelError,
     UnsupportedFeatureError,
@@ -13,8 +14,23 @@ from palladium.interpret.errors import (
 )
 from palladium.interpret.eval.context import Equation, KernelContext
 from palladium.interpret.eval.refs import Access, Bitcast, MemRef, resolve, tpu_bitcast
-from palladium.interpret.kernel_checks import jax_access_name
 from palladium.shared_memory import AccessPlan, MemorySpace
+
+# The primitives that read or write a ref's contents, and the name jax's interpreter
+# gives each in its message.
+REF_ACCESSES = {
+    jc.get_p: ("read", "get_p"),
+    jc.swap_p: ("write", "swap_p"),
+    jc.addupdate_p: ("accumulate into", "addupdate_p"),
+    jc.load_p: ("read", "load_p"),
+    jc.masked_swap_p: ("write", "swap_p"),
+}
+
+
+def jax_access_name(primitive: Any) -> str:
+    """The name jax's interpreter gives a ref access primitive in its messages."""
+    access = REF_ACCESSES.get(primitive)
+    return access[1] if access is not None else f"{primitive}_p"
 
 
 def _checked(ev: KernelContext, ref: Any, eqn: Equation, op: str) -> MemRef:

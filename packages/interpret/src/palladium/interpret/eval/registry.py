@@ -7,7 +7,7 @@ from typing import Any
 
 from palladium.interpret import _jax_compat as jc
 from palladium.interpret.eval.rule_table import Rule, RuleCompiler, RuleRegistry
-from palladium.interpret.process_state import STATE
+from palladium.interpret.state.process_state import STATE
 
 __all__ = ["RULES", "Rule", "RuleCompiler", "RuleRegistry", "register_interpret_rule", "rule",
            "rule_compiler"]

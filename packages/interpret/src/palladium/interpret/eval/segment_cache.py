@@ -25,7 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from palladium.interpret.cache_root import cache_root
+from palladium.interpret.state.cache_root import cache_root
 
 __all__ = ["SegmentExecutables", "segments_dir"]
 

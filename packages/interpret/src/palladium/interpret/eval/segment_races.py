@@ -21,6 +21,7 @@ import numpy as np
 
 from palladium.interpret import _jax_compat as jc
 from palladium.interpret.eval.context import KernelContext
+from palladium.interpret.eval.jaxprs import any_equation, nested_jaxprs
 
 __all__ = ["LoggedAccess", "LoggedLoop", "access_log_plan", "replay"]
 
@@ -109,13 +110,7 @@ def access_log_plan(eqns: Sequence[Any], refs: Sequence[Any]) -> tuple[Any, ...]
 
 
 def _has_access(eqn: Any) -> bool:
-    for v in eqn.params.values():
-        for x in v if isinstance(v, tuple | list) else (v,):
-            inner = getattr(x, "jaxpr", x)
-            if isinstance(inner, jc.Jaxpr) and any(
-                    e.primitive in _KINDS or _has_access(e) for e in inner.eqns):
-                return True
-    return False
+    return any(any_equation(j, lambda e: e.primitive in _KINDS) for j in nested_jaxprs(eqn))
 
 
 def replay(ev: KernelContext, plan: tuple[Any, ...], log: Sequence[Any],

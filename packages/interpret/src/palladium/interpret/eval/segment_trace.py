@@ -22,6 +22,7 @@ import numpy as np
 from jax import lax
 
 from palladium.interpret import _jax_compat as jc
+from palladium.interpret.eval.jaxprs import nested_jaxprs
 
 __all__ = ["WHILE_LIMIT", "fusible", "is_ref", "segment_function"]
 
@@ -35,20 +36,6 @@ _CALLS = (jc.jit_p, jc.custom_jvp_call_p, jc.custom_vjp_call_p)
 
 def is_ref(atom: Any) -> bool:
     return isinstance(getattr(atom, "aval", None), jc.AbstractRef)
-
-
-def _sub_jaxprs(eqn: Any) -> list[Any]:
-    p = eqn.params
-    prim = eqn.primitive
-    if prim is jc.scan_p:
-        return [p["jaxpr"]]
-    if prim is jc.while_p:
-        return [p["cond_jaxpr"], p["body_jaxpr"]]
-    if prim is jc.cond_p:
-        return list(p["branches"])
-    if prim is jc.jit_p:
-        return [p["jaxpr"]]
-    return [p["call_jaxpr"]]
 
 
 def _plain_indexer(eqn: Any, n_lead: int) -> bool:
@@ -79,8 +66,7 @@ def fusible(eqn: Any, has_own_rule: Callable[[Any], bool]) -> bool:
     if prim is jc.while_p and any(e.primitive in _ACCESS for e in eqn.params["cond_jaxpr"].jaxpr.eqns):
         return False  # a loop test that reads a ref: its bounds are checked one by one
     if prim in (jc.scan_p, jc.while_p, jc.cond_p, *_CALLS):
-        return all(fusible(e, has_own_rule) for j in _sub_jaxprs(eqn)
-                   for e in getattr(j, "jaxpr", j).eqns)
+        return all(fusible(e, has_own_rule) for j in nested_jaxprs(eqn) for e in j.eqns)
     if has_own_rule(prim) or eqn.effects:
         return False
     return not any(is_ref(a) for a in (*eqn.invars, *eqn.outvars))

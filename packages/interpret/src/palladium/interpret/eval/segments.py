@@ -38,10 +38,11 @@ import numpy as np
 
 from palladium.interpret import _jax_compat as jc
 from palladium.interpret.eval.context import Equation, KernelContext, Value
+from palladium.interpret.eval.jaxprs import any_equation
 from palladium.interpret.eval.refs import MemRef
 from palladium.interpret.eval.segment_races import access_log_plan, replay
 from palladium.interpret.eval.segment_trace import fusible, is_ref, segment_function
-from palladium.interpret.process_state import STATE
+from palladium.interpret.state.process_state import STATE
 from palladium.shared_memory import MemorySpace
 
 __all__ = ["ASYNC_PRIMITIVES", "MIN_WORK", "MIN_WORK_PER_LAUNCH", "Segment", "find_segments", "segment_io",
@@ -72,22 +73,9 @@ def _async_primitives() -> frozenset[Any]:
 ASYNC_PRIMITIVES = _async_primitives()
 
 
-def _children(eqn: Any) -> list[Any]:
-    out = []
-    for v in eqn.params.values():
-        for x in v if isinstance(v, tuple | list) else (v,):
-            inner = getattr(x, "jaxpr", x)
-            if isinstance(inner, jc.Jaxpr):
-                out.append(inner)
-    return out
-
-
 def uses_async(jaxpr: Any) -> bool:
     """Whether ``jaxpr`` (at any depth) starts or waits on a DMA or uses a semaphore."""
-    for eqn in getattr(jaxpr, "jaxpr", jaxpr).eqns:
-        if eqn.primitive in ASYNC_PRIMITIVES or any(uses_async(j) for j in _children(eqn)):
-            return True
-    return False
+    return any_equation(jaxpr, lambda eqn: eqn.primitive in ASYNC_PRIMITIVES)
 
 
 def _written(eqns: Sequence[Any]) -> set[Any]:

@@ -12,8 +12,8 @@ import jax
 import numpy as np
 
 from palladium.interpret import _jax_compat as jc
-from palladium.interpret.blocks import memory_space_of
 from palladium.interpret.fidelity.approx_registry import Site, rule
+from palladium.interpret.kernel.blocks import memory_space_of
 from palladium.shared_memory import MemorySpace
 
 __all__ = ["static_row_offset", "strided_access", "unproven_alignment"]

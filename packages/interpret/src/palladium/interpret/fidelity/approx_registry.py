@@ -25,7 +25,8 @@ import numpy as np
 
 from palladium.interpret import _jax_compat as jc
 from palladium.interpret.chip import CompilerFacts, compiler_facts
-from palladium.interpret.kernel import PreparedKernel, sub_jaxprs
+from palladium.interpret.eval.jaxprs import jaxprs_in
+from palladium.interpret.kernel.prepared_kernel import PreparedKernel
 
 __all__ = ["KernelRule", "Rule", "Site", "Violation", "dtype_name", "first_violation",
            "kernel_rule", "rank", "rule"]
@@ -111,7 +112,7 @@ def _walk(jaxpr: Any, producers: dict[Any, Any]) -> Iterator[Any]:
                     producers[var] = producers[outer]
         yield eqn
         for value in eqn.params.values():
-            for sub in sub_jaxprs(value):
+            for sub in jaxprs_in(value):
                 yield from _walk(sub, producers)
 
 

@@ -11,7 +11,6 @@ from typing import Any
 import numpy as np
 
 from palladium.interpret import _jax_compat as jc
-from palladium.interpret.blocks import memory_space_of
 from palladium.interpret.chip import CompilerFacts
 from palladium.interpret.fidelity.approx_registry import (
     Site,
@@ -20,7 +19,8 @@ from palladium.interpret.fidelity.approx_registry import (
     rank,
     rule,
 )
-from palladium.interpret.kernel import PreparedKernel
+from palladium.interpret.kernel.blocks import memory_space_of
+from palladium.interpret.kernel.prepared_kernel import PreparedKernel
 from palladium.shared_memory import MemorySpace
 
 __all__ = ["core_parallel_grid", "float16_vectors", "lane_split_reshape", "matmul_dtypes",

@@ -21,10 +21,10 @@ from palladium.interpret.fidelity import tpu_compiler
 from palladium.interpret.fidelity.compiler_check import check_with_compiler
 from palladium.interpret.fidelity.lowering_check import check_lowering
 from palladium.interpret.fidelity.memory_budget import check_fits, measure
-from palladium.interpret.kernel import PreparedKernel
+from palladium.interpret.kernel.prepared_kernel import PreparedKernel
 from palladium.interpret.params import InterpretParams
 
-__all__ = ["APPROXIMATION", "check_kernel", "uses_compiler"]
+__all__ = ["APPROXIMATION", "check_compiles_and_fits", "uses_compiler"]
 
 #: How reports name the checks that stand in for the compiler.
 APPROXIMATION = "palladium's approximation (jax's Mosaic lowering and a VMEM/SMEM count)"
@@ -55,7 +55,7 @@ def uses_compiler(params: InterpretParams) -> bool:
     return tpu_compiler.can_compile_for(params.chip)
 
 
-def check_kernel(kernel: PreparedKernel, params: InterpretParams, ctx: Any, *,
+def check_compiles_and_fits(kernel: PreparedKernel, params: InterpretParams, ctx: Any, *,
                  bind: Callable[..., Any] | None = None, avals_in: Sequence[Any] = (),
                  mesh_axes: dict[str, int] | None = None) -> None:
     """Count ``kernel``'s memory (``kernel.memory_use``) and run the checks ``params``

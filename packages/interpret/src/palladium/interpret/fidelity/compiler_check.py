@@ -28,7 +28,7 @@ from palladium.interpret.errors import (
     TpuResourceError,
 )
 from palladium.interpret.fidelity import lowering_check, tpu_compiler
-from palladium.interpret.kernel import PreparedKernel
+from palladium.interpret.kernel.prepared_kernel import PreparedKernel
 from palladium.shared_memory import MemorySpace
 
 __all__ = ["check_with_compiler"]

@@ -38,7 +38,7 @@ from palladium.interpret.errors import TpuLoweringError, TpuLoweringWarning
 from palladium.interpret.eval.registry import RULES
 from palladium.interpret.fidelity import approx_access, approx_rules, tpu_compiler  # noqa: F401  (rules)
 from palladium.interpret.fidelity.approx_registry import Violation, first_violation
-from palladium.interpret.kernel import PreparedKernel
+from palladium.interpret.kernel.prepared_kernel import PreparedKernel
 
 #: Said under every verdict of the approximation: which checker spoke.
 APPROXIMATION_NOTE = (

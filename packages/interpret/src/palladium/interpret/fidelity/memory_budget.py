@@ -43,11 +43,12 @@ from typing import Any
 import numpy as np
 
 from palladium.interpret import _jax_compat as jc
-from palladium.interpret.blocks import BlockSpecInfo, memory_space_of
 from palladium.interpret.chip import CHIP_GENERATIONS, CompilerFacts, chip_facts, compiler_facts
 from palladium.interpret.errors import TpuResourceError
+from palladium.interpret.eval.jaxprs import jaxprs_in
 from palladium.interpret.fidelity.lowering_check import approximation_note
-from palladium.interpret.kernel import PreparedKernel, sub_jaxprs
+from palladium.interpret.kernel.blocks import BlockSpecInfo, memory_space_of
+from palladium.interpret.kernel.prepared_kernel import PreparedKernel
 from palladium.shared_memory import MemorySpace, padded_shape
 
 __all__ = ["Buffer", "MemoryUse", "SpaceUse", "check_fits", "measure"]
@@ -285,7 +286,7 @@ class _ScopedPeak:
             sub_v: _Peak = (0, [])
             sub_s: _Peak = (0, [])
             for value in eqn.params.values():
-                for sub in sub_jaxprs(value):
+                for sub in jaxprs_in(value):
                     v, s = self.peak(sub)
                     sub_v = max(sub_v, v, key=lambda p: p[0])
                     sub_s = max(sub_s, s, key=lambda p: p[0])
@@ -341,7 +342,7 @@ def _intermediates_peak(jaxpr: Any, generation: _Layout, memo: dict[int, int]) -
     peak = 0
     for i, eqn in enumerate(jaxpr.eqns):
         inner = max((_intermediates_peak(sub, generation, memo)
-                     for value in eqn.params.values() for sub in sub_jaxprs(value)),
+                     for value in eqn.params.values() for sub in jaxprs_in(value)),
                     default=0)
         outs = {v: _value_bytes(v.aval, generation) for v in eqn.outvars
                 if isinstance(v, jc.Var) and not isinstance(v, jc.DropVar)}

@@ -44,9 +44,9 @@ import numpy as np
 
 from palladium.interpret import _jax_compat as jc
 from palladium.interpret._version import __version__ as palladium_version
-from palladium.interpret.cache_root import cache_root
 from palladium.interpret.fidelity.compiler_process import COMPILER_PROCESS, PRESTART_VARIABLE
 from palladium.interpret.fidelity.compiler_protocol import describe_failure
+from palladium.interpret.state.cache_root import cache_root
 
 __all__ = [
     "INSTALL_COMMAND",

@@ -18,7 +18,7 @@ comparisons read a subnormal input as a zero of the same sign and write a subnor
 result as a zero (``neg``, ``abs``, ``select_n``, conversions, bitcasts and structural
 ops move bits and do not flush). The rules reproduce both, and match XLA's rewrites
 (``x / scalar`` is ``x * (1 / scalar)``; ``integer_pow`` is square-and-multiply with
-every product rounded). Classes, verified by ``tests/test_numpy_rules.py`` against
+every product rounded). Classes, verified by ``tests/numpy_rules/test_numpy_rules.py`` against
 ``bind`` on the CPU backend:
 
 - **exact** -- bit-identical to ``bind``, NaN payloads aside (any NaN equals any NaN):
@@ -51,7 +51,7 @@ every product rounded). Classes, verified by ``tests/test_numpy_rules.py`` again
 
 Subnormals are recognised from the raw bits, never by float comparison: XLA runs host
 callbacks, and so every launch, with denormals-are-zero set, where ``x != 0`` is False
-for a subnormal ``x`` (tests/test_subnormals_in_launch.py checks the rules inside that
+for a subnormal ``x`` (tests/numpy_rules/test_subnormals_in_launch.py checks the rules inside that
 environment against ``jax.jit``).
 """
 

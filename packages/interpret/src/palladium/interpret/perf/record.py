@@ -7,7 +7,7 @@ import math
 from typing import Any
 
 from palladium.interpret.errors import ConfigError
-from palladium.interpret.observers import LaunchInfo
+from palladium.interpret.observe.observers import LaunchInfo
 from palladium.interpret.perf.model import ChipModel
 from palladium.interpret.perf.recorder import TimelineRecorder
 from palladium.interpret.perf.replay import CoreStats, Replay, Span

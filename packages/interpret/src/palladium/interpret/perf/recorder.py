@@ -12,7 +12,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
-from palladium.interpret.observers import LaunchInfo
+from palladium.interpret.observe.observers import LaunchInfo
 from palladium.interpret.perf.costs import Cost, equation_cost
 from palladium.interpret.perf.model import ChipModel
 from palladium.shared_memory import (

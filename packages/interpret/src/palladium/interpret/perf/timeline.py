@@ -12,8 +12,8 @@ from collections.abc import Iterator
 from typing import Any
 
 from palladium.interpret.errors import ConfigError
-from palladium.interpret.logging_observer import register_mode_logger
-from palladium.interpret.observers import LaunchInfo, scoped_launch_observer
+from palladium.interpret.observe.logging_observer import register_mode_logger
+from palladium.interpret.observe.observers import LaunchInfo, scoped_launch_observer
 from palladium.interpret.params import LoggingMode
 from palladium.interpret.perf.model import chip_model
 from palladium.interpret.perf.record import LaunchRecord
@@ -126,7 +126,7 @@ def timeline(chip: str | None = None, *, keep_failed: bool = False,
              trace_file: str | None = None) -> Iterator[Timeline]:
     """Record every palladium launch run inside the block (eager, jit, any devices) by
     this thread or asyncio task, not other threads' (see
-    ``palladium.interpret.observers.scoped_launch_observer``). See :class:`Timeline` for
+    ``palladium.interpret.observe.observers.scoped_launch_observer``). See :class:`Timeline` for
     ``keep_failed``, ``detail_limit`` and ``trace_file``.
 
     Under ``jax.jit`` a launch runs when its result is computed: block on the results

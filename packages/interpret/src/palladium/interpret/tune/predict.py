@@ -27,7 +27,7 @@ from palladium.interpret.errors import (
 )
 from palladium.interpret.fidelity import tpu_compiler
 from palladium.interpret.fidelity.checks import APPROXIMATION, uses_compiler
-from palladium.interpret.jax_hook import errors_as_raised, force_tpu_interpret_mode
+from palladium.interpret.hook.jax_hook import errors_as_raised, force_tpu_interpret_mode
 from palladium.interpret.params import InterpretParams
 from palladium.interpret.perf import LaunchRecord, timeline
 

@@ -1,0 +1,65 @@
+"""Block indices and block regions of a kernel's operands, per grid point, cheaply.
+
+Most index maps only pick grid indices and constants (``lambda i, j, k: (i, k)``,
+``lambda b, h, q, kv: (b, h, q, 0)``). Such a map is compiled once into a projection
+of the grid point, so a grid step does not walk the map's jaxpr; any other map (one
+that computes, or reads scalar-prefetch refs) is evaluated as a jaxpr, as before.
+The grid loop resolves each block's region once into the simulator's plans and keeps
+them by (operand, block index), so a region is built once per block here too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from palladium.interpret import _jax_compat as jc
+from palladium.interpret.kernel.blocks import BlockSpecInfo
+
+# One output of a projection: ("grid", axis) or ("const", value).
+_Pick = tuple[str, int]
+
+
+def _projection(closed: Any, n_grid: int) -> tuple[_Pick, ...] | None:
+    """The index map as picks from the grid point, or None if it does more."""
+    jaxpr = closed.jaxpr
+    if jaxpr.eqns or closed.consts:
+        return None
+    grid_vars = {v: axis for axis, v in enumerate(jaxpr.invars[:n_grid])}
+    picks: list[_Pick] = []
+    for out in jaxpr.outvars:
+        if isinstance(out, jc.Literal):
+            value = np.asarray(out.val)
+            if value.shape != () or not np.issubdtype(value.dtype, np.integer):
+                return None
+            picks.append(("const", int(value)))
+        elif out in grid_vars:
+            picks.append(("grid", grid_vars[out]))
+        else:
+            return None
+    return tuple(picks)
+
+
+class GridBlocks:
+    """The block index maps of a kernel's operands (inputs then outputs)."""
+
+    def __init__(self, infos: Sequence[BlockSpecInfo], n_grid: int) -> None:
+        self.infos = tuple(infos)
+        projections = [_projection(info.index_map, n_grid) for info in self.infos]
+        picks = [p for p in projections if p is not None]
+        self._projections = picks if len(picks) == len(projections) else None
+
+    def indices(self, point: tuple[int, ...]) -> list[tuple[int, ...]] | None:
+        """Every operand's block index at ``point``, or None: evaluate the maps instead."""
+        if self._projections is None:
+            return None
+        return [
+            tuple(point[v] if kind == "grid" else v for kind, v in picks)
+            for picks in self._projections
+        ]
+
+    def region(self, operand: int, block: tuple[int, ...]) -> tuple[int | slice, ...]:
+        """The region of ``block`` of operand ``operand``."""
+        return self.infos[operand].region(block)

@@ -1,0 +1,1 @@
+"""palladium.interpret.observe: who hears what a launch does: observers, logging modes, progress reports."""

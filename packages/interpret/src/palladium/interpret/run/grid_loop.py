@@ -1,0 +1,261 @@
+"""The grid loop of a launch: which grid points each core runs, and one core's loop.
+
+:func:`schedule` orders the grid (parallel dimensions permuted by the seed, the parallel
+sub-grid split over the cores: megacore); :class:`CoreRun` walks one core's points,
+copying a block HBM <-> VMEM only when its index changes, and checks that no output
+block is revisited after it was written back.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from palladium.interpret.errors import (
+    KernelError,
+    RevisitError,
+    jax_block_index_phrase,
+    jax_revisit_phrase,
+)
+from palladium.interpret.eval.context import CoreId
+from palladium.interpret.eval.evaluator import CoreEvaluator
+from palladium.interpret.eval.site import Site
+from palladium.interpret.kernel.grid_blocks import GridBlocks
+from palladium.interpret.kernel.jaxpr_checks import is_parallel
+from palladium.interpret.kernel.prepared_kernel import PreparedKernel
+from palladium.interpret.run.grid_order import parallel_orders
+from palladium.shared_memory import AccessPlan, BlockCopy
+
+if TYPE_CHECKING:  # the launch creates the core runs
+    from palladium.interpret.run.launch import Launch
+
+__all__ = ["CoreRun", "parallel_dimensions", "schedule"]
+
+_PLAN_CACHE_LIMIT = 1 << 16
+
+GridPoint = tuple[int, ...]
+
+
+def parallel_dimensions(kernel: PreparedKernel, grid: GridPoint, num_cores: int,
+                    vmapped_dims: tuple[int, ...]) -> tuple[bool, ...]:
+    """Which grid dimensions are parallel (a prefix of the grid, else ``KernelError``)."""
+    n = len(grid)
+    cp = kernel.compiler_params
+    sem = getattr(cp, "dimension_semantics", None) if cp is not None else None
+    if kernel.is_core_map:
+        return (num_cores > 1,) * n
+    if sem is None:
+        own = [False] * (n - len(vmapped_dims))
+    else:
+        own = [is_parallel(s) for s in sem]
+    # Under vmap jax prepends batch axes to the grid; Mosaic treats them as parallel.
+    it = iter(own)
+    flags = tuple(True if d in vmapped_dims else next(it, False) for d in range(n))
+    for a, b in zip(flags, flags[1:]):
+        if b and not a:
+            raise KernelError(
+                f"kernel '{kernel.name}': dimension_semantics {tuple(sem or ())} — "
+                f"parallel dimensions must form a prefix of the grid {grid}"
+            )
+    return flags
+
+
+def schedule(kernel: PreparedKernel, grid: GridPoint, num_cores: int,
+             vmapped_dims: tuple[int, ...], seed: int) -> list[list[GridPoint]]:
+    """The grid points each core runs, in order."""
+    parallel = parallel_dimensions(kernel, grid, num_cores, vmapped_dims)
+    shuffled = [] if kernel.is_core_map else [n for n, p in zip(grid, parallel) if p]
+    orders = iter(parallel_orders(tuple(shuffled), seed))
+    coords = [next(orders) if p and not kernel.is_core_map else None
+              for p in parallel]
+    total = math.prod(grid)
+    par_size = math.prod(n for n, p in zip(grid, parallel) if p)
+    per_core = math.ceil(par_size / num_cores) if par_size else 0
+    per_point = total // par_size if par_size else 0
+    out = []
+    for c in range(num_cores):
+        lo = min(c * per_core * per_point, total)
+        hi = min((c + 1) * per_core * per_point, total)
+        pts = []
+        for linear in range(lo, hi):
+            idx = np.unravel_index(linear, grid) if grid else ()
+            pts.append(tuple(int(cs[i]) if cs is not None else int(i)
+                             for i, cs in zip(idx, coords)))
+        out.append(pts)
+    return out
+
+
+class _StepSite:
+    """Where a core's grid loop is, for the watchdog's message: formatted from the
+    core's current grid point only when a message needs it (no object per step)."""
+
+    __slots__ = ("run",)
+
+    def __init__(self, run: CoreRun) -> None:
+        self.run = run
+
+    def __str__(self) -> str:
+        return str(self.run._site(self.run.ev.grid_point or (), "grid step"))
+
+
+class CoreRun:
+    """The grid loop of one simulated core."""
+
+    def __init__(self, launch: Launch, core: CoreId, operands: list[Any],
+                 points: list[GridPoint], hbm_inputs: list[Any], hbm_outputs: list[Any],
+                 aliased_outputs: set[int]) -> None:
+        self.launch = launch
+        self.core = core
+        self.operands = operands
+        self.points = points
+        self.hbm_inputs = hbm_inputs
+        self.hbm_outputs = hbm_outputs
+        self.aliased = aliased_outputs
+        k = launch.kernel
+        n_idx = len(k.scalar_names)
+        self.scalar_refs = operands[:n_idx]
+        self.input_refs = operands[n_idx : n_idx + len(k.inputs)]
+        self.output_refs = operands[n_idx + len(k.inputs) : n_idx + len(k.inputs) + len(k.outputs)]
+        self.ev = CoreEvaluator(launch, core)
+        self.blocks = GridBlocks((*k.inputs, *k.outputs), len(k.grid_mapping.grid))
+        # (operand, block index) -> the simulator's plans of the block's HBM region and
+        # of the part of the VMEM/SMEM block it fills: resolved once per block, whatever
+        # the number of visits, and kept with the kernel for its later launches. A block
+        # that fills its whole kernel buffer (no pl.BoundedSlice dimension) has one
+        # kernel-side plan per operand (key ``(operand, None)``).
+        self._plans: dict[Any, Any] = k.copy_plans
+
+    def _copy_plans(self, operand: int, block: tuple[int, ...]) -> tuple[AccessPlan, AccessPlan]:
+        """(HBM plan, kernel-side plan) of the copy of ``block`` of ``operand`` (inputs
+        first, then outputs)."""
+        key = (operand, block)
+        plans = self._plans.get(key)
+        if plans is None:
+            n_in = len(self.input_refs)
+            if operand < n_in:
+                hbm, kernel_ref = self.hbm_inputs[operand], self.input_refs[operand]
+            else:
+                hbm, kernel_ref = self.hbm_outputs[operand - n_in], self.output_refs[operand - n_in]
+            sim = self.launch.sim
+            part = self.blocks.infos[operand].block_region(block)
+            whole = None if part is not None else self._plans.get((operand, None))
+            if whole is not None:
+                inner = whole
+            else:
+                inner = sim.plan(kernel_ref.buffer, part)
+                if part is None:
+                    self._plans[(operand, None)] = inner
+            plans = (sim.plan(hbm, self.blocks.region(operand, block)), inner)
+            if len(self._plans) >= _PLAN_CACHE_LIMIT:
+                self._plans.clear()
+            self._plans[key] = plans
+        return plans
+
+    def _block_indices(self, point: tuple[int, ...]) -> list[tuple[int, ...]]:
+        fast = self.blocks.indices(point)
+        if fast is not None:
+            return fast
+        ev = self.ev
+        saved = ev.grid_point
+        ev.grid_point = point
+        out = []
+        k = self.launch.kernel
+        for info in (*k.inputs, *k.outputs):
+            idx = ev.eval_closed(info.index_map, [*(np.int32(p) for p in point), *self.scalar_refs])
+            out.append(tuple(int(np.asarray(i)) for i in idx))
+        ev.grid_point = saved
+        return out
+
+    def _site(self, point: tuple[int, ...], what: str, headline: str | None = None) -> Site:
+        return Site(kernel=self.launch.kernel_name, core=self.core, grid_point=point, what=what,
+                    source_info=self.launch.kernel.launch_location,
+                    out_of_bounds_headline=headline)
+
+    def run(self) -> None:
+        self._run_grid()
+        mxu = self.ev.mxu
+        if mxu is not None and mxu.leftovers():
+            site = self._site(self.ev.grid_point or (), "end of the kernel")
+            raise KernelError(
+                f"the kernel left {', '.join(mxu.leftovers())} at its end ({site}); a "
+                "kernel must load every staged RHS (matmul_acc_lhs(load_staged_rhs=...)) "
+                "and pop every accumulator slice it wrote (pltpu.matmul_pop)")
+
+    def _run_grid(self) -> None:
+        launch, sim, k = self.launch, self.launch.sim, self.launch.kernel
+        params = launch.params
+        n_in = len(k.inputs)
+        visits: list[dict[tuple[int, ...], list[Any]]] = [{} for _ in k.outputs]
+        last: list[tuple[int, ...] | None] = [None] * len(k.outputs)
+        if launch.needs_initial_barrier:
+            sim.barrier(self.core, site=self._site((), "initial barrier of all devices"))
+        if not self.points:
+            return
+        cur = self._block_indices(self.points[0])
+        prev: list[tuple[int, ...]] | None = None
+        obs = sim.observers
+        record = params.grid_point_recorder_call()
+        tick, step_site = sim.tick, _StepSite(self)
+        for step, point in enumerate(self.points):
+            self.ev.grid_point = point
+            # Ctrl-C (a cancelled run) and the watchdog are seen here at every grid step,
+            # also by a kernel with no scheduling point of its own: a flag read and a
+            # clock read (the site is formatted only for the watchdog's message).
+            tick(step_site)
+            if record is not None:
+                record(point, self.core[1])
+            if obs is not None:
+                obs.grid_step_begin(self.core, step, point)
+            for i, info in enumerate(k.inputs):
+                if info.in_hbm or (prev is not None and prev[i] == cur[i]):
+                    continue
+                site = self._site(point, f"copy of block {cur[i]} of input '{info.name}' into "
+                                         f"{info.space.name}",
+                                  jax_block_index_phrase(cur[i], "input", info.name, point))
+                hbm, vmem = self._copy_plans(i, cur[i])
+                data = sim.copy(self.hbm_inputs[i], hbm, self.input_refs[i].buffer, vmem,
+                                core=self.core, site=site)
+                if obs is not None:
+                    obs.block_copy(BlockCopy(self.core, info.name, "in", cur[i], data.nbytes,
+                                             step, point, info.buffer_count, info.space))
+            self.ev.eval_jaxpr(k.jaxpr, [], self.operands)
+            if obs is not None:
+                obs.grid_step_end(self.core, step, point)
+            nxt = self._block_indices(self.points[step + 1]) if step + 1 < len(self.points) else None
+            for o, info in enumerate(k.outputs):
+                if info.in_hbm:
+                    continue
+                b = cur[n_in + o]
+                if nxt is None or nxt[n_in + o] != b:
+                    site = self._site(point, f"copy of block {b} of output '{info.name}' to HBM",
+                                      jax_block_index_phrase(b, "output", info.name, point))
+                    hbm, vmem = self._copy_plans(n_in + o, b)
+                    data = sim.copy(self.output_refs[o].buffer, vmem, self.hbm_outputs[o], hbm,
+                                    core=self.core, site=site)
+                    if nxt is not None:  # the buffer's next block starts unwritten
+                        sim.mark_written(self.output_refs[o].buffer, False)
+                    if obs is not None:
+                        obs.block_copy(BlockCopy(self.core, info.name, "out", b, data.nbytes,
+                                                 step, point, info.buffer_count, info.space))
+                if o in self.aliased:
+                    continue
+                if last[o] == b:
+                    visits[o][b][1] = point
+                elif b in visits[o]:
+                    first, prev_last = visits[o][b]
+                    line = self._site(point, "").source_line
+                    raise RevisitError(
+                        f"{jax_revisit_phrase(b, o, point)}: "
+                        f"kernel '{launch.kernel_name}': output '{info.name}' block {b} is "
+                        f"revisited at grid point {point} on core {self.core[1]}; it was written "
+                        f"at grid points {first} through {prev_last} and already copied back to "
+                        f"HBM when the grid moved on, so that result would be lost. An output's "
+                        f"block index may only change between consecutive grid points"
+                        + (f" ({line})." if line else ".")
+                    )
+                else:
+                    visits[o][b] = [point, point]
+                last[o] = b
+            prev, cur = cur, nxt if nxt is not None else cur

@@ -1,0 +1,311 @@
+"""One kernel launch: the simulated memory, the grid loop on every core, the outputs.
+
+Created per host call and dropped afterwards, so a failure leaves nothing. By job:
+:mod:`~palladium.interpret.run.memory_map` (operands, scratch, scoped allocations, peer
+buffers), :mod:`~palladium.interpret.run.grid_loop` (iteration order, megacore split, each
+core's loop and revisit check), and :class:`Launch`, which ties them together and
+answers the evaluator's questions (``eval.context.LaunchServices``) for a core and grid
+point it is given.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from palladium.interpret import _jax_compat as jc
+from palladium.interpret.chip import DEFAULT_CHIP, chip_facts
+from palladium.interpret.errors import KernelError, PalladiumError, UnsupportedFeatureError
+from palladium.interpret.eval.context import CoreId, Where
+from palladium.interpret.eval.program import ProgramCache
+from palladium.interpret.eval.refs import MemRef, SemaphoreRef
+from palladium.interpret.kernel.jaxpr_checks import negative_grid_message
+from palladium.interpret.kernel.prepared_kernel import PreparedKernel
+from palladium.interpret.observe.observers import LaunchInfo, launch_observers
+from palladium.interpret.params import InterpretParams
+from palladium.interpret.run.devices import DeviceMesh
+from palladium.interpret.run.grid_loop import CoreRun, schedule
+from palladium.interpret.run.memory_map import MemoryMap
+from palladium.interpret.state.process_state import STATE
+from palladium.shared_memory import BufferRef, Partition, SemaphoreLeakError, Simulation
+
+_UNINITIALIZED_HINT = (
+    "Write every element before it is read (initialise scratch and accumulators, e.g. "
+    "under pl.when(pl.program_id(...) == 0)); for a kernel that means it, pass "
+    "InterpretParams(uninitialized_reads='off')."
+)
+
+_OUT_OF_BOUNDS_HINT = (
+    "Pass InterpretParams(out_of_bounds_reads='uninitialized') to read uninitialised values "
+    "there, or buffer_bounds='padded' to allow reads into TPU tile padding."
+)
+
+
+class Launch:
+    """The state of one kernel launch, shared by the cores that run it."""
+
+    def __init__(self, kernel: PreparedKernel, params: InterpretParams,
+                 mesh: DeviceMesh | None = None, *, observe: bool = True,
+                 partition: Partition | None = None) -> None:
+        self.kernel = kernel
+        self.params = params
+        self.observe = observe  # False: a re-run (order trials), not shown to observers
+        self.mesh = mesh if mesh is not None else DeviceMesh()
+        self.num_devices = max(self.mesh.num_devices, 1)
+        self.kernel_name = kernel.name
+        self.programs: ProgramCache = kernel.programs
+        self.inherited_sources: dict[int, Any] = kernel.inherited_sources
+        gm = kernel.grid_mapping
+        self.chip = params.chip or DEFAULT_CHIP
+        self.chip_facts = chip_facts(self.chip)
+        self.num_cores = (
+            math.prod(kernel.mesh.shape.values()) if kernel.is_core_map
+            else params.num_cores_or_threads
+        )
+        self.sim = Simulation(
+            self.num_devices,
+            self.num_cores,
+            options=params.simulation_options(self.chip_facts.generation),
+            watchdog_hint=("Raise InterpretParams(watchdog_timeout=...) if the kernel is "
+                           "merely slow, or pass None to turn the watchdog off."),
+            out_of_bounds_hint=_OUT_OF_BOUNDS_HINT,
+            uninitialized_hint=_UNINITIALIZED_HINT,
+            snapshot_bytes=params.failure_snapshot_bytes,
+            partition=partition,
+        )
+        # The devices this process runs (all of them unless split over processes).
+        self.local_devices = (frozenset(range(self.num_devices)) if partition is None
+                              else partition.local_devices)
+        self.core_runs: dict[CoreId, CoreRun] = {}
+        self.sim.grid_point_of = self._grid_point_of
+        self.memory = MemoryMap(self.sim, kernel, params, self.num_cores)
+        self.vmapped_dims = tuple(gm.vmapped_dims)
+        self.grid_names = tuple(gm.grid_names) if gm.grid_names is not None else ()
+        self.grid: tuple[int, ...] = ()
+
+    # --- what the evaluator may ask (eval.context.LaunchServices) -----------------------
+    @property
+    def collective_id(self) -> int | None:
+        """The kernel's ``CompilerParams(collective_id=...)`` (None without one)."""
+        cid = getattr(self.kernel.compiler_params, "collective_id", None)
+        return None if cid is None else int(cid)
+
+    @property
+    def debug_checks(self) -> bool:
+        """Whether ``pl.debug_check`` checks (``pl.enable_debug_checks`` at lowering)."""
+        return self.kernel.debug_checks
+
+    def fill_value(self, dtype: Any) -> Any:
+        return self.memory.fill_value(dtype)
+
+    def program_ids(self, grid_point: tuple[int, ...] | None) -> tuple[int, ...]:
+        point = grid_point or ()
+        return tuple(p for d, p in enumerate(point) if d not in self.vmapped_dims)
+
+    def program_counts(self) -> tuple[int, ...]:
+        return tuple(n for d, n in enumerate(self.grid) if d not in self.vmapped_dims)
+
+    def axis_index(self, core: CoreId, grid_point: tuple[int, ...] | None, name: Any,
+                   where: Where) -> tuple[int, int]:
+        if name in self.kernel.core_axis_names:
+            return core[1], self.num_cores
+        if name in self.grid_names:
+            d = self.grid_names.index(name)
+            return (grid_point or ())[d], self.grid[d]
+        position = self.mesh.axis_position(core[0], name)
+        if position is not None:
+            return position
+        raise UnsupportedFeatureError(
+            f"lax.axis_index('{name}'): the axis is neither a grid axis, a core axis of "
+            f"this kernel, nor a mesh axis of the surrounding shard_map {self.mesh.axis_names} "
+            f"({where()})"
+        )
+
+    def remote_core(self, core_id: CoreId, device_id: Any, core_index: Any, id_type: Any,
+                    where: Where) -> CoreId | None:
+        if device_id is None and core_index is None:
+            return None
+        device, core = core_id
+        if device_id is not None:
+            device, axis_core = self.mesh.resolve(
+                device_id, id_type, core_id[0], self.kernel.core_axis_names,
+                lambda: str(where()),
+            )
+            if axis_core is not None:
+                if core_index is not None:
+                    raise KernelError(
+                        f"both core_index and a core axis in device_id name the target core "
+                        f"({where()})"
+                    )
+                core = axis_core
+        if core_index is not None:
+            core = int(np.asarray(core_index))
+        if not 0 <= core < self.num_cores:
+            raise KernelError(
+                f"remote operation targets core {core}, but the kernel runs on "
+                f"{self.num_cores} core(s) ({where()})"
+            )
+        return (device, core)
+
+    def peer_buffer(self, buf: BufferRef, target: CoreId) -> BufferRef:
+        return self.memory.peer_buffer(buf, target)
+
+    def allocate_scoped(self, core: CoreId, aval: Any, name: str,
+                        where: Where) -> MemRef | SemaphoreRef:
+        return self.memory.allocate_scoped(core, aval, name, where)
+
+    def free_scoped(self, core: CoreId, alloc: MemRef | SemaphoreRef, where: Where) -> None:
+        self.memory.free_scoped(core, alloc, where)
+
+    # --- the launch itself ------------------------------------------------------------------
+    def execute(self, args: list[np.ndarray]) -> list[np.ndarray]:
+        """Run the launch on one device with the callback's operands; its outputs."""
+        return self.execute_devices([args])[0]
+
+    def execute_devices(self, device_args: list[list[np.ndarray]]) -> list[list[np.ndarray]]:
+        """Run the launch on every device at once (``device_args[d]``: device ``d``'s
+        operands) in one simulation; each device's outputs."""
+        k = self.kernel
+        gm = k.grid_mapping
+        n_dyn, n_idx = gm.num_dynamic_grid_bounds, gm.num_index_operands
+        grids = {self._grid(args[:n_dyn]) for args in device_args}
+        if len(grids) != 1:
+            raise KernelError(
+                f"kernel '{self.kernel_name}': the devices' dynamic grids differ {sorted(grids)}; "
+                f"every device of a launch must run the same grid"
+            )
+        self.grid = grids.pop()
+        if self.observe:
+            launch_info = LaunchInfo(self.kernel_name, self.grid, len(device_args),
+                                     self.num_cores, self.chip, self.params, k,
+                                     k.launch_location)
+            for observer in launch_observers(launch_info):
+                self.sim.add_observer(observer)
+        aliases = {o: i - n_idx for i, o in k.input_output_aliases}
+        if any(i < 0 for i in aliases.values()):
+            raise UnsupportedFeatureError("aliasing a scalar-prefetch operand to an output")
+        for o, i in aliases.items():
+            if k.outputs[o].has_element_padding or k.inputs[i].has_element_padding:
+                raise UnsupportedFeatureError(
+                    f"output '{k.outputs[o].name}' aliases input '{k.inputs[i].name}' and "
+                    f"one of them has pl.Element padding"
+                )
+        points = schedule(k, self.grid, self.num_cores, self.vmapped_dims, self.params.seed)
+        bodies = {}
+        device_outputs = []
+        for device, args in enumerate(device_args):
+            scalars, inputs = args[n_dyn : n_dyn + n_idx], args[n_dyn + n_idx :]
+            hbm_inputs = [self.memory.hbm_operand(device, info, np.asarray(x))
+                          for info, x in zip(k.inputs, inputs)]
+            hbm_outputs = []
+            for o, info in enumerate(k.outputs):
+                if o in aliases:
+                    hbm_outputs.append(hbm_inputs[aliases[o]])
+                else:
+                    hbm_outputs.append(self.memory.hbm_output(device, info))
+            device_outputs.append(hbm_outputs)
+            for c in range(self.num_cores):
+                core = (device, c)
+                operands = self.memory.core_operands(core, scalars, hbm_inputs, hbm_outputs)
+                run = CoreRun(self, core, operands, points[c], hbm_inputs, hbm_outputs,
+                              set(aliases))
+                self.core_runs[core] = run
+                if device in self.local_devices:
+                    bodies[core] = run.run
+        try:
+            self._run(bodies)
+            for device, hbm_outputs in enumerate(device_outputs):
+                if device in self.local_devices:
+                    self._check_outputs_written(hbm_outputs, aliases)
+        except PalladiumError as e:
+            if getattr(e, "snapshot", None) is None and self.params.failure_snapshot_bytes:
+                e.snapshot = self.sim.snapshot(  # type: ignore[attr-defined]
+                    self.params.failure_snapshot_bytes, title=f"simulated state at the failure ({type(e).__name__}):")
+            raise
+        results: list[list[np.ndarray]] = []
+        for device, hbm_outputs in enumerate(device_outputs):
+            if device not in self.local_devices:
+                results.append([])  # another process's device: its outputs are there
+                continue
+            outs = []
+            for buf, aval, info in zip(hbm_outputs, k.out_avals, k.outputs):
+                value = np.asarray(self.sim.value(buf))
+                value = value[info.array_region(tuple(aval.shape))]
+                # np.ascontiguousarray makes a 0-d value 1-d: keep the output's shape.
+                outs.append(np.ascontiguousarray(value, dtype=aval.dtype).reshape(aval.shape))
+            results.append(outs)
+        return results
+
+    def _run(self, bodies: dict[CoreId, Any]) -> None:
+        """Run the cores (with progress reports while it lasts)."""
+        interval = self.params.progress_interval
+        key = None if interval is None else STATE.progress.register(
+            self.kernel_name, interval, self.progress_text)
+        try:
+            self.sim.run(bodies, check_leaks=True)
+        except SemaphoreLeakError as e:
+            if f"kernel '{self.kernel_name}'" in str(e):
+                raise
+            where = self.kernel.launch_location
+            raise SemaphoreLeakError(
+                f"kernel '{self.kernel_name}'" + (f" ({where})" if where else "") + f": {e}"
+            ) from e
+        finally:
+            if key is not None:
+                STATE.progress.unregister(key)
+
+    def _check_outputs_written(self, hbm_outputs: list[BufferRef], aliases: dict[int, int]) -> None:
+        """``uninitialized_reads``: report each output region nothing wrote."""
+        k = self.kernel
+        for o, (buf, aval, info) in enumerate(zip(hbm_outputs, k.out_avals, k.outputs)):
+            if o in aliases:
+                continue
+            found = self.sim.unwritten(buf, info.array_region(tuple(aval.shape)))
+            if found is None:
+                continue
+            region, n, total = found
+            where = k.launch_location
+            self.sim.report_uninitialized(
+                f"kernel '{self.kernel_name}'" + (f" ({where})" if where else "")
+                + f": output '{info.name}' (HBM, device {buf.device}) was never written in "
+                f"region {region} ({n} of its {total} elements) by the end of the launch: "
+                f"the caller receives uninitialised memory (on a TPU, garbage). Write every "
+                f"output block the grid visits (or give the output an input_output_alias); "
+                f"for a kernel that means it, pass InterpretParams(uninitialized_reads='off').",
+                (info.name, "output"),
+            )
+
+    def _grid_point_of(self, core: CoreId) -> tuple[int, ...] | None:
+        run = self.core_runs.get(core)
+        return None if run is None else run.ev.grid_point
+
+    def progress_text(self) -> str:
+        """Where the launch is now: each core and the DMAs in flight (a progress report)."""
+        lines = [f"  {state}" for state in self.sim.core_states()]
+        dmas = self.sim.dmas_in_flight()
+        lines.append(f"  DMAs in flight: {len(dmas)}" + ("" if not dmas else ""))
+        lines += [f"    {d}" for d in dmas[:16]]
+        if len(dmas) > 16:
+            lines.append(f"    ... and {len(dmas) - 16} more")
+        return "\n".join(lines)
+
+    def _grid(self, dyn: list[Any]) -> tuple[int, ...]:
+        dyn_iter = iter(dyn)
+        grid = tuple(
+            int(np.asarray(next(dyn_iter))) if isinstance(g, jc.DynamicGridDim) or g is None
+            else int(g)
+            for g in self.kernel.grid_mapping.grid
+        )
+        for d, size in enumerate(grid):
+            if size < 0:
+                raise KernelError(negative_grid_message(self.kernel, d, size, grid, dynamic=True))
+        return grid
+
+    @property
+    def needs_initial_barrier(self) -> bool:
+        """A multi-device kernel without a ``collective_id`` starts with a barrier of all
+        devices (it cannot synchronise through the barrier semaphore itself)."""
+        cp = self.kernel.compiler_params
+        return self.num_devices > 1 and getattr(cp, "collective_id", None) is None

@@ -1,0 +1,325 @@
+"""The timeline's performance model, pinned by its structure (never by this machine's
+speed): pipelining hides DMAs, big matmul blocks are compute-bound and small ones
+overhead-bound, elementwise kernels stream at HBM bandwidth, predictions do not depend
+on seeds, jit or skip_floating_point_ops, and the trace file has the promised shape."""
+
+import json
+
+import jax
+import jax.numpy as jnp
+import pytest
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+import palladium.interpret as pi
+from palladium.interpret import InterpretParams, LoggingMode
+from palladium.interpret.perf import chip_model
+
+V5E = chip_model("v5e")
+
+
+def matmul(m, n, k, bm, bn, bk, *, dtype=jnp.bfloat16, buffers=None, **params):
+    def kernel(x_ref, y_ref, o_ref, acc_ref):
+        @pl.when(pl.program_id(2) == 0)
+        def _():
+            acc_ref[...] = jnp.zeros_like(acc_ref)
+
+        acc_ref[...] += jnp.dot(x_ref[...], y_ref[...], preferred_element_type=jnp.float32)
+
+        @pl.when(pl.program_id(2) == pl.num_programs(2) - 1)
+        def _():
+            o_ref[...] = acc_ref[...].astype(o_ref.dtype)
+
+    mode = {} if buffers is None else {"pipeline_mode": pl.Buffered(buffers)}
+    call = pl.pallas_call(
+        kernel, out_shape=jax.ShapeDtypeStruct((m, n), dtype), grid=(m // bm, n // bn, k // bk),
+        in_specs=[pl.BlockSpec((bm, bk), lambda i, j, kk: (i, kk), **mode),
+                  pl.BlockSpec((bk, bn), lambda i, j, kk: (kk, j), **mode)],
+        out_specs=pl.BlockSpec((bm, bn), lambda i, j, kk: (i, j)),
+        scratch_shapes=[pltpu.VMEM((bm, bn), jnp.float32)],
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel", "parallel", "arbitrary")),
+        interpret=InterpretParams(chip="v5e", **params),
+    )
+    x = jnp.ones((m, k), dtype)
+    y = jnp.ones((k, n), dtype)
+    return lambda: call(x, y)
+
+
+def record(fn):
+    with pi.timeline() as tl:
+        jax.block_until_ready(fn())
+    (rec,) = tl.launches
+    return rec
+
+
+def elementwise(rows, block_rows, *, cols=1024, **params):
+    def kernel(x_ref, y_ref, o_ref):
+        o_ref[...] = x_ref[...] + y_ref[...]
+
+    spec = pl.BlockSpec((block_rows, cols), lambda i: (i, 0))
+    call = pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((rows, cols), jnp.float32),
+                          grid=(rows // block_rows,), in_specs=[spec, spec], out_specs=spec,
+                          interpret=InterpretParams(chip="v5e", **params))
+    x = jnp.ones((rows, cols), jnp.float32)
+    return lambda: call(x, x)
+
+
+@pytest.mark.timeout(120)
+def test_double_buffering_hides_dma_and_approaches_the_roofline():
+    shape = dict(m=1024, n=1024, k=2048, bm=256, bn=256, bk=512, skip_floating_point_ops=True)
+    one, two = record(matmul(**shape, buffers=1)), record(matmul(**shape, buffers=2))
+    assert two.exposed_dma_seconds < 0.5 * one.exposed_dma_seconds
+    assert two.predicted_seconds < one.predicted_seconds
+    steps = 4 * 4 * 4
+    flops = 2 * 1024 * 1024 * 2048
+    compute = flops / V5E.mxu_bf16_flops
+    assert two.flops == flops
+    dma = two.dma_bytes / V5E.hbm_bytes_per_second
+    roofline = max(compute, dma) + steps * V5E.step_overhead_s
+    assert max(compute, dma) < two.predicted_seconds
+    assert abs(two.predicted_seconds - roofline) < 0.2 * roofline
+    assert two.bound == "HBM"
+    # one buffer: every copy is exposed, time ~ compute + DMA + overheads
+    assert one.predicted_seconds > 0.9 * (compute + dma + steps * V5E.step_overhead_s)
+
+
+@pytest.mark.timeout(120)
+def test_large_blocks_are_compute_bound_small_blocks_overhead_bound():
+    large = record(matmul(2048, 2048, 2048, 1024, 1024, 1024, skip_floating_point_ops=True))
+    small = record(matmul(512, 512, 512, 128, 128, 128, skip_floating_point_ops=True))
+    assert large.bound == "compute"
+    assert large.mxu_utilisation > 0.8
+    assert small.bound == "per-step overhead"
+    assert small.mxu_utilisation < 0.2
+    assert "bound               compute" in large.summary()
+    # 1024^2 blocks: x, y (bf16) and out double-buffered + the f32 accumulator = 16 MiB,
+    # the v5e's default scoped limit exactly
+    assert large.vmem_peak_bytes == 3 * 2 * 2**21 + 2**22
+    assert "VMEM peak           16.00 MiB (scoped limit 16.00 MiB, capacity 128.00 MiB)" in (
+        large.summary())
+
+
+@pytest.mark.timeout(120)
+def test_elementwise_is_hbm_bound_at_bytes_over_bandwidth():
+    rec = record(elementwise(4096, 512, skip_floating_point_ops=True))
+    nbytes = 3 * 4096 * 1024 * 4
+    assert rec.dma_bytes == nbytes
+    assert rec.bound == "HBM"
+    ideal = nbytes / V5E.hbm_bytes_per_second
+    assert ideal < rec.predicted_seconds < 1.25 * ideal
+
+
+@pytest.mark.timeout(120)
+def test_prediction_is_the_same_eagerly_under_jit_and_without_float_ops():
+    eager = record(elementwise(1024, 256))
+    jitted = record(jax.jit(elementwise(1024, 256)))
+    skipped = record(elementwise(1024, 256, skip_floating_point_ops=True))
+    assert eager.predicted_seconds == jitted.predicted_seconds == skipped.predicted_seconds
+    assert eager.summary() == skipped.summary()
+
+
+@pytest.mark.timeout(120)
+def test_identical_across_runs_and_seeds_on_two_cores():
+    def run(seed):
+        rec = record(matmul(512, 512, 512, 128, 128, 256, dtype=jnp.float32, random_seed=seed,
+                            num_cores_or_threads=2, dma_order="random"))
+        # (the seed permutes the parallel grid points, so step names differ; not times)
+        return rec.predicted_seconds, [(s.track, s.cat, s.start, s.end) for s in rec.spans]
+
+    first = run(0)
+    assert all(run(seed) == first for seed in (0, 1, 2))
+    tracks = {t for t, *_ in first[1]}
+    assert {(0, "core 0"), (0, "core 1"), (0, "DMA engine 0")} <= tracks
+
+
+def test_f32_precision_costs_passes():
+    def cost(dtype, precision):
+        def kernel(x_ref, o_ref):
+            o_ref[...] = jnp.dot(x_ref[...], x_ref[...], precision=precision,
+                                 preferred_element_type=jnp.float32)
+
+        x = jnp.ones((256, 256), dtype)
+        f = pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((256, 256), jnp.float32),
+                           interpret=InterpretParams(chip="v5e", skip_floating_point_ops=True))
+        rec = record(lambda: f(x))
+        return rec.by_primitive["dot_general"]
+
+    bf16 = cost(jnp.bfloat16, None)
+    assert bf16 == pytest.approx(2 * 256**3 / V5E.mxu_bf16_flops)
+    assert cost(jnp.float32, None) == pytest.approx(bf16)  # Mosaic's default: bf16 rate
+    assert cost(jnp.float32, jax.lax.Precision.HIGHEST) == pytest.approx(6 * bf16)
+
+
+@pytest.mark.timeout(120)
+def test_trace_json_has_tracks_spans_and_vmem_counters(tmp_path):
+    with pi.timeline() as tl:
+        jax.block_until_ready(elementwise(1024, 256)())
+    path = tmp_path / "trace.json"
+    tl.save(str(path))
+    doc = json.loads(path.read_text())
+    events = doc["traceEvents"]
+    names = {(e["pid"], e["tid"]): e["args"]["name"] for e in events
+             if e["ph"] == "M" and e["name"] == "thread_name"}
+    assert set(names.values()) >= {"core 0", "DMA engine 0"}
+    spans = [e for e in events if e["ph"] == "X"]
+    assert all(e["dur"] >= 0 and (e["pid"], e["tid"]) in names for e in spans)
+    cats = {e["cat"] for e in spans}
+    assert {"step", "compute", "dma", "overhead"} <= cats
+    steps = [e for e in spans if e["cat"] == "step"]
+    assert len(steps) == 4 and all(names[(e["pid"], e["tid"])] == "core 0" for e in steps)
+    dmas = [e for e in spans if e["cat"] == "dma"]
+    assert len(dmas) == 12 and all(e["args"]["bytes"] == 256 * 1024 * 4 for e in dmas)
+    assert {(e["args"]["src"], e["args"]["dst"]) for e in dmas} == {
+        ("HBM", "x_ref"), ("HBM", "y_ref"), ("o_ref", "HBM")}
+    counters = [e for e in events if e["ph"] == "C"]
+    peak = max(e["args"]["bytes"] for e in counters)
+    assert peak == 2 * 3 * 256 * 1024 * 4  # three blocked operands, double-buffered
+    end = max(e["ts"] + e["dur"] for e in spans)
+    assert end == pytest.approx(tl.launches[0].predicted_seconds * 1e6)
+    assert doc["otherData"]["launches"][0]["bound"] == "HBM"
+
+
+@pytest.mark.timeout(60)
+def test_semaphore_waits_carry_the_semaphore_name():
+    def kernel(x_ref, o_ref, sem):
+        copy = pltpu.make_async_copy(x_ref, o_ref, sem)
+        copy.start()
+        copy.wait()
+
+    x = jnp.ones((512, 1024), jnp.float32)
+    f = pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+                       in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
+                       out_specs=pl.BlockSpec(memory_space=pl.ANY),
+                       scratch_shapes=[pltpu.SemaphoreType.DMA],
+                       interpret=InterpretParams(chip="v5e"))
+    rec = record(lambda: f(x))
+    (wait,) = [s for s in rec.spans if s.cat == "wait"]
+    assert "sem" in wait.args["semaphore"]
+    (dma,) = [s for s in rec.spans if s.cat == "dma"]
+    assert dma.args["bytes"] == x.size * 4
+    assert dma.end - dma.start == pytest.approx(
+        V5E.dma_latency_s + x.size * 4 / V5E.hbm_bytes_per_second)
+    assert rec.bound == "HBM"
+
+
+def test_logging_mode_timeline_logs_the_summary(caplog):
+    with caplog.at_level("DEBUG", logger="palladium.interpret"):
+        elementwise(512, 256, logging_mode=LoggingMode.TIMELINE)()
+    assert "timeline of kernel" in caplog.text
+    assert "predicted time" in caplog.text and "bound               HBM" in caplog.text
+
+
+def test_plot_writes_a_png(tmp_path):
+    pytest.importorskip("matplotlib")
+    with pi.timeline() as tl:
+        jax.block_until_ready(elementwise(512, 256)())
+    path = tmp_path / "timeline.png"
+    tl.plot(str(path))
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.timeout(60)
+def test_a_failed_launch_is_not_recorded():
+    def kernel(x_ref, o_ref, sem):
+        pltpu.make_async_copy(x_ref, o_ref, sem).start()  # never waited: a leak
+
+    x = jnp.ones((16, 128), jnp.float32)
+    f = pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+                       in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
+                       out_specs=pl.BlockSpec(memory_space=pl.ANY),
+                       scratch_shapes=[pltpu.SemaphoreType.DMA], interpret=InterpretParams())
+    with pi.timeline() as tl, pytest.raises(pi.SemaphoreLeakError), pi.errors_as_raised():
+        jax.block_until_ready(f(x))
+    assert tl.launches == []
+    assert tl.predicted_seconds == 0.0
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("module", ["perf", "perf.model", "perf.timeline", "observe.observers"])
+def test_docstring_examples(module):
+    import doctest
+    import importlib
+
+    mod = importlib.import_module(f"palladium.interpret.{module}")
+    failures, tried = doctest.testmod(mod)
+    assert tried > 0 and failures == 0
+
+
+def _leaky_call():
+    def leaky_kernel(x_ref, o_ref, sem):
+        pltpu.make_async_copy(x_ref, o_ref, sem).start()  # never waited: a leak
+
+    x = jnp.ones((16, 128), jnp.float32)
+    f = pl.pallas_call(leaky_kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+                       in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
+                       out_specs=pl.BlockSpec(memory_space=pl.ANY),
+                       scratch_shapes=[pltpu.SemaphoreType.DMA], interpret=InterpretParams())
+    return lambda: f(x)
+
+
+def _live_recorders():
+    import gc
+
+    from palladium.interpret.perf.recorder import TimelineRecorder
+
+    gc.collect()
+    return [o for o in gc.get_objects() if isinstance(o, TimelineRecorder)]
+
+
+@pytest.mark.timeout(120)
+def test_failed_launches_leave_nothing_in_the_timeline():
+    """A timeline used to keep the recorder (every event) of each failed launch."""
+    run = _leaky_call()
+    with pi.timeline() as tl:
+        for _ in range(20):
+            with pytest.raises(pi.SemaphoreLeakError), pi.errors_as_raised():
+                jax.block_until_ready(run())
+        assert _live_recorders() == []
+    assert tl.launches == []
+
+
+@pytest.mark.timeout(120)
+def test_failed_launches_are_recorded_when_asked():
+    run = _leaky_call()
+    with pi.timeline(keep_failed=True) as tl:
+        with pytest.raises(pi.SemaphoreLeakError), pi.errors_as_raised():
+            jax.block_until_ready(run())
+        jax.block_until_ready(elementwise(64, 32)())
+    failed, ok = tl.launches
+    assert (failed.kernel_name, failed.failed, ok.failed) == ("leaky_kernel", True, False)
+    assert failed.error == "SemaphoreLeakError: semaphores with a non-zero count at kernel exit:"
+    assert failed.summary().endswith(": FAILED (SemaphoreLeakError: semaphores with a non-zero "
+                                     "count at kernel exit:)")
+    assert _live_recorders() == []
+
+
+@pytest.mark.timeout(300)
+def test_a_long_launch_keeps_its_summary_and_drops_detail_past_the_limit(tmp_path):
+    """A 10^5-step launch used to hold its every event (+168 MiB) as long as the
+    timeline lived. Its recorder is dropped when it ends; the spans past
+    ``detail_limit`` are dropped too, the summary stays, and ``trace_file`` streams
+    every launch's trace as it ends."""
+    run = elementwise(4096, 8, cols=128)  # 512 grid steps
+    with pi.timeline() as full:
+        jax.block_until_ready(run())
+    trace = tmp_path / "trace.json"
+    with pi.timeline(detail_limit=100, trace_file=str(trace)) as tl:
+        jax.block_until_ready(run())
+        jax.block_until_ready(run())
+        assert _live_recorders() == []
+    (kept,) = full.launches
+    first, second = tl.launches
+    assert first.detail_dropped and second.detail_dropped and not kept.detail_dropped
+    assert first.summary() == second.summary() == kept.summary()
+    assert first.to_dict() == kept.to_dict()
+    with pytest.raises(pi.ConfigError, match=r"^the spans of kernel 'kernel' \(launch #0\) were "
+                                             r"dropped: the timeline keeps at most 100 spans "
+                                             r"\(detail_limit\)"):
+        _ = first.spans
+    with pytest.raises(pi.ConfigError, match=r"were dropped"):
+        tl.save(str(tmp_path / "again.json"))
+    streamed = json.loads(trace.read_text())["traceEvents"]
+    expected = full.trace()["traceEvents"]
+    assert len([e for e in streamed if e["ph"] == "X"]) == 2 * len(
+        [e for e in expected if e["ph"] == "X"])
