@@ -63,9 +63,10 @@ _retrips: list[weakref.ref] = []  # the weak reference that trips SIGINT again (
 
 # The frames "inside palladium's host callback": any of ``host_call.py`` and the launch
 # entry points of ``jax_hook.py``; jax's callback wrapper around them counts too.
-_HERE = os.path.dirname(os.path.abspath(__file__))
-_HOST_CALL_FILE = os.path.join(_HERE, "host_call.py")
-_ENTRY_POINTS = {(os.path.join(_HERE, "jax_hook.py"), name)
+# (Named by path: the hook is a layer above this module.)
+_HOOK = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "hook")
+_HOST_CALL_FILE = os.path.join(_HOOK, "host_call.py")
+_ENTRY_POINTS = {(os.path.join(_HOOK, "jax_hook.py"), name)
                  for name in ("run", "run_device", "_join", "_execute", "_attempt")}
 
 
