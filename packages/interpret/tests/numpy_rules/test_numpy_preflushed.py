@@ -98,7 +98,7 @@ def test_flushing_rules_leave_no_subnormals(prim):
 def _evaluate(fn, *args):
     closed = jax.make_jaxpr(fn)(*args)
     launch = types.SimpleNamespace(programs=ProgramCache(), params=None, kernel=None,
-                                   kernel_name="test")
+                                   kernel_name="test", memory=None)
     ev = CoreEvaluator(launch, (0, 0))
     return ev.eval_jaxpr(closed.jaxpr, list(closed.consts), list(args))
 

@@ -12,6 +12,7 @@ evaluator.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 
@@ -25,7 +26,8 @@ from palladium.shared_memory import BufferRef, Simulation
 if TYPE_CHECKING:  # program.py resolves rules, which take a KernelContext
     from palladium.interpret.eval.program import ProgramCache
 
-__all__ = ["CoreId", "Equation", "KernelContext", "LaunchServices", "Value", "Where"]
+__all__ = ["CoreId", "CoreMemory", "CoreState", "Equation", "KernelContext", "LaunchServices",
+           "Value", "Where"]
 
 CoreId: TypeAlias = tuple[int, int]
 
@@ -59,12 +61,40 @@ Where: TypeAlias = Callable[[], object]
 """Describes the equation an error is about (evaluated only when raising)."""
 
 
+class CoreMemory(Protocol):
+    """The launch's memory as rules use it (``run.memory_map.MemoryMap``): asked directly,
+    with the asking core, never through the evaluator or the launch."""
+
+    def fill_value(self, dtype: Any) -> Any: ...
+
+    def peer_buffer(self, buf: BufferRef, target: CoreId) -> BufferRef: ...
+
+    def allocate_scoped(self, core: CoreId, aval: Any, name: str,
+                        where: Where) -> MemRef | SemaphoreRef: ...
+
+    def free_scoped(self, core: CoreId, alloc: MemRef | SemaphoreRef, where: Where) -> None: ...
+
+
+@dataclasses.dataclass(eq=False, slots=True)
+class CoreState:
+    """What one core carries from a grid point to the next (the rest of its context is
+    fixed per grid point): its PRNG and its MXU state."""
+
+    #: ``pltpu.prng_seed``'s generator (None before the first seed).
+    prng: np.random.Generator | None = None
+    #: The explicit MXU operations' state (``rules_mxu.MxuState``), None until the first.
+    mxu: Any = None
+
+
 class LaunchServices(Protocol):
     """What the evaluator may ask of the launch it runs in (``launch.Launch``)."""
 
     kernel_name: str
     params: InterpretParams
     sim: Simulation
+
+    @property
+    def memory(self) -> CoreMemory: ...
 
     @property
     def programs(self) -> ProgramCache: ...
@@ -78,8 +108,6 @@ class LaunchServices(Protocol):
     @property
     def debug_checks(self) -> bool: ...
 
-    def fill_value(self, dtype: Any) -> Any: ...
-
     def program_ids(self, grid_point: tuple[int, ...] | None) -> tuple[int, ...]: ...
 
     def program_counts(self) -> tuple[int, ...]: ...
@@ -90,23 +118,19 @@ class LaunchServices(Protocol):
     def remote_core(self, core: CoreId, device_id: Any, core_index: Any, id_type: Any,
                     where: Where) -> CoreId | None: ...
 
-    def peer_buffer(self, buf: BufferRef, target: CoreId) -> BufferRef: ...
-
-    def allocate_scoped(self, core: CoreId, aval: Any, name: str,
-                        where: Where) -> MemRef | SemaphoreRef: ...
-
-    def free_scoped(self, core: CoreId, alloc: MemRef | SemaphoreRef, where: Where) -> None: ...
 
 
 class KernelContext(Protocol):
     """The only face of a launch a rule may use (see the module docstring)."""
 
     core: CoreId
+    #: Fixed for the context's life: the grid loop hands each grid point a context of
+    #: its own (``CoreEvaluator.at``).
     grid_point: tuple[int, ...] | None
-    prng: np.random.Generator | None
-    #: The core's MXU state for the explicit MXU operations (``rules_mxu.MxuState``),
-    #: None until the first one.
-    mxu: Any
+    #: What the core carries across grid points (PRNG, MXU state).
+    state: CoreState
+    #: The launch's memory (scoped allocations, peer buffers, fill values).
+    memory: CoreMemory
     skip_floating_point_ops: bool
     deterministic_dot: bool
 
@@ -142,8 +166,6 @@ class KernelContext(Protocol):
         """Whether an observer is told of every equation (the timeline)."""
         ...
 
-    def fill_value(self, dtype: Any) -> Any: ...
-
     def program_ids(self) -> tuple[int, ...]: ...
 
     def program_counts(self) -> tuple[int, ...]: ...
@@ -153,8 +175,4 @@ class KernelContext(Protocol):
     def remote_core(self, device_id: Any, core_index: Any, id_type: Any,
                     eqn: Equation) -> CoreId | None: ...
 
-    def peer_buffer(self, buf: BufferRef, target: CoreId) -> BufferRef: ...
 
-    def allocate_scoped(self, aval: Any, name: str, eqn: Equation) -> MemRef | SemaphoreRef: ...
-
-    def free_scoped(self, alloc: MemRef | SemaphoreRef, eqn: Equation) -> None: ...

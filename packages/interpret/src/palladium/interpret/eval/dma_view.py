@@ -41,9 +41,8 @@ def _region_mask(acc: Access) -> np.ndarray | None:
     """The region elements the view through ``acc`` covers (None: all of them)."""
     if not acc.post or _has_bitcast(acc):
         return None
-    mask = np.zeros(int(np.prod(acc.region_shape, dtype=np.int64)), dtype=bool)
-    mask[acc.positions().ravel()] = True
-    return None if mask.all() else mask.reshape(acc.region_shape)
+    mask = acc.region_mask()
+    return None if mask.all() else mask
 
 
 def _scatter(acc: Access, dtype: np.dtype, name: str, site: object) -> Callable[[np.ndarray], np.ndarray]:

@@ -9,6 +9,7 @@ numpy scalars, and the ref objects of ``refs.py``.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from typing import Any
 
@@ -17,16 +18,17 @@ import numpy as np
 from palladium.interpret import _jax_compat as jc
 from palladium.interpret.eval.context import (
     CoreId,
+    CoreMemory,
+    CoreState,
     Equation,
     LaunchServices,
     Value,
 )
 from palladium.interpret.eval.program import Program, ProgramCache, Step, compile_jaxpr
-from palladium.interpret.eval.refs import MemRef, SemaphoreRef
 from palladium.interpret.eval.site import Site
 from palladium.interpret.numpy_rules.common import ERRORS_IGNORED
 from palladium.interpret.params import InterpretParams
-from palladium.shared_memory import BufferRef, Simulation
+from palladium.shared_memory import Simulation
 
 __all__ = ["CoreEvaluator", "Program", "ProgramCache", "Step", "compile_jaxpr"]
 
@@ -37,21 +39,29 @@ class CoreEvaluator:
 
     launch: LaunchServices
     core: CoreId
+    state: CoreState = dataclasses.field(default_factory=CoreState)
     grid_point: tuple[int, ...] | None = None
-    prng: np.random.Generator | None = None
-    mxu: Any = None  # rules_mxu.MxuState, once the kernel uses the explicit MXU operations
+    memory: CoreMemory = dataclasses.field(init=False, repr=False)
     skip_floating_point_ops: bool = dataclasses.field(init=False, default=False)
     deterministic_dot: bool = dataclasses.field(init=False, default=False)
     _quiet: bool = dataclasses.field(init=False, default=False, repr=False)
 
     def __post_init__(self) -> None:
         params = getattr(self.launch, "params", None)
+        self.memory = self.launch.memory
         self.skip_floating_point_ops = bool(getattr(params, "skip_floating_point_ops", False))
         self.deterministic_dot = bool(getattr(params, "deterministic_dot", False))
         self._inherited: dict[int, Any] = getattr(self.launch, "inherited_sources", {})
         # The launch's observers, told of every equation (None: the plain loop below).
         obs = getattr(getattr(self.launch, "sim", None), "observers", None)
         self._observers: Any = obs if obs is not None and obs.wants("compute") else None
+
+    def at(self, grid_point: tuple[int, ...] | None) -> CoreEvaluator:
+        """This core's context at ``grid_point`` (the same core state and launch)."""
+        ev = copy.copy(self)
+        ev.grid_point = grid_point
+        ev._quiet = False
+        return ev
 
     def eval_jaxpr(self, jaxpr: Any, consts: list[Value], args: list[Value]) -> list[Value]:
         if self._quiet:
@@ -136,9 +146,6 @@ class CoreEvaluator:
     def debug_checks(self) -> bool:
         return self.launch.debug_checks
 
-    def fill_value(self, dtype: Any) -> Any:
-        return self.launch.fill_value(dtype)
-
     def program_ids(self) -> tuple[int, ...]:
         return self.launch.program_ids(self.grid_point)
 
@@ -155,11 +162,4 @@ class CoreEvaluator:
         return self.launch.remote_core(self.core, device_id, core_index, id_type,
                                        lambda: self.site(eqn))
 
-    def peer_buffer(self, buf: BufferRef, target: CoreId) -> BufferRef:
-        return self.launch.peer_buffer(buf, target)
 
-    def allocate_scoped(self, aval: Any, name: str, eqn: Equation) -> MemRef | SemaphoreRef:
-        return self.launch.allocate_scoped(self.core, aval, name, lambda: self.site(eqn))
-
-    def free_scoped(self, alloc: MemRef | SemaphoreRef, eqn: Equation) -> None:
-        self.launch.free_scoped(self.core, alloc, lambda: self.site(eqn))

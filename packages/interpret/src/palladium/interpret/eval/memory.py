@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -71,11 +72,7 @@ def read_masked(ev: KernelContext, ref: Any, transforms: Any, mask: Any, eqn: Eq
     if any(isinstance(op, Bitcast) for op in acc.post):
         return read_access(ev, ref, acc, eqn)
     if acc.post:
-        positions = acc.positions()
-        m = np.broadcast_to(np.asarray(mask, dtype=bool), positions.shape)
-        region_mask = np.zeros(int(np.prod(acc.region_shape)), dtype=bool)
-        region_mask[positions[m]] = True
-        region_mask = region_mask.reshape(acc.region_shape)
+        region_mask = acc.region_mask(mask)
     else:
         region_mask = np.broadcast_to(np.asarray(mask, dtype=bool), acc.region_shape)
     data = ev.sim.read(
@@ -116,17 +113,14 @@ def write(
     # tell the simulator exactly which elements of the region were written.
     positions = acc.positions()
     value = np.broadcast_to(np.asarray(value, dtype=ref.buffer.dtype), positions.shape)
-    touched = np.zeros(int(np.prod(acc.region_shape)), dtype=bool)
-    full = np.zeros(touched.shape, dtype=ref.buffer.dtype)
+    full = np.zeros(math.prod(acc.region_shape), dtype=ref.buffer.dtype)
     if mask is not None:
         m = np.broadcast_to(np.asarray(mask, dtype=bool), positions.shape)
         full[positions[m]] = value[m]
-        touched[positions[m]] = True
     else:
         full[positions.ravel()] = value.ravel()
-        touched[positions.ravel()] = True
     full = full.reshape(acc.region_shape)
-    touched = touched.reshape(acc.region_shape)
+    touched = acc.region_mask(mask)
     sim.write(
         ref.buffer,
         acc.region,

@@ -157,6 +157,17 @@ class Access:
             idx = op(idx)
         return idx
 
+    def region_mask(self, mask: Any = None) -> np.ndarray:
+        """Which elements of the region the view covers (only where ``mask``, of the
+        view's shape, is True), as a bool array of the region's shape."""
+        positions = self.positions()
+        covered = np.zeros(math.prod(self.region_shape), dtype=bool)
+        if mask is None:
+            covered[positions.ravel()] = True
+        else:
+            covered[positions[np.broadcast_to(np.asarray(mask, dtype=bool), positions.shape)]] = True
+        return covered.reshape(self.region_shape)
+
 
 def resolve(shape: tuple[int, ...], dtype: np.dtype, transforms: Sequence[Any], name: str) -> Access:
     """Compose ``transforms`` applied to a buffer of ``shape`` into an ``Access``."""

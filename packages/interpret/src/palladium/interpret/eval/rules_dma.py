@@ -9,6 +9,13 @@ import numpy as np
 from palladium.interpret import _jax_compat as jc
 from palladium.interpret.chip import chip_facts
 from palladium.interpret.errors import KernelError, TpuLoweringError
+from palladium.interpret.eval.access_path import (
+    DmaPlan,
+    DmaWaitPlan,
+    PlanCache,
+    operand_key,
+    semaphore_at,
+)
 from palladium.interpret.eval.context import Equation, KernelContext, Value
 from palladium.interpret.eval.dma_view import dma_view, view_nbytes
 from palladium.interpret.eval.memory import access_of
@@ -93,7 +100,7 @@ def _dma_start(ev: KernelContext, eqn: Equation, invals: list[Value]) -> list[Va
     target = ev.remote_core(device_id, None, eqn.params["device_id_type"], eqn)
     dst_buffer = dst_ref.buffer
     if target is not None and target != ev.core:
-        dst_buffer = ev.peer_buffer(dst_buffer, target)
+        dst_buffer = ev.memory.peer_buffer(dst_buffer, target)
     ev.sim.dma_start(
         src_ref.buffer,
         src_acc.region,
@@ -123,35 +130,10 @@ def _dma_wait(ev: KernelContext, eqn: Equation, invals: list[Value]) -> list[Val
 # --- specialised dma_start / dma_wait ------------------------------------------------------
 # A kernel starts and waits for its DMAs at the same few places on every grid step (paged
 # attention: several per step). Per equation, everything the generic rules derive from the
-# operands -- the indexer trees unflattened, both accesses resolved (to the simulator's
-# plans of their regions, which hold the race detector's view), the DmaView, the
-# semaphore positions, the byte count -- is cached by the operands' *structure*: the
-# shape and dtype of each memory ref and whether it is SMEM (never tile-padded), the
-# shape of each semaphore array and the integer value of every index operand. A hit does the same simulator calls as
-# the generic rules, with the plans for the regions; a miss (or an operand the key
-# cannot describe) runs the generic rules.
-_CACHE_LIMIT = 4096
-_SMEM = MemorySpace.SMEM  # an enum's hash is a Python call: compare instead
-
-
-def _leaf_key(x: Any) -> Any:
-    if type(x) is MemRef:
-        return ("m", x.buffer.shape, x.buffer.dtype, x.buffer.space is _SMEM,
-                x.buffer.space is _HOST)
-    if type(x) is SemaphoreRef:
-        return ("s", x.ids.shape)
-    if isinstance(x, (int, np.integer)) or (type(x) is np.ndarray and not x.ndim):
-        return int(x)
-    raise TypeError  # an array-valued or foreign operand: no key, use the generic rule
-
-
-def _operand_key(invals: list[Any]) -> tuple[Any, ...] | None:
-    try:
-        return tuple(_leaf_key(x) for x in invals)
-    except (TypeError, ValueError):
-        return None
-
-
+# operands is resolved once per structure of the operands (``access_path``) into a
+# ``DmaPlan`` / ``DmaWaitPlan``. A hit does the same simulator calls as the generic rules,
+# with the plans for the regions; a miss (or an operand the key cannot describe) runs
+# the generic rules.
 def _position(invals: list[Any], ref: Any) -> int:
     return next(i for i, x in enumerate(invals) if x is ref)
 
@@ -165,31 +147,13 @@ def _sem_position(ev: KernelContext, value: Any, eqn: Equation, invals: list[Any
     return _position(invals, ref), flat.index(transforms).scalar_id()
 
 
-class _DmaCache:
-    def __init__(self) -> None:
-        self.entries: dict[tuple[Any, ...], Any] = {}
-
-    def get(self, key: tuple[Any, ...], build: Any) -> Any:
-        hit = self.entries.get(key)
-        if hit is None:
-            hit = build()
-            if len(self.entries) >= _CACHE_LIMIT:
-                self.entries.clear()
-            self.entries[key] = hit
-        return hit
-
-
-def _sem(invals: list[Any], where: tuple[int, int]) -> int:
-    return int(invals[where[0]].ids.flat[where[1]])
-
-
 @rule_compiler(jc.dma_start_p)
 def _compile_dma_start(eqn: Equation, used: frozenset[Any]) -> Any:
-    cache = _DmaCache()
+    cache: PlanCache[DmaPlan] = PlanCache()
     tree, id_type = eqn.params["tree"], eqn.params["device_id_type"]
     add = bool(eqn.params.get("add", False))
 
-    def build(ev: KernelContext, invals: list[Any]) -> Any:
+    def build(ev: KernelContext, invals: list[Any]) -> DmaPlan:
         src, dst, dst_sem, src_sem, device_id = jc.dma_operands(tree, invals)
         src_ref, src_acc = _mem(ev, src, eqn, "source")
         dst_ref, dst_acc = _mem(ev, dst, eqn, "destination")
@@ -198,29 +162,28 @@ def _compile_dma_start(eqn: Equation, used: frozenset[Any]) -> Any:
         if view is None:
             _check_same_dtype(src_ref, dst_ref, ev.site(eqn))
         sim = ev.sim
-        return (_position(invals, src_ref), sim.plan(src_ref.buffer, src_acc.region),
-                _position(invals, dst_ref), sim.plan(dst_ref.buffer, dst_acc.region), view,
-                _sem_position(ev, dst_sem, eqn, invals),
-                None if src_sem is None else _sem_position(ev, src_sem, eqn, invals),
-                device_id)
+        return DmaPlan(
+            _position(invals, src_ref), sim.plan(src_ref.buffer, src_acc.region),
+            _position(invals, dst_ref), sim.plan(dst_ref.buffer, dst_acc.region), view,
+            _sem_position(ev, dst_sem, eqn, invals),
+            None if src_sem is None else _sem_position(ev, src_sem, eqn, invals), device_id)
 
     def run(ev: KernelContext, eqn: Equation, invals: list[Value]) -> list[Value]:
-        key = _operand_key(invals)
+        key = operand_key(invals)
         if key is None:
             return _dma_start(ev, eqn, invals)
-        (src_at, src_plan, dst_at, dst_plan, view, dst_sem, src_sem,
-         device_id) = cache.get(key, lambda: build(ev, invals))
-        src_ref, dst_ref = invals[src_at], invals[dst_at]
-        target = ev.remote_core(device_id, None, id_type, eqn)
+        plan = cache.get(key, lambda: build(ev, invals))
+        src_ref, dst_ref = invals[plan.src_at], invals[plan.dst_at]
+        target = ev.remote_core(plan.device_id, None, id_type, eqn)
         dst_buffer = dst_ref.buffer
         if target is not None and target != ev.core:
-            dst_buffer = ev.peer_buffer(dst_buffer, target)
+            dst_buffer = ev.memory.peer_buffer(dst_buffer, target)
         ev.sim.dma_start(
-            src_ref.buffer, src_plan, dst_buffer, dst_plan, core=ev.core,
-            dst_sem=_sem(invals, dst_sem),
-            src_sem=None if src_sem is None else _sem(invals, src_sem),
+            src_ref.buffer, plan.src_plan, dst_buffer, plan.dst_plan, core=ev.core,
+            dst_sem=semaphore_at(invals, plan.dst_sem),
+            src_sem=None if plan.src_sem is None else semaphore_at(invals, plan.src_sem),
             dst_core=target, site=ev.site(eqn), name=f"{src_ref.name}->{dst_ref.name}",
-            view=view, add=add,
+            view=plan.view, add=add,
         )
         return []
 
@@ -229,21 +192,22 @@ def _compile_dma_start(eqn: Equation, used: frozenset[Any]) -> Any:
 
 @rule_compiler(jc.dma_wait_p)
 def _compile_dma_wait(eqn: Equation, used: frozenset[Any]) -> Any:
-    cache = _DmaCache()
+    cache: PlanCache[DmaWaitPlan] = PlanCache()
     tree = eqn.params["tree"]
 
-    def build(ev: KernelContext, invals: list[Any]) -> Any:
+    def build(ev: KernelContext, invals: list[Any]) -> DmaWaitPlan:
         src, _dst, sem, _src_sem, _device_id = jc.dma_operands(tree, invals)
         src_ref, src_acc = _mem(ev, src, eqn, "source")
         nbytes = view_nbytes(src_acc, np.dtype(src_ref.buffer.dtype))
-        return nbytes, _sem_position(ev, sem, eqn, invals)
+        return DmaWaitPlan(nbytes, _sem_position(ev, sem, eqn, invals))
 
     def run(ev: KernelContext, eqn: Equation, invals: list[Value]) -> list[Value]:
-        key = _operand_key(invals)
+        key = operand_key(invals)
         if key is None:
             return _dma_wait(ev, eqn, invals)
-        nbytes, sem = cache.get(key, lambda: build(ev, invals))
-        ev.sim.dma_wait(_sem(invals, sem), nbytes, core=ev.core, site=ev.site(eqn))
+        plan = cache.get(key, lambda: build(ev, invals))
+        ev.sim.dma_wait(semaphore_at(invals, plan.sem), plan.nbytes, core=ev.core,
+                        site=ev.site(eqn))
         return []
 
     return run

@@ -8,10 +8,10 @@ import numpy as np
 
 from palladium.interpret import _jax_compat as jc
 from palladium.interpret.eval import memory
+from palladium.interpret.eval.access_path import PlanCache, ResolvedAccess, operand_key
 from palladium.interpret.eval.context import Equation, KernelContext, Value
-from palladium.interpret.eval.refs import Access, MemRef, split_transformed
+from palladium.interpret.eval.refs import MemRef, split_transformed
 from palladium.interpret.eval.registry import rule, rule_compiler
-from palladium.shared_memory import AccessPlan, MemorySpace
 
 
 @rule(jc.get_p)
@@ -38,61 +38,35 @@ def _addupdate(ev: KernelContext, eqn: Equation, invals: list[Value]) -> list[Va
 
 
 # --- specialised get/swap: the common loads and stores of a kernel body -----------------
-# A kernel reads and writes its refs at the same few places on every grid step. Per
-# equation, the access is resolved once per value of the operands' structure -- the
-# buffer's shape, dtype and memory space and the integer values of the dynamic indices --
-# into the ``Access`` (region + post ops) and the simulator's plan of the region (with
-# the race detector's view of it inside): a step pays one dict lookup, and neither the
-# simulator nor the race detector parses the region again.
-_CACHE_LIMIT = 4096
-_SMEM = MemorySpace.SMEM  # an enum's hash is a Python call: compare instead
+# Resolved once per structure of the operands (``access_path``): a step pays one dict
+# lookup, and neither the simulator nor the race detector parses the region again.
+def _lookup(cache: PlanCache[ResolvedAccess], tree: Any, ev: KernelContext, ref: MemRef,
+            invals: list[Any]) -> ResolvedAccess | None:
+    """The resolved access of ``ref`` indexed by ``invals[1:]`` (``invals[0]`` stands for
+    the ref, the rest are its index operands), or None for the generic path."""
+    key = operand_key([ref, *invals[1:]])
+    if key is None:
+        return None
 
+    def build() -> ResolvedAccess:
+        acc = memory.access_of(ref, tree.unflatten(invals[1:]))
+        return ResolvedAccess(acc, ev.sim.plan(ref.buffer, acc.region))
 
-def _index_key(values: list[Any]) -> tuple[int, ...] | None:
-    """The index operands as ints, or None if one is array-valued (a gather)."""
-    key = []
-    for x in values:
-        if type(x) is np.ndarray and x.ndim:
-            return None
-        key.append(int(x))
-    return tuple(key)
-
-
-class _AccessCache:
-    """The resolved accesses of one equation: (``Access``, the simulator's plan)."""
-
-    def __init__(self, tree: Any) -> None:
-        self.tree = tree
-        self.entries: dict[Any, tuple[Access, AccessPlan]] = {}
-
-    def lookup(self, ev: KernelContext, ref: MemRef, index: list[Any]) -> tuple[Access, AccessPlan] | None:
-        """(access, plan) of ``ref`` indexed by ``index``, or None for the slow path."""
-        key = _index_key(index)
-        if key is None:
-            return None
-        buf = ref.buffer
-        full_key = (buf.shape, buf.dtype, buf.space is _SMEM, key)
-        hit = self.entries.get(full_key)
-        if hit is None:
-            acc = memory.access_of(ref, self.tree.unflatten(index))
-            hit = (acc, ev.sim.plan(buf, acc.region))
-            if len(self.entries) >= _CACHE_LIMIT:
-                self.entries.clear()
-            self.entries[full_key] = hit
-        return hit
+    return cache.get(key, build)
 
 
 @rule_compiler(jc.get_p)
 def _compile_get(eqn: Equation, used: frozenset[Any]) -> Any:
-    cache = _AccessCache(eqn.params["tree"])
+    cache: PlanCache[ResolvedAccess] = PlanCache()
+    tree = eqn.params["tree"]
     out_dtype = eqn.outvars[0].aval.dtype
 
     def run(ev: KernelContext, eqn: Equation, invals: list[Value]) -> list[Value]:
         ref = memory._checked(ev, invals[0], eqn, "read")
-        hit = cache.lookup(ev, ref, invals[1:])
+        hit = _lookup(cache, tree, ev, ref, invals)
         if hit is None:
             return _get(ev, eqn, invals)
-        data = memory.read_access(ev, ref, hit[0], eqn, hit[1])
+        data = memory.read_access(ev, ref, hit.access, eqn, hit.plan)
         return [data.astype(out_dtype, copy=False)]
 
     return run
@@ -100,7 +74,8 @@ def _compile_get(eqn: Equation, used: frozenset[Any]) -> Any:
 
 @rule_compiler(jc.swap_p)
 def _compile_swap(eqn: Equation, used: frozenset[Any]) -> Any:
-    cache = _AccessCache(eqn.params["tree"])
+    cache: PlanCache[ResolvedAccess] = PlanCache()
+    tree = eqn.params["tree"]
     # Most stores discard the old value (`ref[...] = x`): then a plain write does the
     # same (same race-detector event, same checks for a region of stored data only:
     # ``plan.full``) without copying the old contents out.
@@ -109,8 +84,8 @@ def _compile_swap(eqn: Equation, used: frozenset[Any]) -> Any:
     def run(ev: KernelContext, eqn: Equation, invals: list[Value]) -> list[Value]:
         ref, val, *idx = invals
         checked = memory._checked(ev, ref, eqn, "swap")
-        hit = cache.lookup(ev, checked, idx)
-        if hit is None or hit[0].post:
+        hit = _lookup(cache, tree, ev, checked, [ref, *idx])
+        if hit is None or hit.access.post:
             return _swap(ev, eqn, invals)
         acc, plan = hit
         buf = checked.buffer
@@ -134,7 +109,7 @@ def _load(ev: KernelContext, eqn: Equation, invals: list[Value]) -> list[Value]:
         data = memory.read(ev, ref, transforms, eqn, "load")
     else:
         data = memory.read_masked(ev, ref, transforms, mask, eqn)
-        fill = other if other is not None else ev.fill_value(aval.dtype)
+        fill = other if other is not None else ev.memory.fill_value(aval.dtype)
         data = np.where(mask, data, fill)
     return [np.asarray(data, dtype=aval.dtype)]
 
@@ -152,11 +127,12 @@ def _run_scoped(ev: KernelContext, eqn: Equation, invals: list[Value]) -> list[V
     jaxpr = eqn.params["jaxpr"]
     names = _scoped_names(jaxpr)
     allocations = [
-        ev.allocate_scoped(var.aval, names[i], eqn) for i, var in enumerate(jaxpr.invars)
+        ev.memory.allocate_scoped(ev.core, var.aval, names[i], lambda: ev.site(eqn))
+        for i, var in enumerate(jaxpr.invars)
     ]
     outs = ev.eval_jaxpr(jaxpr, invals, allocations)
     for a in reversed(allocations):
-        ev.free_scoped(a, eqn)
+        ev.memory.free_scoped(ev.core, a, lambda: ev.site(eqn))
     return outs
 
 

@@ -108,16 +108,16 @@ def _prng_seed(ev: KernelContext, eqn: Equation, invals: list[Value]) -> list[Va
     seeds = [int(np.asarray(s).astype(np.int64)) & 0xFFFFFFFF for s in invals]
     material = np.array([ev.params.seed & 0xFFFFFFFF, *seeds], dtype=np.uint64)
     key = zlib.crc32(material.tobytes())
-    ev.prng = np.random.Generator(np.random.Philox(key=[key, len(seeds)]))
+    ev.state.prng = np.random.Generator(np.random.Philox(key=[key, len(seeds)]))
     return []
 
 
 @rule(jc.prng_random_bits_p)
 def _prng_random_bits(ev: KernelContext, eqn: Equation, invals: list[Value]) -> list[Value]:
-    if ev.prng is None:
+    if ev.state.prng is None:
         raise UnsupportedFeatureError(
             f"pltpu.prng_random_bits before pltpu.prng_seed ({ev.site(eqn)})"
         )
     aval = eqn.outvars[0].aval
-    bits = ev.prng.integers(0, 2**32, size=aval.shape, dtype=np.uint64).astype(np.uint32)
+    bits = ev.state.prng.integers(0, 2**32, size=aval.shape, dtype=np.uint64).astype(np.uint32)
     return [bits.view(np.int32).astype(aval.dtype, copy=False)]

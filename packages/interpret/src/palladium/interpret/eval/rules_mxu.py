@@ -72,7 +72,7 @@ class MxuState:
 
 
 def _state(ev: KernelContext, eqn: Equation) -> MxuState:
-    state = ev.mxu
+    state = ev.state.mxu
     if state is None:
         chip = ev.params.chip or "v5e"
         facts = chip_facts(chip)
@@ -83,7 +83,7 @@ def _state(ev: KernelContext, eqn: Equation) -> MxuState:
                 "simulate a v7x (InterpretParams(chip='v7x')) or write the product with "
                 f"jnp.dot ({ev.site(eqn)})")
         state = MxuState(facts.num_mxus, facts.num_accumulators * facts.num_sublanes)
-        ev.mxu = state
+        ev.state.mxu = state
     return state
 
 

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from palladium.interpret import _jax_compat as jc
+from palladium.interpret.eval.access_path import PlanCache
 from palladium.interpret.eval.evaluator import ProgramCache
 from palladium.interpret.eval.jaxprs import jaxprs_in
 from palladium.interpret.eval.segments import uses_async
@@ -42,6 +43,10 @@ def _kernel_name(jaxpr: Any, name: str | None, enclosing: str | None = None) -> 
     return out
 
 
+#: Block copies' plans a kernel keeps (an operand's blocks times two sides).
+COPY_PLAN_LIMIT = 1 << 16
+
+
 @dataclasses.dataclass(frozen=True)
 class ScratchInfo:
     name: str
@@ -72,7 +77,8 @@ class PreparedKernel:
     # (operand, block index) -> the simulator's plans of a block copy (grid_loop.py),
     # kept across launches: a plan serves every buffer of the same shapes and bounds
     # (another buffer's plan is resolved again by the simulator).
-    copy_plans: dict[Any, Any] = dataclasses.field(default_factory=dict)
+    copy_plans: PlanCache[Any] = dataclasses.field(
+        default_factory=lambda: PlanCache(limit=COPY_PLAN_LIMIT))
     # The VMEM/SMEM it holds per core on the simulated chip
     # (``fidelity.memory_budget.MemoryUse``), counted when the call is lowered.
     memory_use: Any = None

@@ -33,7 +33,6 @@ if TYPE_CHECKING:  # the launch creates the core runs
 
 __all__ = ["CoreRun", "parallel_dimensions", "schedule"]
 
-_PLAN_CACHE_LIMIT = 1 << 16
 
 GridPoint = tuple[int, ...]
 
@@ -97,7 +96,7 @@ class _StepSite:
         self.run = run
 
     def __str__(self) -> str:
-        return str(self.run._site(self.run.ev.grid_point or (), "grid step"))
+        return str(self.run._site(self.run.point or (), "grid step"))
 
 
 class CoreRun:
@@ -118,54 +117,48 @@ class CoreRun:
         self.scalar_refs = operands[:n_idx]
         self.input_refs = operands[n_idx : n_idx + len(k.inputs)]
         self.output_refs = operands[n_idx + len(k.inputs) : n_idx + len(k.inputs) + len(k.outputs)]
+        # The core's context: one per grid point (``ev.at(point)``), sharing the state
+        # the core carries from one to the next.
         self.ev = CoreEvaluator(launch, core)
+        self.point: tuple[int, ...] | None = None  # the grid point running now
         self.blocks = GridBlocks((*k.inputs, *k.outputs), len(k.grid_mapping.grid))
         # (operand, block index) -> the simulator's plans of the block's HBM region and
         # of the part of the VMEM/SMEM block it fills: resolved once per block, whatever
         # the number of visits, and kept with the kernel for its later launches. A block
         # that fills its whole kernel buffer (no pl.BoundedSlice dimension) has one
         # kernel-side plan per operand (key ``(operand, None)``).
-        self._plans: dict[Any, Any] = k.copy_plans
+        self._plans = k.copy_plans
 
     def _copy_plans(self, operand: int, block: tuple[int, ...]) -> tuple[AccessPlan, AccessPlan]:
         """(HBM plan, kernel-side plan) of the copy of ``block`` of ``operand`` (inputs
         first, then outputs)."""
-        key = (operand, block)
-        plans = self._plans.get(key)
-        if plans is None:
-            n_in = len(self.input_refs)
-            if operand < n_in:
-                hbm, kernel_ref = self.hbm_inputs[operand], self.input_refs[operand]
-            else:
-                hbm, kernel_ref = self.hbm_outputs[operand - n_in], self.output_refs[operand - n_in]
-            sim = self.launch.sim
-            part = self.blocks.infos[operand].block_region(block)
-            whole = None if part is not None else self._plans.get((operand, None))
-            if whole is not None:
-                inner = whole
-            else:
-                inner = sim.plan(kernel_ref.buffer, part)
-                if part is None:
-                    self._plans[(operand, None)] = inner
-            plans = (sim.plan(hbm, self.blocks.region(operand, block)), inner)
-            if len(self._plans) >= _PLAN_CACHE_LIMIT:
-                self._plans.clear()
-            self._plans[key] = plans
-        return plans
+        return self._plans.get((operand, block), lambda: self._resolve_copy(operand, block))
+
+    def _resolve_copy(self, operand: int, block: tuple[int, ...]) -> tuple[AccessPlan, AccessPlan]:
+        n_in = len(self.input_refs)
+        if operand < n_in:
+            hbm, kernel_ref = self.hbm_inputs[operand], self.input_refs[operand]
+        else:
+            hbm, kernel_ref = self.hbm_outputs[operand - n_in], self.output_refs[operand - n_in]
+        sim = self.launch.sim
+        part = self.blocks.infos[operand].block_region(block)
+        if part is None:  # the whole kernel buffer: one plan for every block
+            inner = self._plans.get((operand, None),
+                                    lambda: sim.plan(kernel_ref.buffer, None))
+        else:
+            inner = sim.plan(kernel_ref.buffer, part)
+        return (sim.plan(hbm, self.blocks.region(operand, block)), inner)
 
     def _block_indices(self, point: tuple[int, ...]) -> list[tuple[int, ...]]:
         fast = self.blocks.indices(point)
         if fast is not None:
             return fast
-        ev = self.ev
-        saved = ev.grid_point
-        ev.grid_point = point
+        ev = self.ev.at(point)
         out = []
         k = self.launch.kernel
         for info in (*k.inputs, *k.outputs):
             idx = ev.eval_closed(info.index_map, [*(np.int32(p) for p in point), *self.scalar_refs])
             out.append(tuple(int(np.asarray(i)) for i in idx))
-        ev.grid_point = saved
         return out
 
     def _site(self, point: tuple[int, ...], what: str, headline: str | None = None) -> Site:
@@ -175,9 +168,9 @@ class CoreRun:
 
     def run(self) -> None:
         self._run_grid()
-        mxu = self.ev.mxu
+        mxu = self.ev.state.mxu
         if mxu is not None and mxu.leftovers():
-            site = self._site(self.ev.grid_point or (), "end of the kernel")
+            site = self._site(self.point or (), "end of the kernel")
             raise KernelError(
                 f"the kernel left {', '.join(mxu.leftovers())} at its end ({site}); a "
                 "kernel must load every staged RHS (matmul_acc_lhs(load_staged_rhs=...)) "
@@ -199,7 +192,8 @@ class CoreRun:
         record = params.grid_point_recorder_call()
         tick, step_site = sim.tick, _StepSite(self)
         for step, point in enumerate(self.points):
-            self.ev.grid_point = point
+            self.point = point
+            ev = self.ev.at(point)
             # Ctrl-C (a cancelled run) and the watchdog are seen here at every grid step,
             # also by a kernel with no scheduling point of its own: a flag read and a
             # clock read (the site is formatted only for the watchdog's message).
@@ -220,7 +214,7 @@ class CoreRun:
                 if obs is not None:
                     obs.block_copy(BlockCopy(self.core, info.name, "in", cur[i], data.nbytes,
                                              step, point, info.buffer_count, info.space))
-            self.ev.eval_jaxpr(k.jaxpr, [], self.operands)
+            ev.eval_jaxpr(k.jaxpr, [], self.operands)
             if obs is not None:
                 obs.grid_step_end(self.core, step, point)
             nxt = self._block_indices(self.points[step + 1]) if step + 1 < len(self.points) else None

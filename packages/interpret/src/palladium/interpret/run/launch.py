@@ -20,7 +20,6 @@ from palladium.interpret.chip import DEFAULT_CHIP, chip_facts
 from palladium.interpret.errors import KernelError, PalladiumError, UnsupportedFeatureError
 from palladium.interpret.eval.context import CoreId, Where
 from palladium.interpret.eval.program import ProgramCache
-from palladium.interpret.eval.refs import MemRef, SemaphoreRef
 from palladium.interpret.kernel.jaxpr_checks import negative_grid_message
 from palladium.interpret.kernel.prepared_kernel import PreparedKernel
 from palladium.interpret.observe.observers import LaunchInfo, launch_observers
@@ -97,9 +96,6 @@ class Launch:
         """Whether ``pl.debug_check`` checks (``pl.enable_debug_checks`` at lowering)."""
         return self.kernel.debug_checks
 
-    def fill_value(self, dtype: Any) -> Any:
-        return self.memory.fill_value(dtype)
-
     def program_ids(self, grid_point: tuple[int, ...] | None) -> tuple[int, ...]:
         point = grid_point or ()
         return tuple(p for d, p in enumerate(point) if d not in self.vmapped_dims)
@@ -148,16 +144,6 @@ class Launch:
                 f"{self.num_cores} core(s) ({where()})"
             )
         return (device, core)
-
-    def peer_buffer(self, buf: BufferRef, target: CoreId) -> BufferRef:
-        return self.memory.peer_buffer(buf, target)
-
-    def allocate_scoped(self, core: CoreId, aval: Any, name: str,
-                        where: Where) -> MemRef | SemaphoreRef:
-        return self.memory.allocate_scoped(core, aval, name, where)
-
-    def free_scoped(self, core: CoreId, alloc: MemRef | SemaphoreRef, where: Where) -> None:
-        self.memory.free_scoped(core, alloc, where)
 
     # --- the launch itself ------------------------------------------------------------------
     def execute(self, args: list[np.ndarray]) -> list[np.ndarray]:
@@ -279,7 +265,7 @@ class Launch:
 
     def _grid_point_of(self, core: CoreId) -> tuple[int, ...] | None:
         run = self.core_runs.get(core)
-        return None if run is None else run.ev.grid_point
+        return None if run is None else run.point
 
     def progress_text(self) -> str:
         """Where the launch is now: each core and the DMAs in flight (a progress report)."""

@@ -1,0 +1,113 @@
+"""The access path: each ref access of a kernel body resolved once, and kept.
+
+A kernel reads, writes and copies its refs at the same few places on every grid step.
+Whatever a rule derives from an access's operands -- the indexer tree unflattened, the
+access resolved (region and post ops), the simulator's plan of the region (which holds
+the race detector's view of it), a DMA's view, its semaphores' positions, its byte count
+-- depends on the operands only through their *structure*: each memory ref's buffer shape
+and dtype and whether it is SMEM (never tile-padded) or host memory, each semaphore
+array's shape, and the integer value of every index operand (``operand_key``). This
+module owns that key, the one bounded cache every access kind uses (``PlanCache``) and
+what is kept per key: a ``ResolvedAccess`` for loads and stores, a ``DmaPlan`` for a DMA
+start and a ``DmaWaitPlan`` for a wait. The rules (``rules_memory``, ``rules_dma``) look
+up and run; an operand the key cannot describe (an array-valued index: a gather) takes
+the rule's generic path, which resolves the access on every call.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Hashable
+from typing import Any, Generic, NamedTuple, TypeVar
+
+import numpy as np
+
+from palladium.interpret.eval.refs import Access, MemRef, SemaphoreRef
+from palladium.shared_memory import AccessPlan, MemorySpace
+
+__all__ = ["LIMIT", "DmaPlan", "DmaWaitPlan", "PlanCache", "ResolvedAccess", "operand_key"]
+
+#: Entries a cache keeps before it starts again (a kernel whose indices take more values
+#: than this, e.g. a DMA per page of a large page table, re-resolves; nothing is wrong).
+LIMIT = 4096
+_SMEM = MemorySpace.SMEM  # an enum's hash is a Python call: compare by identity instead
+_HOST = MemorySpace.HOST
+
+T = TypeVar("T")
+
+
+class PlanCache(Generic[T]):
+    """A bounded ``key -> plan`` map: ``get(key, build)`` builds a plan once per key."""
+
+    __slots__ = ("entries", "limit")
+
+    def __init__(self, limit: int = LIMIT) -> None:
+        self.entries: dict[Hashable, T] = {}
+        self.limit = limit
+
+    def get(self, key: Hashable, build: Callable[[], T]) -> T:
+        hit = self.entries.get(key)
+        if hit is None:
+            hit = build()
+            if len(self.entries) >= self.limit:
+                self.entries.clear()
+            self.entries[key] = hit
+        return hit
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+
+class ResolvedAccess(NamedTuple):
+    """A load's or store's access and the simulator's plan of its region."""
+
+    access: Access
+    plan: AccessPlan
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class DmaPlan:
+    """A DMA start, resolved: where its refs and semaphores are among the operands, the
+    plans of both regions, the view it moves (None: the regions' elements as they are)."""
+
+    src_at: int
+    src_plan: AccessPlan
+    dst_at: int
+    dst_plan: AccessPlan
+    view: Any
+    dst_sem: tuple[int, int]  # (operand position of the array, flat position in it)
+    src_sem: tuple[int, int] | None
+    device_id: Any
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class DmaWaitPlan:
+    """A DMA wait, resolved: the bytes it waits for and its semaphore's position."""
+
+    nbytes: int
+    sem: tuple[int, int]
+
+
+def _leaf_key(x: Any) -> Hashable:
+    if type(x) is MemRef:
+        buf = x.buffer
+        return ("m", buf.shape, buf.dtype, buf.space is _SMEM, buf.space is _HOST)
+    if type(x) is SemaphoreRef:
+        return ("s", x.ids.shape)
+    if isinstance(x, (int, np.integer)) or (type(x) is np.ndarray and not x.ndim):
+        return int(x)
+    raise TypeError  # an array-valued or foreign operand: no key
+
+
+def operand_key(invals: list[Any]) -> tuple[Hashable, ...] | None:
+    """The structure of an access's operands (see the module docstring), or None when
+    one of them has none (the generic path)."""
+    try:
+        return tuple(_leaf_key(x) for x in invals)
+    except (TypeError, ValueError):
+        return None
+
+
+def semaphore_at(invals: list[Any], where: tuple[int, int]) -> int:
+    """The simulator id of the semaphore at ``where`` (a ``DmaPlan``'s position)."""
+    return int(invals[where[0]].ids.flat[where[1]])
