@@ -203,6 +203,72 @@ def race_scenario() -> None:
         RESULT["races"].append([str(r) for r in reports])
 
 
+def remote_reads_scenario() -> None:
+    """Remote DMAs the Pallas API cannot express (``make_async_remote_copy`` writes
+    remote memory; it never reads it nor adds into it), run on palladium's
+    ``Simulation`` over this run's key-value store: device d reads device d+1's ``x``
+    into its ``out``, adds its ``x`` into device d+1's ``acc``, and copies half of
+    device d+2's ``x`` into device d+1's ``fwd``. Race-free, race detection on."""
+    from palladium.interpret.multi_process import KvTransport, ProcessLayouts
+    from palladium.shared_memory import MemorySpace, Partition, SemaphoreKind, Simulation
+
+    per = DEVICES // PROCESSES
+    local = range(PROCESS * per, (PROCESS + 1) * per)
+    partition = None
+    if PROCESSES > 1:
+        layout = ProcessLayouts().current()
+        assert layout is not None
+        transport = KvTransport(layout, "test/remote_reads", "remote reads")
+        transport.meet(30.0)
+        partition = Partition(frozenset(local), transport)
+    sim = Simulation(DEVICES, 1, seed=7, detect_races=True, on_race="raise",
+                     uninitialized_reads="warn", partition=partition)
+    rows = np.arange(DEVICES * 256, dtype=np.float32).reshape(DEVICES, 16, 16) / 7
+    bufs: dict[str, list] = {"out": [], "acc": [], "fwd": []}
+    xs = [sim.allocate(MemorySpace.HBM, d, 0, name="x", value=rows[d]) for d in range(DEVICES)]
+    for d in range(DEVICES):
+        bufs["out"].append(sim.allocate(MemorySpace.HBM, d, 0, name="out", shape=(16, 16),
+                                        dtype=np.float32))
+        bufs["acc"].append(sim.allocate(MemorySpace.HBM, d, 0, name="acc",
+                                        value=np.full((16, 16), 0.1 * (d + 1), np.float32)))
+        bufs["fwd"].append(sim.allocate(MemorySpace.HBM, d, 0, name="fwd", shape=(16, 16),
+                                        dtype=np.float32))
+    sems = [sim.allocate_semaphores(d, 0, kind=SemaphoreKind.DMA, name="s", shape=(5,))
+            for d in range(DEVICES)]
+    nbytes = 16 * 16 * 4
+
+    def body(d: int):
+        def run() -> None:
+            core, right, right2 = (d, 0), (d + 1) % DEVICES, (d + 2) % DEVICES
+            s = [int(i) for i in sems[d]]
+            sim.barrier(core)
+            sim.dma_start(xs[right], None, bufs["out"][d], None, core=core, dst_sem=s[0])
+            sim.dma_start(xs[d], None, bufs["acc"][right], None, core=core,
+                          dst_core=(right, 0), dst_sem=s[1], src_sem=s[2], add=True)
+            sim.dma_start(xs[right2], (slice(0, 8),), bufs["fwd"][right], (slice(8, 16),),
+                          core=core, dst_core=(right, 0), dst_sem=s[3], src_sem=s[4])
+            for sem, n in ((0, nbytes), (2, nbytes), (1, nbytes), (4, nbytes // 2),
+                           (3, nbytes // 2)):
+                sim.dma_wait(s[sem], n, core=core)
+
+        return run
+
+    start = time.perf_counter()
+    try:
+        sim.run({(d, 0): body(d) for d in local})
+    except Exception as e:  # noqa: BLE001 - the test checks type and message
+        RESULT["errors"]["remote_reads"] = [type(e).__name__, str(e)]
+        return
+    RESULT["seconds"]["remote_reads"] = time.perf_counter() - start
+    for name, refs in bufs.items():
+        shards = []
+        for d in local:
+            path = os.path.join(OUT, f"{name}-{PROCESS}-{d}.npy")
+            np.save(path, sim.value(refs[d])[None])
+            shards.append([d, path])
+        RESULT["outputs"][name] = shards
+
+
 def main() -> None:
     {
         "collectives": collectives_scenario,
@@ -210,6 +276,7 @@ def main() -> None:
         "killed": killed_scenario,
         "partial": partial_scenario,
         "race": race_scenario,
+        "remote_reads": remote_reads_scenario,
     }[SCENARIO]()
     with open(os.path.join(OUT, f"{PROCESS}.json"), "w") as f:
         json.dump(RESULT, f)
