@@ -139,6 +139,30 @@ def killed_scenario() -> None:
     record("killed", lambda: f(global_array(x)))
 
 
+def coordinator_killed_scenario() -> None:
+    """As ``killed``, but process 0 (the coordinator) kills itself."""
+    from palladium.interpret import multi_process
+
+    x = np.asarray(collectives.inputs("all_gather", DEVICES))
+    f = shard_mapped(functools.partial(collectives.all_gather, n=DEVICES, interpret=PARAMS))
+    record("warm_up", lambda: f(global_array(x)))
+    if PROCESS == 0:
+        exchange = multi_process.KvTransport.exchange
+
+        def dying(self, payload):
+            if self.round == 2:
+                os.kill(os.getpid(), signal.SIGKILL)
+            return exchange(self, payload)
+
+        multi_process.KvTransport.exchange = dying  # type: ignore[method-assign]
+    start = time.perf_counter()
+    record("killed", lambda: f(global_array(x)))
+    # Reached only if jax's client did not end this process first.
+    with open(os.path.join(OUT, f"{PROCESS}.json"), "w") as out:
+        json.dump(dict(RESULT, ended=time.perf_counter() - start), out)
+    os._exit(0)
+
+
 def partial_scenario() -> None:
     """A warm-up launch, then only process 0 runs the second launch."""
     x = np.asarray(collectives.inputs("right_permute", DEVICES))
@@ -269,14 +293,51 @@ def remote_reads_scenario() -> None:
         RESULT["outputs"][name] = shards
 
 
+def _order_kernel(x_ref, o_ref, zeros, sem1, sem2):
+    """Two local DMAs into the same output, unordered: the result depends on which
+    completes last."""
+    zeros[...] = jax.numpy.zeros(zeros.shape, zeros.dtype)
+    first = pltpu.make_async_copy(x_ref, o_ref, sem1)
+    second = pltpu.make_async_copy(zeros, o_ref, sem2)
+    first.start()
+    second.start()
+    first.wait()
+    second.wait()
+
+
+def order_trials_scenario() -> None:
+    """``dma_order_trials`` on a split launch: a race-free ring all-gather passes (and
+    is right), an order-dependent kernel is a DmaOrderDependenceError on every process."""
+    params = pi.InterpretParams(dma_order="random", dma_order_trials=3, rendezvous_timeout=30.0)
+    x = np.asarray(collectives.inputs("all_gather", DEVICES))
+    f = shard_mapped(functools.partial(collectives.all_gather, n=DEVICES, interpret=params))
+    record("all_gather", lambda: f(global_array(x)))
+    any_spec = pl.BlockSpec(memory_space=pl.ANY)
+
+    def fn(x):
+        return pl.pallas_call(
+            _order_kernel,
+            out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+            in_specs=[any_spec],
+            out_specs=any_spec,
+            scratch_shapes=[pltpu.VMEM(x.shape, x.dtype)] + [pltpu.SemaphoreType.DMA] * 2,
+            interpret=params,
+        )(x)
+
+    xs = np.asarray(collectives.inputs("right_permute", DEVICES))
+    record("order", lambda: shard_mapped(fn)(global_array(xs)))
+
+
 def main() -> None:
     {
         "collectives": collectives_scenario,
         "deadlock": deadlock_scenario,
         "killed": killed_scenario,
+        "coordinator_killed": coordinator_killed_scenario,
         "partial": partial_scenario,
         "race": race_scenario,
         "remote_reads": remote_reads_scenario,
+        "order_trials": order_trials_scenario,
     }[SCENARIO]()
     with open(os.path.join(OUT, f"{PROCESS}.json"), "w") as f:
         json.dump(RESULT, f)

@@ -24,6 +24,13 @@ WORKER = os.path.join(os.path.dirname(__file__), "_multi_process_worker.py")
 COLLECTIVES = ("right_permute", "all_gather", "all_reduce", "reduce_scatter", "jax_all_gather")
 
 
+def _collectives():
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir, "examples"))
+    import collectives
+
+    return collectives
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -136,6 +143,21 @@ def test_remote_reads_and_adds_equal_one_process_run(tmp_path):
         for name, want in runs[1].items():
             got = runs[processes][name]
             assert got.view(np.uint8).tobytes() == want.view(np.uint8).tobytes(), (processes, name)
+
+
+@pytest.mark.timeout(300)
+def test_dma_order_trials_across_processes(tmp_path):
+    """Each trial is a launch of every process; a difference any process finds is an
+    error on every process."""
+    results = _run("order_trials", 2, 4, str(tmp_path), timeout=200)
+    got = _assembled(results, "all_gather")
+    want = np.asarray(_collectives().reference("all_gather", _collectives().inputs("all_gather", 4), 4))
+    assert np.array_equal(got, want)
+    for r in results:
+        assert r is not None
+        kind, message = r["errors"]["order"]
+        assert kind == "DmaOrderDependenceError"
+        assert "the result depends on the order in which DMAs complete" in message
 
 
 @pytest.mark.timeout(300)

@@ -210,7 +210,9 @@ class Rounds:
             return None
         if all(s.state == "done" for s in statuses):
             return None  # cannot happen while a local core is blocked; the caller ends
-        return self._deadlock_message(statuses)
+        # Every process saw the same: a deadlock. One more round says who waits on what
+        # (a round's status leaves that out: it is only needed here).
+        return self._deadlock_message(self._round(self._status(tasks, describe=True)))
 
     def drain(self) -> None:
         """Every local core finished: take part in rounds until every process has."""
@@ -221,7 +223,7 @@ class Rounds:
                 continue
             if all(s.state == "done" for s in statuses):
                 return
-            raise DeadlockError(self._deadlock_message(statuses))
+            raise DeadlockError(self._deadlock_message(self._round(_Status("done"))))
 
     def fail(self, error: BaseException) -> None:
         """This process failed: tell the others (once) so that none waits for it."""
@@ -232,9 +234,9 @@ class Rounds:
         with contextlib.suppress(Exception):  # the others may be gone too
             self.transport.abort(text)
 
-    def _status(self, tasks: Sequence[Any]) -> _Status:
+    def _status(self, tasks: Sequence[Any], describe: bool = False) -> _Status:
         status = _Status("blocked")
-        for t in tasks:
+        for t in tasks if describe else ():
             if t.describe is not None and t.state.name == "BLOCKED":
                 status.blocked.append((t.core, t.describe()))
             elif t.state.name == "DONE":
