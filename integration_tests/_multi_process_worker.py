@@ -151,6 +151,8 @@ def coordinator_killed_scenario() -> None:
 
         def dying(self, payload):
             if self.round == 2:
+                with open(os.path.join(OUT, "killed_at"), "w") as out:
+                    out.write(repr(time.time()))
                 os.kill(os.getpid(), signal.SIGKILL)
             return exchange(self, payload)
 

@@ -44,9 +44,10 @@ def _run(
     out_dir: str,
     timeout: float,
     expect_killed: tuple[int, ...] = (),
+    may_die: tuple[int, ...] = (),
 ) -> list[dict | None]:
     """Start the workers, wait for all (at most ``timeout`` s in all), return each
-    one's result (None for a process in ``expect_killed``)."""
+    one's result (None for a process in ``expect_killed``, or in ``may_die`` and dead)."""
     port = _free_port()
     env = dict(os.environ, JAX_PLATFORMS="cpu", ALLOW_MULTIPLE_LIBTPU_LOAD="1")
     env.pop("XLA_FLAGS", None)
@@ -83,6 +84,9 @@ def _run(
         path = os.path.join(out_dir, f"{p}.json")
         if p in expect_killed:
             assert not os.path.exists(path)
+            results.append(None)
+            continue
+        if not os.path.exists(path) and p in may_die:
             results.append(None)
             continue
         if not os.path.exists(path):
@@ -193,6 +197,23 @@ def test_killed_process_is_an_error_on_the_others_within_seconds(tmp_path, proce
         assert kind == "PeerProcessError"
         assert f"process 1 of {processes} stopped responding" in message
         assert r["seconds"]["killed"] < 10.0
+
+
+@pytest.mark.timeout(300)
+def test_killed_coordinator_ends_the_other_processes_within_seconds(tmp_path):
+    """Process 0 hosts jax's coordination service: when it dies, jax's own client ends
+    the others (a fatal error of jax, not catchable in Python); they never hang."""
+    results = _run("coordinator_killed", 2, 8, str(tmp_path), timeout=150,
+                   expect_killed=(0,), may_die=(1,))
+    killed_at = float((tmp_path / "killed_at").read_text())
+    if results[1] is None:  # jax's client terminated it
+        log = (tmp_path / "1.log").read_text()
+        assert "Terminating process because the JAX distributed service detected" in log
+        assert os.path.getmtime(tmp_path / "1.log") - killed_at < 15.0
+    else:  # (a jax that lets it live: palladium's error then)
+        kind, _ = results[1]["errors"]["killed"]
+        assert kind == "PeerProcessError"
+        assert results[1]["ended"] < 15.0
 
 
 @pytest.mark.timeout(300)
