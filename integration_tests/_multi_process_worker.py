@@ -138,6 +138,32 @@ def killed_scenario() -> None:
     record("killed", lambda: f(global_array(x)))
 
 
+def coordinator_killed_scenario() -> None:
+    """As ``killed``, but process 0 (the coordinator) kills itself."""
+    from palladium.interpret import multi_process
+
+    x = np.asarray(collectives.inputs("all_gather", DEVICES))
+    f = shard_mapped(functools.partial(collectives.all_gather, n=DEVICES, interpret=PARAMS))
+    record("warm_up", lambda: f(global_array(x)))
+    if PROCESS == 0:
+        exchange = multi_process.KvTransport.exchange
+
+        def dying(self, payload):
+            if self.round == 2:
+                with open(os.path.join(OUT, "killed_at"), "w") as out:
+                    out.write(repr(time.time()))
+                os.kill(os.getpid(), signal.SIGKILL)
+            return exchange(self, payload)
+
+        multi_process.KvTransport.exchange = dying  # type: ignore[method-assign]
+    start = time.perf_counter()
+    record("killed", lambda: f(global_array(x)))
+    # Reached only if jax's client did not end this process first.
+    with open(os.path.join(OUT, f"{PROCESS}.json"), "w") as out:
+        json.dump(dict(RESULT, ended=time.perf_counter() - start), out)
+    os._exit(0)
+
+
 def partial_scenario() -> None:
     """A warm-up launch, then only process 0 runs the second launch."""
     x = np.asarray(collectives.inputs("right_permute", DEVICES))
@@ -202,13 +228,117 @@ def race_scenario() -> None:
         RESULT["races"].append([str(r) for r in reports])
 
 
+def remote_reads_scenario() -> None:
+    """Remote DMAs the Pallas API cannot express (``make_async_remote_copy`` writes
+    remote memory; it never reads it nor adds into it), run on palladium's
+    ``Simulation`` over this run's key-value store: device d reads device d+1's ``x``
+    into its ``out``, adds its ``x`` into device d+1's ``acc``, and copies half of
+    device d+2's ``x`` into device d+1's ``fwd``. Race-free, race detection on."""
+    from palladium.interpret.multi_process import KvTransport, ProcessLayouts
+    from palladium.shared_memory import MemorySpace, Partition, SemaphoreKind, Simulation
+
+    per = DEVICES // PROCESSES
+    local = range(PROCESS * per, (PROCESS + 1) * per)
+    partition = None
+    if PROCESSES > 1:
+        layout = ProcessLayouts().current()
+        assert layout is not None
+        transport = KvTransport(layout, "test/remote_reads", "remote reads")
+        transport.meet(30.0)
+        partition = Partition(frozenset(local), transport)
+    sim = Simulation(DEVICES, 1, seed=7, detect_races=True, on_race="raise",
+                     uninitialized_reads="warn", partition=partition)
+    rows = np.arange(DEVICES * 256, dtype=np.float32).reshape(DEVICES, 16, 16) / 7
+    bufs: dict[str, list] = {"out": [], "acc": [], "fwd": []}
+    xs = [sim.allocate(MemorySpace.HBM, d, 0, name="x", value=rows[d]) for d in range(DEVICES)]
+    for d in range(DEVICES):
+        bufs["out"].append(sim.allocate(MemorySpace.HBM, d, 0, name="out", shape=(16, 16),
+                                        dtype=np.float32))
+        bufs["acc"].append(sim.allocate(MemorySpace.HBM, d, 0, name="acc",
+                                        value=np.full((16, 16), 0.1 * (d + 1), np.float32)))
+        bufs["fwd"].append(sim.allocate(MemorySpace.HBM, d, 0, name="fwd", shape=(16, 16),
+                                        dtype=np.float32))
+    sems = [sim.allocate_semaphores(d, 0, kind=SemaphoreKind.DMA, name="s", shape=(5,))
+            for d in range(DEVICES)]
+    nbytes = 16 * 16 * 4
+
+    def body(d: int):
+        def run() -> None:
+            core, right, right2 = (d, 0), (d + 1) % DEVICES, (d + 2) % DEVICES
+            s = [int(i) for i in sems[d]]
+            sim.barrier(core)
+            sim.dma_start(xs[right], None, bufs["out"][d], None, core=core, dst_sem=s[0])
+            sim.dma_start(xs[d], None, bufs["acc"][right], None, core=core,
+                          dst_core=(right, 0), dst_sem=s[1], src_sem=s[2], add=True)
+            sim.dma_start(xs[right2], (slice(0, 8),), bufs["fwd"][right], (slice(8, 16),),
+                          core=core, dst_core=(right, 0), dst_sem=s[3], src_sem=s[4])
+            for sem, n in ((0, nbytes), (2, nbytes), (1, nbytes), (4, nbytes // 2),
+                           (3, nbytes // 2)):
+                sim.dma_wait(s[sem], n, core=core)
+
+        return run
+
+    start = time.perf_counter()
+    try:
+        sim.run({(d, 0): body(d) for d in local})
+    except Exception as e:  # noqa: BLE001 - the test checks type and message
+        RESULT["errors"]["remote_reads"] = [type(e).__name__, str(e)]
+        return
+    RESULT["seconds"]["remote_reads"] = time.perf_counter() - start
+    for name, refs in bufs.items():
+        shards = []
+        for d in local:
+            path = os.path.join(OUT, f"{name}-{PROCESS}-{d}.npy")
+            np.save(path, sim.value(refs[d])[None])
+            shards.append([d, path])
+        RESULT["outputs"][name] = shards
+
+
+def _order_kernel(x_ref, o_ref, zeros, sem1, sem2):
+    """Two local DMAs into the same output, unordered: the result depends on which
+    completes last."""
+    zeros[...] = jax.numpy.zeros(zeros.shape, zeros.dtype)
+    first = pltpu.make_async_copy(x_ref, o_ref, sem1)
+    second = pltpu.make_async_copy(zeros, o_ref, sem2)
+    first.start()
+    second.start()
+    first.wait()
+    second.wait()
+
+
+def order_trials_scenario() -> None:
+    """``dma_order_trials`` on a split launch: a race-free ring all-gather passes (and
+    is right), an order-dependent kernel is a DmaOrderDependenceError on every process."""
+    params = pi.InterpretParams(dma_order="random", dma_order_trials=3, rendezvous_timeout=30.0)
+    x = np.asarray(collectives.inputs("all_gather", DEVICES))
+    f = shard_mapped(functools.partial(collectives.all_gather, n=DEVICES, interpret=params))
+    record("all_gather", lambda: f(global_array(x)))
+    any_spec = pl.BlockSpec(memory_space=pl.ANY)
+
+    def fn(x):
+        return pl.pallas_call(
+            _order_kernel,
+            out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+            in_specs=[any_spec],
+            out_specs=any_spec,
+            scratch_shapes=[pltpu.VMEM(x.shape, x.dtype)] + [pltpu.SemaphoreType.DMA] * 2,
+            interpret=params,
+        )(x)
+
+    xs = np.asarray(collectives.inputs("right_permute", DEVICES))
+    record("order", lambda: shard_mapped(fn)(global_array(xs)))
+
+
 def main() -> None:
     {
         "collectives": collectives_scenario,
         "deadlock": deadlock_scenario,
         "killed": killed_scenario,
+        "coordinator_killed": coordinator_killed_scenario,
         "partial": partial_scenario,
         "race": race_scenario,
+        "remote_reads": remote_reads_scenario,
+        "order_trials": order_trials_scenario,
     }[SCENARIO]()
     with open(os.path.join(OUT, f"{PROCESS}.json"), "w") as f:
         json.dump(RESULT, f)

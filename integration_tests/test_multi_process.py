@@ -24,6 +24,13 @@ WORKER = os.path.join(os.path.dirname(__file__), "_multi_process_worker.py")
 COLLECTIVES = ("right_permute", "all_gather", "all_reduce", "reduce_scatter", "jax_all_gather")
 
 
+def _collectives():
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir, "examples"))
+    import collectives
+
+    return collectives
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -37,9 +44,10 @@ def _run(
     out_dir: str,
     timeout: float,
     expect_killed: tuple[int, ...] = (),
+    may_die: tuple[int, ...] = (),
 ) -> list[dict | None]:
     """Start the workers, wait for all (at most ``timeout`` s in all), return each
-    one's result (None for a process in ``expect_killed``)."""
+    one's result (None for a process in ``expect_killed``, or in ``may_die`` and dead)."""
     port = _free_port()
     env = dict(os.environ, JAX_PLATFORMS="cpu", ALLOW_MULTIPLE_LIBTPU_LOAD="1")
     env.pop("XLA_FLAGS", None)
@@ -76,6 +84,9 @@ def _run(
         path = os.path.join(out_dir, f"{p}.json")
         if p in expect_killed:
             assert not os.path.exists(path)
+            results.append(None)
+            continue
+        if not os.path.exists(path) and p in may_die:
             results.append(None)
             continue
         if not os.path.exists(path):
@@ -117,33 +128,92 @@ def test_collectives_equal_one_process_run(reference, tmp_path, processes, devic
         assert np.array_equal(got.view(np.uint8), want.view(np.uint8)), name
 
 
+@pytest.mark.timeout(400)
+def test_remote_reads_and_adds_equal_one_process_run(tmp_path):
+    """DMAs reading another process's memory and adding into it, 2 and 4 processes,
+    byte for byte against one process (race detection on, no report)."""
+    runs = {}
+    for processes in (1, 2, 4):
+        out = tmp_path / str(processes)
+        out.mkdir()
+        results = _run("remote_reads", processes, 8, str(out), timeout=150)
+        runs[processes] = {n: _assembled(results, n) for n in ("out", "acc", "fwd")}
+    x = np.arange(8 * 256, dtype=np.float32).reshape(8, 16, 16) / 7
+    np.testing.assert_array_equal(runs[1]["out"], np.roll(x, -1, axis=0))
+    acc = np.stack([np.full((16, 16), 0.1 * (d + 1), np.float32) for d in range(8)])
+    np.testing.assert_array_equal(runs[1]["acc"], acc + np.roll(x, 1, axis=0))
+    np.testing.assert_array_equal(runs[1]["fwd"][:, 8:], np.roll(x, -1, axis=0)[:, :8])
+    for processes in (2, 4):
+        for name, want in runs[1].items():
+            got = runs[processes][name]
+            assert got.view(np.uint8).tobytes() == want.view(np.uint8).tobytes(), (processes, name)
+
+
 @pytest.mark.timeout(300)
-def test_deadlock_across_processes_is_reported_on_every_process(tmp_path):
-    results = _run("deadlock", 2, 4, str(tmp_path), timeout=200)
+def test_dma_order_trials_across_processes(tmp_path):
+    """Each trial is a launch of every process; a difference any process finds is an
+    error on every process."""
+    results = _run("order_trials", 2, 4, str(tmp_path), timeout=200)
+    got = _assembled(results, "all_gather")
+    want = np.asarray(_collectives().reference("all_gather", _collectives().inputs("all_gather", 4), 4))
+    assert np.array_equal(got, want)
+    for r in results:
+        assert r is not None
+        kind, message = r["errors"]["order"]
+        assert kind == "DmaOrderDependenceError"
+        assert "the result depends on the order in which DMAs complete" in message
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("processes", [2, 4])
+def test_deadlock_across_processes_is_reported_on_every_process(tmp_path, processes):
+    results = _run("deadlock", processes, 4, str(tmp_path), timeout=200)
     messages = []
     for r in results:
         assert r is not None
         kind, message = r["errors"]["deadlock"]
         assert kind == "DeadlockError"
         messages.append(message)
-    assert "across 2 processes" in messages[0]
+    assert f"across {processes} processes" in messages[0]
+    per = 4 // processes
     for d in range(4):
-        assert f"device {d} core 0 (process {d // 2}) waits on semaphore" in messages[0]
+        assert f"device {d} core 0 (process {d // per}) waits on semaphore" in messages[0]
         assert "for 2, count 1" in messages[0]
     # the same report on every process
-    assert messages[0].split("[palladium")[0] == messages[1].split("[palladium")[0]
+    for message in messages[1:]:
+        assert messages[0].split("[palladium")[0] == message.split("[palladium")[0]
 
 
 @pytest.mark.timeout(300)
-def test_killed_process_is_an_error_on_the_others_within_seconds(tmp_path):
-    results = _run("killed", 2, 8, str(tmp_path), timeout=200, expect_killed=(1,))
-    r = results[0]
-    assert r is not None
-    assert "warm_up" in r["outputs"]
-    kind, message = r["errors"]["killed"]
-    assert kind == "PeerProcessError"
-    assert "process 1 of 2 stopped responding" in message
-    assert r["seconds"]["killed"] < 10.0
+@pytest.mark.parametrize(("processes", "devices"), [(2, 8), (4, 8)])
+def test_killed_process_is_an_error_on_the_others_within_seconds(tmp_path, processes, devices):
+    results = _run("killed", processes, devices, str(tmp_path), timeout=200, expect_killed=(1,))
+    for p, r in enumerate(results):
+        if p == 1:
+            continue
+        assert r is not None
+        assert "warm_up" in r["outputs"]
+        kind, message = r["errors"]["killed"]
+        assert kind == "PeerProcessError"
+        assert f"process 1 of {processes} stopped responding" in message
+        assert r["seconds"]["killed"] < 10.0
+
+
+@pytest.mark.timeout(300)
+def test_killed_coordinator_ends_the_other_processes_within_seconds(tmp_path):
+    """Process 0 hosts jax's coordination service: when it dies, jax's own client ends
+    the others (a fatal error of jax, not catchable in Python); they never hang."""
+    results = _run("coordinator_killed", 2, 8, str(tmp_path), timeout=150,
+                   expect_killed=(0,), may_die=(1,))
+    killed_at = float((tmp_path / "killed_at").read_text())
+    if results[1] is None:  # jax's client terminated it
+        log = (tmp_path / "1.log").read_text()
+        assert "Terminating process because the JAX distributed service detected" in log
+        assert os.path.getmtime(tmp_path / "1.log") - killed_at < 15.0
+    else:  # (a jax that lets it live: palladium's error then)
+        kind, _ = results[1]["errors"]["killed"]
+        assert kind == "PeerProcessError"
+        assert results[1]["ended"] < 15.0
 
 
 @pytest.mark.timeout(300)
@@ -157,19 +227,21 @@ def test_launch_reached_by_some_processes_only_is_an_error(tmp_path):
 
 
 @pytest.mark.timeout(300)
-def test_race_across_processes_is_found_where_the_remote_write_lands(tmp_path):
-    results = _run("race", 2, 4, str(tmp_path), timeout=200)
+@pytest.mark.parametrize("processes", [2, 4])
+def test_race_across_processes_is_found_where_the_remote_write_lands(tmp_path, processes):
+    results = _run("race", processes, 4, str(tmp_path), timeout=200)
+    per = 4 // processes
     for p, r in enumerate(results):
         assert r is not None
         assert not r["errors"]
         first, second, *clean = r["races"]
         assert first == second  # the same reports on every run
         assert clean == [[], [], []]  # race-free collectives: no false report
-        assert len(first) == 2
-        own, remote = (2 * p + 1, 2 * p), 2 * p  # (receiver of a local DMA, of a remote one)
-        assert f"data race on 'o_ref (HBM, device {own[0]})'" in first[0]
-        peer = 1 - p
-        sender = (remote - 1) % 4
-        assert f"data race on 'o_ref (HBM, device {remote})'" in first[1]
-        assert f"write by 'x_ref->o_ref (process {peer})'" in first[1]
-        assert f"device {sender} core 0 (_multi_process_worker.py:" in first[1]
+        assert len(first) == per  # one race on each of its devices
+        for d in range(p * per, (p + 1) * per):
+            # device d's output: written by its own local DMA and by device d-1's remote one
+            [report] = [t for t in first if f"data race on 'o_ref (HBM, device {d})'" in t]
+            sender = (d - 1) % 4
+            if sender // per != p:  # the remote DMA comes from another process
+                assert f"write by 'x_ref->o_ref (process {sender // per})'" in report
+                assert f"device {sender} core 0 (_multi_process_worker.py:" in report

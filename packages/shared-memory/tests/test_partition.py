@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 
 from palladium.shared_memory import (
-    ConfigError,
     DeadlockError,
     MemorySpace,
     Partition,
@@ -257,18 +256,131 @@ def test_race_free_ring_over_processes_reports_nothing():
         assert error is None and not sim.race_detector.reports
 
 
+def _fetch_and_add(sim: Simulation, devices: range):
+    """Remote DMAs of every kind: device d reads device d+1's ``x`` into its ``out``,
+    adds its ``x`` into device d+1's ``acc``, and copies part of device d+2's ``x``
+    into device d+1's ``fwd`` (read and write both remote). Race-free."""
+    xs = [
+        sim.allocate(MemorySpace.HBM, d, 0, name="x", value=np.arange(8.0, dtype=np.float32) / 3 + d)
+        for d in range(DEVICES)
+    ]
+    outs = [sim.allocate(MemorySpace.HBM, d, 0, name="out", shape=(8,), dtype=np.float32)
+            for d in range(DEVICES)]
+    accs = [
+        sim.allocate(MemorySpace.HBM, d, 0, name="acc", value=np.full(8, 0.1 * (d + 1), np.float32))
+        for d in range(DEVICES)
+    ]
+    fwds = [sim.allocate(MemorySpace.HBM, d, 0, name="fwd", shape=(8,), dtype=np.float32)
+            for d in range(DEVICES)]
+    sems = [sim.allocate_semaphores(d, 0, kind=SemaphoreKind.DMA, name="s", shape=(5,))
+            for d in range(DEVICES)]
+
+    def body(d: int):
+        def run() -> None:
+            core = (d, 0)
+            right, right2 = (d + 1) % DEVICES, (d + 2) % DEVICES
+            s = [int(i) for i in sems[d]]
+            sim.barrier(core)
+            sim.dma_start(xs[right], None, outs[d], None, core=core, dst_sem=s[0])
+            sim.dma_start(xs[d], None, accs[right], None, core=core, dst_core=(right, 0),
+                          dst_sem=s[1], src_sem=s[2], add=True)
+            sim.dma_start(xs[right2], (slice(0, 4),), fwds[right], (slice(2, 6),), core=core,
+                          dst_core=(right, 0), dst_sem=s[3], src_sem=s[4])
+            sim.dma_wait(s[0], 32, core=core)
+            sim.dma_wait(s[2], 32, core=core)
+            sim.dma_wait(s[1], 32, core=core)
+            sim.dma_wait(s[4], 16, core=core)
+            sim.dma_wait(s[3], 16, core=core)
+
+        return run
+
+    return {"out": outs, "acc": accs, "fwd": fwds}, {(d, 0): body(d) for d in devices}
+
+
+def _fetch_and_add_outs(sim: Simulation, devices: range):
+    bufs, bodies = _fetch_and_add(sim, devices)
+    return bufs["out"], bodies
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("processes", [2, 4])
+def test_remote_reads_and_adds_over_processes_equal_one_process(processes):
+    options = dict(seed=5, uninitialized_reads="warn")
+    one = Simulation(DEVICES, 1, **options)
+    bufs, bodies = _fetch_and_add(one, range(DEVICES))
+    one.run(bodies)
+    x = [np.arange(8.0, dtype=np.float32) / 3 + d for d in range(DEVICES)]
+    for d in range(DEVICES):
+        left = (d - 1) % DEVICES
+        np.testing.assert_array_equal(one.value(bufs["out"][d]), x[(d + 1) % DEVICES])
+        np.testing.assert_array_equal(
+            one.value(bufs["acc"][d]), np.full(8, 0.1 * (d + 1), np.float32) + x[left]
+        )
+        np.testing.assert_array_equal(one.value(bufs["fwd"][d])[2:6], x[(d + 1) % DEVICES][:4])
+
+    def state(sim: Simulation, d: int) -> list[tuple[bytes, bytes]]:
+        out = []
+        for name in ("out", "acc", "fwd"):
+            buf = sim._buffers[bufs[name][d].key]
+            out.append((sim.value(bufs[name][d]).tobytes(), buf.written.tobytes()))
+        return out
+
+    want = {d: state(one, d) for d in range(DEVICES)}
+    runs = []
+    for _ in range(2):
+        results = _split(processes, _fetch_and_add_outs, **options)
+        runs.append(results)
+        per = DEVICES // processes
+        for p, (_, error, sim) in enumerate(results):
+            assert error is None, error
+            for d in range(p * per, (p + 1) * per):  # (buffer keys: the same everywhere)
+                assert state(sim, d) == want[d], d
+            assert sim.rounds is not None and sim.rounds.messages_sent > 0
+    assert [r[2].schedule for r in runs[0]] == [r[2].schedule for r in runs[1]]
+
+
 @pytest.mark.timeout(60)
-def test_a_dma_reading_another_process_memory_is_refused():
-    sim = Simulation(DEVICES, 1, partition=Partition(frozenset({0}), ThreadTransport(Hub(1), 0)))
-    x = sim.allocate(MemorySpace.HBM, 1, 0, name="x", value=np.ones(8, np.float32))
-    o = sim.allocate(MemorySpace.HBM, 0, 0, name="o", shape=(8,), dtype=np.float32)
-    sem = int(sim.allocate_semaphores(0, 0, kind=SemaphoreKind.DMA, name="s"))
+@pytest.mark.parametrize("processes", [2, 4])
+def test_remote_reads_and_adds_over_processes_are_race_free(processes):
+    results = _split(processes, _fetch_and_add_outs, detect_races=True, on_race="raise")
+    for _, error, sim in results:
+        assert error is None and not sim.race_detector.reports
 
-    def run() -> None:
-        sim.dma_start(x, None, o, None, core=(0, 0), dst_sem=sem)
 
-    with pytest.raises(
-        ConfigError,
-        match="a DMA reads 'x' \\(HBM, device 1\\), a device simulated by another process",
-    ):
-        sim.run({(0, 0): run})
+def _racy_read(sim: Simulation, devices: range):
+    """Device d reads device d+1's ``x`` while d+1 overwrites it, unordered."""
+    xs = [sim.allocate(MemorySpace.HBM, d, 0, name="x", value=np.ones(8, np.float32))
+          for d in range(DEVICES)]
+    outs = [sim.allocate(MemorySpace.HBM, d, 0, name="o", shape=(8,), dtype=np.float32)
+            for d in range(DEVICES)]
+    sems = [sim.allocate_semaphores(d, 0, kind=SemaphoreKind.DMA, name="s")
+            for d in range(DEVICES)]
+
+    def body(d: int):
+        def run() -> None:
+            core = (d, 0)
+            sim.barrier(core)
+            sim.dma_start(xs[(d + 1) % DEVICES], None, outs[d], None, core=core, dst_sem=int(sems[d]))
+            sim.write(xs[d], None, np.zeros(8, np.float32), core=core)
+            sim.dma_wait(int(sems[d]), 32, core=core)
+
+        return run
+
+    return outs, {(d, 0): body(d) for d in devices}
+
+
+@pytest.mark.timeout(60)
+def test_a_race_with_a_remote_read_is_found_where_the_source_is():
+    runs = [_split(2, _racy_read, detect_races=True, on_race="collect") for _ in range(2)]
+    for results in runs:
+        for p, (_, error, sim) in enumerate(results):
+            assert error is None
+            reports = [str(r) for r in sim.race_detector.reports]
+            remote = [r for r in reports if "(process" in r]
+            # device 2p's x is read by device 2p-1, which the other process simulates
+            assert len(reports) == 2 and len(remote) == 1, reports
+            assert f"data race on 'x (HBM, device {2 * p})'" in remote[0]
+            assert f"DMA #0 x->o (process {1 - p})" in remote[0]
+    assert [[str(r) for r in sim.race_detector.reports] for _, _, sim in runs[0]] == [
+        [str(r) for r in sim.race_detector.reports] for _, _, sim in runs[1]
+    ]

@@ -48,6 +48,11 @@ def _report(event: Any, actor: Any, buf: Buffer, plan: AccessPlan, mask: Any, si
         event(actor, buf.ref.key, race, site=site, mask=np.broadcast_to(sub, shape))
 
 
+def report_read(det: Any, actor: Any, buf: Buffer, plan: AccessPlan, mask: Any, site: object) -> None:
+    """Tell the race detector that ``actor`` read the stored elements of ``plan``."""
+    _report(det.read, actor, buf, plan, mask, site)
+
+
 def report_write(det: Any, actor: Any, buf: Buffer, plan: AccessPlan, mask: Any, site: object) -> None:
     """Tell the race detector that ``actor`` wrote the stored elements of ``plan``."""
     _report(det.write, actor, buf, plan, mask, site)
@@ -132,28 +137,31 @@ class Dma:
         if self.state is not DmaState.STARTED:
             return
         plan = self.src_plan
-        self.data = self.src.read(plan, False, "DMA read", self.core, self.site, self.src_mask)
-        if self.src.written is not None:
-            self._read_bits()
-        clock = None
-        if det is not None:
-            if plan.index is not None:
-                _report(det.read, self.actor, self.src, plan, self.src_mask, self.site)
-            clock = det.release(self.actor)
+        data = self.src.read(plan, False, "DMA read", self.core, self.site, self.src_mask)
+        stored = self.src.written_bits(plan) if self.src.written is not None else None
+        if det is not None and plan.index is not None:
+            _report(det.read, self.actor, self.src, plan, self.src_mask, self.site)
+        self.read_from(data, stored, det)
+
+    def read_from(self, data: np.ndarray, stored: np.ndarray | None, det: Any) -> None:
+        """End the read phase with ``data``, the source region as read (by this process,
+        or by the one that owns the source); ``stored``: the written-mask of its stored
+        elements (None: not tracked). Signals the send semaphore with the bytes read."""
+        self.data = data
+        if stored is not None:
+            self._read_bits(stored)
+        clock = det.release(self.actor) if det is not None else None
         self.state = DmaState.READ
         if self.src_sem is not None:
             if self.queued and self.src_sem is not self.dst_sem:
                 self.src_sem.add_live(-1)
             self.src_sem.signal(self.nbytes, clock)
 
-    def _read_bits(self) -> None:
+    def _read_bits(self, stored: np.ndarray) -> None:
         """Keep which elements of the source region were ever written (region-shaped;
         elements beyond the buffer or not read count as written); report a source
         region of which nothing was."""
         plan = self.src_plan
-        stored = self.src.written_bits(plan)
-        if stored is None:
-            return
         if plan.full:
             bits = stored
         else:
@@ -173,8 +181,8 @@ class Dma:
                                       else stored & stored_read).any():
                 self.on_unwritten(self, missing)
 
-    def _write_bits(self, old: np.ndarray | None) -> None:
-        """Carry the source's written-ness to the destination region."""
+    def _carried_bits(self) -> np.ndarray:
+        """The source's written-ness as the destination's stored elements will have it."""
         bits = self.bits
         assert bits is not None
         plan = self.dst_plan
@@ -182,9 +190,14 @@ class Dma:
             bits = np.asarray(bits.all())  # a reshaped or bitcast view: all or nothing
         if not plan.full and bits.ndim:
             bits = bits[plan.pos]
+        return bits
+
+    def _write_bits(self, old: np.ndarray | None) -> None:
+        """Carry the source's written-ness to the destination region."""
+        bits = self._carried_bits()
         if old is not None:  # dst += src: written where both were
             bits = bits & old
-        self.dst.set_written(plan, bits, self.dst_mask)
+        self.dst.set_written(self.dst_plan, bits, self.dst_mask)
         self.bits = None
 
     def execute(self, det: Any) -> None:
@@ -198,28 +211,45 @@ class Dma:
             if not data.flags.writeable:  # a buffer without data (keep_float_data=False):
                 data = np.ascontiguousarray(data)  # a view of other dtype needs real bytes
             data = self.convert(data)
+        if self.sent is not None:
+            self._send(data, det)
+            return
         plan = self.dst_plan
         if self.add:  # the destination accumulates: dst += data
             old = self.dst.read(plan, False, "DMA add", self.core, self.site, self.dst_mask)
             data = (old + data).astype(old.dtype, copy=False)
         old_bits = self.dst.written_bits(plan) if self.add else None
         self.dst.write(plan, data, self.dst_mask, "DMA write", self.core, self.site)
-        if self.sent is not None:
-            self.sent.append(data)
         if self.bits is not None and self.dst.written is not None:
             self._write_bits(old_bits)
         clock = None
         if det is not None:
-            # Into another process's device (``sent``): checked there, where it lands.
-            if plan.index is not None and self.sent is None:
+            if plan.index is not None:
                 _report(det.write, self.actor, self.dst, plan, self.dst_mask, self.site)
             # Finished first, so the release does not tick: the clock it hands to the
             # receive semaphore holds the DMA's final time, and a core that waited on it
             # can give the DMA's slot to its next DMA (RaceDetector._reusable_slot).
             det.finish(self.actor)
             clock = det.release(self.actor)
-        if self.sent is not None:
-            self.sent.append(clock)
+        self._done(clock)
+
+    def _send(self, data: Any, det: Any) -> None:
+        """Into another process's device: keep in ``sent`` what the owner applies (the
+        data to store or add, the written-mask it carries or None, the clock released);
+        the owner writes it and checks the write, where it lands."""
+        assert self.sent is not None
+        bits = None
+        if self.bits is not None and self.dst.written is not None:
+            bits = self._carried_bits()
+        self.bits = None
+        clock = None
+        if det is not None:
+            det.finish(self.actor)
+            clock = det.release(self.actor)
+        self.sent[:] = [data, bits, clock]
+        self._done(clock)
+
+    def _done(self, clock: Any) -> None:
         self.data = None
         self.state = DmaState.DONE
         if self.queued:

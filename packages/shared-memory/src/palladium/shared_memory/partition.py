@@ -6,9 +6,13 @@ A ``Simulation`` given a :class:`Partition` holds every device's buffers and sem
 everywhere) but runs the cores of its ``local_devices`` only. What a local core does to
 another process's device becomes a message instead:
 
-- a DMA into a remote device executes at once on the sender (read, send semaphore,
-  write into the local *copy* of the remote buffer, which nobody reads) and posts the
-  written data; the owning process writes it and signals the receive semaphore;
+- a DMA into a remote device executes at once on the sender (read, send semaphore)
+  and posts the data read (``dma``); the owning process stores it, or adds it into its
+  buffer, and signals the receive semaphore, when it applies the message;
+- a DMA that reads a remote device's memory posts a request (``read``); the owner
+  reads the region when it applies the request and posts the data back (``data``);
+  the requester then completes the DMA as if it had read it (send semaphore, then the
+  write: local, or posted on as a ``dma`` when the destination is remote too);
 - a semaphore signal to a remote core posts ``(core, semaphore, increment)``;
 - the kernel-wide barrier completes in a round in which every process has all its cores
   at the barrier.
@@ -34,7 +38,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from palladium.race_detect import Clock, ClockExchange, VectorClock
-from palladium.shared_memory.dma import Dma, report_write
+from palladium.shared_memory.dma import Dma, report_read, report_write
 from palladium.shared_memory.errors import (
     ConfigError,
     DeadlockError,
@@ -106,6 +110,9 @@ class Rounds:
         self.identity: dict[int, tuple[int, int, str, int]] = {}
         self.key_of: dict[tuple[int, int, str, int], int] = {}
         self._owned: dict[tuple[int, int, str], int] = {}
+        # DMAs of local cores waiting for another process's source data: id -> (DMA,
+        # destination core).
+        self._fetching: dict[int, tuple[Dma, CoreId]] = {}
 
     # -- what the simulation tells it --------------------------------------------------
 
@@ -127,11 +134,44 @@ class Rounds:
             self._clocks = ClockExchange(self.sim._det, self.transport.process)
         return self._clocks
 
-    def send_dma(self, dma: Dma, region: Any, bits: Any, dst_core: CoreId) -> None:
-        """``dma`` from a local core executed into another process's device (its
-        ``sent``: the data written and the clock released)."""
-        assert dma.sent is not None
-        data, clock = dma.sent
+    def crosses(self, src: Any, dst: Any, dst_core: CoreId) -> bool:
+        """Whether a DMA from ``src`` into ``dst`` (receive semaphore on ``dst_core``)
+        touches another process's device (then :meth:`start_dma` runs it)."""
+        local = self.local
+        return not (src.device in local and dst.device in local and dst_core[0] in local)
+
+    def start_dma(self, dma: Dma, dst_core: CoreId) -> None:
+        """Start ``dma`` (a local core's) that :meth:`crosses` processes: from local
+        memory it executes now and posts its data; from another process's memory it
+        asks the owner for the data and completes when that arrives."""
+        if dma.src.ref.device in self.local:
+            self._send(dma, dst_core)
+            return
+        self._fetching[dma.id] = (dma, dst_core)
+        race = None
+        if self.clocks is not None and dma.actor is not None:
+            race = (dma.name, self.transport.process, dma.actor.slot,
+                    self.clocks.export(dma.actor.clock()))
+        self.outbox.append(
+            (
+                "read",
+                dma.src.ref.device,
+                self.identity[dma.src.ref.key],
+                dma.src_plan.region,
+                dma.src_mask,
+                dma.core,
+                dma.id,
+                "" if dma.site is None else str(dma.site),
+                race,
+            )
+        )
+
+    def _send(self, dma: Dma, dst_core: CoreId) -> None:
+        """Execute ``dma`` (its source read) and post what it writes to the owner of its
+        destination."""
+        dma.sent = []
+        dma.execute(self.sim._det)
+        data, bits, clock = dma.sent
         race = None
         if self.clocks is not None and clock is not None:
             race = (dma.name, self.transport.process, dma.actor.slot, self.clocks.export(clock))
@@ -140,10 +180,11 @@ class Rounds:
                 "dma",
                 dst_core[0],
                 self.identity[dma.dst.ref.key],
-                region,
+                dma.dst_plan.region,
                 data,
                 dma.dst_mask,
                 bits,
+                dma.add,
                 dst_core,
                 dma.dst_sem.id,
                 dma.nbytes,
@@ -169,7 +210,9 @@ class Rounds:
             return None
         if all(s.state == "done" for s in statuses):
             return None  # cannot happen while a local core is blocked; the caller ends
-        return self._deadlock_message(statuses)
+        # Every process saw the same: a deadlock. One more round says who waits on what
+        # (a round's status leaves that out: it is only needed here).
+        return self._deadlock_message(self._round(self._status(tasks, describe=True)))
 
     def drain(self) -> None:
         """Every local core finished: take part in rounds until every process has."""
@@ -180,7 +223,7 @@ class Rounds:
                 continue
             if all(s.state == "done" for s in statuses):
                 return
-            raise DeadlockError(self._deadlock_message(statuses))
+            raise DeadlockError(self._deadlock_message(self._round(_Status("done"))))
 
     def fail(self, error: BaseException) -> None:
         """This process failed: tell the others (once) so that none waits for it."""
@@ -191,9 +234,9 @@ class Rounds:
         with contextlib.suppress(Exception):  # the others may be gone too
             self.transport.abort(text)
 
-    def _status(self, tasks: Sequence[Any]) -> _Status:
+    def _status(self, tasks: Sequence[Any], describe: bool = False) -> _Status:
         status = _Status("blocked")
-        for t in tasks:
+        for t in tasks if describe else ():
             if t.describe is not None and t.state.name == "BLOCKED":
                 status.blocked.append((t.core, t.describe()))
             elif t.state.name == "DONE":
@@ -237,23 +280,65 @@ class Rounds:
     def _deliver(self, m: tuple[Any, ...]) -> None:
         sim = self.sim
         clocks = self.clocks
-        if m[0] == "signal":
+        kind = m[0]
+        if kind == "signal":
             _, _, target, sem_id, inc, entries = m
             clock = None if entries is None or clocks is None else clocks.imported(entries)
             sim._sem(target, sem_id).signal(inc, clock)
-            return
-        _, _, ident, region, data, mask, bits, dst_core, sem_id, nbytes, src_core, site, race = m
+        elif kind == "read":
+            self._read(m)
+        elif kind == "data":
+            _, _, dma_id, data, stored = m
+            dma, dst_core = self._fetching.pop(dma_id)
+            dma.read_from(data, stored, sim._det)
+            if dma.dst.ref.device in self.local and dst_core[0] in self.local:
+                dma.execute(sim._det)
+            else:
+                self._send(dma, dst_core)  # into another process's device in turn
+        else:
+            self._write(m)
+
+    def _buffer(self, ident: Any, src_core: CoreId, site: str, what: str) -> Any:
         key = self.key_of.get(ident)
-        if key is None or key not in sim._buffers:
+        if key is None or key not in self.sim._buffers:
             raise ConfigError(
-                f"{core_name(src_core)}: a DMA into {core_name(dst_core)} (another process) "
-                f"targets a buffer that process does not hold (scoped or freed){at_site(site or None)}"
+                f"{core_name(src_core)}: a DMA {what} device {ident[0]} (another process) "
+                f"names a buffer that process does not hold (scoped or freed)"
+                f"{at_site(site or None)}"
             )
-        buf = sim._buffers[key]
+        return self.sim._buffers[key]
+
+    def _read(self, m: tuple[Any, ...]) -> None:
+        """Another process's DMA reads a local buffer: read it now, post the data back."""
+        _, _, ident, region, mask, src_core, dma_id, site, race = m
+        buf = self._buffer(ident, src_core, site, "reading from")
         plan = buf.plan(region)
+        data = buf.read(plan, False, "DMA read", src_core, site or None, mask)
+        stored = buf.written_bits(plan) if buf.written is not None else None
+        clocks = self.clocks
+        if race is not None and clocks is not None and plan.index is not None:
+            name, process, slot, entries = race
+            actor = clocks.actor(f"{name} (process {process})", process, slot, entries)
+            report_read(self.sim._det, actor, buf, plan, mask, site or None)
+        self.outbox.append(("data", src_core[0], dma_id, data, stored))
+
+    def _write(self, m: tuple[Any, ...]) -> None:
+        """Another process's DMA lands in a local buffer: store (or add) its data, check
+        the write with the sender's clock, signal the receive semaphore."""
+        sim = self.sim
+        clocks = self.clocks
+        (_, _, ident, region, data, mask, bits, add, dst_core, sem_id, nbytes, src_core,
+         site, race) = m
+        buf = self._buffer(ident, src_core, site, "writing into")
+        plan = buf.plan(region)
+        old_bits = None
+        if add:  # the destination accumulates: dst += data, as a local DMA adds
+            old = buf.read(plan, False, "DMA add", src_core, site or None, mask)
+            data = (old + data).astype(old.dtype, copy=False)
+            old_bits = buf.written_bits(plan) if buf.written is not None else None
         buf.write(plan, data, mask, "DMA write", src_core, site or None)
         if bits is not None and buf.written is not None:
-            buf.set_written(plan, bits, mask)
+            buf.set_written(plan, bits if old_bits is None else bits & old_bits, mask)
         clock = None
         if race is not None and clocks is not None:
             name, process, slot, entries = race

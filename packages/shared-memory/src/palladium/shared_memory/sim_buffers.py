@@ -44,8 +44,10 @@ class BufferOps(SimulationState):
         space = MemorySpace(space)
         core = 0 if space.per_device else int(core)
         self._check_core((device, core))
-        if value is not None and self._phantom_floats and is_float_dtype(
-                np.dtype(dtype) if dtype is not None else np.asarray(value).dtype):
+        # Another process's device (partitioned): a stand-in without data, never read.
+        stand_in = self._rounds is not None and not self._rounds.is_local(device)
+        if value is not None and (stand_in or self._phantom_floats and is_float_dtype(
+                np.dtype(dtype) if dtype is not None else np.asarray(value).dtype)):
             # no data: the value is not copied (a zero-stride array of the fill)
             value = np.asarray(value, dtype=dtype)
             shape, dtype, value = value.shape, value.dtype, None
@@ -59,7 +61,7 @@ class BufferOps(SimulationState):
             dtype = np.dtype(dtype)
             fill_value = uninitialized_value(dtype, fill or self.uninitialized)
             shape = tuple(int(d) for d in shape)
-            if self._phantom_floats and is_float_dtype(dtype) and shape:
+            if shape and (stand_in or self._phantom_floats and is_float_dtype(dtype)):
                 data = np.broadcast_to(np.asarray(fill_value, dtype), shape)
             else:
                 data = np.full(shape, fill_value, dtype)
@@ -74,7 +76,9 @@ class BufferOps(SimulationState):
             ref, data, bound, uninitialized_value(data.dtype, fill or self.uninitialized),
             self.out_of_bounds_hint,
             np.full(data.shape, value is not None)
-            if self._track_written and data.flags.writeable else None,
+            if self._track_written and data.flags.writeable
+            else np.broadcast_to(np.False_, data.shape) if self._track_written and stand_in
+            else None,
         )
         if self._rounds is not None:
             self._rounds.allocated(key, int(device), core, space.value)

@@ -65,7 +65,7 @@ class DmaOps(SimulationState):
             # Like the reference: the same core index on the destination's device.
             dst_core = core if dst.device == core[0] else (dst.device, core[1])
         dst_core = (int(dst_core[0]), int(dst_core[1]))
-        remote = self._rounds is not None and self._remote_dma(src, dst, dst_core, add, site)
+        remote = self._rounds is not None and self._rounds.crosses(src, dst, dst_core)
         dsem = self._sem(dst_core, dst_sem)
         ssem = self._sem(core, src_sem) if src_sem is not None else None
         dma_id = next(self._next_dma)
@@ -82,43 +82,14 @@ class DmaOps(SimulationState):
             self._obs.dma_start(event)
             dma.on_done = lambda obs=self._obs: obs.dma_complete(event)
         if remote:
-            self._send_dma(dma, dst_region, dst_core)
+            assert self._rounds is not None
+            self._rounds.start_dma(dma, dst_core)
         elif self._eager:
             dma.execute(self._det)
         else:
             self._dmas.append(dma)
             dma.queue()
         self._sched.yield_point(task)
-
-    def _remote_dma(self, src: BufferRef, dst: BufferRef, dst_core: CoreId, add: bool,
-                    site: object) -> bool:
-        """Partitioned: whether this DMA lands on another process's device (which it
-        then does as a message); reads from another process's memory are refused."""
-        assert self._rounds is not None
-        if not self._rounds.is_local(src.device):
-            raise ConfigError(
-                f"a DMA reads {src.label}, a device simulated by another process: a "
-                f"launch split over processes supports DMAs that write remote memory, not "
-                f"ones that read it{at_site(site)}. Run it in one process."
-            )
-        if self._rounds.is_local(dst_core[0]) and self._rounds.is_local(dst.device):
-            return False
-        if add:
-            raise ConfigError(
-                f"a DMA that adds into {dst.label}, a device simulated by another process, "
-                f"is not supported across processes{at_site(site)}. Run it in one process."
-            )
-        return True
-
-    def _send_dma(self, dma: Dma, dst_region: Any, dst_core: CoreId) -> None:
-        """Execute a DMA into another process's device now and post what it wrote."""
-        assert self._rounds is not None
-        dma.sent = []
-        dma.execute(self._det)
-        plan = dma.dst_plan
-        bits = dma.dst.written_bits(plan) if dma.dst.written is not None else None
-        region = dst_region.region if dst_region.__class__ is AccessPlan else dst_region
-        self._rounds.send_dma(dma, region, bits, dst_core)
 
     def _dma_of_unwritten(self, dma: Dma, missing: Any) -> None:
         """A DMA's source region was never written at all (``uninitialized_reads``)."""

@@ -28,7 +28,6 @@ from palladium.interpret.errors import (
     DataRaceError,
     KernelError,
     SimulationError,
-    UnsupportedFeatureError,
 )
 from palladium.interpret.fidelity import tpu_compiler
 from palladium.interpret.fidelity.checks import check_compiles_and_fits
@@ -83,16 +82,22 @@ def in_flight_rendezvous() -> int:
 
 def _execute(kernel: PreparedKernel, params: InterpretParams, mesh: DeviceMesh,
              device_args: list[list[np.ndarray]],
-             partition: shared_memory.Partition | None = None) -> list[list[np.ndarray]]:
-    """Run one launch on every device; with ``dma_order_trials``, check other orders."""
+             split: multi_process.SplitLaunch | None = None) -> list[list[np.ndarray]]:
+    """Run one launch on every device; with ``dma_order_trials``, check other orders
+    (split over processes: each trial is a launch of every process)."""
+    def partition() -> shared_memory.Partition | None:
+        return None if split is None else split.partition()
+
     try:
         with single_threaded_blas():
-            results = _attempt(kernel, params, mesh, device_args, partition=partition).results
+            results = _attempt(kernel, params, mesh, device_args, partition=partition()).results
             if params.dma_order_trials:
                 check_dma_order(
-                    lambda p: _attempt(kernel, p, mesh, device_args, observe=False).results,
-                    lambda p: _race_reports(kernel, p, mesh, device_args),
+                    lambda p: _attempt(kernel, p, mesh, device_args, observe=False,
+                                       partition=partition()).results,
+                    lambda p: _race_reports(kernel, p, mesh, device_args, partition()),
                     params, results, kernel.name, [o.name for o in kernel.outputs],
+                    agree=bool if split is None else split.agree,
                 )
         return results
     except interrupts.LaunchInterrupted:
@@ -121,9 +126,10 @@ def _attempt(kernel: PreparedKernel, params: InterpretParams, mesh: DeviceMesh,
 
 
 def _race_reports(kernel: PreparedKernel, params: InterpretParams, mesh: DeviceMesh,
-                  device_args: list[list[np.ndarray]]) -> list[RaceReport]:
+                  device_args: list[list[np.ndarray]],
+                  partition: shared_memory.Partition | None = None) -> list[RaceReport]:
     launch = Launch(kernel, dataclasses.replace(params, detect_races=True, on_race="collect"),
-                    mesh, observe=False)
+                    mesh, observe=False, partition=partition)
     try:
         launch.execute_devices(device_args)
     finally:
@@ -213,19 +219,12 @@ class _LaunchSite:
     def _execute_split(self, block: range, local_args: list[Any]) -> list[Any]:
         assert self.layout is not None
         name, n = self.kernel.name, self.mesh.num_devices
-        if self.params.dma_order_trials:
-            raise UnsupportedFeatureError(
-                f"kernel '{name}': dma_order_trials is not supported for a launch split "
-                f"over {self.layout.num_processes} processes; run that check in one process"
-            )
-        transport = multi_process.KvTransport(
-            self.layout, self.layout.launch_id(name),
+        split = multi_process.SplitLaunch(
+            self.layout, name, block, self.params.rendezvous_timeout,
             f"kernel '{name}' on {n} devices over {self.layout.num_processes} processes")
-        transport.meet(self.params.rendezvous_timeout)
-        partition = shared_memory.Partition(frozenset(block), transport)
         device_args = [local_args[d - block.start] if d in block else local_args[0]
                        for d in range(n)]
-        results = _execute(self.kernel, self.params, self.mesh, device_args, partition)
+        results = _execute(self.kernel, self.params, self.mesh, device_args, split)
         return results[block.start:block.stop]
 
     def _skip_launch(self, seq: int) -> None:

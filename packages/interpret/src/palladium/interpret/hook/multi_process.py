@@ -30,8 +30,9 @@ from typing import Any
 
 from palladium.interpret import _jax_compat as jc
 from palladium.interpret.errors import KernelError, PeerProcessError, RendezvousTimeoutError
+from palladium.shared_memory import Partition
 
-__all__ = ["KvTransport", "ProcessLayout", "ProcessLayouts"]
+__all__ = ["KvTransport", "ProcessLayout", "ProcessLayouts", "SplitLaunch"]
 
 HEARTBEAT_INTERVAL = 0.25  # seconds between a process's heartbeats
 PEER_TIMEOUT = 3.0  # a heartbeat standing still this long: the process is gone
@@ -117,6 +118,33 @@ class ProcessLayouts:
             if self._layout is None or self._layout.client is not client:
                 self._layout = ProcessLayout(client, jax.process_index(), count)
             return self._layout
+
+
+class SplitLaunch:
+    """The launches of one split ``pallas_call``: the launch itself, and with
+    ``dma_order_trials`` each trial (a launch of every process, in the same order
+    everywhere) and the processes' agreement on whether any found a difference."""
+
+    def __init__(self, where: ProcessLayout, kernel_name: str, block: range,
+                 timeout: float, describe: str) -> None:
+        self.where = where
+        self.kernel_name = kernel_name
+        self.block = block
+        self.timeout = timeout
+        self.describe = describe
+
+    def partition(self) -> Partition:
+        """A new launch of every process (they meet first)."""
+        transport = KvTransport(self.where, self.where.launch_id(self.kernel_name),
+                                self.describe)
+        transport.meet(self.timeout)
+        return Partition(frozenset(self.block), transport)
+
+    def agree(self, found: bool) -> bool:
+        """Whether ``found`` holds on any process (every process asks, in order)."""
+        transport = KvTransport(self.where, self.where.launch_id(f"{self.kernel_name}.agree"),
+                                self.describe)
+        return any(p == b"1" for p in transport.exchange(b"1" if found else b"0"))
 
 
 class KvTransport:
