@@ -23,15 +23,13 @@ from typing import Any, Generic, NamedTuple, TypeVar
 import numpy as np
 
 from palladium.interpret.eval.refs import Access, MemRef, SemaphoreRef
-from palladium.shared_memory import AccessPlan, MemorySpace
+from palladium.shared_memory import AccessPlan
 
 __all__ = ["LIMIT", "DmaPlan", "DmaWaitPlan", "PlanCache", "ResolvedAccess", "operand_key"]
 
 #: Entries a cache keeps before it starts again (a kernel whose indices take more values
 #: than this, e.g. a DMA per page of a large page table, re-resolves; nothing is wrong).
 LIMIT = 4096
-_SMEM = MemorySpace.SMEM  # an enum's hash is a Python call: compare by identity instead
-_HOST = MemorySpace.HOST
 
 T = TypeVar("T")
 
@@ -88,24 +86,25 @@ class DmaWaitPlan:
     sem: tuple[int, int]
 
 
-def _leaf_key(x: Any) -> Hashable:
-    if type(x) is MemRef:
-        buf = x.buffer
-        return ("m", buf.shape, buf.dtype, buf.space is _SMEM, buf.space is _HOST)
-    if type(x) is SemaphoreRef:
-        return ("s", x.ids.shape)
-    if isinstance(x, (int, np.integer)) or (type(x) is np.ndarray and not x.ndim):
-        return int(x)
-    raise TypeError  # an array-valued or foreign operand: no key
-
-
 def operand_key(invals: list[Any]) -> tuple[Hashable, ...] | None:
-    """The structure of an access's operands (see the module docstring), or None when
-    one of them has none (the generic path)."""
-    try:
-        return tuple(_leaf_key(x) for x in invals)
-    except (TypeError, ValueError):
-        return None
+    """The structure of an access's operands (see the module docstring; a ref's is kept
+    on the ref), or None when one of them has none (an array-valued index, a foreign
+    operand: the generic path). Runs on every access: a loop of type tests."""
+    key: list[Hashable] = []
+    append = key.append
+    for x in invals:
+        t = type(x)
+        if t is MemRef or t is SemaphoreRef:
+            append(x.structure)
+        elif t is np.ndarray:
+            if x.ndim:
+                return None
+            append(int(x))
+        elif t is int or isinstance(x, np.integer):
+            append(int(x))
+        else:
+            return None
+    return tuple(key)
 
 
 def semaphore_at(invals: list[Any], where: tuple[int, int]) -> int:

@@ -18,7 +18,7 @@ import numpy as np
 
 from palladium.interpret import _jax_compat as jc
 from palladium.interpret.errors import UnsupportedFeatureError
-from palladium.shared_memory import BufferRef, SemaphoreKind
+from palladium.shared_memory import BufferRef, MemorySpace, SemaphoreKind
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -26,6 +26,15 @@ class MemRef:
     """A ref to a whole simulated buffer (HBM, VMEM or SMEM)."""
 
     buffer: BufferRef
+    #: What an access's plan depends on of this ref (``access_path.operand_key``): the
+    #: buffer's shape and dtype, whether it is SMEM (never tile-padded) or host memory.
+    structure: tuple[Any, ...] = dataclasses.field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        buf = self.buffer
+        object.__setattr__(self, "structure", ("m", buf.shape, buf.dtype,
+                                               buf.space is MemorySpace.SMEM,
+                                               buf.space is MemorySpace.HOST))
 
     @property
     def name(self) -> str:
@@ -39,6 +48,11 @@ class SemaphoreRef:
     ids: np.ndarray
     kind: SemaphoreKind
     name: str
+    #: What a DMA's plan depends on of this ref: the shape of the semaphore array.
+    structure: tuple[Any, ...] = dataclasses.field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "structure", ("s", self.ids.shape))
 
     def index(self, transforms: Sequence[Any]) -> SemaphoreRef:
         ids = self.ids
