@@ -27,6 +27,7 @@ from palladium.shared_memory.buffers import (
     OUT_OF_BOUNDS_HINT,
     Buffer,
 )
+from palladium.shared_memory.collector import frozen_heap
 from palladium.shared_memory.core_actors import CoreActors
 from palladium.shared_memory.dma import DmaState as DmaStep
 from palladium.shared_memory.dma_queue import DmaQueue
@@ -322,9 +323,10 @@ class Simulation(BufferOps, SemaphoreOps):
             self._obs.run_begin(tuple(self._run_cores))
         try:
             try:
-                self._sched.run(bodies)
-                if self._rounds is not None:
-                    self._rounds.drain()
+                with frozen_heap():  # collections walk only what the run allocates
+                    self._sched.run(bodies)
+                    if self._rounds is not None:
+                        self._rounds.drain()
             finally:
                 self._run_cores = []
                 # A cancelled scheduler would cancel every later call: start afresh.
