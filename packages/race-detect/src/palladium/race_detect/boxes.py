@@ -10,8 +10,11 @@ from typing import Any
 
 from palladium.race_detect.regions import Region
 
+# An actor's clock times: its ``VectorClock.array`` (int64), or any sequence of ints.
+Times = Any
 
-def precedes(event: Any, times: list[int]) -> bool:
+
+def precedes(event: Any, times: Times) -> bool:
     """Whether ``event`` happens-before an access whose clock is ``times``."""
     slot = event.slot
     return slot < len(times) and event.time <= times[slot]

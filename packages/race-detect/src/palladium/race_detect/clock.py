@@ -1,26 +1,33 @@
-"""Vector clocks.
+"""Vector clocks: flat int64 arrays, one time per *slot*.
 
-A clock has one integer time per *slot*. Every actor owns one slot; its own entry is its
-current epoch, the other entries say how far into the other slots' histories it has
-seen. Each entry also carries the name of the actor that made that time, so a report can
-say "saw DMA #3 up to time 4" even after DMA #3's slot went to another DMA.
+Every actor owns one slot; its own entry is its current epoch, the other entries say how
+far into the other slots' histories it has seen. Each entry also carries the name of the
+actor that made that time, so a report can say "saw DMA #3 up to time 4" even after
+DMA #3's slot went to another DMA.
 
 An access made at epoch ``(slot, time)`` happens-before every later access whose clock
 has ``clock[slot] >= time`` (the FastTrack epoch test: O(1) instead of comparing whole
 clocks).
+
+The times are one numpy ``int64`` array per clock (``VectorClock.array``): a join is two
+vectorised operations whatever the number of slots, a snapshot one array copy. The names
+change only when a join takes a newer time from another clock (or a slot gets a new
+actor), not when the owner ticks, so a snapshot shares its names tuple with the snapshots
+before it until then.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from itertools import compress, count
-from operator import gt
+from typing import Any
+
+import numpy as np
 
 Entries = tuple[tuple[str, int], ...]
 
+_INT = np.int64
 
-@dataclass(frozen=True)
+
 class Clock:
     """An immutable vector-clock snapshot: what ``RaceDetector.release`` hands to ``acquire``.
 
@@ -29,27 +36,63 @@ class Clock:
     (('core 0', 2), ('DMA #1', 1))
     >>> a <= a.join(Clock((0, 5), ("", "core 1")))
     True
+
+    ``finished_slot``: the slot of the finished actor whose last release this is (-1: any
+    other); whoever acquires it has that actor's whole past and may give its slot to a
+    new actor. It takes no part in equality.
     """
 
-    times: tuple[int, ...] = ()
-    names: tuple[str, ...] = ()
-    # The slot of the finished actor whose last release this is (-1: any other): whoever
-    # acquires it has that actor's whole past and may give its slot to a new actor.
-    finished_slot: int = field(default=-1, compare=False)
+    __slots__ = ("_array", "_times", "finished_slot", "names")
+
+    def __init__(self, times: Sequence[int] = (), names: Sequence[str] = (),
+                 finished_slot: int = -1) -> None:
+        self._times: tuple[int, ...] | None = tuple(int(t) for t in times)
+        self._array: np.ndarray | None = None
+        self.names: tuple[str, ...] = tuple(names)
+        self.finished_slot = finished_slot
+
+    @classmethod
+    def of_array(cls, array: np.ndarray, names: tuple[str, ...], finished_slot: int = -1) -> Clock:
+        """A snapshot over ``array`` (not copied: nobody may change it afterwards) and
+        ``names``."""
+        clock = cls.__new__(cls)
+        clock._array = array
+        clock._times = None
+        clock.names = names
+        clock.finished_slot = finished_slot
+        return clock
+
+    @property
+    def times(self) -> tuple[int, ...]:
+        """The times, one per slot."""
+        if self._times is None:
+            assert self._array is not None
+            self._times = tuple(self._array.tolist())
+        return self._times
+
+    @property
+    def array(self) -> np.ndarray:
+        """The times as an int64 array (shared: never change it)."""
+        if self._array is None:
+            self._array = np.array(self.times, dtype=_INT)
+        return self._array
 
     def time(self, slot: int) -> int:
         """The time of ``slot`` (0 if this clock never heard of it)."""
-        return self.times[slot] if slot < len(self.times) else 0
+        array = self.array
+        return int(array[slot]) if slot < len(array) else 0
 
     def join(self, other: Clock) -> Clock:
         """The element-wise maximum of both clocks."""
-        vc = VectorClock(self.times, self.names)
+        vc = VectorClock(self.array, self.names)
         vc.join(other)
         return vc.snapshot()
 
     def __le__(self, other: Clock) -> bool:
         """Whether every entry of ``self`` is <= the same entry of ``other``."""
-        return all(t <= other.time(s) for s, t in enumerate(self.times))
+        mine, theirs = self.array, other.array
+        n = min(len(mine), len(theirs))
+        return bool(np.all(mine[:n] <= theirs[:n])) and not np.any(mine[n:])
 
     def happens_before(self, other: Clock) -> bool:
         """Strict happens-before of the two snapshots: ``self <= other`` and they differ."""
@@ -59,74 +102,121 @@ class Clock:
         """The non-zero entries as ``(actor name, time)`` pairs, in slot order."""
         return tuple((n, t) for t, n in zip(self.times, self.names) if t)
 
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Clock):
+            return NotImplemented
+        return self.times == other.times and self.names == other.names
+
+    def __hash__(self) -> int:
+        return hash((self.times, self.names))
+
+    def __repr__(self) -> str:
+        return f"Clock(times={self.times!r}, names={self.names!r})"
+
+    def __reduce__(self) -> Any:
+        return (Clock, (self.times, self.names, self.finished_slot))
+
 
 class VectorClock:
-    """A mutable vector clock, owned by one actor (see ``Clock`` for the snapshot)."""
+    """A mutable vector clock, owned by one actor (see ``Clock`` for the snapshot).
 
-    __slots__ = ("times", "names", "_entries", "_snapshot")
+    ``array`` holds the times (int64, one per slot); ``times`` and ``names`` are copies as
+    lists.
+    """
 
-    def __init__(self, times: Sequence[int] = (), names: Sequence[str] = ()) -> None:
-        self.times: list[int] = list(times)
-        self.names: list[str] = list(names)
+    __slots__ = ("_entries", "_names", "_names_tuple", "_snapshot", "array")
+
+    def __init__(self, times: Sequence[int] | np.ndarray = (), names: Sequence[str] = ()) -> None:
+        self.array: np.ndarray = np.array(times, dtype=_INT).reshape(-1)
+        self._names: list[str] = list(names)
+        if len(self._names) < len(self.array):
+            self._names.extend([""] * (len(self.array) - len(self._names)))
+        self._names_tuple: tuple[str, ...] | None = None
         self._entries: Entries | None = None
         self._snapshot: Clock | None = None
 
+    @property
+    def times(self) -> list[int]:
+        """The times, one per slot (a copy)."""
+        return self.array.tolist()
+
+    @property
+    def names(self) -> list[str]:
+        """Per slot, the name of the actor that made its time (a copy)."""
+        return list(self._names)
+
     def time(self, slot: int) -> int:
         """The time of ``slot`` (0 if never heard of)."""
-        times = self.times
-        return times[slot] if slot < len(times) else 0
+        array = self.array
+        return int(array[slot]) if slot < len(array) else 0
 
     def covers(self, slot: int, time: int) -> bool:
         """Whether the epoch ``(slot, time)`` is in this clock's past (or is its present)."""
-        times = self.times
-        return slot < len(times) and time <= times[slot]
+        array = self.array
+        return slot < len(array) and time <= array[slot]
+
+    def _grow(self, n: int) -> None:
+        grow = n - len(self.array)
+        self.array = np.concatenate((self.array, np.zeros(grow, _INT)))
+        self._names.extend([""] * grow)
+        self._names_tuple = None
 
     def set(self, slot: int, time: int, name: str) -> None:
         """Set one entry (a new actor taking ``slot`` starts at ``time``)."""
-        if slot >= len(self.times):
-            grow = slot + 1 - len(self.times)
-            self.times.extend([0] * grow)
-            self.names.extend([""] * grow)
-        self.times[slot] = time
-        self.names[slot] = name
+        if slot >= len(self.array):
+            self._grow(slot + 1)
+        self.array[slot] = time
+        self._names[slot] = name
+        self._names_tuple = None
         self._entries = self._snapshot = None
 
     def increment(self, slot: int) -> None:
         """Tick ``slot``: the owner's later accesses are concurrent with what it released."""
-        self.times[slot] += 1
+        self.array[slot] += 1
         self._entries = self._snapshot = None
 
     def join(self, other: VectorClock | Clock) -> None:
         """Take the element-wise maximum with ``other`` (an acquire)."""
-        times, names = self.times, self.names
-        other_times, other_names = other.times, other.names
-        if len(other_times) > len(times):
-            grow = len(other_times) - len(times)
-            times.extend([0] * grow)
-            names.extend([""] * grow)
-            self._entries = self._snapshot = None
-        # The slots to update are found in C (map/compress), then visited: an acquire of
-        # a clock that knows little new costs a scan at C speed, not a Python loop.
-        changed = False
-        for slot in compress(count(), map(gt, other_times, times)):
-            times[slot] = other_times[slot]
-            names[slot] = other_names[slot]
-            changed = True
-        if changed:
-            self._entries = self._snapshot = None
+        theirs = other.array
+        n = len(theirs)
+        if n > len(self.array):
+            self._grow(n)
+        mine = self.array
+        if n < len(mine):
+            mine = mine[:n]
+        slots = (theirs > mine).nonzero()[0]
+        if not len(slots):
+            return
+        mine[slots] = theirs[slots]
+        names = self._names
+        their_names = other._names if other.__class__ is VectorClock else other.names  # type: ignore[union-attr]
+        for slot in slots.tolist():
+            names[slot] = their_names[slot]
+        self._names_tuple = None
+        self._entries = self._snapshot = None
 
     def copy(self) -> VectorClock:
         """An independent copy."""
-        return VectorClock(self.times, self.names)
+        vc = VectorClock.__new__(VectorClock)
+        vc.array = self.array.copy()
+        vc._names = list(self._names)
+        vc._names_tuple = self._names_tuple
+        vc._entries = vc._snapshot = None
+        return vc
 
     def snapshot(self) -> Clock:
         """The immutable snapshot of the current value (cached until the next change)."""
-        if self._snapshot is None:
-            self._snapshot = Clock(tuple(self.times), tuple(self.names))
-        return self._snapshot
+        snap = self._snapshot
+        if snap is None:
+            names = self._names_tuple
+            if names is None:
+                names = self._names_tuple = tuple(self._names)
+            snap = self._snapshot = Clock.of_array(self.array.copy(), names)
+        return snap
 
     def entries(self) -> Entries:
         """The non-zero entries as ``(actor name, time)`` pairs (cached until the next change)."""
         if self._entries is None:
-            self._entries = tuple((n, t) for t, n in zip(self.times, self.names) if t)
+            self._entries = tuple(
+                (n, t) for t, n in zip(self.array.tolist(), self._names) if t)
         return self._entries

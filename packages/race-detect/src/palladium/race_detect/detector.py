@@ -80,7 +80,7 @@ class RaceDetector:
         # new occupant's start, so such slots stay unused until someone's past has them.
         if parent is None:
             return None
-        times, final, free = parent._clock.times, self._final, self._free
+        times, final, free = parent._clock.array, self._final, self._free
         hints = parent._reusable
         while hints:  # the slots of the DMAs the parent waited for: O(1), not O(free)
             slot = hints.pop()
@@ -125,7 +125,7 @@ class RaceDetector:
         with self._lock:
             snapshot = actor._clock.snapshot()
             if actor.finished:
-                return Clock(snapshot.times, snapshot.names, actor.slot)
+                return Clock.of_array(snapshot.array, snapshot.names, actor.slot)
             _tick(actor)
             return snapshot
 
@@ -248,13 +248,14 @@ class RaceDetector:
                 bool_mask is not None,
             )
             self._serial += 1
-            event = Event(actor.slot, clock.times[actor.slot], self._serial, None, fields)
+            times = clock.array
+            event = Event(actor.slot, int(times[actor.slot]), self._serial, None, fields)
             if bool_mask is None and box is not None and shadow._access_box(
-                box, size, event, clock.times, is_write
+                box, size, event, times, is_write
             ):
                 return  # a uniform box and no race: the common case, O(1)
             try:
-                races = shadow.access(event, clock.times, is_write, full, bool_mask, box, size)
+                races = shadow.access(event, times, is_write, full, bool_mask, box, size)
             except IndexError as error:  # numpy's own bounds message, with our names
                 raise RegionError(f"buffer {shadow.name!r}: {error}") from error
             if not races:

@@ -32,6 +32,7 @@ import numpy as np
 from palladium.race_detect.boxes import (
     R_MASK,
     Box,
+    Times,
     box_of,
     box_size,
     contains,
@@ -149,7 +150,7 @@ class BufferShadow:
     def access(
         self,
         event: Event,
-        times: list[int],
+        times: Times,
         is_write: bool,
         region: Region,
         mask: np.ndarray | None,
@@ -233,7 +234,7 @@ class BufferShadow:
 
     # ----------------------------------------------------------------- uniform boxes
     def _access_box(
-        self, box: Box, size: int, event: Event, times: list[int], is_write: bool
+        self, box: Box, size: int, event: Event, times: Times, is_write: bool
     ) -> bool:
         """Access ``box`` in O(1) if it is (inside) a uniform box and races with
         nothing: True. Otherwise change nothing and return False (the general path
@@ -308,7 +309,7 @@ class BufferShadow:
 
     def _check_reads(
         self,
-        times: list[int],
+        times: Times,
         region: Region,
         mask: np.ndarray | None,
         old: np.ndarray,
@@ -328,7 +329,7 @@ class BufferShadow:
         self,
         rid: int,
         event: Event,
-        times: list[int],
+        times: Times,
         count: int,
         merged: dict[tuple[int, ...], int] | None = None,
     ) -> int:
@@ -355,7 +356,7 @@ class BufferShadow:
 
     # ------------------------------------------------- an access over several boxes
     def _access_union(
-        self, box: Box, size: int, event: Any, times: list[int], is_write: bool
+        self, box: Box, size: int, event: Any, times: Times, is_write: bool
     ) -> bool:
         """Do ``access`` of ``box`` (no mask) over the uniform boxes that tile it:
         True. False, having changed nothing, when they do not tile it or it races."""

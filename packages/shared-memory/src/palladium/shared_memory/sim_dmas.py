@@ -1,15 +1,15 @@
-"""The DMAs of a simulated launch: start, the pending queue, progress and the final flush."""
+"""``Simulation.dma_start``: a DMA checked, told to the race detector and observers, and
+handed to the launch's ``DmaQueue`` (``dma_queue``), which runs it when it is needed."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from palladium.shared_memory.buffers import BufferRef, outside_mask
-from palladium.shared_memory.dma import Dma, DmaState, DmaView
+from palladium.shared_memory.dma import Dma, DmaView
 from palladium.shared_memory.errors import ConfigError, at_site, core_name
 from palladium.shared_memory.observer import dma_event
 from palladium.shared_memory.regions import AccessPlan, describe_region
-from palladium.shared_memory.semaphores import Semaphore
 from palladium.shared_memory.sim_state import CoreId, SimulationState, site_line
 
 
@@ -68,7 +68,8 @@ class DmaOps(SimulationState):
         remote = self._rounds is not None and self._rounds.crosses(src, dst, dst_core)
         dsem = self._sem(dst_core, dst_sem)
         ssem = self._sem(core, src_sem) if src_sem is not None else None
-        dma_id = next(self._next_dma)
+        queue = self.dma_queue
+        dma_id = queue.next_id()
         if name is None:
             name = f"DMA #{dma_id} {src.name}->{dst.name}"
         actor = None
@@ -84,11 +85,8 @@ class DmaOps(SimulationState):
         if remote:
             assert self._rounds is not None
             self._rounds.start_dma(dma, dst_core)
-        elif self._eager:
-            dma.execute(self._det)
         else:
-            self._dmas.append(dma)
-            dma.queue()
+            queue.add(dma)
         self._sched.yield_point(task)
 
     def _dma_of_unwritten(self, dma: Dma, missing: Any) -> None:
@@ -100,58 +98,3 @@ class DmaOps(SimulationState):
                 f"written by a store, DMA, block copy or input){at_site(dma.site)}. On a TPU "
                 f"it copies whatever an earlier kernel left there.")
         self._report_uninitialized(text, (src.ref.name, src.ref.space, site_line(dma.site)))
-
-    def _progress(self, sem: Semaphore, value: int) -> None:
-        """Execute pending DMAs that signal ``sem`` until its count reaches ``value``.
-
-        With ``dma_order="random"`` any other pending DMA (on any semaphore, core or
-        device) may complete first, as on hardware: completion order is explored across
-        semaphores, not only among the DMAs of the one waited for.
-        """
-        while sem.count < value:
-            candidates = [d for d in sem.pending if d.signals(sem)]
-            sem.pending = candidates
-            if not candidates:
-                return
-            if self.dma_order != "random":
-                candidates[0].execute_for(sem, self._det)
-                continue
-            self._dmas = [d for d in self._dmas if d.state is not DmaState.DONE]
-            waited = {d.id for d in candidates}
-            others = [d for d in self._dmas if d.id not in waited]
-            pick = self._rng.randrange(len(candidates) + len(others))
-            if pick < len(candidates):
-                candidates[pick].execute_for(sem, self._det)
-            else:
-                others[pick - len(candidates)].execute(self._det)
-
-    def _flush_dmas(self) -> None:
-        """Execute every pending DMA (end of the run), in issue or random order."""
-        pending = [d for d in self._dmas if d.state is not DmaState.DONE]
-        self._dmas = []
-        if self.dma_order == "random":
-            self._rng.shuffle(pending)
-        for dma in pending:
-            dma.execute(self._det)
-            if self._det is not None and self._root is not None:
-                self._det.join(self._root, dma.actor)
-        for table in self._sems.values():
-            for sem in table.values():
-                sem.pending = []
-
-    def _let_dmas_progress(self) -> None:
-        """On hardware a DMA in flight lands on its own, waited for or not, so a core
-        polling its destination or a semaphore (with ``pl.delay``, ``semaphore_read``)
-        must eventually see it. In ``on_wait`` mode, at each such point one pending DMA
-        completes with probability 1/2 (seeded): the oldest, or with
-        ``dma_order="random"`` any one."""
-        if self._eager or not self._dmas:
-            return
-        self._sched.check()
-        pending = [d for d in self._dmas if d.state is not DmaState.DONE]
-        self._dmas = pending
-        if not pending or self._rng.random() < 0.5:
-            return
-        random_order = self.dma_order == "random" and len(pending) > 1
-        dma = pending[self._rng.randrange(len(pending))] if random_order else pending[0]
-        dma.execute(self._det)

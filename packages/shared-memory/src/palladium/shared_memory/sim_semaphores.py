@@ -1,19 +1,20 @@
-"""The semaphores of a simulated launch: allocation, signal, wait, read, leak checks."""
+"""``Simulation``'s semaphore operations: allocation, signal, wait, read, leak checks,
+over the launch's ``SemaphoreTable`` (``semaphore_table``); a wait makes the DMAs it
+needs progress (``DmaQueue``)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from palladium.shared_memory.errors import SemaphoreLeakError, at_site, core_name
+from palladium.shared_memory.errors import SemaphoreLeakError, at_site
 from palladium.shared_memory.observer import semaphore_info
+from palladium.shared_memory.semaphore_table import leak_message
 from palladium.shared_memory.semaphores import (
     BARRIER_SEMAPHORE_ID,
     Semaphore,
     SemaphoreKind,
-    indices_of,
 )
 from palladium.shared_memory.sim_dmas import DmaOps
 from palladium.shared_memory.sim_state import CoreId
@@ -27,18 +28,7 @@ class SemaphoreOps(DmaOps):
     ) -> np.ndarray:
         """Allocate an array of semaphores on one core; returns their ids (int64)."""
         where = self._check_core((device, core))
-        shape = tuple(int(d) for d in shape)
-        first = self._next_sem[where]
-        table = self._sems[where]
-        ids = np.arange(first, first + int(np.prod(shape, dtype=np.int64)), dtype=np.int64)
-        for sem_id, index in zip(ids.tolist(), indices_of(shape)):
-            sem = table.get(sem_id)
-            if sem is None:
-                table[sem_id] = Semaphore(where, sem_id, SemaphoreKind(kind), name, index)
-            else:  # signalled remotely before this core allocated it: keep its count
-                sem.kind, sem.name, sem.index = SemaphoreKind(kind), name, index
-        self._next_sem[where] = first + ids.size
-        return ids.reshape(shape)
+        return self.semaphores.allocate(where, kind, name, tuple(int(d) for d in shape))
 
     def barrier_semaphore(self, device: int) -> int:
         """The id of the device-wide barrier semaphore (the same on every core)."""
@@ -68,7 +58,7 @@ class SemaphoreOps(DmaOps):
             self._obs.semaphore_wait_begin(core, semaphore_info(sem), value)
         while True:
             if sem.count < value and sem.pending:
-                self._progress(sem, value)
+                self.dma_queue.progress(sem, value)
             if sem.count >= value:
                 break
             self._sched.block(
@@ -95,7 +85,7 @@ class SemaphoreOps(DmaOps):
     def semaphore_read(self, sem_id: Any, *, core: CoreId, site: object = None) -> int:
         """The current count of ``sem_id`` on ``core`` (a scheduling point: pending DMAs
         may progress, another core may run)."""
-        self._let_dmas_progress()
+        self.dma_queue.let_one_land(self._sched.check)
         self._sched.yield_point(self._task(), site)
         return self._sem(core, sem_id).count
 
@@ -104,13 +94,13 @@ class SemaphoreOps(DmaOps):
 
         Pending DMAs execute first (a DMA nobody waited for leaks its bytes).
         """
-        self._flush_dmas()
+        self.dma_queue.flush(self.semaphores)
         cores = [c for c in self._cores if device is None or c[0] == device]
         if self._rounds is not None:  # the other processes check their own
             cores = [c for c in cores if self._rounds.is_local(c[0])]
-        leaks = [s for c in cores for s in self._sems[c].values() if s.count != 0]
+        leaks = [s for s in self.semaphores.of_cores(cores) if s.count != 0]
         if leaks:
-            raise SemaphoreLeakError(self._leak_message(leaks, "at kernel exit"))
+            raise SemaphoreLeakError(leak_message(leaks, "at kernel exit"))
 
     def free_semaphores(self, ids: Any, *, device: int, core: int, site: object = None) -> None:
         """End of a ``run_scoped``: leak-check and forget the semaphores ``ids``."""
@@ -120,20 +110,9 @@ class SemaphoreOps(DmaOps):
             for dma in [d for d in sem.pending if d.signals(sem)]:
                 dma.execute_for(sem, self._det)
         leaks = [s for s in sems if s.count != 0]
-        for sem in sems:
-            self._sems[where].pop(sem.id, None)
+        self.semaphores.forget(where, sems)
         if leaks:
-            raise SemaphoreLeakError(self._leak_message(leaks, f"at the end of their scope{at_site(site)}"))
-
-    @staticmethod
-    def _leak_message(leaks: Sequence[Semaphore], when: str) -> str:
-        lines = [f"semaphores with a non-zero count {when}:"]
-        for s in leaks:
-            lines.append(
-                f"  {s.kind.value} semaphore {s.label} (id {s.id}) on {core_name(s.core)}: "
-                f"count {s.count}{s.unit}"
-            )
-        return "\n".join(lines)
+            raise SemaphoreLeakError(leak_message(leaks, f"at the end of their scope{at_site(site)}"))
 
     def dma_wait(self, sem_id: Any, nbytes: Any, *, core: CoreId, site: object = None) -> None:
         """Wait until ``nbytes`` bytes arrived on ``sem_id`` and subtract them."""

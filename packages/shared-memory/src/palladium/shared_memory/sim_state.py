@@ -1,10 +1,12 @@
 """The state one simulated launch keeps, and the lookups every part of it uses.
 
-``Simulation`` (``simulation.py``) is assembled from parts by job, each a class over
-this state: the buffers (``sim_buffers.py``), the DMA queue (``sim_dmas.py``) and the
-semaphores (``sim_semaphores.py``); ``Simulation`` itself creates the state and runs the
-cores. The attributes are declared here (and set in ``Simulation.__init__``) so that
-every part is type-checked against the same state.
+The state lives in collaborator objects the ``Simulation`` owns, each with its own
+declared attributes and methods: the semaphore table (``semaphore_table.SemaphoreTable``),
+the DMA queue (``dma_queue.DmaQueue``), the kernel-wide barrier
+(``kernel_barrier.KernelBarrier``) and the race detector's actors
+(``core_actors.CoreActors``). ``Simulation``'s public operations are written by job
+(``sim_buffers.py``, ``sim_dmas.py``, ``sim_semaphores.py``) over the attributes
+declared here (set in ``Simulation.__init__``); ``Simulation`` itself runs the cores.
 """
 
 from __future__ import annotations
@@ -17,17 +19,19 @@ from typing import Any
 
 from palladium.race_detect import Actor, RaceDetector
 from palladium.shared_memory.buffers import Buffer, BufferRef
-from palladium.shared_memory.dma import Dma
+from palladium.shared_memory.core_actors import CoreActors
+from palladium.shared_memory.dma_queue import DmaQueue
 from palladium.shared_memory.errors import (
     SimulationError,
     UninitializedReadError,
     UninitializedReadWarning,
-    core_name,
 )
+from palladium.shared_memory.kernel_barrier import KernelBarrier
 from palladium.shared_memory.observer import ObserverSet
-from palladium.shared_memory.options import DmaOrder, SimulationOptions, Uninitialized
+from palladium.shared_memory.options import SimulationOptions, Uninitialized
 from palladium.shared_memory.partition import Rounds
 from palladium.shared_memory.scheduler import Scheduler, Task
+from palladium.shared_memory.semaphore_table import SemaphoreTable
 from palladium.shared_memory.semaphores import Semaphore
 
 __all__ = ["CoreId", "SimulationState", "site_line"]
@@ -52,13 +56,11 @@ class SimulationState:
     cores_per_device: int
     options: SimulationOptions
     seed: int
-    dma_order: DmaOrder
     uninitialized: Uninitialized
     bounds: str
     tiling: tuple[int, int]
     tpu_generation: int
     out_of_bounds_hint: str
-    _eager: bool
     _oob_raise: bool
     _rng: random.Random
     _local: threading.local
@@ -69,17 +71,14 @@ class SimulationState:
     _sched: Scheduler
     _buffers: dict[int, Buffer]
     _next_key: Iterator[int]
-    _next_dma: Iterator[int]
-    _dmas: list[Dma]
     _cores: list[CoreId]
-    _sems: dict[CoreId, dict[int, Semaphore]]
-    _next_sem: dict[CoreId, int]
+    semaphores: SemaphoreTable
+    dma_queue: DmaQueue
+    kernel_barrier: KernelBarrier
+    races: CoreActors | None  # None unless ``detect_races``
+    _det: RaceDetector | None  # races.detector (None unless ``detect_races``)
     _rounds: Rounds | None
-    _barrier_arrived: list[CoreId]
     _run_cores: list[CoreId]
-    _det: RaceDetector | None
-    _root: Actor | None
-    _actors: dict[CoreId, Actor]
     uninitialized_reads: str
     uninitialized_hint: str
     uninitialized_reports: list[str]
@@ -110,21 +109,11 @@ class SimulationState:
         return getattr(self._local, "task", None)
 
     def _actor(self, core: CoreId) -> Actor:
-        actor = self._actors.get(core)
-        if actor is None:
-            assert self._det is not None
-            actor = self._det.new_actor(core_name(core), parent=self._root)
-            self._actors[core] = actor
-        return actor
+        assert self.races is not None
+        return self.races.actor(core)
 
     def _check_core(self, core: Any, what: str = "core") -> CoreId:
-        core = (int(core[0]), int(core[1]))
-        if core not in self._sems:
-            raise SimulationError(
-                f"{what} {core_name(core)} does not exist: the simulation has "
-                f"{self.num_devices} device(s) x {self.cores_per_device} core(s)"
-            )
-        return core
+        return self.semaphores.check_core(core, what)
 
     def _buffer(self, buf: BufferRef) -> Buffer:
         b = self._buffers.get(buf.key)
@@ -133,19 +122,13 @@ class SimulationState:
         return b
 
     def _sem(self, core: CoreId, sem_id: Any) -> Semaphore:
-        table = self._sems.get(core)
-        if table is None:
-            table = self._sems[self._check_core(core)]
-        sem_id = int(sem_id)
-        sem = table.get(sem_id)
-        if sem is not None:
-            return sem
-        # Not (yet) allocated on this core: ids follow program order, so another core's
-        # semaphore with this id is the same program variable.
-        for other in self._sems.values():
-            twin = other.get(sem_id)
-            if twin is not None:
-                sem = Semaphore(core, sem_id, twin.kind, twin.name, twin.index)
-                table[sem_id] = sem
-                return sem
-        raise SimulationError(f"{core_name(core)}: semaphore id {sem_id} was never allocated")
+        return self.semaphores.get(core, sem_id)
+
+    # Names ``partition.Rounds`` (and a test) use: views of the collaborators' state.
+    @property
+    def _sems(self) -> dict[CoreId, dict[int, Semaphore]]:
+        return self.semaphores.by_core
+
+    @property
+    def _barrier_arrived(self) -> list[CoreId]:
+        return self.kernel_barrier.arrived

@@ -27,12 +27,15 @@ from palladium.shared_memory.buffers import (
     OUT_OF_BOUNDS_HINT,
     Buffer,
 )
-from palladium.shared_memory.dma import Dma
+from palladium.shared_memory.collector import frozen_heap
+from palladium.shared_memory.core_actors import CoreActors
 from palladium.shared_memory.dma import DmaState as DmaStep
+from palladium.shared_memory.dma_queue import DmaQueue
 from palladium.shared_memory.errors import (
     ConfigError,
     at_site,
 )
+from palladium.shared_memory.kernel_barrier import KernelBarrier
 from palladium.shared_memory.observer import Observer, ObserverSet
 from palladium.shared_memory.options import (
     Bounds,
@@ -44,12 +47,8 @@ from palladium.shared_memory.options import (
     UninitializedReads,
 )
 from palladium.shared_memory.partition import Partition, Rounds
-from palladium.shared_memory.scheduler import Scheduler, WaitPoint
-from palladium.shared_memory.semaphores import (
-    BARRIER_SEMAPHORE_ID,
-    Semaphore,
-    SemaphoreKind,
-)
+from palladium.shared_memory.scheduler import Scheduler
+from palladium.shared_memory.semaphore_table import SemaphoreTable
 from palladium.shared_memory.sim_buffers import BufferOps
 from palladium.shared_memory.sim_semaphores import SemaphoreOps
 from palladium.shared_memory.sim_state import CoreId
@@ -77,9 +76,12 @@ class Simulation(BufferOps, SemaphoreOps):
     """One kernel launch on a simulated TPU slice of ``num_devices`` x ``cores_per_device``.
 
     See the package's API.md for the contract; every method's docstring says what it
-    does. All state is per instance: drop the object after the launch. The operations
-    live in parts by job (``sim_buffers``, ``sim_semaphores``, ``sim_dmas``, over the
-    state of ``sim_state``); this class creates the state and runs the cores.
+    does. All state is per instance: drop the object after the launch. The state lives
+    in collaborators this object owns: ``semaphores`` (a ``SemaphoreTable``),
+    ``dma_queue`` (a ``DmaQueue``), ``kernel_barrier`` (a ``KernelBarrier``) and
+    ``races`` (the race detector's ``CoreActors``, None unless ``detect_races``). The
+    public operations are written in parts by job (``sim_buffers``, ``sim_semaphores``,
+    ``sim_dmas``, over ``sim_state``); this class creates the state and runs the cores.
     """
 
     def __init__(
@@ -139,7 +141,6 @@ class Simulation(BufferOps, SemaphoreOps):
         self._track_written = options.uninitialized_reads != "off"
         self._phantom_floats = not options.keep_float_data
         self._uninitialized_seen = set()
-        self._eager = options.dma_execution_mode == "eager"
         self._oob_raise = options.out_of_bounds == "raise"
         self._rng = random.Random(options.seed)
         self._local = threading.local()
@@ -159,26 +160,16 @@ class Simulation(BufferOps, SemaphoreOps):
         self._sched = self._scheduler()
         self._buffers: dict[int, Buffer] = {}
         self._next_key = itertools.count()
-        self._next_dma = itertools.count()
-        self._dmas: list[Dma] = []  # pending DMAs (on_wait mode), in issue order
         self._cores = [(d, c) for d in range(num_devices) for c in range(cores_per_device)]
-        self._sems: dict[CoreId, dict[int, Semaphore]] = {}
-        self._next_sem: dict[CoreId, int] = {}
-        for core in self._cores:
-            self._sems[core] = {
-                BARRIER_SEMAPHORE_ID: Semaphore(
-                    core, BARRIER_SEMAPHORE_ID, SemaphoreKind.BARRIER, "barrier_semaphore", ()
-                )
-            }
-            self._next_sem[core] = BARRIER_SEMAPHORE_ID + 1
-        self._barrier_generation = 0
-        self._barrier_point = WaitPoint()  # the cores blocked at the barrier wait here
-        self._barrier_arrived: list[CoreId] = []
-        self._barrier_sites: dict[CoreId, object] = {}
         self._run_cores: list[CoreId] = []
-        self._det = RaceDetector(on_race=options.on_race) if options.detect_races else None
-        self._root = self._det.new_actor("kernel launch") if self._det is not None else None
-        self._actors = {}
+        # The collaborators: each owns one part of the launch's state (see sim_state).
+        self.semaphores = SemaphoreTable(self._cores, num_devices, cores_per_device)
+        self.kernel_barrier = KernelBarrier()
+        self.races = CoreActors(options.on_race) if options.detect_races else None
+        self._det = None if self.races is None else self.races.detector
+        self.dma_queue = DmaQueue(
+            eager=options.dma_execution_mode == "eager", order=options.dma_order, rng=self._rng,
+            det=self._det, root=None if self.races is None else self.races.root)
 
     # -- introspection -------------------------------------------------------------------
 
@@ -249,7 +240,7 @@ class Simulation(BufferOps, SemaphoreOps):
         """The DMAs started and not yet complete, in issue order."""
         return [DmaState(d.name, d.core, "started" if d.state is DmaStep.STARTED else "read",
                          d.nbytes, "" if d.site is None else str(d.site))
-                for d in list(self._dmas) if d.state is not DmaStep.DONE]
+                for d in self.dma_queue.in_flight()]
 
     def snapshot(self, max_bytes: int = 8 << 20, *, failed: Any = None, title: str = "") -> Snapshot:
         """The simulated state now: cores, DMAs in flight, semaphores, and every buffer
@@ -261,8 +252,8 @@ class Simulation(BufferOps, SemaphoreOps):
             buffers=tuple(BufferState(b.ref.name, b.ref.space.value, b.ref.device, b.ref.core,
                                       tuple(b.logical), str(b.data.dtype), kept.get(b.ref.key))
                           for b in buffers),
-            semaphores=tuple(SemaphoreState(s.label, s.kind.value, c[0], c[1], int(s.count))
-                             for c, table in self._sems.items() for s in table.values()),
+            semaphores=tuple(SemaphoreState(s.label, s.kind.value, s.core[0], s.core[1],
+                                            int(s.count)) for s in self.semaphores),
             dmas=tuple(self.dmas_in_flight()),
             title=title,
         )
@@ -272,7 +263,7 @@ class Simulation(BufferOps, SemaphoreOps):
     def yield_point(self, site: object = None) -> None:
         """A scheduling point (``pl.delay``): pending DMAs may progress and the scheduler
         may switch cores."""
-        self._let_dmas_progress()
+        self.dma_queue.let_one_land(self._sched.check)
         self._sched.yield_point(self._task(), site)
 
     def tick(self, site: object = None) -> None:
@@ -288,10 +279,9 @@ class Simulation(BufferOps, SemaphoreOps):
         participants = self._run_cores or [core]
         if self._obs is not None:
             self._obs.barrier_begin(core)
-        self._barrier_arrived.append(core)
-        self._barrier_sites[core] = site
-        generation = self._barrier_generation
-        if len(self._barrier_arrived) >= len(participants) and self._rounds is None:
+        barrier = self.kernel_barrier
+        generation = barrier.arrive(core, site)
+        if len(barrier.arrived) >= len(participants) and self._rounds is None:
             self._release_barrier()
             if self._obs is not None:
                 self._obs.barrier_end(core)
@@ -299,24 +289,21 @@ class Simulation(BufferOps, SemaphoreOps):
             return
         self._sched.block(
             task,
-            lambda: self._barrier_generation != generation,
+            lambda: barrier.released_since(generation),
             lambda: (
-                f"waits at the barrier ({len(self._barrier_arrived)} of {len(participants)} "
-                f"cores arrived){at_site(self._barrier_sites.get(core))}"
+                f"waits at the barrier ({len(barrier.arrived)} of {len(participants)} "
+                f"cores arrived){at_site(barrier.sites.get(core))}"
             ),
-            self._barrier_point,
+            barrier.point,
         )
         if self._obs is not None:
             self._obs.barrier_end(core)
 
     def _release_barrier(self) -> None:
         """Every core of the run is at the barrier (of every process, partitioned)."""
-        participants = self._run_cores
-        self._barrier_arrived = []
-        self._barrier_generation += 1
-        self._barrier_point.changed()
-        if self._det is not None:
-            self._det.barrier([self._actor(c) for c in participants])
+        self.kernel_barrier.release()
+        if self.races is not None:
+            self.races.barrier(self._run_cores)
 
     def run(self, bodies: dict[CoreId, Callable[[], None]], *, check_leaks: bool = True) -> None:
         """Run each body as one simulated core, one at a time, until all finish.
@@ -328,24 +315,25 @@ class Simulation(BufferOps, SemaphoreOps):
         cores = [self._check_core(c, "body for") for c in bodies]
         bodies = dict(zip(cores, bodies.values()))
         self._run_cores = sorted(cores)
-        self._barrier_arrived = []
-        if self._det is not None and self._root is not None:
-            self._det.barrier([self._root, *(self._actor(c) for c in self._run_cores)])
+        self.kernel_barrier.reset()
+        if self.races is not None:
+            self.races.barrier(self._run_cores, with_root=True)
         self._sched = self._scheduler()
         if self._obs is not None:
             self._obs.run_begin(tuple(self._run_cores))
         try:
             try:
-                self._sched.run(bodies)
-                if self._rounds is not None:
-                    self._rounds.drain()
+                with frozen_heap():  # collections walk only what the run allocates
+                    self._sched.run(bodies)
+                    if self._rounds is not None:
+                        self._rounds.drain()
             finally:
                 self._run_cores = []
                 # A cancelled scheduler would cancel every later call: start afresh.
                 self._sched = self._scheduler()
-            self._flush_dmas()
-            if self._det is not None and self._root is not None:
-                self._det.barrier([self._root, *(self._actor(c) for c in cores)])
+            self.dma_queue.flush(self.semaphores)
+            if self.races is not None:
+                self.races.barrier(cores, with_root=True)
             if check_leaks:
                 self.check_semaphores()
         except BaseException as e:

@@ -1,0 +1,60 @@
+"""A run freezes the heap from before it (gc.freeze) and gives it back after."""
+
+import gc
+
+import numpy as np
+import pytest
+
+from palladium.shared_memory import MemorySpace, SemaphoreKind, Simulation
+from palladium.shared_memory.collector import frozen_heap
+
+
+@pytest.fixture(autouse=True)
+def _unfrozen():
+    gc.unfreeze()
+    yield
+    gc.unfreeze()
+
+
+def test_a_run_freezes_the_heap_from_before_it_and_unfreezes_it_after():
+    sim = Simulation(num_devices=2)
+    x = sim.allocate(MemorySpace.HBM, 0, 0, name="x", value=np.arange(4.0, dtype=np.float32))
+    y = sim.allocate(MemorySpace.HBM, 1, 0, name="y", shape=(4,), dtype=np.float32)
+    sem = int(sim.allocate_semaphores(1, 0, kind=SemaphoreKind.DMA, name="sem"))
+    seen = []
+
+    def send():
+        seen.append(gc.get_freeze_count())
+        sim.dma_start(x, None, y, None, core=(0, 0), dst_sem=sem, dst_core=(1, 0))
+
+    def receive():
+        sim.dma_wait(sem, 16, core=(1, 0))
+        seen.append(gc.get_freeze_count())
+
+    sim.run({(0, 0): send, (1, 0): receive})
+    assert min(seen) > 0  # the run's bodies ran over a frozen heap
+    assert gc.get_freeze_count() == 0
+    np.testing.assert_array_equal(sim.value(y), np.arange(4.0, dtype=np.float32))
+
+
+def test_nested_runs_unfreeze_once_at_the_outermost_end():
+    with frozen_heap():
+        outer = gc.get_freeze_count()
+        with frozen_heap():
+            assert gc.get_freeze_count() >= outer > 0
+        assert gc.get_freeze_count() == outer  # the inner one did not unfreeze
+    assert gc.get_freeze_count() == 0
+
+
+def test_a_heap_the_process_froze_itself_is_left_alone():
+    gc.freeze()
+    before = gc.get_freeze_count()
+    with frozen_heap():
+        pass
+    assert gc.get_freeze_count() == before > 0
+
+
+def test_an_error_in_the_run_still_unfreezes():
+    with pytest.raises(ValueError), frozen_heap():
+        raise ValueError("boom")
+    assert gc.get_freeze_count() == 0
