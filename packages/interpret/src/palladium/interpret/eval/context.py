@@ -133,6 +133,10 @@ class KernelContext(Protocol):
 
     def eval_closed(self, closed: Any, args: list[Value]) -> list[Value]: ...
 
+    def eval_with_ref_views(self, closed: Any, args: list[Value]) -> list[Value]:
+        """Evaluate a ClosedJaxpr whose arguments may be refs with transforms."""
+        ...
+
     def run_program(self, prog: Any, args: list[Value]) -> list[Value]:
         """Run a ``program.Program`` compiled apart from the kernel's cache."""
         ...

@@ -43,6 +43,8 @@ class CoreEvaluator:
     skip_floating_point_ops: bool = dataclasses.field(init=False, default=False)
     deterministic_dot: bool = dataclasses.field(init=False, default=False)
     _quiet: bool = dataclasses.field(init=False, default=False, repr=False)
+    # Inside a plugin's evaluation: refs may come with transforms (``eval_with_ref_views``).
+    _views: bool = dataclasses.field(init=False, default=False, repr=False)
 
     def __post_init__(self) -> None:
         params = getattr(self.launch, "params", None)
@@ -82,7 +84,7 @@ class CoreEvaluator:
         if isinstance(jaxpr, jc.ClosedJaxpr):
             consts = [*jaxpr.consts, *consts]
             jaxpr = jaxpr.jaxpr
-        return self._run(self.launch.programs.get(jaxpr), consts, args)
+        return self._run(self.launch.programs.get(jaxpr, self._views), consts, args)
 
     def _run(self, prog: Program, consts: list[Value], args: list[Value]) -> list[Value]:
         env = list(prog.template)
@@ -109,6 +111,18 @@ class CoreEvaluator:
     def eval_closed(self, closed: Any, args: list[Value]) -> list[Value]:
         """Evaluate a ClosedJaxpr (consts bound) on ``args``."""
         return self.eval_jaxpr(closed, [], args)
+
+    def eval_with_ref_views(self, closed: Any, args: list[Value]) -> list[Value]:
+        """Evaluate a ClosedJaxpr on ``args``, some of which may be refs with transforms
+        (a plugin's evaluation, ``traced_rule.evaluation_rule``): it and every jaxpr it
+        runs (branches, loop bodies, calls) run as programs compiled for such refs."""
+        if self._views:
+            return self.eval_jaxpr(closed, [], args)
+        self._views = True
+        try:
+            return self.eval_jaxpr(closed, [], args)
+        finally:
+            self._views = False
 
     def site(self, eqn: Equation | None = None, what: str | None = None) -> Site:
         return Site(

@@ -222,7 +222,14 @@ def resolve(shape: tuple[int, ...], dtype: np.dtype, transforms: Sequence[Any], 
 
 
 def split_transformed(value: Any) -> tuple[Any, tuple[Any, ...]]:
-    """``(ref, transforms)`` of a possibly transformed ref from an unflattened tree."""
-    if isinstance(value, jc.TransformedRef):
-        return value.ref, tuple(value.transforms)
-    return value, ()
+    """``(ref, transforms)`` of a possibly transformed ref from an unflattened tree (a
+    ref with transforms around a ref with transforms, as an evaluation declared by a
+    plugin makes them, gives the inner ones first)."""
+    if not isinstance(value, jc.TransformedRef):
+        return value, ()
+    transforms = tuple(value.transforms)
+    value = value.ref
+    while isinstance(value, jc.TransformedRef):
+        transforms = (*value.transforms, *transforms)
+        value = value.ref
+    return value, transforms
