@@ -9,6 +9,7 @@ in order: a registered rule compiler, the interpreter's own rule, the numpy fast
 from __future__ import annotations
 
 import dataclasses
+import functools
 import threading
 from typing import Any
 
@@ -250,8 +251,7 @@ def compile_jaxpr(jaxpr: Any, *, segments: bool = True, races_ok: bool = False,
             flushed.update(v for v in eqn.outvars if _dtype(v) == _F32)
         step_rule = resolve_rule(eqn, used, operands_flushed)
         if ref_views and eqn.primitive in VIEW_PRIMITIVES:
-            step_rule = ref_view_rule(eqn, step_rule,
-                                      lambda e, used=used: resolve_rule(e, used))
+            step_rule = ref_view_rule(eqn, step_rule, functools.partial(resolve_rule, used=used))
         steps.append(Step(step_rule, eqn, ins, outs))
     out_slots = tuple(slot_of(a) for a in jaxpr.outvars)
     return Program(jaxpr, tuple(steps), tuple(template), const_slots, in_slots, out_slots,

@@ -119,7 +119,7 @@ def ref_view_rule(eqn: Any, plain: Any, resolve: Callable[[Any], Any]) -> Any:
     static data: a structure per value of them (a buffer slot), at most ``_VIEWS_LIMIT``
     kept per equation. The equation's own index operands stay operands."""
     head = VIEW_PRIMITIVES[eqn.primitive]
-    theirs = eqn.params["tree"].children()
+    theirs = jax.tree_util.treedef_children(eqn.params["tree"])
     made: dict[Any, tuple[Any, Any]] = {}
 
     def rule(ev: KernelContext, eqn_: Equation, invals: list[Value]) -> list[Value]:
@@ -130,7 +130,8 @@ def ref_view_rule(eqn: Any, plain: Any, resolve: Callable[[Any], Any]) -> Any:
         leaves, own_tree = jax.tree.flatten(own)
         hit = made.get(own_tree)
         if hit is None:
-            composed = jax.tree_util.treedef_tuple([*own_tree.children(), *theirs])
+            composed = jax.tree_util.treedef_tuple(
+                [*jax.tree_util.treedef_children(own_tree), *theirs])
             rewritten = eqn.replace(params={**eqn.params, "tree": composed})
             if len(made) >= _VIEWS_LIMIT:
                 made.clear()
