@@ -12,7 +12,8 @@ pipeline's own jaxpr evaluator. Cases, each a 256x512x512 f32 matmul pipeline (g
 
 The first call (after ``jax.jit(...).lower().compile()``: the interpreter's own first
 run, rules traced, programs compiled) needs a fresh process, so each measurement runs in
-one. ``--compare DIR`` measures the palladium sources under ``DIR`` (``DIR/packages/*/src``,
+one; steady is the fastest of ``--calls`` later calls. Wall time and CPU time (of all the
+process's threads: less disturbed by other processes on a shared machine) are reported. ``--compare DIR`` measures the palladium sources under ``DIR`` (``DIR/packages/*/src``,
 e.g. ``git archive main packages | tar -x -C DIR``) against this checkout in the same
 run, alternating which goes first; each cell is the minimum over ``--repeats`` processes.
 
@@ -81,16 +82,18 @@ def _measure(case: str, calls: int) -> dict[str, float]:
     import numpy as np
 
     call, args, expected = _call(case)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     out = jax.block_until_ready(call(*args))
-    first = time.perf_counter() - t0
+    first, first_cpu = time.perf_counter() - t0, time.process_time() - c0
     np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-4)
-    times = []
+    times, cpu = [], []
     for _ in range(calls):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         jax.block_until_ready(call(*args))
         times.append(time.perf_counter() - t0)
-    return {"first": first, "steady": sorted(times)[len(times) // 2]}
+        cpu.append(time.process_time() - c0)
+    return {"first": first, "steady": min(times), "first_cpu": first_cpu,
+            "steady_cpu": min(cpu)}
 
 
 def _child(case: str, calls: int) -> None:
@@ -130,16 +133,20 @@ def main() -> None:
                 cell = best.setdefault((case, name), dict(got))
                 for key, value in got.items():
                     cell[key] = min(cell[key], value)
-    print("| case | " + " | ".join(f"{v}: first call | {v}: steady" for v in versions)
-          + (" | after/before (first, steady) |" if a.compare else " |"))
-    print("|---" * (1 + 2 * len(versions) + (1 if a.compare else 0)) + "|")
-    for case in CASES:
-        cells = [best[(case, v)] for v in versions]
-        row = " | ".join(f"{c['first']:.3f} s | {c['steady'] * 1e3:.1f} ms" for c in cells)
-        if a.compare:
-            b, f = cells
-            row += f" | {f['first'] / b['first']:.2f}, {f['steady'] / b['steady']:.2f}"
-        print(f"| {case} | {row} |")
+    for what, first, steady in (("wall", "first", "steady"),
+                                ("CPU (all threads)", "first_cpu", "steady_cpu")):
+        print(f"\n{what} time, min over {a.repeats} processes (steady: min over {a.calls} "
+              "calls)\n")
+        print("| case | " + " | ".join(f"{v}: first call | {v}: steady" for v in versions)
+              + (" | after/before (first, steady) |" if a.compare else " |"))
+        print("|---" * (1 + 2 * len(versions) + (1 if a.compare else 0)) + "|")
+        for case in CASES:
+            cells = [best[(case, v)] for v in versions]
+            row = " | ".join(f"{c[first]:.3f} s | {c[steady] * 1e3:.1f} ms" for c in cells)
+            if a.compare:
+                b, f = cells
+                row += f" | {f[first] / b[first]:.2f}, {f[steady] / b[steady]:.2f}"
+            print(f"| {case} | {row} |")
 
 
 if __name__ == "__main__":
