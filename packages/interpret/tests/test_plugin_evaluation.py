@@ -29,9 +29,11 @@ on_slot_p.def_abstract_eval(lambda buf, slot, *, body: body.out_avals)
 
 
 def _slot_view(buf, slot):
-    """``buf.at[slot]`` for an operand the plugin cannot look into (a jax TransformedRef)."""
-    indexer = jc.NDIndexer.from_indices_shape((slot, slice(None), slice(None)),
-                                              (SLOTS, ROWS, COLS))
+    """``buf.at[slot]`` for operands the plugin does not look into (a jax TransformedRef;
+    the interpreter calls the rule once per equation, with the equation's variables
+    standing for the operands)."""
+    indexer = jc.NDIndexer((slot, jc.Slice(0, ROWS), jc.Slice(0, COLS)), (SLOTS, ROWS, COLS),
+                           (), validate=False)
     return jc.TransformedRef(buf, (indexer,))
 
 

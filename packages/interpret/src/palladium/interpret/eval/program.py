@@ -18,7 +18,7 @@ import numpy as np
 from palladium.interpret import _jax_compat as jc
 from palladium.interpret.errors import UnsupportedPrimitiveError
 from palladium.interpret.eval.context import Equation, KernelContext, Value
-from palladium.interpret.eval.refs import MemRef, SemaphoreRef
+from palladium.interpret.eval.refs import MemRef, RefView, SemaphoreRef
 from palladium.interpret.eval.registry import RULES, Rule, rule_by_name
 from palladium.interpret.eval.rules_unsupported import UNSUPPORTED, refusal
 from palladium.interpret.eval.segment_trace import is_ref
@@ -85,7 +85,7 @@ def _is_float(aval: Any) -> bool:
 
 def _bind(ev: KernelContext, eqn: Equation, invals: list[Value]) -> list[Value]:
     prim = eqn.primitive
-    if any(isinstance(x, MemRef | SemaphoreRef | jc.TransformedRef) for x in invals):
+    if any(isinstance(x, MemRef | SemaphoreRef | RefView | jc.TransformedRef) for x in invals):
         raise UnsupportedPrimitiveError(
             f"primitive '{prim}' takes a ref and the interpreter has no rule for it; "
             f"register one with palladium.interpret.register_interpret_rule "

@@ -17,7 +17,7 @@ Two forms (the protocol is specified in ``palladium.interpret.rule_plugins``):
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -25,7 +25,7 @@ import jax
 from palladium.interpret import _jax_compat as jc
 from palladium.interpret.errors import KernelError
 from palladium.interpret.eval.context import Equation, KernelContext, Value
-from palladium.interpret.eval.refs import split_transformed
+from palladium.interpret.eval.refs import RefView, split_transformed
 
 __all__ = ["EVALUATE", "TRACE", "VIEW_PRIMITIVES", "evaluation_rule", "ref_view_rule",
            "traced_rule"]
@@ -59,48 +59,76 @@ def traced_rule(primitive: Any, impl: Callable[..., Any]) -> Callable[[Any, Any,
 
 
 # -- evaluations -------------------------------------------------------------------------
-def as_view(value: Any) -> Any:
-    """``value``, a ref with nested transforms flattened into one ``TransformedRef``
-    (a plugin may wrap an operand that is itself a ref with transforms)."""
-    if type(value) is not jc.TransformedRef:
-        return value
-    ref, transforms = split_transformed(value)
-    return jc.TransformedRef(ref, transforms)
+# A declaration, made once per equation: ``fn`` is called with the equation's input
+# variables standing for its operands, and each argument it declares becomes a recipe
+# over the operand positions (an operand, a view of one, or a constant).
+_OPERAND, _VIEW, _CONSTANT = 0, 1, 2
 
 
 def evaluation_rule(primitive: Any, fn: Callable[..., Any]) -> Callable[[Any, Any, list[Any]], list[Any]]:
-    """A rule that asks ``fn`` what to evaluate and evaluates it with the evaluator's rules."""
+    """A rule that evaluates what ``fn`` declares, with the evaluator's own rules."""
+    declared: dict[int, tuple[Any, Any, list[Any]]] = {}
 
     def rule(ev: KernelContext, eqn: Equation, invals: list[Value]) -> list[Value]:
-        declared = fn(*invals, **eqn.params)
-        closed, args = _checked_declaration(primitive, declared, ev, eqn)
-        outs = ev.eval_with_ref_views(closed, [as_view(a) for a in args])
-        if len(outs) != len(eqn.outvars):
-            raise KernelError(
-                f"the interpreter rule (form 'evaluate') of primitive '{primitive}' declared "
-                f"a jaxpr with {len(outs)} results for an equation with "
-                f"{len(eqn.outvars)} ({ev.site(eqn)})")
-        return outs
+        hit = declared.get(id(eqn))
+        if hit is None or hit[0] is not eqn:
+            closed, recipe = _declaration(primitive, fn, ev, eqn)
+            hit = declared[id(eqn)] = (eqn, closed, recipe)
+        _, closed, recipe = hit
+        args = []
+        for kind, what, leaves, tree in recipe:
+            if kind == _OPERAND:
+                args.append(invals[what])
+            elif kind == _VIEW:
+                args.append(RefView(invals[what], tuple(
+                    invals[i] if k == _OPERAND else i for k, i in leaves), tree))
+            else:
+                args.append(what)
+        return ev.eval_with_ref_views(closed, args)  # type: ignore[no-any-return]
 
     return rule
 
 
-def _checked_declaration(primitive: Any, declared: Any, ev: KernelContext,
-                         eqn: Equation) -> tuple[Any, Sequence[Any]]:
+def _declaration(primitive: Any, fn: Callable[..., Any], ev: KernelContext,
+                 eqn: Equation) -> tuple[Any, list[Any]]:
+    def refuse(why: str) -> KernelError:
+        return KernelError(f"the interpreter rule (form 'evaluate') of primitive "
+                           f"'{primitive}' {why} ({ev.site(eqn)})")
+
+    declared = fn(*eqn.invars, **eqn.params)
     ok = isinstance(declared, tuple | list) and len(declared) == 2
     closed, args = declared if ok else (None, None)
     if isinstance(closed, jc.Jaxpr) and not closed.constvars:
         closed = jc.ClosedJaxpr(closed, ())
     if not ok or not isinstance(closed, jc.ClosedJaxpr) or not isinstance(args, tuple | list):
-        raise KernelError(
-            f"the interpreter rule (form 'evaluate') of primitive '{primitive}' returned "
-            f"{type(declared).__name__}, not (ClosedJaxpr, arguments) ({ev.site(eqn)})")
+        raise refuse(f"returned {type(declared).__name__}, not (ClosedJaxpr, arguments)")
     if len(args) != len(closed.jaxpr.invars):
-        raise KernelError(
-            f"the interpreter rule (form 'evaluate') of primitive '{primitive}' declared "
-            f"{len(args)} arguments for a jaxpr of {len(closed.jaxpr.invars)} inputs "
-            f"({ev.site(eqn)})")
-    return closed, args
+        raise refuse(f"declared {len(args)} arguments for a jaxpr of "
+                     f"{len(closed.jaxpr.invars)} inputs")
+    if len(closed.jaxpr.outvars) != len(eqn.outvars):
+        raise refuse(f"declared a jaxpr with {len(closed.jaxpr.outvars)} results for an "
+                     f"equation with {len(eqn.outvars)}")
+    position: dict[int, int] = {}
+    for i, v in enumerate(eqn.invars):
+        position.setdefault(id(v), i)
+
+    def leaf(x: Any) -> tuple[int, Any]:
+        i = position.get(id(x))
+        return (_CONSTANT, x) if i is None else (_OPERAND, i)
+
+    recipe = []
+    for n, arg in enumerate(args):
+        if isinstance(arg, jc.TransformedRef):
+            base, transforms = split_transformed(arg)
+            if id(base) not in position:
+                raise refuse(f"declared argument {n}, a ref with transforms around "
+                             f"{base!r}, which is not an operand of the equation")
+            flat, tree = jax.tree.flatten(transforms)
+            recipe.append((_VIEW, position[id(base)], [leaf(x) for x in flat], tree))
+        else:
+            kind, what = leaf(arg)
+            recipe.append((kind, what, None, None))
+    return closed, recipe
 
 
 # -- loads and stores through a ref with transforms (programs of evaluations) ------------
@@ -120,24 +148,24 @@ def ref_view_rule(eqn: Any, plain: Any, resolve: Callable[[Any], Any]) -> Any:
     kept per equation. The equation's own index operands stay operands."""
     head = VIEW_PRIMITIVES[eqn.primitive]
     theirs = jax.tree_util.treedef_children(eqn.params["tree"])
-    made: dict[Any, tuple[Any, Any]] = {}
+    made: dict[int, tuple[Any, Any, Any]] = {}
 
     def rule(ev: KernelContext, eqn_: Equation, invals: list[Value]) -> list[Value]:
         ref = invals[0]
-        if type(ref) is not jc.TransformedRef:
+        if type(ref) is not RefView:
             return plain(ev, eqn_, invals)  # type: ignore[no-any-return]
-        base, own = split_transformed(ref)
-        leaves, own_tree = jax.tree.flatten(own)
-        hit = made.get(own_tree)
-        if hit is None:
+        own_tree = ref.tree
+        hit = made.get(id(own_tree))
+        if hit is None or hit[0] is not own_tree:
             composed = jax.tree_util.treedef_tuple(
                 [*jax.tree_util.treedef_children(own_tree), *theirs])
             rewritten = eqn.replace(params={**eqn.params, "tree": composed})
             if len(made) >= _VIEWS_LIMIT:
                 made.clear()
-            hit = made[own_tree] = (rewritten, resolve(rewritten))
-        rewritten, specialised = hit
-        return specialised(ev, rewritten, [base, *invals[1:head], *leaves, *invals[head:]])  # type: ignore[no-any-return]
+            hit = made[id(own_tree)] = (own_tree, rewritten, resolve(rewritten))
+        _, rewritten, specialised = hit
+        return specialised(ev, rewritten, [ref.ref, *invals[1:head], *ref.leaves,  # type: ignore[no-any-return]
+                                           *invals[head:]])
 
     return rule
 
