@@ -165,6 +165,39 @@ def test_race_through_the_evaluated_jaxpr_is_reported():
     assert f"test_plugin_evaluation.py:{read.__code__.co_firstlineno + 1}" in message, message
 
 
+def test_the_rule_declares_once_per_equation_with_its_variables():
+    """The declaration is made once (the equation's variables standing for the operands,
+    never their values) and serves every run of the equation: here 4 slots in a loop."""
+    count_p = Primitive("palladium_test_counted_slot")
+    count_p.multiple_results = True
+    count_p.def_abstract_eval(lambda buf, slot, *, body: body.out_avals)
+    seen = []
+
+    def declare(buf, slot, *, body):
+        seen.append((type(buf).__name__, type(slot).__name__))
+        return body, [_slot_view(buf, slot)]
+
+    pi.register_interpret_rule(count_p, declare, form="evaluate")
+    body = _on_slot(lambda r: r[0, 0])
+
+    def kernel(x_ref, o_ref, buf):
+        buf[...] = x_ref[...]
+
+        def step(i, acc):
+            (v,) = count_p.bind(buf, i % SLOTS, body=body)
+            return acc + v
+
+        o_ref[0] = jax.lax.fori_loop(0, 4, step, jnp.float32(0.0))
+
+    out = pl.pallas_call(
+        kernel, out_shape=jax.ShapeDtypeStruct((1,), jnp.float32),
+        out_specs=pl.BlockSpec(memory_space=pltpu.SMEM),
+        scratch_shapes=[pltpu.VMEM(X.shape, jnp.float32)],
+        interpret=pi.InterpretParams(compile_check="off"))(X)
+    assert float(out[0]) == X[0, 0, 0] + X[1, 0, 0] + X[2, 0, 0] + X[0, 0, 0]
+    assert seen == [("Var", "Var")]
+
+
 def test_a_malformed_declaration_names_the_primitive():
     bad_p = Primitive("palladium_test_bad_declaration")
     bad_p.multiple_results = True

@@ -21,24 +21,26 @@ evaluates the traced jaxpr in place of the equation; it returns the primitive's 
 
     {double_p: lambda x: x * 2}
 
-**An evaluation** -- ``("evaluate", fn)``. Each time an equation of the primitive runs,
-the interpreter calls ``fn(*operands, **params)`` with the operands' *values* (arrays,
-and refs that ``fn`` only passes on, never inspects) and ``fn`` declares what to
-evaluate: it returns ``(closed_jaxpr, args)``, a ``jax.extend.core.ClosedJaxpr`` (an
-open ``Jaxpr`` without constvars is accepted too) and one argument per input of it. An
-argument is an operand, or a ref with transforms around an operand:
-``TransformedRef(operand, transforms)`` as jax's ``ref.at[...]``, ``ref.bitcast``,
-``ref.reshape`` make them (indexers, bitcasts, reshapes, transposes; an index operand
-of a transform may be an operand too, e.g. a buffer slot). The interpreter evaluates
-the jaxpr with its own rules -- loads, stores and DMAs through the transforms, its
-control flow, race detection and error sites (an error names the jaxpr equation's
-source line) -- and the jaxpr's results are the equation's results. No tracing happens
-per equation, so a primitive that runs a jaxpr it carries (a pipeline body over a
-buffer slot) costs what its equations cost::
+**An evaluation** -- ``("evaluate", fn)``. ``fn(*operands, **params)`` *declares* what
+an equation of the primitive evaluates; it is called once per equation, with the
+equation's input variables (jax ``Var``/``Literal`` objects) standing for the operands,
+which it places without looking into them. It returns ``(closed_jaxpr, args)``: a
+``jax.extend.core.ClosedJaxpr`` (an open ``Jaxpr`` without constvars is accepted too)
+whose results are the equation's, and one argument per input of it. An argument is an
+operand; a ref with transforms around an operand, ``TransformedRef(operand,
+transforms)`` as jax's ``ref.at[...]``, ``ref.bitcast``, ``ref.reshape`` make them
+(indexers, bitcasts, reshapes, transposes), where an index of a transform may be an
+operand too (a buffer slot); or a constant. Each time the equation runs, the
+interpreter puts the operands' values in those places and evaluates the jaxpr with its
+own rules -- loads, stores and DMAs through the transforms, its control flow, race
+detection and error sites (an error names the jaxpr equation's source line). Nothing
+is traced and no transform object is built per run, so a primitive that runs a jaxpr
+it carries (a pipeline body over a buffer slot) costs what the jaxpr's equations cost::
 
     # body_p was bound as body_p.bind(*consts, *leaves, jaxpr=..., num_consts=...,
     # refs_tree=tree) with leaves, tree = jax.tree.flatten(block_refs): block refs with
-    # transforms (``buffer.at[slot]``) flattened into the base refs and the index values.
+    # transforms (``buffer.at[slot]``) flattened into the base refs and the index values;
+    # the rule unflattens the equation's variables for those into the same refs.
     def run_body(*operands, jaxpr, num_consts, refs_tree):
         refs = jax.tree.leaves(refs_tree.unflatten(operands[num_consts:]),
                                is_leaf=lambda x: isinstance(x, TransformedRef))

@@ -10,9 +10,10 @@ registers the returned rules without importing this package by name. The protoco
   use (:func:`palladium.pipeline.primitive.expand`);
 * ``palladium_pipeline_body``: an *evaluation* (``("evaluate", fn)``): the body jaxpr on
   the block refs, each a buffer slot -- a base ref with transforms (``ref.at[slot]``,
-  jax's ``TransformedRef``). :func:`pipeline_body_evaluation` only declares it; the
-  interpreter evaluates the jaxpr with its own rules (loads, stores and DMAs through the
-  transforms, its control flow, race detection, error sites).
+  jax's ``TransformedRef``). :func:`pipeline_body_evaluation` only declares it, once per
+  equation (its operands are the equation's variables then); the interpreter evaluates
+  the jaxpr with its own rules (loads, stores and DMAs through the transforms, its
+  control flow, race detection, error sites).
 
 Nothing here imports an interpreter.
 """

@@ -82,13 +82,14 @@ def register_interpret_rule(primitive: jc.Primitive, impl: Callable[..., Any], *
     parameters. It returns the primitive's result (a list when
     ``primitive.multiple_results``).
 
-    ``form="evaluate"``: ``impl(*operands, **params)`` is called each time an equation of
-    the primitive runs, with the operands' values (arrays, and refs the rule only passes
-    on), and returns ``(closed_jaxpr, args)``: the interpreter evaluates ``closed_jaxpr``
-    on ``args`` with its own rules, and its results are the equation's. An argument is
-    an operand, or a ref with transforms around one (jax's ``TransformedRef(operand,
-    transforms)``, e.g. ``ref.at[slot]``; the transforms' index operands may be operands
-    too). See :mod:`palladium.interpret.rule_plugins` for the protocol.
+    ``form="evaluate"``: ``impl(*operands, **params)`` declares what an equation of the
+    primitive evaluates; it is called once per equation with the equation's variables
+    standing for the operands and returns ``(closed_jaxpr, args)``: each run, the
+    interpreter evaluates ``closed_jaxpr`` on ``args`` (the operands' values in their
+    places) with its own rules, and its results are the equation's. An argument is an
+    operand, or a ref with transforms around one (jax's ``TransformedRef(operand,
+    transforms)``, e.g. ``ref.at[slot]``; the transforms' indices may be operands too).
+    See :mod:`palladium.interpret.rule_plugins` for the protocol.
 
     Example::
 

@@ -6,13 +6,16 @@ Two forms (the protocol is specified in ``palladium.interpret.rule_plugins``):
   with its input types, the traced jaxpr evaluated in place of the equation
   (:func:`traced_rule`);
 * an *evaluation* (``register_interpret_rule(p, fn, form="evaluate")``): ``fn`` is called
-  with the equation's operands and parameters and declares a jaxpr and its arguments,
-  some of them refs with transforms (jax's ``TransformedRef`` around an operand); the
-  evaluator runs that jaxpr with its own rules (:func:`evaluation_rule`). A ref with
-  transforms stays one value while it flows through control flow, calls and
-  ``run_scoped``; the rules that read or write through a ref resolve its transforms in
-  front of their own (:func:`ref_view_rule` for loads, stores and ``addupdate``; DMAs,
-  masked loads/stores and semaphores compose them through ``refs.split_transformed``).
+  once per equation, with the equation's variables for its operands, and declares a
+  jaxpr and its arguments, some of them refs with transforms (jax's ``TransformedRef``
+  around an operand); the declaration becomes a recipe over operand positions, and
+  each run the evaluator runs that jaxpr with its own rules on the operands' values
+  (:func:`evaluation_rule`). A ref with transforms is a ``refs.RefView`` (base ref,
+  index values, structure) and stays one value while it flows through control flow,
+  calls and ``run_scoped``; the rules that read or write through a ref resolve its
+  transforms in front of their own (:func:`ref_view_rule` for loads, stores and
+  ``addupdate``, with the compiled access caches; DMAs, masked loads/stores and
+  semaphores through ``refs.split_transformed``).
 """
 
 from __future__ import annotations
