@@ -229,6 +229,9 @@ class RefView:
     ``transforms`` builds them (for DMAs and the rules that take a ``TransformedRef``)."""
 
     __slots__ = ("leaves", "ref", "tree")
+    ref: Any
+    leaves: tuple[Any, ...]
+    tree: Any
 
     def __init__(self, ref: Any, leaves: tuple[Any, ...], tree: Any) -> None:
         if isinstance(ref, RefView):  # a view of a view: one view of the base

@@ -119,7 +119,7 @@ def _declaration(primitive: Any, fn: Callable[..., Any], ev: KernelContext,
         i = position.get(id(x))
         return (_CONSTANT, x) if i is None else (_OPERAND, i)
 
-    recipe = []
+    recipe: list[tuple[int, Any, Any, Any]] = []
     for n, arg in enumerate(args):
         if isinstance(arg, jc.TransformedRef):
             base, transforms = split_transformed(arg)
