@@ -35,7 +35,11 @@ interpreter puts the operands' values in those places and evaluates the jaxpr wi
 own rules -- loads, stores and DMAs through the transforms, its control flow, race
 detection and error sites (an error names the jaxpr equation's source line). Nothing
 is traced and no transform object is built per run, so a primitive that runs a jaxpr
-it carries (a pipeline body over a buffer slot) costs what the jaxpr's equations cost::
+it carries (a pipeline body over a buffer slot) costs what the jaxpr's equations cost.
+A declaration may have a third element, ``(indices, sizes)`` (operands or ints, one
+per grid axis): within the jaxpr, ``pl.program_id`` and ``pl.num_programs`` answer
+that grid, also inside its control flow (jax's ``emit_pipeline`` primitive's body sees
+its pipeline's grid so)::
 
     # body_p was bound as body_p.bind(*consts, *leaves, jaxpr=..., num_consts=...,
     # refs_tree=tree) with leaves, tree = jax.tree.flatten(block_refs): block refs with

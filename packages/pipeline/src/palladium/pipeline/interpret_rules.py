@@ -42,9 +42,20 @@ def interpret_rules() -> dict[Any, Callable[..., Any] | tuple[str, Callable[...,
 
 
 def pipeline_body_evaluation(*operands: Any, jaxpr: Any, num_consts: int, num_scalars: int,
-                             refs_tree: Any) -> tuple[Any, list[Any]]:
+                             refs_tree: Any, grid: tuple[int | None, ...] | None = None,
+                             ) -> tuple[Any, ...]:
     """What one step of the pipeline body evaluates: the body jaxpr on its constants,
-    the step's scalars and the block refs (buffer slots: base refs with transforms)."""
+    the step's scalars and the block refs (buffer slots: base refs with transforms).
+
+    With ``grid`` (jax's ``emit_pipeline`` primitive: its sizes, None where dynamic),
+    the step's scalars are the step indices then the dynamic sizes, and the body's
+    ``pl.program_id`` / ``pl.num_programs`` answer them (the declaration's grid)."""
     head = num_consts + num_scalars
     refs = unflatten_refs(refs_tree, operands[head:])
-    return jc.ClosedJaxpr(jaxpr, ()), [*operands[:head], *refs]
+    closed, args = jc.ClosedJaxpr(jaxpr, ()), [*operands[:head], *refs]
+    if grid is None:
+        return closed, args
+    scalars = operands[num_consts:head]
+    dynamic = iter(scalars[len(grid):])
+    sizes = tuple(next(dynamic) if g is None else g for g in grid)
+    return closed, args, (tuple(scalars[:len(grid)]), sizes)

@@ -82,13 +82,16 @@ def expand_jax_emit_pipeline(*args: Any, body_jaxpr: Any, body_consts_len: int,
     body_jaxpr_on_grid, extra_consts = _on_grid(body_jaxpr, body_consts_len, grid)
     consts = [*extra_consts, *body_consts]
     dynamic_sizes = [jnp.asarray(d, jnp.int32) for d in grid if not isinstance(d, int)]
+    # The body's program ids answer the pipeline's grid, also inside its control flow:
+    # the step's scalars are (indices, dynamic sizes), which the interpreter is told.
+    static_grid = tuple(d if isinstance(d, int) else None for d in grid)
 
     def body(step: Any, *blocks: Any) -> None:
         scalars = [jnp.asarray(i, jnp.int32) for i in step.index] + dynamic_sizes
         leaves, tree = jc.ref_tree_flatten(*blocks)
         pipeline_body_p.bind(*consts, *scalars, *leaves, jaxpr=body_jaxpr_on_grid,
                              num_consts=len(consts), num_scalars=len(scalars),
-                             refs_tree=tree)
+                             refs_tree=tree, grid=static_grid)
 
     options: dict[str, Any] = {"tiling": tiling, "trace_scopes": trace_scopes,
                                "no_pipelining": no_pipelining}
@@ -103,8 +106,9 @@ def expand_jax_emit_pipeline(*args: Any, body_jaxpr: Any, body_consts_len: int,
 
 def _on_grid(body_jaxpr: Any, num_consts: int, grid: tuple[Any, ...]) -> tuple[Any, tuple[Any, ...]]:
     """jax's body jaxpr as a jaxpr of (its ``num_consts`` constants, the step indices,
-    the dynamic grid sizes, the block refs) in which ``pl.program_id`` and
-    ``pl.num_programs`` answer the pipeline's grid: traced once per expansion."""
+    the dynamic grid sizes, the block refs), traced once per expansion; its top-level
+    ``pl.program_id`` and ``pl.num_programs`` read the step's scalars, those inside its
+    control flow are answered by the interpreter (``pipeline_body_p``'s ``grid``)."""
     avals = [v.aval for v in (*body_jaxpr.constvars, *body_jaxpr.invars)]
     num_constvars, rank = len(body_jaxpr.constvars), len(grid)
     num_scalars = rank + sum(1 for d in grid if not isinstance(d, int))

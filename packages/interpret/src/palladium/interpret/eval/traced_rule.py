@@ -70,14 +70,17 @@ _OPERAND, _VIEW, _CONSTANT = 0, 1, 2
 
 def evaluation_rule(primitive: Any, fn: Callable[..., Any]) -> Callable[[Any, Any, list[Any]], list[Any]]:
     """A rule that evaluates what ``fn`` declares, with the evaluator's own rules."""
-    declared: dict[int, tuple[Any, Any, list[Any]]] = {}
+    declared: dict[int, tuple[Any, Any, list[Any], Any]] = {}
 
     def rule(ev: KernelContext, eqn: Equation, invals: list[Value]) -> list[Value]:
         hit = declared.get(id(eqn))
         if hit is None or hit[0] is not eqn:
-            closed, recipe = _declaration(primitive, fn, ev, eqn)
-            hit = declared[id(eqn)] = (eqn, closed, recipe)
-        _, closed, recipe = hit
+            closed, recipe, grid = _declaration(primitive, fn, ev, eqn)
+            hit = declared[id(eqn)] = (eqn, closed, recipe, grid)
+        _, closed, recipe, grid = hit
+        if grid is not None:
+            grid = tuple(tuple(int(invals[i]) if k == _OPERAND else int(i) for k, i in part)
+                         for part in grid)
         args = []
         for kind, what, leaves, tree in recipe:
             if kind == _OPERAND:
@@ -87,24 +90,25 @@ def evaluation_rule(primitive: Any, fn: Callable[..., Any]) -> Callable[[Any, An
                     invals[i] if k == _OPERAND else i for k, i in leaves), tree))
             else:
                 args.append(what)
-        return ev.eval_with_ref_views(closed, args)  # type: ignore[no-any-return]
+        return ev.eval_with_ref_views(closed, args, grid)  # type: ignore[no-any-return]
 
     return rule
 
 
 def _declaration(primitive: Any, fn: Callable[..., Any], ev: KernelContext,
-                 eqn: Equation) -> tuple[Any, list[Any]]:
+                 eqn: Equation) -> tuple[Any, list[Any], Any]:
     def refuse(why: str) -> KernelError:
         return KernelError(f"the interpreter rule (form 'evaluate') of primitive "
                            f"'{primitive}' {why} ({ev.site(eqn)})")
 
     declared = fn(*eqn.invars, **eqn.params)
-    ok = isinstance(declared, tuple | list) and len(declared) == 2
-    closed, args = declared if ok else (None, None)
+    ok = isinstance(declared, tuple | list) and len(declared) in (2, 3)
+    closed, args, grid = (*declared, None)[:3] if ok else (None, None, None)
     if isinstance(closed, jc.Jaxpr) and not closed.constvars:
         closed = jc.ClosedJaxpr(closed, ())
     if not ok or not isinstance(closed, jc.ClosedJaxpr) or not isinstance(args, tuple | list):
-        raise refuse(f"returned {type(declared).__name__}, not (ClosedJaxpr, arguments)")
+        raise refuse(f"returned {type(declared).__name__}, not (ClosedJaxpr, arguments) or "
+                     "(ClosedJaxpr, arguments, (grid indices, grid sizes))")
     if len(args) != len(closed.jaxpr.invars):
         raise refuse(f"declared {len(args)} arguments for a jaxpr of "
                      f"{len(closed.jaxpr.invars)} inputs")
@@ -131,7 +135,12 @@ def _declaration(primitive: Any, fn: Callable[..., Any], ev: KernelContext,
         else:
             kind, what = leaf(arg)
             recipe.append((kind, what, None, None))
-    return closed, recipe
+    if grid is not None:
+        if not (isinstance(grid, tuple | list) and len(grid) == 2
+                and len(grid[0]) == len(grid[1])):
+            raise refuse(f"declared the grid {grid!r}, not (indices, sizes) of one length")
+        grid = tuple(tuple(leaf(x) for x in part) for part in grid)
+    return closed, recipe, grid
 
 
 # -- loads and stores through a ref with transforms (programs of evaluations) ------------
