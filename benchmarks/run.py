@@ -31,6 +31,7 @@ SCRIPTS = {
     "deterministic_dot.py": ["--quick"],
     "compiler_agreement.py": ["--quick"],
     "tune_published.py": ["--quick"],
+    "pipeline_primitive.py": ["--repeats", "1", "--calls", "3"],
 }
 
 

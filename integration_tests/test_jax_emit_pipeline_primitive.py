@@ -127,3 +127,35 @@ def test_a_megacore_split_through_jax_s_primitive_is_refused_clearly():
     with pytest.raises(pp.PipelineNotImplementedError, match="core_axis / core_axis_name"), \
             pi.errors_as_raised():
         lowered.compile()(x)
+
+
+def program_ids_in_control_flow_kernel(x_hbm, o_hbm):
+    """``pl.program_id`` inside a ``pl.when`` and a ``fori_loop`` over the block refs: it
+    answers the pipeline's grid there too."""
+
+    def body(x, o):
+        @pl.when(x[0, 0] > -1e30)
+        def _():
+            o[...] = x[...] + pl.program_id(0).astype(jnp.float32)
+
+        def row(r, carry):
+            o[pl.ds(r, 1), 0:1] = jnp.full((1, 1), pl.program_id(0).astype(jnp.float32) * 100)
+            return carry
+
+        jax.lax.fori_loop(0, 2, row, 0)
+
+    spec = pl.BlockSpec((8, 128), lambda i: (i, 0))
+    pltpu.emit_pipeline(body, grid=(4,), in_specs=[spec], out_specs=[spec])(x_hbm, o_hbm)
+
+
+@pytest.mark.timeout(300)
+def test_program_ids_inside_the_body_s_control_flow_answer_the_pipeline_grid():
+    x = jax.random.normal(jax.random.key(4), (32, 128), jnp.float32)
+    shape = jax.ShapeDtypeStruct(x.shape, x.dtype)
+    inlined, _ = _run(program_ids_in_control_flow_kernel, shape, x, primitive=False)
+    out, _ = _run(program_ids_in_control_flow_kernel, shape, x, primitive=True)
+    expected = np.asarray(x) + np.repeat(np.arange(4, dtype=np.float32), 8)[:, None]
+    for i in range(4):
+        expected[8 * i:8 * i + 2, 0] = 100.0 * i
+    np.testing.assert_array_equal(inlined, expected)
+    np.testing.assert_array_equal(out, expected)

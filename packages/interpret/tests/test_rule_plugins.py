@@ -33,6 +33,19 @@ def raises():
 
 def not_a_mapping():
     return [triple_p]
+
+
+# The form "evaluate": the rule declares a jaxpr and its arguments (no tracing).
+quadruple_p = Primitive("palladium_plugin_test_quadruple")
+quadruple_p.def_abstract_eval(lambda x, *, times4: x)
+
+
+def evaluations():
+    return {quadruple_p: ("evaluate", lambda x, times4: (times4, [x]))}
+
+
+def bad_form():
+    return {quadruple_p: ("lower", lambda x, times4: (times4, [x]))}
 '''
 
 
@@ -96,6 +109,30 @@ def test_broken_entry_point_warns_naming_it_and_others_still_load(provider, attr
     assert "'broken-dist'" in message and ENTRY_POINT_GROUP in message, message
     assert why in message, message
     np.testing.assert_array_equal(_run_triple(sys.modules[name].triple_p), X * 3)
+
+
+def test_entry_point_rules_of_form_evaluate_are_evaluated(provider):
+    module, add, _ = provider
+    add("evaluating-dist", "evaluations")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert pi.load_entry_point_rules() == ["evaluating-dist"]
+    quadruple_p = sys.modules[module].quadruple_p
+    times4 = jax.make_jaxpr(lambda x: x * 4)(X)
+
+    def kernel(x_ref, o_ref):
+        o_ref[...] = quadruple_p.bind(x_ref[...], times4=times4)
+
+    out = pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct(X.shape, X.dtype),
+                         interpret=pi.InterpretParams())(X)
+    np.testing.assert_array_equal(out, X * 4)
+
+
+def test_an_unknown_rule_form_is_broken(provider):
+    _, add, _ = provider
+    add("bad-form", "bad_form")
+    with pytest.warns(pi.InterpretRuleWarning, match=r"'bad-form'.*\('evaluate', callable\)"):
+        assert pi.load_entry_point_rules() == []
 
 
 def test_a_mapping_to_a_non_callable_is_broken(provider):

@@ -1,81 +1,50 @@
-"""palladium.pipeline's rules for interpreters: the body evaluated on transformed refs."""
+"""palladium.pipeline's rules for interpreters: what the body primitive declares.
 
-import jax
+The pipeline evaluates nothing itself: for ``palladium_pipeline_body`` it declares the
+body jaxpr and its arguments, the block refs as the interpreter's operands with the
+slot transforms around them (the protocol of ``palladium.interpret.rule_plugins``, form
+"evaluate"); the interpreter's evaluation is tested under integration_tests/.
+"""
+
 import jax.numpy as jnp
 import numpy as np
-import pytest
-from jax.experimental import pallas as pl
 
 from palladium.pipeline import _jax_compat as jc
-from palladium.pipeline.errors import PipelineNotImplementedError
-from palladium.pipeline.interpret_rules import eval_with_transformed_refs, interpret_rules
+from palladium.pipeline.interpret_rules import interpret_rules, pipeline_body_evaluation
 from palladium.pipeline.primitive import emit_pipeline_p, expand, pipeline_body_p, trace_fun
 
-BLOCK = jc.AbstractRef(jc.ShapedArray((8, 128), jnp.float32))
+BUFFER = jc.AbstractRef(jc.ShapedArray((3, 8, 128), jnp.float32))
+INT32 = jc.ShapedArray((), jnp.int32)
 
 
 def test_interpret_rules_maps_both_primitives():
     rules = interpret_rules()
     assert set(rules) == {emit_pipeline_p, pipeline_body_p}
     assert rules[emit_pipeline_p] is expand
+    assert rules[pipeline_body_p] == ("evaluate", pipeline_body_evaluation)
 
 
-def _on_slot(body, slot):
-    """``body``'s jaxpr evaluated on slot ``slot`` of a (3, 8, 128) buffer, via run_state."""
-    jaxpr, consts = trace_fun(body, [BLOCK], "test body")
-    assert not consts
-    x = jnp.arange(3 * 8 * 128, dtype=jnp.float32).reshape(3, 8, 128)
-
-    @pl.run_state
-    def run(refs):
-        buf, _ = refs
-        eval_with_transformed_refs(jaxpr, [buf.at[slot]])
-
-    return x, run((x, jnp.zeros(())))[0]
+class Opaque:
+    """An interpreter's value: the rule passes it on without looking into it."""
 
 
-def test_loads_and_stores_compose_the_block_transforms():
-    def body(r):
-        r[2:4, :] = r[0:2, :] * 10.0
-        r[...] += 1.0
+def test_body_evaluation_declares_the_body_on_the_slot_refs():
+    found = {}
+
+    def bind_time(buf, slot):  # how the emitter flattens a block ref (buf.at[slot])
+        found["leaves"], found["tree"] = jc.ref_tree_flatten(buf.at[slot])
         return []
 
-    x, out = _on_slot(body, 1)
-    expected = np.array(x)
-    expected[1, 2:4] = x[1, 0:2] * 10.0
-    expected[1] += 1.0
-    np.testing.assert_array_equal(out, expected)
-
-
-def test_control_flow_over_a_block_ref():
-    def body(r):
-        @pl.when(r[0, 0] > 0)
-        def _():
-            r[...] = -r[...]
-
-        jax.lax.fori_loop(0, 4, lambda i, c: (r.__setitem__((i, 0), c), c + 1.0)[1],
-                          jnp.float32(5.0))
-        return []
-
-    x, out = _on_slot(body, 2)
-    expected = np.array(x)
-    expected[2] = -x[2]
-    expected[2, :4, 0] = [5.0, 6.0, 7.0, 8.0]
-    np.testing.assert_array_equal(out, expected)
-
-
-def test_unsupported_primitive_on_a_block_ref_names_it():
-    touch_p = jc.Primitive("palladium_test_touch_ref")
-    touch_p.def_abstract_eval(lambda ref: jc.ShapedArray((), jnp.float32))
-
-    def body(r):
-        return [touch_p.bind(r)]
-
-    jaxpr, _ = trace_fun(body, [BLOCK], "test body")
-    buf = jc.AbstractRef(jc.ShapedArray((2, 8, 128), jnp.float32))
-
-    def run(ref):
-        return eval_with_transformed_refs(jaxpr, [ref.at[0]])
-
-    with pytest.raises(PipelineNotImplementedError, match="palladium_test_touch_ref"):
-        trace_fun(run, [buf], "test")
+    trace_fun(bind_time, [BUFFER, INT32], "test")
+    tree = found["tree"]
+    assert len(found["leaves"]) == 2  # the buffer and the slot index
+    body_jaxpr, _ = trace_fun(lambda c, i, r: [], [INT32, INT32, BUFFER], "test body")
+    const, step, buf, slot = np.int32(7), np.int32(2), Opaque(), np.int32(1)
+    closed, args = pipeline_body_evaluation(const, step, buf, slot, jaxpr=body_jaxpr,
+                                            num_consts=1, num_scalars=1, refs_tree=tree)
+    assert closed.jaxpr is body_jaxpr and not closed.consts
+    assert args[:2] == [const, step]
+    (ref,) = args[2:]
+    assert isinstance(ref, jc.TransformedRef) and ref.ref is buf
+    (indexer,) = ref.transforms
+    assert indexer.indices[0] is slot

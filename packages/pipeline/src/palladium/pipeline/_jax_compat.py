@@ -8,7 +8,6 @@ Nothing here implements the pipeline: that is palladium's own code.
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 
 from jax._src import api_util as _api_util
@@ -17,14 +16,10 @@ from jax._src import core as jax_core
 from jax._src import effects as jax_effects
 from jax._src import linear_util as _lu
 from jax._src import mesh as _mesh_lib
-from jax._src import pjit as _pjit
-from jax._src import source_info_util as _source_info_util
 from jax._src import state as _state
 from jax._src import tree_util as _tree_util
 from jax._src.interpreters import batching, mlir
 from jax._src.interpreters import partial_eval as pe
-from jax._src.lax.control_flow import conditionals as _conditionals
-from jax._src.lax.control_flow import loops as _loops
 from jax._src.pallas import core as _pallas_core
 from jax._src.pallas import helpers as _pallas_helpers
 from jax._src.pallas import hlo_interpreter as _hlo_interpreter
@@ -36,7 +31,6 @@ from jax._src.pallas.mosaic import primitives as _tpu_primitives
 from jax._src.pallas.mosaic import tpu_info as _tpu_info
 from jax._src.state import discharge as state_discharge
 from jax._src.state import indexing as _indexing
-from jax._src.state import primitives as _state_primitives
 
 # --- block specs and block-dim kinds -------------------------------------------------
 BlockSpec = _pallas_core.BlockSpec
@@ -95,21 +89,6 @@ def dma_flatten(src, dst, dst_sem, src_sem=None, device_id=None):
     return _tpu_primitives._dma_flatten(
         *get_ref_and_transforms(src), *get_ref_and_transforms(dst),
         *get_ref_and_transforms(dst_sem), *src_sem_parts, device_id)
-
-
-def dma_unflatten(tree, flat):
-    """``(src, dst, dst_sem, src_sem, device_id)`` of a DMA equation's operands (a ref
-    with transforms comes back as a ``TransformedRef``); inverse of :func:`dma_flatten`."""
-    if not _DMA_SPLITS_TRANSFORMS:
-        return tuple(_tpu_primitives._dma_unflatten(tree, flat))
-    (src, src_t, dst, dst_t, dst_sem, dst_sem_t, src_sem, src_sem_t,
-     device_id) = _tpu_primitives._dma_unflatten(tree, flat)
-
-    def join(ref, transforms):
-        return TransformedRef(ref, tuple(transforms)) if transforms else ref
-
-    return (join(src, src_t), join(dst, dst_t), join(dst_sem, dst_sem_t),
-            join(src_sem, src_sem_t), device_id)
 
 
 # jax 0.10.0's dma_wait has no ``insert_dummy_device`` parameter.
@@ -248,39 +227,3 @@ def exclude_from_user_frames(path: str) -> None:
     from jax._src import source_info_util
 
     source_info_util.register_exclusion(path)
-
-
-# --- evaluating a jaxpr whose ref operands carry transforms (interpreter rules) ------
-get_p = _state_primitives.get_p
-swap_p = _state_primitives.swap_p
-addupdate_p = _state_primitives.addupdate_p
-cond_p = _conditionals.cond_p
-while_p = _loops.while_p
-scan_p = _loops.scan_p
-jit_p = _pjit.jit_p
-closed_call_p = jax_core.closed_call_p
-run_scoped_p = _pallas_primitives.run_scoped_p
-DropVar = jax_core.DropVar
-Literal = jax_core.Literal
-
-
-def equation_context(eqn):
-    """A context manager under which binds are attributed to ``eqn``'s source line (and
-    run in the equation's context, as ``jax.core.eval_jaxpr`` does)."""
-    name_stack = _source_info_util.current_name_stack() + eqn.source_info.name_stack
-    stack = contextlib.ExitStack()
-    stack.enter_context(
-        _source_info_util.user_context(eqn.source_info.traceback, name_stack=name_stack))
-    stack.enter_context(eqn.ctx.manager)
-    return stack
-
-
-def bind_equation(eqn, invals):
-    """``eqn.primitive`` bound on ``invals`` with the equation's parameters (a list)."""
-    # Older jax's ``get_bind_params`` returns ``(subfuns, params)``; newer ones ``params``.
-    bind_params = eqn.primitive.get_bind_params(eqn.params)
-    subfuns: list = []
-    if isinstance(bind_params, tuple):
-        subfuns, bind_params = bind_params
-    out = eqn.primitive.bind(*subfuns, *invals, **bind_params)
-    return list(out) if eqn.primitive.multiple_results else [out]

@@ -6,9 +6,10 @@ traced to a jaxpr, its block specs as a ``GridMapping``) and expands it only in 
 Mosaic lowering rule; jax has no expansion an interpreter could call. This module is that
 expansion, with palladium's emitter: the same multiple-buffered DMAs and semaphores as the
 inlined pipeline (``pltpu.emit_pipeline`` with the flag off) so an interpreter's race
-detector and timeline see them, and the body jaxpr evaluated on the block refs with
-``pl.program_id`` / ``pl.num_programs`` answering the pipeline's grid (as jax's lowering
-has them). palladium.interpret finds it by the primitive's name (``interpret_rules``):
+detector and timeline see them, and the body run as palladium's ``pipeline_body_p`` on
+the block refs (the interpreter evaluates it, see ``interpret_rules``), its jaxpr traced
+once with ``pl.program_id`` / ``pl.num_programs`` answering the pipeline's grid (as
+jax's lowering has them). palladium.interpret finds it by the primitive's name (``interpret_rules``):
 palladium imports no module of jax's pipeline emitter.
 
 Operands of jax's equation, in order: the index maps' constants, the dynamic grid bounds
@@ -20,12 +21,15 @@ from __future__ import annotations
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 
 from palladium.pipeline import _jax_compat as jc
 from palladium.pipeline.core import emit_inline
 from palladium.pipeline.errors import PipelineNotImplementedError
-from palladium.pipeline.interpret_rules import eval_with_transformed_refs
 from palladium.pipeline.interpret_rules import interpret_rules as own_rules
+from palladium.pipeline.primitive import pipeline_body_p, trace_fun
+
+_INT32 = jc.ShapedArray((), jnp.int32)
 
 __all__ = ["JAX_EMIT_PIPELINE", "expand_jax_emit_pipeline", "interpret_rules"]
 
@@ -75,11 +79,19 @@ def expand_jax_emit_pipeline(*args: Any, body_jaxpr: Any, body_consts_len: int,
                  for d in grid_mapping.grid)
     refs = jax.tree.leaves(args_tree.unflatten(flat_refs),
                            is_leaf=lambda x: isinstance(x, jc.TransformedRef))
+    body_jaxpr_on_grid, extra_consts = _on_grid(body_jaxpr, body_consts_len, grid)
+    consts = [*extra_consts, *body_consts]
+    dynamic_sizes = [jnp.asarray(d, jnp.int32) for d in grid if not isinstance(d, int)]
+    # The body's program ids answer the pipeline's grid, also inside its control flow:
+    # the step's scalars are (indices, dynamic sizes), which the interpreter is told.
+    static_grid = tuple(d if isinstance(d, int) else None for d in grid)
 
     def body(step: Any, *blocks: Any) -> None:
-        axes = [jc.GridAxis(i, s) for i, s in zip(step.index, grid, strict=True)]
-        with jc.grid_env(axes):
-            eval_with_transformed_refs(body_jaxpr, [*body_consts, *blocks])
+        scalars = [jnp.asarray(i, jnp.int32) for i in step.index] + dynamic_sizes
+        leaves, tree = jc.ref_tree_flatten(*blocks)
+        pipeline_body_p.bind(*consts, *scalars, *leaves, jaxpr=body_jaxpr_on_grid,
+                             num_consts=len(consts), num_scalars=len(scalars),
+                             refs_tree=tree, grid=static_grid)
 
     options: dict[str, Any] = {"tiling": tiling, "trace_scopes": trace_scopes,
                                "no_pipelining": no_pipelining}
@@ -90,6 +102,29 @@ def expand_jax_emit_pipeline(*args: Any, body_jaxpr: Any, body_consts_len: int,
                            _explicit_indices=True, **options)
     pipeline(*refs)
     return []
+
+
+def _on_grid(body_jaxpr: Any, num_consts: int, grid: tuple[Any, ...]) -> tuple[Any, tuple[Any, ...]]:
+    """jax's body jaxpr as a jaxpr of (its ``num_consts`` constants, the step indices,
+    the dynamic grid sizes, the block refs), traced once per expansion; its top-level
+    ``pl.program_id`` and ``pl.num_programs`` read the step's scalars, those inside its
+    control flow are answered by the interpreter (``pipeline_body_p``'s ``grid``)."""
+    avals = [v.aval for v in (*body_jaxpr.constvars, *body_jaxpr.invars)]
+    num_constvars, rank = len(body_jaxpr.constvars), len(grid)
+    num_scalars = rank + sum(1 for d in grid if not isinstance(d, int))
+
+    def on_grid(*args: Any) -> list[Any]:
+        consts, scalars = args[:num_consts], args[num_consts:num_consts + num_scalars]
+        inputs = [*consts, *args[num_consts + num_scalars:]]
+        sizes = iter(scalars[rank:])
+        axes = [jc.GridAxis(scalars[i], d if isinstance(d, int) else next(sizes))
+                for i, d in enumerate(grid)]
+        with jc.grid_env(axes):
+            jc.eval_jaxpr(body_jaxpr, inputs[:num_constvars], *inputs[num_constvars:])
+        return []
+
+    return trace_fun(on_grid, [*avals[:num_consts], *[_INT32] * num_scalars,
+                               *avals[num_consts:]], "emit_pipeline body")
 
 
 def interpret_rules() -> dict[Any, Any]:

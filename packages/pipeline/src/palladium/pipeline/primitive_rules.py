@@ -64,13 +64,16 @@ def _body_positions(num_consts: int, num_scalars: int, refs_tree) -> list[int]:
 
 
 @pipeline_body_p.def_effectful_abstract_eval
-def _pipeline_body_abstract_eval(*avals, jaxpr, num_consts, num_scalars, refs_tree):
-    del avals
+def _pipeline_body_abstract_eval(*avals, jaxpr, num_consts, num_scalars, refs_tree,
+                                  grid=None):
+    del avals, grid
     return (), frozenset(map_body_effects(
         jaxpr, _body_positions(num_consts, num_scalars, refs_tree)))
 
 
-def _mosaic_pipeline_body_rule(ctx, *args, jaxpr, num_consts, num_scalars, refs_tree):
+def _mosaic_pipeline_body_rule(ctx, *args, jaxpr, num_consts, num_scalars, refs_tree,
+                               grid=None):
+    del grid  # interpreters' information (jax's emit_pipeline primitive expanded)
     head = num_consts + num_scalars
     refs = unflatten_refs(refs_tree, args[head:])
     ref_avals = unflatten_refs(refs_tree, ctx.avals_in[head:])
@@ -93,8 +96,8 @@ for _core_type in jc.CoreType:
 
 @jc.register_partial_discharge_rule(pipeline_body_p)
 def _pipeline_body_discharge(should_discharge, in_avals, out_avals, *args, jaxpr,
-                             num_consts, num_scalars, refs_tree):
-    del in_avals, out_avals
+                             num_consts, num_scalars, refs_tree, grid=None):
+    del in_avals, out_avals, grid
     head = num_consts + num_scalars
     refs = unflatten_refs(refs_tree, args[head:])
     should_refs = [jc.get_ref_and_transforms(s)[0]

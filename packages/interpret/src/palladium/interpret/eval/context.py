@@ -157,6 +157,13 @@ class KernelContext(Protocol):
 
     def eval_closed(self, closed: Any, args: list[Value]) -> list[Value]: ...
 
+    def eval_with_ref_views(self, closed: Any, args: list[Value],
+                            grid: tuple[tuple[int, ...], tuple[int, ...]] | None = None,
+                            ) -> list[Value]:
+        """Evaluate a ClosedJaxpr whose arguments may be refs with transforms (and whose
+        program ids are ``grid``'s, when given)."""
+        ...
+
     def run_program(self, prog: Any, args: list[Value]) -> list[Value]:
         """Run a ``program.Program`` compiled apart from the kernel's cache."""
         ...

@@ -45,6 +45,10 @@ class CoreEvaluator:
     skip_floating_point_ops: bool = dataclasses.field(init=False, default=False)
     deterministic_dot: bool = dataclasses.field(init=False, default=False)
     _quiet: bool = dataclasses.field(init=False, default=False, repr=False)
+    # Inside a plugin's evaluation: refs may come with transforms, and the program ids
+    # may be the evaluation's own ((ids, counts), see ``eval_with_ref_views``).
+    _views: bool = dataclasses.field(init=False, default=False, repr=False)
+    _grid: Any = dataclasses.field(init=False, default=None, repr=False)
 
     def __post_init__(self) -> None:
         params = getattr(self.launch, "params", None)
@@ -92,7 +96,7 @@ class CoreEvaluator:
         if isinstance(jaxpr, jc.ClosedJaxpr):
             consts = [*jaxpr.consts, *consts]
             jaxpr = jaxpr.jaxpr
-        return self._run(self.launch.programs.get(jaxpr), consts, args)
+        return self._run(self.launch.programs.get(jaxpr, self._views), consts, args)
 
     def _run(self, prog: Program, consts: list[Value], args: list[Value]) -> list[Value]:
         env = list(prog.template)
@@ -119,6 +123,23 @@ class CoreEvaluator:
     def eval_closed(self, closed: Any, args: list[Value]) -> list[Value]:
         """Evaluate a ClosedJaxpr (consts bound) on ``args``."""
         return self.eval_jaxpr(closed, [], args)
+
+    def eval_with_ref_views(self, closed: Any, args: list[Value],
+                            grid: tuple[tuple[int, ...], tuple[int, ...]] | None = None,
+                            ) -> list[Value]:
+        """Evaluate a ClosedJaxpr on ``args``, some of which may be refs with transforms
+        (a plugin's evaluation, ``traced_rule.evaluation_rule``): it and every jaxpr it
+        runs (branches, loop bodies, calls) run as programs compiled for such refs.
+        ``grid``: (program ids, program counts) ``pl.program_id`` and
+        ``pl.num_programs`` answer within it (a pipeline's own grid)."""
+        views, outer = self._views, self._grid
+        self._views = True
+        if grid is not None:
+            self._grid = grid
+        try:
+            return self.eval_jaxpr(closed, [], args)
+        finally:
+            self._views, self._grid = views, outer
 
     def site(self, eqn: Equation | None = None, what: str | None = None) -> Site:
         return Site(
@@ -147,9 +168,13 @@ class CoreEvaluator:
         return self.launch.debug_checks
 
     def program_ids(self) -> tuple[int, ...]:
+        if self._grid is not None:
+            return self._grid[0]  # type: ignore[no-any-return]
         return self.launch.program_ids(self.grid_point)
 
     def program_counts(self) -> tuple[int, ...]:
+        if self._grid is not None:
+            return self._grid[1]  # type: ignore[no-any-return]
         return self.launch.program_counts()
 
     def axis_index(self, name: Any, eqn: Equation) -> tuple[int, int]:

@@ -9,6 +9,7 @@ in order: a registered rule compiler, the interpreter's own rule, the numpy fast
 from __future__ import annotations
 
 import dataclasses
+import functools
 import threading
 from typing import Any
 
@@ -17,11 +18,12 @@ import numpy as np
 from palladium.interpret import _jax_compat as jc
 from palladium.interpret.errors import UnsupportedPrimitiveError
 from palladium.interpret.eval.context import Equation, KernelContext, Value
-from palladium.interpret.eval.refs import MemRef, SemaphoreRef
+from palladium.interpret.eval.refs import MemRef, RefView, SemaphoreRef
 from palladium.interpret.eval.registry import RULES, Rule, rule_by_name
 from palladium.interpret.eval.rules_unsupported import UNSUPPORTED, refusal
 from palladium.interpret.eval.segment_trace import is_ref
 from palladium.interpret.eval.segments import Segment, find_segments, segment_io
+from palladium.interpret.eval.traced_rule import VIEW_PRIMITIVES, ref_view_rule
 from palladium.interpret.numpy_rules import (
     DETERMINISTIC_RULES,
     FLUSHING,
@@ -83,7 +85,7 @@ def _is_float(aval: Any) -> bool:
 
 def _bind(ev: KernelContext, eqn: Equation, invals: list[Value]) -> list[Value]:
     prim = eqn.primitive
-    if any(isinstance(x, MemRef | SemaphoreRef) for x in invals):
+    if any(isinstance(x, MemRef | SemaphoreRef | RefView | jc.TransformedRef) for x in invals):
         raise UnsupportedPrimitiveError(
             f"primitive '{prim}' takes a ref and the interpreter has no rule for it; "
             f"register one with palladium.interpret.register_interpret_rule "
@@ -191,10 +193,14 @@ def _segment_step(jaxpr: Any, start: int, stop: int, races_ok: bool,
 
 
 def compile_jaxpr(jaxpr: Any, *, segments: bool = True, races_ok: bool = False,
-                  runs: int = 1) -> Program:
+                  runs: int = 1, ref_views: bool = False) -> Program:
     """Compile ``jaxpr``; with ``segments``, its runs of pure array code become compiled
     segments (``segments.py``; ``races_ok``: the kernel uses no DMA or semaphore;
-    ``runs``: how often a launch runs ``jaxpr``, known for the kernel body)."""
+    ``runs``: how often a launch runs ``jaxpr``, known for the kernel body).
+    ``ref_views``: a ref may come with transforms (a plugin's evaluation, see
+    ``traced_rule.py``): loads and stores compose them, and no segment is made (a
+    segment takes whole buffers only)."""
+    segments = segments and not ref_views
     slots: dict[Any, int] = {}
     template: list[Any] = []
 
@@ -243,7 +249,10 @@ def compile_jaxpr(jaxpr: Any, *, segments: bool = True, races_ok: bool = False,
         operands_flushed = all(is_flushed(a) for a in eqn.invars)
         if _flushed_outputs(eqn, operands_flushed):
             flushed.update(v for v in eqn.outvars if _dtype(v) == _F32)
-        steps.append(Step(resolve_rule(eqn, used, operands_flushed), eqn, ins, outs))
+        step_rule = resolve_rule(eqn, used, operands_flushed)
+        if ref_views and eqn.primitive in VIEW_PRIMITIVES:
+            step_rule = ref_view_rule(eqn, step_rule, functools.partial(resolve_rule, used=used))
+        steps.append(Step(step_rule, eqn, ins, outs))
     out_slots = tuple(slot_of(a) for a in jaxpr.outvars)
     return Program(jaxpr, tuple(steps), tuple(template), const_slots, in_slots, out_slots,
                    RULES.version)
@@ -254,16 +263,19 @@ class ProgramCache:
 
     def __init__(self, *, races_ok: bool = False, body: Any = None, grid_points: int = 1) -> None:
         self._programs: dict[int, Program] = {}
+        self._view_programs: dict[int, Program] = {}  # compiled with ref_views
         self._races_ok = races_ok  # the kernel starts no DMA: see segments.py
         # The kernel body runs once per grid point: its segments' work counts that often.
         self._body, self._grid_points = body, max(int(grid_points), 1)
         self._lock = threading.Lock()
 
-    def get(self, jaxpr: Any) -> Program:
-        prog = self._programs.get(id(jaxpr))
+    def get(self, jaxpr: Any, ref_views: bool = False) -> Program:
+        programs = self._view_programs if ref_views else self._programs
+        prog = programs.get(id(jaxpr))
         if prog is None or prog.jaxpr is not jaxpr or prog.version != RULES.version:
             runs = self._grid_points if jaxpr is self._body else 1
-            prog = compile_jaxpr(jaxpr, races_ok=self._races_ok, runs=runs)
+            prog = compile_jaxpr(jaxpr, races_ok=self._races_ok, runs=runs,
+                                 ref_views=ref_views)
             with self._lock:
-                self._programs[id(jaxpr)] = prog
+                programs[id(jaxpr)] = prog
         return prog

@@ -14,6 +14,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+import jax
 import numpy as np
 
 from palladium.interpret import _jax_compat as jc
@@ -246,8 +247,39 @@ def resolve(shape: tuple[int, ...], dtype: np.dtype, transforms: Sequence[Any], 
     return Access(tuple(region), tuple(region_shape), tuple(post))
 
 
+class RefView:
+    """A ref with transforms as a plugin's evaluation passes it (``traced_rule.py``): the
+    base ref, the index values of its transforms and their structure, kept flat so that
+    a load or store composes them without building jax's transform objects;
+    ``transforms`` builds them (for DMAs and the rules that take a ``TransformedRef``)."""
+
+    __slots__ = ("leaves", "ref", "tree")
+    ref: Any
+    leaves: tuple[Any, ...]
+    tree: Any
+
+    def __init__(self, ref: Any, leaves: tuple[Any, ...], tree: Any) -> None:
+        if isinstance(ref, RefView):  # a view of a view: one view of the base
+            leaves = (*ref.leaves, *leaves)
+            tree = jax.tree_util.treedef_tuple(
+                [*jax.tree_util.treedef_children(ref.tree), *jax.tree_util.treedef_children(tree)])
+            ref = ref.ref
+        self.ref, self.leaves, self.tree = ref, leaves, tree
+
+    @property
+    def transforms(self) -> tuple[Any, ...]:
+        return tuple(self.tree.unflatten(self.leaves))
+
+
 def split_transformed(value: Any) -> tuple[Any, tuple[Any, ...]]:
-    """``(ref, transforms)`` of a possibly transformed ref from an unflattened tree."""
-    if isinstance(value, jc.TransformedRef):
-        return value.ref, tuple(value.transforms)
-    return value, ()
+    """``(ref, transforms)`` of a possibly transformed ref from an unflattened tree (a
+    ref with transforms around a ref with transforms, as an evaluation declared by a
+    plugin makes them, gives the inner ones first)."""
+    if not isinstance(value, jc.TransformedRef | RefView):
+        return value, ()
+    transforms = tuple(value.transforms)
+    value = value.ref
+    while isinstance(value, jc.TransformedRef | RefView):
+        transforms = (*value.transforms, *transforms)
+        value = value.ref
+    return value, transforms

@@ -40,40 +40,65 @@ def rule_compiler(*primitives: Any) -> Callable[[RuleCompiler], RuleCompiler]:
     return decorator
 
 
-def register_interpret_rule_by_name(name: str, impl: Callable[..., Any]) -> None:
+def register_interpret_rule_by_name(name: str, impl: Callable[..., Any],
+                                    form: str = "trace") -> None:
     """:func:`register_interpret_rule` for the primitive named ``name``, done when the
     interpreter first meets an equation of it: for a primitive its provider cannot import
     (palladium-pipeline's rule for jax's own ``emit_pipeline``, whose module palladium
     does not import). A rule registered for the primitive itself wins."""
-    RULES.by_name[name] = impl
+    _check_form(form)
+    RULES.by_name[name] = (form, impl)
     RULES.version += 1
 
 
 def rule_by_name(primitive: Any) -> Rule | None:
     """The rule registered by name for ``primitive`` (registered for it now), or None."""
-    impl = RULES.by_name.get(str(primitive))
-    if impl is None:
+    entry = RULES.by_name.get(str(primitive))
+    if entry is None:
         return None
-    register_interpret_rule(primitive, impl)
+    form, impl = entry
+    register_interpret_rule(primitive, impl, form=form)
     return RULES.get(primitive)
 
 
-def register_interpret_rule(primitive: jc.Primitive, impl: Callable[..., Any]) -> None:
+_FORMS = ("trace", "evaluate")
+
+
+def _check_form(form: str) -> None:
+    if form not in _FORMS:
+        raise ValueError(f"form={form!r}: an interpreter rule is given as 'trace' (a JAX "
+                         "implementation) or 'evaluate' (what to evaluate)")
+
+
+def register_interpret_rule(primitive: jc.Primitive, impl: Callable[..., Any], *,
+                            form: str = "trace") -> None:
     """Teach the interpreter a primitive it does not know (e.g. one with a Mosaic lowering).
 
-    ``impl(*args, **params)`` is a JAX implementation of the primitive written with
-    ordinary jax and Pallas operations (ref reads/writes, DMAs, semaphores, ...): the
-    interpreter traces it once per (params, input types) with the equation's input
-    types and evaluates the traced jaxpr in place of the equation. ``args`` are the
-    equation's operands (refs stay refs); ``params`` are its parameters. It returns
-    the primitive's result (a list when ``primitive.multiple_results``).
+    ``form="trace"`` (the default): ``impl(*args, **params)`` is a JAX implementation of
+    the primitive written with ordinary jax and Pallas operations (ref reads/writes,
+    DMAs, semaphores, ...): the interpreter traces it once per (params, input types)
+    with the equation's input types and evaluates the traced jaxpr in place of the
+    equation. ``args`` are the equation's operands (refs stay refs); ``params`` are its
+    parameters. It returns the primitive's result (a list when
+    ``primitive.multiple_results``).
+
+    ``form="evaluate"``: ``impl(*operands, **params)`` declares what an equation of the
+    primitive evaluates; it is called once per equation with the equation's variables
+    standing for the operands and returns ``(closed_jaxpr, args)``: each run, the
+    interpreter evaluates ``closed_jaxpr`` on ``args`` (the operands' values in their
+    places) with its own rules, and its results are the equation's. An argument is an
+    operand, or a ref with transforms around one (jax's ``TransformedRef(operand,
+    transforms)``, e.g. ``ref.at[slot]``; the transforms' indices may be operands too).
+    See :mod:`palladium.interpret.rule_plugins` for the protocol.
 
     Example::
 
         double_p = jax.extend.core.Primitive("double")
         register_interpret_rule(double_p, lambda x: x * 2)
     """
-    from palladium.interpret.eval.traced_rule import traced_rule
+    from palladium.interpret.eval.traced_rule import evaluation_rule, traced_rule
 
-    RULES.register(primitive, traced_rule(primitive, impl))
+    _check_form(form)
+    make = evaluation_rule if form == "evaluate" else traced_rule
+    RULES.register(primitive, make(primitive, impl))
     RULES.external.add(primitive)

@@ -34,10 +34,12 @@ class RuleRegistry:
         self.external: set[Any] = set()
         self._lock = threading.Lock()
         self.version = 0
-        # Primitive name -> JAX implementation, for primitives a plugin may not import
-        # (jax's own emit_pipeline): registered for the primitive of that name when an
-        # equation of it is first compiled (see ``register_interpret_rule_by_name``).
-        self.by_name: dict[str, Any] = {}
+        # Primitive name -> (form, rule as a plugin gives it: "trace" and a JAX
+        # implementation, or "evaluate" and what to evaluate), for primitives a plugin
+        # may not import (jax's own emit_pipeline): registered for the primitive of that
+        # name when an equation of it is first compiled (see
+        # ``register_interpret_rule_by_name``).
+        self.by_name: dict[str, tuple[str, Any]] = {}
 
     def register(self, primitive: Any, rule: Rule) -> None:
         with self._lock:
