@@ -140,7 +140,7 @@ def killed_scenario() -> None:
 
 def coordinator_killed_scenario() -> None:
     """As ``killed``, but process 0 (the coordinator) kills itself."""
-    from palladium.interpret import multi_process
+    from palladium.interpret.hook import multi_process
 
     x = np.asarray(collectives.inputs("all_gather", DEVICES))
     f = shard_mapped(functools.partial(collectives.all_gather, n=DEVICES, interpret=PARAMS))
@@ -234,7 +234,7 @@ def remote_reads_scenario() -> None:
     ``Simulation`` over this run's key-value store: device d reads device d+1's ``x``
     into its ``out``, adds its ``x`` into device d+1's ``acc``, and copies half of
     device d+2's ``x`` into device d+1's ``fwd``. Race-free, race detection on."""
-    from palladium.interpret.multi_process import KvTransport, ProcessLayouts
+    from palladium.interpret.hook.multi_process import KvTransport, ProcessLayouts
     from palladium.shared_memory import MemorySpace, Partition, SemaphoreKind, Simulation
 
     per = DEVICES // PROCESSES
