@@ -80,3 +80,18 @@ def core_map_call(kernel, params, num_cores=2):
         return out
 
     return f
+
+
+def matmul_kernel(x_ref, y_ref, o_ref, acc_ref):
+    """The Pallas TPU matmul guide's kernel body: an f32 accumulator in scratch over the
+    third (reduction) grid dimension, written out at its last step."""
+
+    @pl.when(pl.program_id(2) == 0)
+    def _():
+        acc_ref[...] = jnp.zeros_like(acc_ref)
+
+    acc_ref[...] += jnp.dot(x_ref[...], y_ref[...], preferred_element_type=jnp.float32)
+
+    @pl.when(pl.program_id(2) == pl.num_programs(2) - 1)
+    def _():
+        o_ref[...] = acc_ref[...].astype(o_ref.dtype)

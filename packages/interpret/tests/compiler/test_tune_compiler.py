@@ -37,7 +37,7 @@ def test_a_configuration_the_compiler_rejects_carries_its_numbers():
                    compile_check="compiler")
     assert not p.compiles and p.error == "TpuResourceError"
     # one grid step: no second buffer, so 33.83M (the compiler's figure, its scratch in)
-    assert p.reason.startswith("kernel 'kernel' (pallas_call at test_tune.py:")
+    assert p.reason.startswith("kernel 'matmul_kernel' (pallas_call at test_tune.py:")
     assert p.reason.split(") ", 1)[1] == (
         f"does not fit on TPU v5e: the TPU compiler ({tpu_compiler.checker_name()}, topology "
         f"v5e:2x2) says: JaxRuntimeError: RESOURCE_EXHAUSTED: E1001: CompileTimeScopedVmemOom: "

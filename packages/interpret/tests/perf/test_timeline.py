@@ -8,6 +8,7 @@ import json
 import jax
 import jax.numpy as jnp
 import pytest
+from _launch_harness import matmul_kernel
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
@@ -19,20 +20,9 @@ V5E = chip_model("v5e")
 
 
 def matmul(m, n, k, bm, bn, bk, *, dtype=jnp.bfloat16, buffers=None, **params):
-    def kernel(x_ref, y_ref, o_ref, acc_ref):
-        @pl.when(pl.program_id(2) == 0)
-        def _():
-            acc_ref[...] = jnp.zeros_like(acc_ref)
-
-        acc_ref[...] += jnp.dot(x_ref[...], y_ref[...], preferred_element_type=jnp.float32)
-
-        @pl.when(pl.program_id(2) == pl.num_programs(2) - 1)
-        def _():
-            o_ref[...] = acc_ref[...].astype(o_ref.dtype)
-
     mode = {} if buffers is None else {"pipeline_mode": pl.Buffered(buffers)}
     call = pl.pallas_call(
-        kernel, out_shape=jax.ShapeDtypeStruct((m, n), dtype), grid=(m // bm, n // bn, k // bk),
+        matmul_kernel, out_shape=jax.ShapeDtypeStruct((m, n), dtype), grid=(m // bm, n // bn, k // bk),
         in_specs=[pl.BlockSpec((bm, bk), lambda i, j, kk: (i, kk), **mode),
                   pl.BlockSpec((bk, bn), lambda i, j, kk: (kk, j), **mode)],
         out_specs=pl.BlockSpec((bm, bn), lambda i, j, kk: (i, j)),

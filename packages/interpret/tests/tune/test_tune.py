@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _launch_harness import matmul_kernel
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
@@ -26,19 +27,8 @@ def matmul(x, y, *, bm, bk, bn, interpret=False):
     m, k = x.shape
     n = y.shape[1]
 
-    def kernel(x_ref, y_ref, z_ref, acc_ref):
-        @pl.when(pl.program_id(2) == 0)
-        def _():
-            acc_ref[...] = jnp.zeros_like(acc_ref)
-
-        acc_ref[...] += jnp.dot(x_ref[...], y_ref[...], preferred_element_type=jnp.float32)
-
-        @pl.when(pl.program_id(2) == pl.num_programs(2) - 1)
-        def _():
-            z_ref[...] = acc_ref[...].astype(z_ref.dtype)
-
     return pl.pallas_call(
-        kernel, out_shape=jax.ShapeDtypeStruct((m, n), x.dtype), grid=(m // bm, n // bn, k // bk),
+        matmul_kernel, out_shape=jax.ShapeDtypeStruct((m, n), x.dtype), grid=(m // bm, n // bn, k // bk),
         in_specs=[pl.BlockSpec((bm, bk), lambda i, j, kk: (i, kk)),
                   pl.BlockSpec((bk, bn), lambda i, j, kk: (kk, j))],
         out_specs=pl.BlockSpec((bm, bn), lambda i, j, kk: (i, j)),
@@ -194,14 +184,14 @@ def test_sweep_ranks_by_predicted_time_and_lists_the_rejected_with_their_reasons
         "bm=2048, bk=2048, bn=2048", "bm=512, bk=100, bn=512"]
     big, lanes = result.rejected
     assert big.error == "TpuResourceError" and big.prediction.checker == APPROX
-    assert big.reason.startswith("kernel 'kernel' (pallas_call at test_tune.py:")
+    assert big.reason.startswith("kernel 'matmul_kernel' (pallas_call at test_tune.py:")
     assert big.reason.endswith(
         "needs 64.00 MiB (67108864 bytes) of VMEM per core on TPU v5e, more than its scoped "
         "VMEM limit of 16.00 MiB (XLA's default on v5e). A TPU fails to compile it: \"Ran out "
         "of memory in memory space vmem\". Counted per core, tile-padded: input 'x_ref' block "
         "(2048, 2048) bfloat16: 8.00 MiB x 2 buffers = 16.00 MiB")
     assert lanes.error == "TpuLoweringError"
-    assert lanes.reason.startswith("kernel 'kernel' (pallas_call at test_tune.py:")
+    assert lanes.reason.startswith("kernel 'matmul_kernel' (pallas_call at test_tune.py:")
     assert ") does not lower for TPU v5e, operand 'x_ref': jax's Mosaic lowering says: " \
         "ValueError: The Pallas TPU lowering currently requires that the last two " \
         "dimensions of your block shape are divisible by 8 and 128" in lanes.reason

@@ -13,7 +13,7 @@ from palladium.race_detect.policy import OnRace, deliver_function
 from palladium.race_detect.prepared import PreparedAccess, prepare
 from palladium.race_detect.regions import check_mask
 from palladium.race_detect.report import RaceReport
-from palladium.race_detect.shadow import BufferShadow, Event
+from palladium.race_detect.shadow import BufferShadow, Event, PendingAccess
 
 
 class RaceDetector:
@@ -235,7 +235,7 @@ class RaceDetector:
             full, box, size = prepared.region, prepared.box, prepared.size
             bool_mask = None if mask is None else check_mask(mask, full, shadow.shape, shadow.name)
             clock = actor._clock
-            fields = (
+            pending = PendingAccess(
                 actor.name,
                 "write" if is_write else "read",
                 shadow.name,
@@ -249,7 +249,7 @@ class RaceDetector:
             )
             self._serial += 1
             times = clock.array
-            event = Event(actor.slot, int(times[actor.slot]), self._serial, None, fields)
+            event = Event(actor.slot, int(times[actor.slot]), self._serial, None, pending)
             if bool_mask is None and box is not None and shadow._access_box(
                 box, size, event, times, is_write
             ):

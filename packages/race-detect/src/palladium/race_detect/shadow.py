@@ -25,7 +25,7 @@ read whole) runs the same table operations, in the same order, over the boxes th
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -45,33 +45,49 @@ from palladium.race_detect.regions import Region, element_at
 from palladium.race_detect.report import Access
 
 
+class PendingAccess(NamedTuple):
+    """An ``Access`` not built yet (most accesses never race): its fields, with the
+    actor's clock still a snapshot (shared by accesses until the clock changes)."""
+
+    actor: str
+    kind: str
+    buffer: str
+    region: Region
+    site: object
+    clock: Clock | tuple[tuple[str, int], ...]
+    masked: bool
+
+    def build(self) -> Access:
+        clock = self.clock
+        entries = clock.entries() if isinstance(clock, Clock) else clock
+        return Access(self.actor, self.kind, self.buffer, self.region, self.site, entries,
+                      self.masked)
+
+
 class Event:
     """One access at epoch ``(slot, time)``; ``serial`` numbers accesses in program order.
 
-    Its ``Access`` record is built only when a report needs it (most accesses never
-    race): pass ``fields``, the ``Access`` constructor's arguments, instead of it.
+    Its ``Access`` record is built only when a report needs it: pass ``pending`` (a
+    ``PendingAccess``) instead of it.
     """
 
-    __slots__ = ("slot", "time", "serial", "_access", "_fields")
+    __slots__ = ("slot", "time", "serial", "_access", "_pending")
 
     def __init__(
         self, slot: int, time: int, serial: int, access: Access | None = None,
-        fields: tuple[Any, ...] | None = None,
+        pending: PendingAccess | None = None,
     ) -> None:
         self.slot = slot
         self.time = time
         self.serial = serial
         self._access = access
-        self._fields = fields
+        self._pending = pending
 
     @property
     def access(self) -> Access:
         if self._access is None:
-            fields = self._fields
-            assert fields is not None
-            if isinstance(fields[5], Clock):  # the clock as a snapshot: its entries
-                fields = (*fields[:5], fields[5].entries(), *fields[6:])
-            self._access = Access(*fields)
+            assert self._pending is not None
+            self._access = self._pending.build()
         return self._access
 
 

@@ -36,26 +36,32 @@ class DmaView:
     convert: Callable[[np.ndarray], np.ndarray] | None = None
 
 
-def _report(event: Any, actor: Any, buf: Buffer, plan: AccessPlan, mask: Any, site: object) -> None:
-    """Tell the race detector about the stored elements of ``plan`` (where ``mask``)."""
+def _report(event: Any, actor: Any, buf: Buffer, plan: AccessPlan, mask: Any, site: object,
+            stored: bool) -> None:
+    """Tell the race detector about the stored elements of ``plan`` (where ``mask``, of
+    the region's shape; ``stored``: already of the stored elements only)."""
     race = plan.prepared or plan.race_access()
     if mask is None:
         event(actor, buf.ref.key, race, site=site)
         return
-    sub = stored_mask(plan, mask)
+    sub = mask if stored else stored_mask(plan, mask)
     if sub.any():
         shape = buf.data[plan.index + (Ellipsis,)].shape
         event(actor, buf.ref.key, race, site=site, mask=np.broadcast_to(sub, shape))
 
 
-def report_read(det: Any, actor: Any, buf: Buffer, plan: AccessPlan, mask: Any, site: object) -> None:
-    """Tell the race detector that ``actor`` read the stored elements of ``plan``."""
-    _report(det.read, actor, buf, plan, mask, site)
+def report_read(det: Any, actor: Any, buf: Buffer, plan: AccessPlan, mask: Any, site: object,
+                *, stored: bool = False) -> None:
+    """Tell the race detector that ``actor`` read the stored elements of ``plan``: the
+    one place every read the detector hears of (loads, block copies, DMAs, remote reads,
+    replayed accesses) is turned into its event."""
+    _report(det.read, actor, buf, plan, mask, site, stored)
 
 
-def report_write(det: Any, actor: Any, buf: Buffer, plan: AccessPlan, mask: Any, site: object) -> None:
+def report_write(det: Any, actor: Any, buf: Buffer, plan: AccessPlan, mask: Any, site: object,
+                 *, stored: bool = False) -> None:
     """Tell the race detector that ``actor`` wrote the stored elements of ``plan``."""
-    _report(det.write, actor, buf, plan, mask, site)
+    _report(det.write, actor, buf, plan, mask, site, stored)
 
 
 class DmaState(enum.Enum):
@@ -140,7 +146,7 @@ class Dma:
         data = self.src.read(plan, False, "DMA read", self.core, self.site, self.src_mask)
         stored = self.src.written_bits(plan) if self.src.written is not None else None
         if det is not None and plan.index is not None:
-            _report(det.read, self.actor, self.src, plan, self.src_mask, self.site)
+            report_read(det, self.actor, self.src, plan, self.src_mask, self.site)
         self.read_from(data, stored, det)
 
     def read_from(self, data: np.ndarray, stored: np.ndarray | None, det: Any) -> None:
@@ -225,7 +231,7 @@ class Dma:
         clock = None
         if det is not None:
             if plan.index is not None:
-                _report(det.write, self.actor, self.dst, plan, self.dst_mask, self.site)
+                report_write(det, self.actor, self.dst, plan, self.dst_mask, self.site)
             # Finished first, so the release does not tick: the clock it hands to the
             # receive semaphore holds the DMA's final time, and a core that waited on it
             # can give the DMA's slot to its next DMA (RaceDetector._reusable_slot).

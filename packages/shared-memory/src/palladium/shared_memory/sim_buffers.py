@@ -11,8 +11,8 @@ from palladium.shared_memory.buffers import (
     BufferRef,
     MemorySpace,
     is_float_dtype,
-    stored_mask,
 )
+from palladium.shared_memory.dma import report_read, report_write
 from palladium.shared_memory.errors import ConfigError, at_site, core_name
 from palladium.shared_memory.regions import AccessPlan
 from palladium.shared_memory.sim_state import CoreId, SimulationState, site_line
@@ -130,11 +130,8 @@ class BufferOps(SimulationState):
         plan = b.plan(region)
         if plan.index is None:
             return
-        if write:
-            self._race_write(core, buf.key, plan, None, site)
-        else:
-            self._det.read(self._actor(core), buf.key, plan.prepared or plan.race_access(),
-                           site=site)
+        report = report_write if write else report_read
+        report(self._det, self._actor(core), b, plan, None, site)
 
     def plan(self, buf: BufferRef, region: Any) -> AccessPlan:
         """``region`` of ``buf`` resolved once: pass the plan instead of the region to
@@ -163,15 +160,7 @@ class BufferOps(SimulationState):
             if missing is not None:
                 self._report_unwritten(b, plan, missing, "read", core, site)
         if self._det is not None and plan.index is not None:
-            race = plan.prepared or plan.race_access()
-            if mask is None:
-                self._det.read(self._actor(core), buf.key, race, site=site)
-            else:
-                sub = stored_mask(plan, mask)
-                if sub.any():
-                    shape = b.data[plan.index + _ELLIPSIS].shape
-                    self._det.read(self._actor(core), buf.key, race, site=site,
-                                   mask=np.broadcast_to(sub, shape))
+            report_read(self._det, self._actor(core), b, plan, mask, site)
         return out
 
     def write(self, buf: BufferRef, region: Any, value: Any, *, mask: Any = None, core: CoreId, site: object = None) -> None:
@@ -192,14 +181,10 @@ class BufferOps(SimulationState):
         return old
 
     def _race_write(self, core: Any, key: Any, plan: AccessPlan, mask: Any, site: object) -> None:
+        """``mask``: of the stored elements already (what ``Buffer.write`` returns)."""
         assert self._det is not None
-        race = plan.prepared or plan.race_access()
-        if mask is None:
-            self._det.write(self._actor(core), key, race, site=site)
-        elif mask.any():
-            shape = self._buffers[key].data[plan.index + (Ellipsis,)].shape
-            self._det.write(self._actor(core), key, race, site=site,
-                            mask=np.broadcast_to(mask, shape))
+        report_write(self._det, self._actor(core), self._buffers[key], plan, mask, site,
+                     stored=True)
 
     # -- what was written (``uninitialized_reads``) ------------------------------------
 
