@@ -41,7 +41,11 @@ def _declare(buf, slot, *, body):
     return body, [_slot_view(buf, slot)]
 
 
-pi.register_interpret_rule(on_slot_p, _declare, form="evaluate")
+@pytest.fixture(autouse=True)
+def _on_slot_rule():
+    """Registered for every test: a test of ``process_state.reset()`` in the same worker
+    puts the rule table back to what the import left, without this module's rule."""
+    pi.register_interpret_rule(on_slot_p, _declare, form="evaluate")
 
 
 def _on_slot(body_fn):
