@@ -35,7 +35,9 @@ T = TypeVar("T")
 
 
 class PlanCache(Generic[T]):
-    """A bounded ``key -> plan`` map: ``get(key, build)`` builds a plan once per key."""
+    """A bounded ``key -> plan`` map: ``get(key, build, *args)`` builds a plan once per
+    key, as ``build(*args)`` (the arguments passed, not a closure made on every hit:
+    ``get`` runs on every access)."""
 
     __slots__ = ("entries", "limit")
 
@@ -43,10 +45,10 @@ class PlanCache(Generic[T]):
         self.entries: dict[Hashable, T] = {}
         self.limit = limit
 
-    def get(self, key: Hashable, build: Callable[[], T]) -> T:
+    def get(self, key: Hashable, build: Callable[..., T], *args: Any) -> T:
         hit = self.entries.get(key)
         if hit is None:
-            hit = build()
+            hit = build(*args)
             if len(self.entries) >= self.limit:
                 self.entries.clear()
             self.entries[key] = hit

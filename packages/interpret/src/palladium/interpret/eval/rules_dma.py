@@ -172,7 +172,7 @@ def _compile_dma_start(eqn: Equation, used: frozenset[Any]) -> Any:
         key = operand_key(invals)
         if key is None:
             return _dma_start(ev, eqn, invals)
-        plan = cache.get(key, lambda: build(ev, invals))
+        plan = cache.get(key, build, ev, invals)
         src_ref, dst_ref = invals[plan.src_at], invals[plan.dst_at]
         target = ev.remote_core(plan.device_id, None, id_type, eqn)
         dst_buffer = dst_ref.buffer
@@ -205,7 +205,7 @@ def _compile_dma_wait(eqn: Equation, used: frozenset[Any]) -> Any:
         key = operand_key(invals)
         if key is None:
             return _dma_wait(ev, eqn, invals)
-        plan = cache.get(key, lambda: build(ev, invals))
+        plan = cache.get(key, build, ev, invals)
         ev.sim.dma_wait(semaphore_at(invals, plan.sem), plan.nbytes, core=ev.core,
                         site=ev.site(eqn))
         return []

@@ -47,12 +47,12 @@ def _lookup(cache: PlanCache[ResolvedAccess], tree: Any, ev: KernelContext, ref:
     key = operand_key([ref, *invals[1:]])
     if key is None:
         return None
+    return cache.get(key, _resolve, tree, ev, ref, invals)
 
-    def build() -> ResolvedAccess:
-        acc = memory.access_of(ref, tree.unflatten(invals[1:]))
-        return ResolvedAccess(acc, ev.sim.plan(ref.buffer, acc.region))
 
-    return cache.get(key, build)
+def _resolve(tree: Any, ev: KernelContext, ref: MemRef, invals: list[Any]) -> ResolvedAccess:
+    acc = memory.access_of(ref, tree.unflatten(invals[1:]))
+    return ResolvedAccess(acc, ev.sim.plan(ref.buffer, acc.region))
 
 
 @rule_compiler(jc.get_p)

@@ -132,7 +132,7 @@ class CoreRun:
     def _copy_plans(self, operand: int, block: tuple[int, ...]) -> tuple[AccessPlan, AccessPlan]:
         """(HBM plan, kernel-side plan) of the copy of ``block`` of ``operand`` (inputs
         first, then outputs)."""
-        return self._plans.get((operand, block), lambda: self._resolve_copy(operand, block))
+        return self._plans.get((operand, block), self._resolve_copy, operand, block)
 
     def _resolve_copy(self, operand: int, block: tuple[int, ...]) -> tuple[AccessPlan, AccessPlan]:
         n_in = len(self.input_refs)
@@ -143,8 +143,7 @@ class CoreRun:
         sim = self.launch.sim
         part = self.blocks.infos[operand].block_region(block)
         if part is None:  # the whole kernel buffer: one plan for every block
-            inner = self._plans.get((operand, None),
-                                    lambda: sim.plan(kernel_ref.buffer, None))
+            inner = self._plans.get((operand, None), sim.plan, kernel_ref.buffer, None)
         else:
             inner = sim.plan(kernel_ref.buffer, part)
         return (sim.plan(hbm, self.blocks.region(operand, block)), inner)
