@@ -36,11 +36,16 @@ def test_a_private_buffers_accesses_are_not_told_to_the_detector():
     sim.run({(0, 0): body})
 
 
-def test_a_dma_of_its_own_core_makes_it_shared_and_later_races_are_found():
-    sim = Simulation(detect_races=True, dma_execution_mode="eager")
+def _staging(**options):
+    """A private VMEM staging buffer, an HBM destination and a DMA semaphore."""
+    sim = Simulation(detect_races=True, **options)
     src = sim.allocate(VMEM, 0, 0, name="staging", shape=(8,), dtype=np.float32, private=True)
     dst = sim.allocate(HBM, 0, 0, name="out", shape=(8,), dtype=np.float32)
-    sem = sim.allocate_semaphores(0, 0, kind=SemaphoreKind.DMA, name="sem")
+    return sim, src, dst, sim.allocate_semaphores(0, 0, kind=SemaphoreKind.DMA, name="sem")
+
+
+def test_a_dma_of_its_own_core_makes_it_shared_and_later_races_are_found():
+    sim, src, dst, sem = _staging(dma_execution_mode="eager")
 
     def body():
         sim.write(src, None, np.arange(8, dtype=np.float32), core=(0, 0), site="k.py:1")
@@ -56,10 +61,7 @@ def test_a_dma_of_its_own_core_makes_it_shared_and_later_races_are_found():
 
 
 def test_the_first_store_before_the_dma_is_ordered_before_it():
-    sim = Simulation(detect_races=True)
-    src = sim.allocate(VMEM, 0, 0, name="staging", shape=(8,), dtype=np.float32, private=True)
-    dst = sim.allocate(HBM, 0, 0, name="out", shape=(8,), dtype=np.float32)
-    sem = sim.allocate_semaphores(0, 0, kind=SemaphoreKind.DMA, name="sem")
+    sim, src, dst, sem = _staging()
 
     def body():
         sim.write(src, None, np.arange(8, dtype=np.float32), core=(0, 0), site="k.py:1")
