@@ -1,6 +1,8 @@
 """Private buffers (``Simulation.allocate(private=True)``): VMEM/SMEM only its core
 touches; the race detector does not hear of their accesses until a DMA of that core
-reaches them, and another core's DMA on one is an error."""
+reaches them, and another core's DMA on one is an error. Read-only buffers
+(``read_only=True``): nothing writes them, their reads are not recorded, a write is an
+error."""
 
 import numpy as np
 import pytest
@@ -109,3 +111,41 @@ def test_private_without_race_detection_changes_nothing():
 
     sim.run({(0, 0): body})
     np.testing.assert_array_equal(sim.contents(s), [1])
+
+
+def test_a_read_only_buffers_reads_are_not_recorded_even_by_dmas():
+    sim = Simulation(detect_races=True)
+    x = sim.allocate(HBM, 0, 0, name="x", value=np.arange(8, dtype=np.float32), read_only=True)
+    land = sim.allocate(VMEM, 0, 0, name="land", shape=(8,), dtype=np.float32)
+    sem = sim.allocate_semaphores(0, 0, kind=SemaphoreKind.DMA, name="sem")
+
+    def body():
+        np.testing.assert_array_equal(sim.read(x, None, core=(0, 0)), np.arange(8))
+        assert _records(sim) == 0
+        sim.dma_start(x, None, land, None, core=(0, 0), dst_sem=sem, site="k.py:2")
+        sim.dma_wait(sem, 32, core=(0, 0), site="k.py:3")
+
+    sim.run({(0, 0): body})
+    np.testing.assert_array_equal(sim.contents(land), np.arange(8))
+    assert sim.race_detector.reports == []
+
+
+@pytest.mark.parametrize("how", ["store", "dma"])
+def test_a_write_to_a_read_only_buffer_is_an_error(how):
+    sim = Simulation(detect_races=True)
+    x = sim.allocate(HBM, 0, 0, name="x", value=np.zeros(8, np.float32), read_only=True)
+    src = sim.allocate(VMEM, 0, 0, name="src", value=np.ones(8, np.float32))
+    sem = sim.allocate_semaphores(0, 0, kind=SemaphoreKind.DMA, name="sem")
+
+    def body():
+        if how == "store":
+            sim.write(x, None, np.ones(8, np.float32), core=(0, 0), site="k.py:5")
+        else:
+            sim.dma_start(src, None, x, None, core=(0, 0), dst_sem=sem, site="k.py:5")
+
+    with pytest.raises(ConfigError) as info:
+        sim.run({(0, 0): body})
+    what = "a store" if how == "store" else "a DMA into x"
+    assert str(info.value).startswith(
+        f"device 0 core 0: {what} writes 'x' (HBM, device 0), which was allocated read-only "
+        f"(nothing was to write it during the run, so reads of it were not recorded) at k.py:5")

@@ -12,7 +12,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from palladium.interpret import DataRaceError, InterpretParams, errors_as_raised
-from palladium.interpret.kernel.dma_reach import dma_reached_refs, private_positions
+from palladium.interpret.kernel.dma_reach import private_positions, read_only_positions, ref_reach
 
 pytestmark = pytest.mark.timeout(300)
 RACES = InterpretParams(detect_races=True)
@@ -58,11 +58,15 @@ def _inputs():
 def test_the_refs_no_dma_names_are_private():
     s, x = _inputs()
     jaxpr = _kernel_jaxpr(_staged_call(_copy_then_sum), s, x)
-    reached = dma_reached_refs(jaxpr)
+    reach = ref_reach(jaxpr)
     # operands: s (SMEM), x (HBM), o (VMEM block), land, acc, sem
-    assert reached is not None
-    assert [v in reached for v in jaxpr.invars] == [False, True, False, True, False, True]
-    assert private_positions(jaxpr, reached) == {0, 2, 4}
+    assert reach is not None
+    assert [v in reach.named for v in jaxpr.invars] == [False, True, False, True, False, True]
+    assert private_positions(jaxpr, reach) == {0, 2, 4}
+    # written: o and acc (stores), land (the DMA's destination); x and s only read
+    assert [v in reach.written for v in jaxpr.invars] == [False, False, True, True, True,
+                                                          False]
+    assert read_only_positions(jaxpr, reach) == {0, 1, 5}
 
 
 def test_private_buffers_give_the_same_results_with_races_on():
@@ -117,9 +121,9 @@ def test_a_ref_going_into_a_jaxpr_it_cannot_follow_leaves_every_buffer_shared(mo
 
     s, x = _inputs()
     jaxpr = _kernel_jaxpr(_staged_call(_racy_through("jit")), s, x)
-    assert dma_reached_refs(jaxpr) is not None
+    assert ref_reach(jaxpr) is not None
     monkeypatch.setattr(dma_reach, "_CALLS", frozenset())  # as if jit were unknown
-    assert dma_reached_refs(jaxpr) is None
+    assert ref_reach(jaxpr) is None
     assert private_positions(jaxpr, None) == frozenset()
 
 
@@ -133,10 +137,42 @@ def _no_dma_kernel_reached():
         kernel, out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32),
         scratch_shapes=[pltpu.VMEM((8, 128), jnp.float32)], interpret=RACES)
     x = jnp.ones((8, 128), jnp.float32)
-    return dma_reached_refs(_kernel_jaxpr(call, x)), call(x)
+    return ref_reach(_kernel_jaxpr(call, x)), call(x)
 
 
 def test_a_kernel_without_dmas_has_every_buffer_private():
-    reached, out = _no_dma_kernel_reached()
-    assert reached == frozenset()
+    reach, out = _no_dma_kernel_reached()
+    assert reach is not None and reach.named == frozenset()
     np.testing.assert_array_equal(out, np.full((8, 128), 2.0))
+
+
+def _write_back_call(interpret=RACES, aliased=False):
+    """x (HBM) is read by a DMA into VMEM and, when ``aliased``, written back to x."""
+
+    def kernel(x_hbm, o_hbm, land, sem):
+        pltpu.sync_copy(x_hbm, land)
+        land[...] = land[...] + 1
+        pltpu.async_copy(land, o_hbm, sem).wait()
+
+    return pl.pallas_call(
+        kernel,
+        out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32),
+        in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
+        out_specs=pl.BlockSpec(memory_space=pl.ANY),
+        scratch_shapes=[pltpu.VMEM((8, 128), jnp.float32), pltpu.SemaphoreType.DMA],
+        input_output_aliases={0: 0} if aliased else {},
+        interpret=interpret,
+    )
+
+
+@pytest.mark.parametrize("aliased", [False, True])
+def test_an_input_nothing_writes_is_read_only_unless_an_output_aliases_it(aliased):
+    from palladium.interpret.kernel.prepared_kernel import PreparedKernel
+
+    x = jnp.arange(8 * 128, dtype=jnp.float32).reshape(8, 128)
+    closed = jax.make_jaxpr(_write_back_call(aliased=aliased))(x)
+    (eqn,) = [e for e in closed.jaxpr.eqns if e.primitive.name == "pallas_call"]
+    kernel = PreparedKernel.from_params(**eqn.params)
+    assert kernel.read_only_inputs == (frozenset() if aliased else {0})
+    out = _write_back_call(aliased=aliased)(x)
+    np.testing.assert_array_equal(out, np.asarray(x) + 1)

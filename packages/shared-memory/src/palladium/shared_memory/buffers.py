@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from palladium.shared_memory.errors import OutOfBoundsError, at_site, core_name
+from palladium.shared_memory.errors import ConfigError, OutOfBoundsError, at_site, core_name
 from palladium.shared_memory.regions import AccessPlan, describe_region, resolve
 
 __all__ = ["Buffer", "BufferRef", "MemorySpace", "is_float_dtype"]
@@ -92,8 +92,8 @@ def stored_mask(plan: AccessPlan, mask: Any) -> np.ndarray:
 class Buffer:
     """The storage and bounds of one allocation (owned by a ``Simulation``)."""
 
-    __slots__ = ("bound", "data", "fill", "logical", "oob_hint", "phantom", "private", "ref",
-                 "refcount", "written")
+    __slots__ = ("bound", "data", "fill", "logical", "oob_hint", "phantom", "private", "quiet",
+                 "read_only", "ref", "refcount", "written")
 
     def __init__(self, ref: BufferRef, data: np.ndarray, bound: tuple[int, ...], fill: Any,
                  oob_hint: str = OUT_OF_BOUNDS_HINT, written: np.ndarray | None = None) -> None:
@@ -106,12 +106,21 @@ class Buffer:
         self.bound = bound
         self.fill = fill
         self.refcount = 1
-        # Only its core accesses it (``Simulation.allocate(private=True)``): the race
-        # detector is not told of its accesses.
-        self.private = False
+        # Only its core accesses it / nothing writes it (``Simulation.allocate(private=,
+        # read_only=)``); ``quiet``: either, the race detector is not told of its accesses.
+        self.private = self.read_only = self.quiet = False
         # No data (``SimulationOptions.keep_float_data=False``): ``data`` is a read-only
         # zero-stride array of the fill; reads give the fill, writes check bounds only.
         self.phantom = data.ndim > 0 and not any(data.strides) and not data.flags.writeable
+
+    def read_only_error(self, what: str, core: Any, site: object) -> ConfigError:
+        """``what`` (a store, a DMA) writing this read-only buffer."""
+        return ConfigError(
+            f"{core_name(core)}: {what} writes {self.ref.label}, which was allocated "
+            f"read-only (nothing was to write it during the run, so reads of it were not "
+            f"recorded){at_site(site)}. Allocate it without read_only, or with "
+            f"palladium.interpret report this as a bug and run with "
+            f"InterpretParams(detect_races=False) meanwhile.")
 
     def plan(self, region: Any) -> AccessPlan:
         """``region`` resolved against this buffer, or ``region`` itself if it is already

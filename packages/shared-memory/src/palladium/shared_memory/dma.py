@@ -41,7 +41,7 @@ def _report(event: Any, actor: Any, buf: Buffer, plan: AccessPlan, mask: Any, si
     """Tell the race detector about the stored elements of ``plan`` (where ``mask``, of
     the region's shape; ``stored``: already of the stored elements only). A private
     buffer's accesses are not told: only its core makes them, they cannot race."""
-    if buf.private:
+    if buf.quiet:
         return
     race = plan.prepared or plan.race_access()
     if mask is None:

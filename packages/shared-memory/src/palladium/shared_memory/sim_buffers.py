@@ -36,6 +36,7 @@ class BufferOps(SimulationState):
         value: np.ndarray | None = None,
         fill: str | None = None,
         private: bool = False,
+        read_only: bool = False,
     ) -> BufferRef:
         """Allocate a buffer holding a copy of ``value``, else uninitialised memory.
 
@@ -44,7 +45,10 @@ class BufferOps(SimulationState):
         core will touch it, so only its core does and its accesses cannot race: the race
         detector does not hear of them. A DMA its own core starts on it makes it shared
         from then on (every earlier access of the core happens before that DMA); one
-        started by another core is an ``InternalError``.
+        started by another core is a ``ConfigError``. ``read_only``: the caller knows
+        that nothing will write it during the run (an input nothing writes): reads cannot
+        race with reads, so the race detector does not hear of them; a store or a DMA
+        into it is a ``ConfigError``.
         """
         space = MemorySpace(space)
         core = 0 if space.per_device else int(core)
@@ -88,7 +92,8 @@ class BufferOps(SimulationState):
             else np.broadcast_to(np.False_, data.shape) if self._track_written and stand_in
             else None,
         )
-        buf.private = private
+        buf.private, buf.read_only = private, read_only
+        buf.quiet = private or read_only
         if self._rounds is not None:
             self._rounds.allocated(key, int(device), core, space.value)
         if self._det is not None and (self._rounds is None or self._rounds.is_local(device)):
@@ -168,7 +173,7 @@ class BufferOps(SimulationState):
             missing = b.unwritten(plan, mask)
             if missing is not None:
                 self._report_unwritten(b, plan, missing, "read", core, site)
-        if self._det is not None and plan.index is not None and not b.private:
+        if self._det is not None and plan.index is not None and not b.quiet:
             report_read(self._det, self._actor(core), b, plan, mask, site)
         return out
 
@@ -176,16 +181,20 @@ class BufferOps(SimulationState):
         """Store ``value`` into ``buf[region]`` (only where ``mask`` is True)."""
         b = self._buffers.get(buf.key) or self._buffer(buf)
         plan = b.plan(region)
+        if b.read_only:
+            raise b.read_only_error("a store", core, site)
         mask = b.write(plan, value, mask, "write", core, site)
-        if self._det is not None and plan.index is not None and not b.private:
+        if self._det is not None and plan.index is not None and not b.quiet:
             self._race_write(core, buf.key, plan, mask, site)
 
     def swap(self, buf: BufferRef, region: Any, value: Any, *, mask: Any = None, core: CoreId, site: object = None) -> np.ndarray:
         """Store ``value`` (where ``mask``) into ``buf[region]``; return the old contents."""
         b = self._buffers.get(buf.key) or self._buffer(buf)
         plan = b.plan(region)
+        if b.read_only:
+            raise b.read_only_error("a store", core, site)
         old, mask = b.swap(plan, value, mask, core, site)
-        if self._det is not None and plan.index is not None and not b.private:
+        if self._det is not None and plan.index is not None and not b.quiet:
             self._race_write(core, buf.key, plan, mask, site)
         return old
 

@@ -34,6 +34,7 @@ def _share(b: Any, core: CoreId, site: object) -> None:
             f"bug and run with InterpretParams(detect_races=False) meanwhile."
         )
     b.private = False
+    b.quiet = b.read_only
 
 
 class DmaOps(SimulationState):
@@ -61,7 +62,9 @@ class DmaOps(SimulationState):
         task = self._task()
         self._sched.check()
         sb, db = self._buffer(src), self._buffer(dst)
-        if sb.private or db.private:
+        if sb.quiet or db.quiet:
+            if db.read_only:
+                raise db.read_only_error(f"a DMA into {dst.name}", core, site)
             _share(sb, core, site)
             _share(db, core, site)
         sp, dp = sb.plan(src_region), db.plan(dst_region)

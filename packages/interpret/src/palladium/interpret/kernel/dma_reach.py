@@ -9,20 +9,26 @@ accessed by its core alone: its accesses cannot race, and the race detector need
 hear of them (``Simulation.allocate(private=True)``). Paged attention's scalar-prefetch
 page table, its softmax scratch and its flags are ~63% of its accesses.
 
-:func:`dma_reached_refs` finds the named refs, following refs into the jaxprs of the
+:func:`ref_reach` finds the named refs, following refs into the jaxprs of the
 control flow and calls that pass them on. Where it cannot follow a ref (an equation with
 a nested jaxpr of a kind it does not know, an equation that makes a ref), it gives up and
 every buffer stays shared: the analysis may only ever err on the side of watching.
+
+It also finds the refs something may write (a DMA's destination, a store). An input
+nothing writes and no output aliases is read-only for the whole launch (its HBM buffer
+is ``Simulation.allocate(read_only=True)``): reads cannot race with reads, so the
+detector need not hear of them either (paged attention's DMAs read its pages from two
+such inputs).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 from palladium.interpret import _jax_compat as jc
 from palladium.interpret.eval.jaxprs import jaxprs_in
 
-__all__ = ["dma_reached_refs", "private_positions"]
+__all__ = ["RefReach", "private_positions", "read_only_positions", "ref_reach"]
 
 
 def _dma_primitives() -> frozenset[Any]:
@@ -31,10 +37,20 @@ def _dma_primitives() -> frozenset[Any]:
 
 
 _DMA = _dma_primitives()
+_STORES = frozenset(p for p in (jc.swap_p, jc.addupdate_p, getattr(jc, "masked_swap_p", None))
+                    if p is not None)
 # Equations whose nested jaxprs take the equation's operands one for one.
 _CALLS = frozenset(p for p in (jc.scan_p, jc.jit_p, jc.custom_jvp_call_p, jc.custom_vjp_call_p,
                                getattr(jc, "closed_call_p", None),
                                getattr(jc, "remat_p", None)) if p is not None)
+
+
+class RefReach(NamedTuple):
+    """The ref variables of a kernel jaxpr (any depth) a DMA names (``named``), and those
+    something may write (``written``: a DMA's destination, a store)."""
+
+    named: frozenset[Any]
+    written: frozenset[Any]
 
 
 class _Unknown(Exception):
@@ -69,38 +85,70 @@ def _aliases(eqn: Any) -> list[tuple[Any, list[Any], list[Any]]]:
     return [(j, [], []) for j in inners]
 
 
-def _walk(jaxpr: Any, named: set[Any]) -> None:
-    """Add to ``named`` the refs of ``jaxpr`` (and of its nested jaxprs) a DMA names."""
+def _dma_destination(eqn: Any) -> list[Any]:
+    """The destination ref of a ``dma_start`` (every ref operand if it cannot tell)."""
+    try:
+        dst = jc.dma_operands(eqn.params["tree"], list(eqn.invars))[1]
+    except Exception:  # noqa: BLE001 - another operand layout: assume every ref
+        return [v for v in eqn.invars if _is_ref(v)]
+    return [getattr(dst, "ref", dst)]
+
+
+def _walk(jaxpr: Any, named: set[Any], written: set[Any]) -> None:
+    """Add the refs of ``jaxpr`` (and of its nested jaxprs) a DMA names to ``named``,
+    those a DMA or a store may write to ``written``."""
     for eqn in jaxpr.eqns:
+        prim = eqn.primitive
         if any(_is_ref(v) for v in eqn.outvars):
-            raise _Unknown(eqn.primitive)
-        if eqn.primitive in _DMA:
+            raise _Unknown(prim)
+        if prim in _DMA:
             named.update(v for v in eqn.invars if _is_ref(v))
+            if prim is jc.dma_start_p:
+                written.update(_dma_destination(eqn))
+            continue
+        if prim in _STORES:
+            written.add(eqn.invars[0])
             continue
         for inner, inner_vars, outer in _aliases(eqn):
             if len(inner_vars) != len(outer):
-                raise _Unknown(eqn.primitive)
+                raise _Unknown(prim)
             if any(_is_ref(v) for v in getattr(inner, "constvars", ())) and \
                     inner_vars is not inner.constvars:
-                raise _Unknown(eqn.primitive)  # a ref closed over, not passed
-            _walk(inner, named)
-            named.update(o for i, o in zip(inner_vars, outer) if i in named and _is_ref(o))
+                raise _Unknown(prim)  # a ref closed over, not passed
+            _walk(inner, named, written)
+            for i, o in zip(inner_vars, outer):
+                if _is_ref(o):
+                    if i in named:
+                        named.add(o)
+                    if i in written:
+                        written.add(o)
 
 
-def dma_reached_refs(jaxpr: Any) -> frozenset[Any] | None:
-    """The ref variables of ``jaxpr`` (at any depth: run_scoped allocations too) that a
-    DMA may read or write; None when the analysis cannot tell (then assume all)."""
+def ref_reach(jaxpr: Any) -> RefReach | None:
+    """Which refs of ``jaxpr`` (at any depth: run_scoped allocations too) a DMA may read
+    or write, and which anything may write; None when the analysis cannot tell (then
+    assume all)."""
     named: set[Any] = set()
+    written: set[Any] = set()
     try:
-        _walk(getattr(jaxpr, "jaxpr", jaxpr), named)
+        _walk(getattr(jaxpr, "jaxpr", jaxpr), named, written)
     except _Unknown:
         return None
-    return frozenset(named)
+    return RefReach(frozenset(named), frozenset(written))
 
 
-def private_positions(jaxpr: Any, reached: frozenset[Any] | None) -> frozenset[int]:
+def private_positions(jaxpr: Any, reach: RefReach | None) -> frozenset[int]:
     """The kernel operand positions (of ``jaxpr.invars``) no DMA reaches."""
-    if reached is None:
+    if reach is None:
         return frozenset()
     invars = getattr(jaxpr, "jaxpr", jaxpr).invars
-    return frozenset(i for i, v in enumerate(invars) if v not in reached)
+    return frozenset(i for i, v in enumerate(invars) if v not in reach.named)
+
+
+def read_only_positions(jaxpr: Any, reach: RefReach | None) -> frozenset[int]:
+    """The kernel operand positions nothing in the kernel writes (no DMA into them, no
+    store): an input there is only read during the launch, unless an output aliases it."""
+    if reach is None:
+        return frozenset()
+    invars = getattr(jaxpr, "jaxpr", jaxpr).invars
+    return frozenset(i for i, v in enumerate(invars) if v not in reach.written)

@@ -15,7 +15,12 @@ from palladium.interpret.eval.evaluator import ProgramCache
 from palladium.interpret.eval.jaxprs import jaxprs_in
 from palladium.interpret.eval.segments import uses_async
 from palladium.interpret.kernel.blocks import BlockSpecInfo, memory_space_of
-from palladium.interpret.kernel.dma_reach import dma_reached_refs, private_positions
+from palladium.interpret.kernel.dma_reach import (
+    RefReach,
+    private_positions,
+    read_only_positions,
+    ref_reach,
+)
 
 # Names that say nothing: a ``core_map`` body written as ``@pl.core_map(mesh) def _():``
 # (jax's documented style) or a lambda is reported under the function that wrote it.
@@ -85,14 +90,18 @@ class PreparedKernel:
     memory_use: Any = None
     #: ``pl.enable_debug_checks`` when the kernel was lowered: ``pl.debug_check`` checks.
     debug_checks: bool = False
-    #: The ref variables (any depth) a DMA may reach (``dma_reach``); None: assume all.
-    dma_reached: frozenset[Any] | None = None
+    #: The ref variables (any depth) a DMA may reach or anything may write
+    #: (``dma_reach``); None: assume all.
+    reach: RefReach | None = None
     #: The operand positions no DMA reaches: their VMEM/SMEM buffers are private.
     private_positions: frozenset[int] = frozenset()
+    #: The inputs (indices into ``inputs``) nothing writes and no output aliases: their
+    #: HBM buffers are read-only for the launch.
+    read_only_inputs: frozenset[int] = frozenset()
 
     def is_private(self, var: Any) -> bool:
         """Whether no DMA of the kernel reaches the ref bound to ``var``."""
-        return self.dma_reached is not None and var not in self.dma_reached
+        return self.reach is not None and var not in self.reach.named
 
     @property
     def launch_location(self) -> str | None:
@@ -162,8 +171,12 @@ class PreparedKernel:
                        if call_site is not None else None),
             inherited_sources=_inherited_sources(jaxpr),
             debug_checks=jc.pallas_debug_checks_enabled(),
-            dma_reached=(reached := dma_reached_refs(jaxpr)),
-            private_positions=private_positions(jaxpr, reached),
+            reach=(reach := ref_reach(jaxpr)),
+            private_positions=private_positions(jaxpr, reach),
+            read_only_inputs=frozenset(
+                i - n_idx for i in read_only_positions(jaxpr, reach)
+                if n_idx <= i < n_idx + n_in
+                and i not in {int(a) for a, _ in input_output_aliases}),
         )
 
     @property

@@ -183,8 +183,9 @@ class Launch:
         device_outputs = []
         for device, args in enumerate(device_args):
             scalars, inputs = args[n_dyn : n_dyn + n_idx], args[n_dyn + n_idx :]
-            hbm_inputs = [self.memory.hbm_operand(device, info, np.asarray(x))
-                          for info, x in zip(k.inputs, inputs)]
+            hbm_inputs = [self.memory.hbm_operand(device, info, np.asarray(x),
+                                                  read_only=i in k.read_only_inputs)
+                          for i, (info, x) in enumerate(zip(k.inputs, inputs))]
             hbm_outputs = []
             for o, info in enumerate(k.outputs):
                 if o in aliases:

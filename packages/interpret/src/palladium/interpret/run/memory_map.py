@@ -85,10 +85,11 @@ class MemoryMap:
 
     def allocate(self, core: CoreId, space: Any, name: str, shape: Any, dtype: Any,
                  value: Any = None, where: Where | None = None,
-                 private: bool = False) -> BufferRef:
+                 private: bool = False, read_only: bool = False) -> BufferRef:
         """A new buffer of ``core`` (HBM: of its device), remembered in allocation order;
         ``private``: no DMA of the kernel reaches it (``kernel.dma_reach``), so only its
-        core accesses it (VMEM and SMEM only: HBM is the device's)."""
+        core accesses it (VMEM and SMEM only: HBM is the device's); ``read_only``: nothing
+        writes it during the launch (an input nothing writes)."""
         owner = _owner(space, core)
         lst = self._allocated.setdefault(owner, [])
         early = self._early.pop((owner, len(lst)), None) if self._early else None
@@ -101,6 +102,7 @@ class MemoryMap:
                 dtype=None if value is not None else np.dtype(dtype),
                 value=value,
                 private=private and isinstance(space, MemorySpace) and not space.per_device,
+                read_only=read_only,
             )
         self._position[buf.key] = len(lst)
         lst.append(buf)
@@ -190,14 +192,17 @@ class MemoryMap:
         else:
             self.sim.free(alloc.buffer)
 
-    def hbm_operand(self, device: int, info: BlockSpecInfo, x: np.ndarray) -> BufferRef:
-        """The HBM copy of an input (padded by its ``pl.Element`` padding)."""
+    def hbm_operand(self, device: int, info: BlockSpecInfo, x: np.ndarray,
+                    read_only: bool = False) -> BufferRef:
+        """The HBM copy of an input (padded by its ``pl.Element`` padding); ``read_only``:
+        nothing writes it during the launch (``PreparedKernel.read_only_inputs``)."""
         padded = info.padded_shape
         if padded != tuple(x.shape):
             full = np.full(padded, self.fill_value(x.dtype), dtype=x.dtype)
             full[info.array_region(tuple(x.shape))] = x
             x = full
-        return self.allocate((device, 0), _home(info), hbm_name(info), None, None, value=x)
+        return self.allocate((device, 0), _home(info), hbm_name(info), None, None, value=x,
+                             read_only=read_only)
 
     def hbm_output(self, device: int, info: BlockSpecInfo) -> BufferRef:
         """A fresh (uninitialised) HBM buffer for an output."""
