@@ -88,6 +88,18 @@ class _Status:
     barrier_clock: Any = ()  # race detection: the join of the cores' clocks at the barrier
 
 
+def _encode(status: _Status) -> bytes:
+    """A round's payload: the status's fields as one pickled tuple of plain values (no
+    class to look up on either side; strings shared within a payload are written once)."""
+    fields = (status.state, status.at_barrier, status.blocked, status.finished,
+              status.messages, status.barrier_clock)
+    return pickle.dumps(fields, pickle.HIGHEST_PROTOCOL)
+
+
+def _decode(payload: bytes) -> _Status:
+    return _Status(*pickle.loads(payload))
+
+
 class Rounds:
     """One partitioned launch's outbox and rounds (see the module docstring).
 
@@ -254,8 +266,9 @@ class Rounds:
         status.messages, self.outbox = self.outbox, []
         self.messages_sent += len(status.messages)
         self.rounds += 1
-        payloads = self.transport.exchange(pickle.dumps(status, pickle.HIGHEST_PROTOCOL))
-        return [pickle.loads(p) for p in payloads]
+        payloads = self.transport.exchange(_encode(status))
+        me = self.transport.process  # this process's own status is not decoded again
+        return [status if q == me else _decode(p) for q, p in enumerate(payloads)]
 
     def _apply(self, statuses: list[_Status]) -> bool:
         """Apply the messages addressed to this process; whether anything changed."""

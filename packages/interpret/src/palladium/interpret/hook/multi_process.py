@@ -52,6 +52,9 @@ class ProcessLayout:
         self._launches: collections.Counter[str] = collections.Counter()
         self._lock = threading.Lock()
         self._heartbeat: threading.Thread | None = None
+        # keys every process has read, deleted by the heartbeat thread (off the rounds'
+        # critical path: a round is then one set and one get per other process)
+        self._spent: collections.deque[str] = collections.deque()
 
     def block(self, num_devices: int, kernel_name: str) -> range:
         """The mesh positions this process simulates."""
@@ -83,6 +86,10 @@ class ProcessLayout:
             )
             self._heartbeat.start()
 
+    def discard(self, key: str) -> None:
+        """Delete ``key`` soon (every process has read it), on the heartbeat thread."""
+        self._spent.append(key)
+
     def _beat(self) -> None:
         key = f"{_PREFIX}/heartbeat/{self.process}"
         n = 0
@@ -91,6 +98,9 @@ class ProcessLayout:
                 self.client.key_value_set_bytes(key, str(n).encode(), allow_overwrite=True)
             except Exception:  # the coordination service is gone: the waits say so
                 return
+            while self._spent:
+                with contextlib.suppress(Exception):
+                    self.client.key_value_delete(self._spent.popleft())
             n += 1
             time.sleep(HEARTBEAT_INTERVAL)
 
@@ -157,6 +167,7 @@ class KvTransport:
         self.num_processes = where.num_processes
         self.launch = launch
         self.describe = describe
+        self.where = where
         self.round = 0
         self.seconds = 0.0  # spent in exchanges (the benchmark's cost per message)
         self._beats: dict[int, tuple[bytes | None, float]] = {}
@@ -198,7 +209,7 @@ class KvTransport:
             assert got is not None
             out.append(got)
         if k:  # every process posted round k, so all have read round k - 1
-            self._delete(f"{self.launch}/r{k - 1}/{self.process}")
+            self.where.discard(f"{self.launch}/r{k - 1}/{self.process}")
         self.seconds += time.perf_counter() - start
         return out
 
@@ -255,6 +266,3 @@ class KvTransport:
     def _set(self, key: str, value: bytes) -> None:
         self.client.key_value_set_bytes(key, value, allow_overwrite=True)
 
-    def _delete(self, key: str) -> None:
-        with contextlib.suppress(Exception):
-            self.client.key_value_delete(key)
