@@ -82,6 +82,13 @@ def read_masked(ev: KernelContext, ref: MemRef, acc: Access, plan: AccessPlan, m
     return acc.apply(np.asarray(data)) if acc.post else data
 
 
+def _stored(value: Any, dtype: Any, shape: tuple[int, ...]) -> np.ndarray:
+    """``value`` as the buffer stores it: its dtype, broadcast to the region's shape (a
+    store's value mostly has that shape already: no broadcast view is made then)."""
+    value = np.asarray(value, dtype=dtype)
+    return value if value.shape == shape else np.broadcast_to(value, shape)
+
+
 def write(ev: KernelContext, ref: MemRef, acc: Access, plan: AccessPlan, value: Any,
           eqn: Equation, mask: Any = None) -> None:
     """Store ``value`` (of the view's shape; where ``mask``) through a resolved access of
@@ -89,8 +96,7 @@ def write(ev: KernelContext, ref: MemRef, acc: Access, plan: AccessPlan, value: 
     sim = ev.sim
     site = ev.site(eqn)
     if not acc.post:
-        value = np.asarray(value, dtype=ref.buffer.dtype)
-        value = np.broadcast_to(value, acc.region_shape)
+        value = _stored(value, ref.buffer.dtype, acc.region_shape)
         if mask is not None:
             mask = np.broadcast_to(np.asarray(mask, dtype=bool), acc.region_shape)
         sim.write(ref.buffer, plan, value, mask=mask, core=ev.core, site=site)
@@ -149,7 +155,7 @@ def swap(ev: KernelContext, ref: MemRef, acc: Access, plan: AccessPlan, value: A
     stored data only (``plan.full``) -- with nothing copied out, and None returned."""
     if not acc.post:
         buf = ref.buffer
-        value = np.broadcast_to(np.asarray(value, dtype=buf.dtype), acc.region_shape)
+        value = _stored(value, buf.dtype, acc.region_shape)
         sim = ev.sim
         if mask is None:
             if plan.full and not old_used:
