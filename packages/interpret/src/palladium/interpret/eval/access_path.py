@@ -10,8 +10,10 @@ array's shape, and the integer value of every index operand (``operand_key``). T
 module owns that key, the one bounded cache every access kind uses (``PlanCache``) and
 what is kept per key: a ``ResolvedAccess`` for loads and stores, a ``DmaPlan`` for a DMA
 start and a ``DmaWaitPlan`` for a wait. The rules (``rules_memory``, ``rules_dma``) look
-up and run; an operand the key cannot describe (an array-valued index: a gather) takes
-the rule's generic path, which resolves the access on every call.
+up and run, one code path per primitive: an operand the key cannot describe (an
+array-valued index: a gather; a ref with transforms a plugin's evaluation passes to a DMA
+or a masked load) has no key, and its access resolves to a plan made for that one call
+(``PlanCache.get(None, ...)``: built, not kept), which the rule runs as any other.
 """
 
 from __future__ import annotations
@@ -22,10 +24,17 @@ from typing import Any, Generic, NamedTuple, TypeVar
 
 import numpy as np
 
-from palladium.interpret.eval.refs import Access, MemRef, SemaphoreRef
+from palladium.interpret import _jax_compat as jc
+from palladium.interpret.eval.refs import Access, MemRef, RefView, SemaphoreRef
 from palladium.shared_memory import AccessPlan
 
-__all__ = ["LIMIT", "DmaPlan", "DmaWaitPlan", "PlanCache", "ResolvedAccess", "operand_key"]
+__all__ = ["ACCESS_PRIMITIVES", "LIMIT", "DmaPlan", "DmaWaitPlan", "PlanCache",
+           "ResolvedAccess", "base_refs", "operand_key"]
+
+#: The primitives that access a ref's contents through this module: each has one rule, a
+#: rule compiler (``registry.rule_compiler``), whose cache is a ``PlanCache``.
+ACCESS_PRIMITIVES = (jc.get_p, jc.swap_p, jc.addupdate_p, jc.load_p, jc.masked_swap_p,
+                     jc.dma_start_p, jc.dma_wait_p)
 
 #: Entries a cache keeps before it starts again (a kernel whose indices take more values
 #: than this, e.g. a DMA per page of a large page table, re-resolves; nothing is wrong).
@@ -37,7 +46,8 @@ T = TypeVar("T")
 class PlanCache(Generic[T]):
     """A bounded ``key -> plan`` map: ``get(key, build, *args)`` builds a plan once per
     key, as ``build(*args)`` (the arguments passed, not a closure made on every hit:
-    ``get`` runs on every access)."""
+    ``get`` runs on every access). The key None (``operand_key`` of operands it cannot
+    describe) is the uncached case: the plan is built for this access and not kept."""
 
     __slots__ = ("entries", "limit")
 
@@ -45,7 +55,9 @@ class PlanCache(Generic[T]):
         self.entries: dict[Hashable, T] = {}
         self.limit = limit
 
-    def get(self, key: Hashable, build: Callable[..., T], *args: Any) -> T:
+    def get(self, key: Hashable | None, build: Callable[..., T], *args: Any) -> T:
+        if key is None:
+            return build(*args)
         hit = self.entries.get(key)
         if hit is None:
             hit = build(*args)
@@ -68,7 +80,10 @@ class ResolvedAccess(NamedTuple):
 @dataclasses.dataclass(frozen=True, slots=True)
 class DmaPlan:
     """A DMA start, resolved: where its refs and semaphores are among the operands, the
-    plans of both regions, the view it moves (None: the regions' elements as they are)."""
+    plans of both regions, the view it moves (None: the regions' elements as they are).
+    ``operands``: None for a plan a cache keeps (its positions are among each call's
+    operands); else the one call's operands as base refs (``base_refs``), which the
+    positions index."""
 
     src_at: int
     src_plan: AccessPlan
@@ -78,23 +93,35 @@ class DmaPlan:
     dst_sem: tuple[int, int]  # (operand position of the array, flat position in it)
     src_sem: tuple[int, int] | None
     device_id: Any
+    operands: list[Any] | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class DmaWaitPlan:
-    """A DMA wait, resolved: the bytes it waits for and its semaphore's position."""
+    """A DMA wait, resolved: the bytes it waits for and its semaphore's position
+    (``operands`` as in ``DmaPlan``)."""
 
     nbytes: int
     sem: tuple[int, int]
+    operands: list[Any] | None = None
 
 
-def operand_key(invals: list[Any]) -> tuple[Hashable, ...] | None:
+def operand_key(invals: list[Any], skip: int = -1, stop: int = -1) -> tuple[Hashable, ...] | None:
     """The structure of an access's operands (see the module docstring; a ref's is kept
     on the ref), or None when one of them has none (an array-valued index, a foreign
-    operand: the generic path). Runs on every access: a loop of type tests."""
+    operand: the access is resolved for its call alone). ``skip``: the position of an
+    operand that is no part of the access (a store's value); ``stop``: the operands from
+    there on are not either (a masked access's value, mask and fill). Runs on every
+    access: a loop of type tests, over ``invals`` itself (no list made to slice it)."""
     key: list[Hashable] = []
     append = key.append
+    i = -1
     for x in invals:
+        i += 1
+        if i == skip:
+            continue
+        if i == stop:
+            break
         t = type(x)
         if t is MemRef or t is SemaphoreRef:
             append(x.structure)
@@ -107,6 +134,12 @@ def operand_key(invals: list[Any]) -> tuple[Hashable, ...] | None:
         else:
             return None
     return tuple(key)
+
+
+def base_refs(invals: list[Any]) -> list[Any]:
+    """``invals`` with each ref with transforms (a plugin's ``RefView``) as its base ref:
+    where an uncached plan finds the refs it names by position."""
+    return [x.ref if type(x) is RefView else x for x in invals]
 
 
 def semaphore_at(invals: list[Any], where: tuple[int, int]) -> int:

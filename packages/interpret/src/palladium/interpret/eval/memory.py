@@ -34,7 +34,7 @@ def jax_access_name(primitive: Any) -> str:
     return access[1] if access is not None else f"{primitive}_p"
 
 
-def _checked(ev: KernelContext, ref: Any, eqn: Equation, op: str) -> MemRef:
+def checked(ev: KernelContext, ref: Any, eqn: Equation, op: str) -> MemRef:
     if not isinstance(ref, MemRef):
         raise KernelError(f"{op} of a non-memory ref {ref!r} ({ev.site(eqn)})")
     if ref.buffer.space.per_device:
@@ -54,60 +54,55 @@ def access_of(ref: MemRef, transforms: Any) -> Access:
     return resolve(tuple(buf.shape), np.dtype(buf.dtype), transforms, buf.name)
 
 
-def read(ev: KernelContext, ref: Any, transforms: Any, eqn: Equation, op: str = "read",
-         check_written: bool = True) -> np.ndarray:
-    ref = _checked(ev, ref, eqn, op)
-    return read_access(ev, ref, access_of(ref, transforms), eqn, check_written=check_written)
+def read_access(ev: KernelContext, ref: MemRef, acc: Access, eqn: Equation,
+                plan: AccessPlan, *, check_written: bool = True) -> np.ndarray:
+    """Read a resolved access of a checked ref through the simulator's ``plan`` of its
+    region. ``check_written=False``: the old value a store replaces, not a read of the
+    kernel's (``uninitialized_reads`` does not check it)."""
+    data = ev.sim.read(ref.buffer, plan, core=ev.core, site=ev.site(eqn),
+                       check_written=check_written)
+    return acc.apply(np.asarray(data)) if acc.post else data
 
 
-def read_masked(ev: KernelContext, ref: Any, transforms: Any, mask: Any, eqn: Equation) -> np.ndarray:
-    """Read through ``transforms`` where ``mask`` (of the view's shape) is True.
+def read_masked(ev: KernelContext, ref: MemRef, acc: Access, plan: AccessPlan, mask: Any,
+                eqn: Equation) -> np.ndarray:
+    """Read a resolved access where ``mask`` (of the view's shape) is True.
 
     Only the True elements are read: a False one may lie out of bounds (it reads the
     buffer's fill) and the race detector does not see it. Through a bitcast the whole
     region counts as read.
     """
-    ref = _checked(ev, ref, eqn, "load")
-    acc = access_of(ref, transforms)
     if any(isinstance(op, Bitcast) for op in acc.post):
-        return read_access(ev, ref, acc, eqn)
+        return read_access(ev, ref, acc, eqn, plan)
     if acc.post:
         region_mask = acc.region_mask(mask)
     else:
         region_mask = np.broadcast_to(np.asarray(mask, dtype=bool), acc.region_shape)
-    data = ev.sim.read(
-        ref.buffer, acc.region, mask=region_mask, core=ev.core, site=ev.site(eqn)
-    )
+    data = ev.sim.read(ref.buffer, plan, mask=region_mask, core=ev.core, site=ev.site(eqn))
     return acc.apply(np.asarray(data)) if acc.post else data
 
 
-def read_access(ev: KernelContext, ref: MemRef, acc: Access, eqn: Equation,
-                plan: AccessPlan | None = None, *, check_written: bool = True) -> np.ndarray:
-    """Read a resolved access of a checked ref (through the simulator's ``plan`` of its
-    region when the caller keeps one). ``check_written=False``: the old value a store
-    replaces, not a read of the kernel's (``uninitialized_reads`` does not check it)."""
-    region = acc.region if plan is None else plan
-    data = ev.sim.read(ref.buffer, region, core=ev.core, site=ev.site(eqn),
-                       check_written=check_written)
-    return acc.apply(np.asarray(data)) if acc.post else data
+def _stored(value: Any, dtype: Any, shape: tuple[int, ...]) -> np.ndarray:
+    """``value`` as the buffer stores it: its dtype, broadcast to the region's shape (a
+    store's value mostly has that shape already: no broadcast view is made then)."""
+    value = np.asarray(value, dtype=dtype)
+    return value if value.shape == shape else np.broadcast_to(value, shape)
 
 
-def write(
-    ev: KernelContext, ref: Any, transforms: Any, value: Any, eqn: Equation, mask: Any = None, op: str = "write"
-) -> None:
-    ref = _checked(ev, ref, eqn, op)
-    acc = access_of(ref, transforms)
+def write(ev: KernelContext, ref: MemRef, acc: Access, plan: AccessPlan, value: Any,
+          eqn: Equation, mask: Any = None) -> None:
+    """Store ``value`` (of the view's shape; where ``mask``) through a resolved access of
+    a checked ref."""
     sim = ev.sim
     site = ev.site(eqn)
     if not acc.post:
-        value = np.asarray(value, dtype=ref.buffer.dtype)
-        value = np.broadcast_to(value, acc.region_shape)
+        value = _stored(value, ref.buffer.dtype, acc.region_shape)
         if mask is not None:
             mask = np.broadcast_to(np.asarray(mask, dtype=bool), acc.region_shape)
-        sim.write(ref.buffer, acc.region, value, mask=mask, core=ev.core, site=site)
+        sim.write(ref.buffer, plan, value, mask=mask, core=ev.core, site=site)
         return
     if any(isinstance(op_, Bitcast) for op_ in acc.post):
-        _write_through_bitcast(ev, ref, acc, value, mask, eqn)
+        _write_through_bitcast(ev, ref, acc, plan, value, mask, eqn)
         return
     # Reshape / transpose / index after the region: scatter by element position, and
     # tell the simulator exactly which elements of the region were written.
@@ -121,17 +116,12 @@ def write(
         full[positions.ravel()] = value.ravel()
     full = full.reshape(acc.region_shape)
     touched = acc.region_mask(mask)
-    sim.write(
-        ref.buffer,
-        acc.region,
-        full,
-        mask=None if touched.all() else touched,
-        core=ev.core,
-        site=site,
-    )
+    sim.write(ref.buffer, plan, full, mask=None if touched.all() else touched,
+              core=ev.core, site=site)
 
 
-def _write_through_bitcast(ev: KernelContext, ref: MemRef, acc: Any, value: Any, mask: Any, eqn: Equation) -> None:
+def _write_through_bitcast(ev: KernelContext, ref: MemRef, acc: Access, plan: AccessPlan,
+                           value: Any, mask: Any, eqn: Equation) -> None:
     post = acc.post
     if not isinstance(post[0], Bitcast) or any(isinstance(p, Bitcast) for p in post[1:]):
         raise UnsupportedFeatureError(
@@ -140,7 +130,7 @@ def _write_through_bitcast(ev: KernelContext, ref: MemRef, acc: Any, value: Any,
         )
     sim = ev.sim
     site = ev.site(eqn)
-    old = np.asarray(sim.read(ref.buffer, acc.region, core=ev.core, site=site,
+    old = np.asarray(sim.read(ref.buffer, plan, core=ev.core, site=site,
                               check_written=False))  # the words the store completes
     view = tpu_bitcast(old, post[0].dtype).copy()
     rest = Access(acc.region, view.shape, post[1:])
@@ -153,21 +143,28 @@ def _write_through_bitcast(ev: KernelContext, ref: MemRef, acc: Any, value: Any,
     else:
         flat[positions.ravel()] = value.ravel()
     new = tpu_bitcast(flat.reshape(view.shape), old.dtype)
-    sim.write(ref.buffer, acc.region, new, core=ev.core, site=site)
+    sim.write(ref.buffer, plan, new, core=ev.core, site=site)
 
 
-def swap(ev: KernelContext, ref: Any, transforms: Any, value: Any, eqn: Equation, mask: Any = None) -> np.ndarray:
-    checked = _checked(ev, ref, eqn, "swap")
-    acc = access_of(checked, transforms)
+def swap(ev: KernelContext, ref: MemRef, acc: Access, plan: AccessPlan, value: Any,
+         eqn: Equation, mask: Any = None, old_used: bool = True) -> Any:
+    """Store ``value`` (where ``mask``) through a resolved access of a checked ref and
+    return the old contents of the view. ``old_used=False`` (no later equation reads
+    them; most stores, ``ref[...] = x``): a store of the whole region without a mask is
+    a plain write -- the same race-detector event and the same checks for a region of
+    stored data only (``plan.full``) -- with nothing copied out, and None returned."""
     if not acc.post:
-        value = np.broadcast_to(np.asarray(value, dtype=checked.buffer.dtype), acc.region_shape)
-        if mask is not None:
+        buf = ref.buffer
+        value = _stored(value, buf.dtype, acc.region_shape)
+        sim = ev.sim
+        if mask is None:
+            if plan.full and not old_used:
+                sim.write(buf, plan, value, core=ev.core, site=ev.site(eqn))
+                return None
+        else:
             mask = np.broadcast_to(np.asarray(mask, dtype=bool), acc.region_shape)
-        return np.asarray(
-            ev.sim.swap(
-                checked.buffer, acc.region, value, mask=mask, core=ev.core, site=ev.site(eqn)
-            )
-        )
-    old = read(ev, ref, transforms, eqn, "swap", check_written=False)
-    write(ev, ref, transforms, value, eqn, mask=mask, op="swap")
+        return np.asarray(sim.swap(buf, plan, value, mask=mask, core=ev.core,
+                                   site=ev.site(eqn)))
+    old = read_access(ev, ref, acc, eqn, plan, check_written=False)
+    write(ev, ref, acc, plan, value, eqn, mask=mask)
     return old

@@ -259,23 +259,23 @@ def compile_jaxpr(jaxpr: Any, *, segments: bool = True, races_ok: bool = False,
 
 
 class ProgramCache:
-    """Compiled programs of one kernel's jaxprs, by jaxpr identity."""
+    """Compiled programs of one kernel's jaxprs, by what a program depends on: the jaxpr
+    (by identity) and whether its refs may come with transforms (``ref_views``)."""
 
     def __init__(self, *, races_ok: bool = False, body: Any = None, grid_points: int = 1) -> None:
-        self._programs: dict[int, Program] = {}
-        self._view_programs: dict[int, Program] = {}  # compiled with ref_views
+        self._programs: dict[tuple[int, bool], Program] = {}
         self._races_ok = races_ok  # the kernel starts no DMA: see segments.py
         # The kernel body runs once per grid point: its segments' work counts that often.
         self._body, self._grid_points = body, max(int(grid_points), 1)
         self._lock = threading.Lock()
 
     def get(self, jaxpr: Any, ref_views: bool = False) -> Program:
-        programs = self._view_programs if ref_views else self._programs
-        prog = programs.get(id(jaxpr))
+        key = (id(jaxpr), ref_views)
+        prog = self._programs.get(key)
         if prog is None or prog.jaxpr is not jaxpr or prog.version != RULES.version:
             runs = self._grid_points if jaxpr is self._body else 1
             prog = compile_jaxpr(jaxpr, races_ok=self._races_ok, runs=runs,
                                  ref_views=ref_views)
             with self._lock:
-                programs[id(jaxpr)] = prog
+                self._programs[key] = prog
         return prog

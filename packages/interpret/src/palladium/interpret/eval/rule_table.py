@@ -20,10 +20,12 @@ RuleCompiler = Callable[[Equation, frozenset[Any]], Rule]
 class RuleRegistry:
     """Primitive -> rule. ``version`` changes whenever a rule is (re)registered.
 
-    A primitive may also have a *rule compiler*, which the evaluator calls once per
-    equation (when it compiles the jaxpr) to get a rule specialised to that equation:
-    static operands resolved, a per-equation cache. Registering a plain rule for the
-    primitive later replaces its compiler.
+    A primitive has a rule in one of two forms: a plain rule, or a *rule compiler*,
+    which the evaluator calls once per equation (when it compiles the jaxpr) to get the
+    rule of that equation: static operands resolved, a per-equation cache (the ref
+    accesses, ``access_path.ACCESS_PRIMITIVES``). Registering a plain rule for a
+    primitive replaces its compiler (a plugin's rule for a built-in primitive); the
+    built-in table never holds both for one primitive (tested).
     """
 
     def __init__(self) -> None:
@@ -48,8 +50,8 @@ class RuleRegistry:
             self.version += 1
 
     def register_compiler(self, primitive: Any, compiler: RuleCompiler) -> None:
-        """Specialise ``primitive``'s equations with ``compiler`` (its rule stays the
-        reference behaviour, registered alongside)."""
+        """``compiler`` makes the rule of each equation of ``primitive`` (its one rule:
+        register no plain rule for it beside)."""
         with self._lock:
             self._compilers[primitive] = compiler
             self.version += 1

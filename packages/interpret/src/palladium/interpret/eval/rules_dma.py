@@ -13,6 +13,7 @@ from palladium.interpret.eval.access_path import (
     DmaPlan,
     DmaWaitPlan,
     PlanCache,
+    base_refs,
     operand_key,
     semaphore_at,
 )
@@ -20,7 +21,7 @@ from palladium.interpret.eval.context import Equation, KernelContext, Value
 from palladium.interpret.eval.dma_view import dma_view, view_nbytes
 from palladium.interpret.eval.memory import access_of
 from palladium.interpret.eval.refs import MemRef, SemaphoreRef, split_transformed
-from palladium.interpret.eval.registry import rule, rule_compiler
+from palladium.interpret.eval.registry import Rule, rule_compiler
 from palladium.shared_memory import MemorySpace
 
 
@@ -88,52 +89,14 @@ def sem_id(ev: KernelContext, value: Any, eqn: Equation, transforms: Any = ()) -
     return ref.index(transforms).scalar_id()
 
 
-@rule(jc.dma_start_p)
-def _dma_start(ev: KernelContext, eqn: Equation, invals: list[Value]) -> list[Value]:
-    src, dst, dst_sem, src_sem, device_id = jc.dma_operands(eqn.params["tree"], invals)
-    src_ref, src_acc = _mem(ev, src, eqn, "source")
-    dst_ref, dst_acc = _mem(ev, dst, eqn, "destination")
-    _check_host_dma(ev, src_ref, dst_ref, eqn)
-    view = dma_view(_side(src_ref, src_acc), _side(dst_ref, dst_acc), ev.site(eqn))
-    if view is None:
-        _check_same_dtype(src_ref, dst_ref, ev.site(eqn))
-    target = ev.remote_core(device_id, None, eqn.params["device_id_type"], eqn)
-    dst_buffer = dst_ref.buffer
-    if target is not None and target != ev.core:
-        dst_buffer = ev.memory.peer_buffer(dst_buffer, target)
-    ev.sim.dma_start(
-        src_ref.buffer,
-        src_acc.region,
-        dst_buffer,
-        dst_acc.region,
-        core=ev.core,
-        dst_sem=sem_id(ev, dst_sem, eqn),
-        src_sem=None if src_sem is None else sem_id(ev, src_sem, eqn),
-        dst_core=target,
-        site=ev.site(eqn),
-        name=f"{src_ref.name}->{dst_ref.name}",
-        view=view,
-        add=bool(eqn.params.get("add", False)),
-    )
-    return []
-
-
-@rule(jc.dma_wait_p)
-def _dma_wait(ev: KernelContext, eqn: Equation, invals: list[Value]) -> list[Value]:
-    src, _dst, sem, _src_sem, _device_id = jc.dma_operands(eqn.params["tree"], invals)
-    src_ref, src_acc = _mem(ev, src, eqn, "source")
-    nbytes = view_nbytes(src_acc, np.dtype(src_ref.buffer.dtype))
-    ev.sim.dma_wait(sem_id(ev, sem, eqn), nbytes, core=ev.core, site=ev.site(eqn))
-    return []
-
-
-# --- specialised dma_start / dma_wait ------------------------------------------------------
+# --- dma_start / dma_wait ---------------------------------------------------------------
 # A kernel starts and waits for its DMAs at the same few places on every grid step (paged
-# attention: several per step). Per equation, everything the generic rules derive from the
-# operands is resolved once per structure of the operands (``access_path``) into a
-# ``DmaPlan`` / ``DmaWaitPlan``. A hit does the same simulator calls as the generic rules,
-# with the plans for the regions; a miss (or an operand the key cannot describe) runs
-# the generic rules.
+# attention: several per step). Per equation, everything derived from the operands is
+# resolved once per structure of the operands (``access_path``) into a ``DmaPlan`` /
+# ``DmaWaitPlan``, which names the refs and semaphores by their position among the
+# operands. Operands without a structure (a plugin's ref with transforms, an array-valued
+# index) resolve to a plan for that call alone, whose positions are among the operands'
+# base refs (``base_refs``).
 def _position(invals: list[Any], ref: Any) -> int:
     return next(i for i, x in enumerate(invals) if x is ref)
 
@@ -147,13 +110,19 @@ def _sem_position(ev: KernelContext, value: Any, eqn: Equation, invals: list[Any
     return _position(invals, ref), flat.index(transforms).scalar_id()
 
 
+def _operands(invals: list[Any], cached: bool) -> list[Any]:
+    """Where a plan finds the refs it names: the operands themselves when the plan is
+    kept, their base refs when it serves one call."""
+    return invals if cached else base_refs(invals)
+
+
 @rule_compiler(jc.dma_start_p)
-def _compile_dma_start(eqn: Equation, used: frozenset[Any]) -> Any:
+def _dma_start(eqn: Equation, used: frozenset[Any]) -> Rule:
     cache: PlanCache[DmaPlan] = PlanCache()
     tree, id_type = eqn.params["tree"], eqn.params["device_id_type"]
     add = bool(eqn.params.get("add", False))
 
-    def build(ev: KernelContext, invals: list[Any]) -> DmaPlan:
+    def build(ev: KernelContext, invals: list[Any], cached: bool) -> DmaPlan:
         src, dst, dst_sem, src_sem, device_id = jc.dma_operands(tree, invals)
         src_ref, src_acc = _mem(ev, src, eqn, "source")
         dst_ref, dst_acc = _mem(ev, dst, eqn, "destination")
@@ -162,26 +131,27 @@ def _compile_dma_start(eqn: Equation, used: frozenset[Any]) -> Any:
         if view is None:
             _check_same_dtype(src_ref, dst_ref, ev.site(eqn))
         sim = ev.sim
+        ops = _operands(invals, cached)
         return DmaPlan(
-            _position(invals, src_ref), sim.plan(src_ref.buffer, src_acc.region),
-            _position(invals, dst_ref), sim.plan(dst_ref.buffer, dst_acc.region), view,
-            _sem_position(ev, dst_sem, eqn, invals),
-            None if src_sem is None else _sem_position(ev, src_sem, eqn, invals), device_id)
+            _position(ops, src_ref), sim.plan(src_ref.buffer, src_acc.region),
+            _position(ops, dst_ref), sim.plan(dst_ref.buffer, dst_acc.region), view,
+            _sem_position(ev, dst_sem, eqn, ops),
+            None if src_sem is None else _sem_position(ev, src_sem, eqn, ops), device_id,
+            None if cached else ops)
 
     def run(ev: KernelContext, eqn: Equation, invals: list[Value]) -> list[Value]:
         key = operand_key(invals)
-        if key is None:
-            return _dma_start(ev, eqn, invals)
-        plan = cache.get(key, build, ev, invals)
-        src_ref, dst_ref = invals[plan.src_at], invals[plan.dst_at]
+        plan = cache.get(key, build, ev, invals, key is not None)
+        ops = invals if plan.operands is None else plan.operands
+        src_ref, dst_ref = ops[plan.src_at], ops[plan.dst_at]
         target = ev.remote_core(plan.device_id, None, id_type, eqn)
         dst_buffer = dst_ref.buffer
         if target is not None and target != ev.core:
             dst_buffer = ev.memory.peer_buffer(dst_buffer, target)
         ev.sim.dma_start(
             src_ref.buffer, plan.src_plan, dst_buffer, plan.dst_plan, core=ev.core,
-            dst_sem=semaphore_at(invals, plan.dst_sem),
-            src_sem=None if plan.src_sem is None else semaphore_at(invals, plan.src_sem),
+            dst_sem=semaphore_at(ops, plan.dst_sem),
+            src_sem=None if plan.src_sem is None else semaphore_at(ops, plan.src_sem),
             dst_core=target, site=ev.site(eqn), name=f"{src_ref.name}->{dst_ref.name}",
             view=plan.view, add=add,
         )
@@ -191,22 +161,22 @@ def _compile_dma_start(eqn: Equation, used: frozenset[Any]) -> Any:
 
 
 @rule_compiler(jc.dma_wait_p)
-def _compile_dma_wait(eqn: Equation, used: frozenset[Any]) -> Any:
+def _dma_wait(eqn: Equation, used: frozenset[Any]) -> Rule:
     cache: PlanCache[DmaWaitPlan] = PlanCache()
     tree = eqn.params["tree"]
 
-    def build(ev: KernelContext, invals: list[Any]) -> DmaWaitPlan:
+    def build(ev: KernelContext, invals: list[Any], cached: bool) -> DmaWaitPlan:
         src, _dst, sem, _src_sem, _device_id = jc.dma_operands(tree, invals)
         src_ref, src_acc = _mem(ev, src, eqn, "source")
         nbytes = view_nbytes(src_acc, np.dtype(src_ref.buffer.dtype))
-        return DmaWaitPlan(nbytes, _sem_position(ev, sem, eqn, invals))
+        ops = _operands(invals, cached)
+        return DmaWaitPlan(nbytes, _sem_position(ev, sem, eqn, ops), None if cached else ops)
 
     def run(ev: KernelContext, eqn: Equation, invals: list[Value]) -> list[Value]:
         key = operand_key(invals)
-        if key is None:
-            return _dma_wait(ev, eqn, invals)
-        plan = cache.get(key, build, ev, invals)
-        ev.sim.dma_wait(semaphore_at(invals, plan.sem), plan.nbytes, core=ev.core,
+        plan = cache.get(key, build, ev, invals, key is not None)
+        ops = invals if plan.operands is None else plan.operands
+        ev.sim.dma_wait(semaphore_at(ops, plan.sem), plan.nbytes, core=ev.core,
                         site=ev.site(eqn))
         return []
 

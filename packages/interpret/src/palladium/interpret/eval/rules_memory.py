@@ -4,122 +4,133 @@ from __future__ import annotations
 
 from typing import Any
 
+import jax
 import numpy as np
 
 from palladium.interpret import _jax_compat as jc
 from palladium.interpret.eval import memory
 from palladium.interpret.eval.access_path import PlanCache, ResolvedAccess, operand_key
 from palladium.interpret.eval.context import Equation, KernelContext, Value
-from palladium.interpret.eval.refs import MemRef, split_transformed
-from palladium.interpret.eval.registry import rule, rule_compiler
+from palladium.interpret.eval.refs import MemRef, RefView, split_transformed
+from palladium.interpret.eval.registry import Rule, rule, rule_compiler
 
 
-@rule(jc.get_p)
-def _get(ev: KernelContext, eqn: Equation, invals: list[Value]) -> list[Value]:
-    transforms = eqn.params["tree"].unflatten(invals[1:])
-    out = memory.read(ev, invals[0], transforms, eqn)
-    return [out.astype(eqn.outvars[0].aval.dtype, copy=False)]
-
-
-@rule(jc.swap_p)
-def _swap(ev: KernelContext, eqn: Equation, invals: list[Value]) -> list[Value]:
-    ref, val, *idx = invals
-    transforms = eqn.params["tree"].unflatten(idx)
-    return [memory.swap(ev, ref, transforms, val, eqn)]
-
-
-@rule(jc.addupdate_p)
-def _addupdate(ev: KernelContext, eqn: Equation, invals: list[Value]) -> list[Value]:
-    ref, val, *idx = invals
-    transforms = eqn.params["tree"].unflatten(idx)
-    old = memory.read(ev, ref, transforms, eqn)
-    memory.write(ev, ref, transforms, (old + val).astype(old.dtype), eqn)
-    return []
-
-
-# --- specialised get/swap: the common loads and stores of a kernel body -----------------
-# Resolved once per structure of the operands (``access_path``): a step pays one dict
-# lookup, and neither the simulator nor the race detector parses the region again.
-def _lookup(cache: PlanCache[ResolvedAccess], tree: Any, ev: KernelContext, ref: MemRef,
-            invals: list[Any]) -> ResolvedAccess | None:
-    """The resolved access of ``ref`` indexed by ``invals[1:]`` (``invals[0]`` stands for
-    the ref, the rest are its index operands), or None for the generic path."""
-    key = operand_key([ref, *invals[1:]])
-    if key is None:
-        return None
-    return cache.get(key, _resolve, tree, ev, ref, invals)
-
-
-def _resolve(tree: Any, ev: KernelContext, ref: MemRef, invals: list[Any]) -> ResolvedAccess:
-    acc = memory.access_of(ref, tree.unflatten(invals[1:]))
+# Every ref access has one rule, a rule compiler: per equation, the access is resolved
+# once per structure of its operands (``access_path``) into a ``ResolvedAccess`` (the
+# access and the simulator's plan of its region), so that a step pays one dict lookup and
+# neither the simulator nor the race detector parses the region again. Operands without a
+# structure (an array-valued index: a gather) resolve to a plan for that call alone.
+def _resolve(tree: Any, ev: KernelContext, ref: MemRef, invals: list[Any], start: int,
+             stop: int | None = None) -> ResolvedAccess:
+    """``ref``'s access through the transforms ``tree`` makes of ``invals[start:stop]``,
+    resolved."""
+    acc = memory.access_of(ref, tree.unflatten(invals[start:stop]))
     return ResolvedAccess(acc, ev.sim.plan(ref.buffer, acc.region))
 
 
 @rule_compiler(jc.get_p)
-def _compile_get(eqn: Equation, used: frozenset[Any]) -> Any:
+def _get(eqn: Equation, used: frozenset[Any]) -> Rule:
     cache: PlanCache[ResolvedAccess] = PlanCache()
     tree = eqn.params["tree"]
     out_dtype = eqn.outvars[0].aval.dtype
 
     def run(ev: KernelContext, eqn: Equation, invals: list[Value]) -> list[Value]:
-        ref = memory._checked(ev, invals[0], eqn, "read")
-        hit = _lookup(cache, tree, ev, ref, invals)
-        if hit is None:
-            return _get(ev, eqn, invals)
-        data = memory.read_access(ev, ref, hit.access, eqn, hit.plan)
+        ref = memory.checked(ev, invals[0], eqn, "read")
+        acc, plan = cache.get(operand_key(invals), _resolve, tree, ev, ref, invals, 1)
+        data = memory.read_access(ev, ref, acc, eqn, plan)
         return [data.astype(out_dtype, copy=False)]
 
     return run
 
 
 @rule_compiler(jc.swap_p)
-def _compile_swap(eqn: Equation, used: frozenset[Any]) -> Any:
+def _swap(eqn: Equation, used: frozenset[Any]) -> Rule:
     cache: PlanCache[ResolvedAccess] = PlanCache()
     tree = eqn.params["tree"]
-    # Most stores discard the old value (`ref[...] = x`): then a plain write does the
-    # same (same race-detector event, same checks for a region of stored data only:
-    # ``plan.full``) without copying the old contents out.
-    old_used = eqn.outvars[0] in used
+    old_used = eqn.outvars[0] in used  # most stores discard it: see ``memory.swap``
 
     def run(ev: KernelContext, eqn: Equation, invals: list[Value]) -> list[Value]:
-        ref, val, *idx = invals
-        checked = memory._checked(ev, ref, eqn, "swap")
-        hit = _lookup(cache, tree, ev, checked, [ref, *idx])
-        if hit is None or hit.access.post:
-            return _swap(ev, eqn, invals)
-        acc, plan = hit
-        buf = checked.buffer
-        value = np.broadcast_to(np.asarray(val, dtype=buf.dtype), acc.region_shape)
-        sim = ev.sim
-        if plan.full and not old_used:
-            sim.write(buf, plan, value, core=ev.core, site=ev.site(eqn))
-            return [None]
-        return [np.asarray(sim.swap(buf, plan, value, core=ev.core, site=ev.site(eqn)))]
+        ref = memory.checked(ev, invals[0], eqn, "swap")
+        acc, plan = cache.get(operand_key(invals, skip=1), _resolve, tree, ev, ref, invals, 2)
+        return [memory.swap(ev, ref, acc, plan, invals[1], eqn, old_used=old_used)]
 
     return run
 
 
-@rule(jc.load_p)
-def _load(ev: KernelContext, eqn: Equation, invals: list[Value]) -> list[Value]:
-    ref, transforms, mask, other = eqn.params["args_tree"].unflatten(invals)
-    ref, ref_transforms = split_transformed(ref)
-    transforms = (*ref_transforms, *transforms)
+@rule_compiler(jc.addupdate_p)
+def _addupdate(eqn: Equation, used: frozenset[Any]) -> Rule:
+    cache: PlanCache[ResolvedAccess] = PlanCache()
+    tree = eqn.params["tree"]
+
+    def run(ev: KernelContext, eqn: Equation, invals: list[Value]) -> list[Value]:
+        ref = memory.checked(ev, invals[0], eqn, "read")
+        acc, plan = cache.get(operand_key(invals, skip=1), _resolve, tree, ev, ref, invals, 2)
+        old = memory.read_access(ev, ref, acc, eqn, plan)
+        memory.write(ev, ref, acc, plan, (old + invals[1]).astype(old.dtype), eqn)
+        return []
+
+    return run
+
+
+# pltpu.load / pltpu.store: the operands are the ref (with the leaves of its transforms,
+# as jax's ``TransformedRef`` flattens: the ref first), the indexers' leaves, then the
+# mask and fill (load) or the value and mask (store), each present or None in the tree;
+# only the first ``n`` operands are part of the access.
+def _masked_access_parts(eqn: Equation) -> tuple[Any, int, bool, bool]:
+    """(the operands' tree, ``n``, whether the third and fourth parts are given)."""
+    args_tree = eqn.params["args_tree"]
+    children: list[Any] = jax.tree_util.treedef_children(args_tree)
+    ref_tree, transforms_tree, third, fourth = children
+    return (args_tree, ref_tree.num_leaves + transforms_tree.num_leaves,
+            third.num_leaves > 0, fourth.num_leaves > 0)
+
+
+def _resolve_masked(args_tree: Any, ev: KernelContext, ref: MemRef,
+                    invals: list[Any]) -> ResolvedAccess:
+    value, transforms = args_tree.unflatten(invals)[:2]
+    acc = memory.access_of(ref, (*split_transformed(value)[1], *transforms))
+    return ResolvedAccess(acc, ev.sim.plan(ref.buffer, acc.region))
+
+
+def _base(value: Any) -> Any:
+    return value.ref if type(value) is RefView else value
+
+
+@rule_compiler(jc.load_p)
+def _load(eqn: Equation, used: frozenset[Any]) -> Rule:
+    cache: PlanCache[ResolvedAccess] = PlanCache()
+    args_tree, n, masked, other_given = _masked_access_parts(eqn)
     aval = eqn.outvars[0].aval
-    if mask is None:
-        data = memory.read(ev, ref, transforms, eqn, "load")
-    else:
-        data = memory.read_masked(ev, ref, transforms, mask, eqn)
-        fill = other if other is not None else ev.memory.fill_value(aval.dtype)
-        data = np.where(mask, data, fill)
-    return [np.asarray(data, dtype=aval.dtype)]
+
+    def run(ev: KernelContext, eqn: Equation, invals: list[Value]) -> list[Value]:
+        ref = memory.checked(ev, _base(invals[0]), eqn, "load")
+        acc, plan = cache.get(operand_key(invals, stop=n), _resolve_masked, args_tree, ev,
+                              ref, invals)
+        if not masked:
+            data = memory.read_access(ev, ref, acc, eqn, plan)
+            return [np.asarray(data, dtype=aval.dtype)]
+        mask = invals[n]
+        data = memory.read_masked(ev, ref, acc, plan, mask, eqn)
+        fill = invals[n + 1] if other_given else ev.memory.fill_value(aval.dtype)
+        return [np.asarray(np.where(mask, data, fill), dtype=aval.dtype)]
+
+    return run
 
 
-@rule(jc.masked_swap_p)
-def _masked_swap(ev: KernelContext, eqn: Equation, invals: list[Value]) -> list[Value]:
-    ref, transforms, val, mask = eqn.params["args_tree"].unflatten(invals)
-    ref, ref_transforms = split_transformed(ref)
-    transforms = (*ref_transforms, *transforms)
-    return [memory.swap(ev, ref, transforms, val, eqn, mask=mask)]
+@rule_compiler(jc.masked_swap_p)
+def _masked_swap(eqn: Equation, used: frozenset[Any]) -> Rule:
+    cache: PlanCache[ResolvedAccess] = PlanCache()
+    args_tree, n, _, masked = _masked_access_parts(eqn)
+    old_used = eqn.outvars[0] in used  # see ``memory.swap``
+
+    def run(ev: KernelContext, eqn: Equation, invals: list[Value]) -> list[Value]:
+        ref = memory.checked(ev, _base(invals[0]), eqn, "swap")
+        acc, plan = cache.get(operand_key(invals, stop=n), _resolve_masked, args_tree, ev,
+                              ref, invals)
+        mask = invals[n + 1] if masked else None
+        return [memory.swap(ev, ref, acc, plan, invals[n], eqn, mask=mask, old_used=old_used)]
+
+    return run
 
 
 @rule(jc.run_scoped_p)
