@@ -1,16 +1,26 @@
-"""``Simulation.dma_start``: a DMA checked, told to the race detector and observers, and
-handed to the launch's ``DmaQueue`` (``dma_queue``), which runs it when it is needed."""
+"""The DMA starts of a simulated launch (a ``Simulation`` collaborator): a DMA checked,
+told to the race detector and observers, and handed to the launch's ``DmaQueue``
+(``dma_queue``), which runs it when it is needed."""
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
 from typing import Any
 
+from palladium.race_detect import Actor
 from palladium.shared_memory.buffers import BufferRef, outside_mask
+from palladium.shared_memory.core_actors import CoreActors
 from palladium.shared_memory.dma import Dma, DmaView
+from palladium.shared_memory.dma_queue import DmaQueue
 from palladium.shared_memory.errors import ConfigError, at_site, core_name
-from palladium.shared_memory.observer import dma_event
+from palladium.shared_memory.observer import ObserverSet, dma_event
+from palladium.shared_memory.partition import Rounds
 from palladium.shared_memory.regions import AccessPlan, describe_region
-from palladium.shared_memory.sim_state import CoreId, SimulationState, site_line
+from palladium.shared_memory.scheduler import Scheduler
+from palladium.shared_memory.semaphore_table import SemaphoreTable
+from palladium.shared_memory.sim_buffers import BufferStore
+from palladium.shared_memory.sim_state import CoreId, UninitializedReports, no_actor, site_line
 
 
 def _described(region: Any) -> str:
@@ -18,8 +28,30 @@ def _described(region: Any) -> str:
     return describe_region(region.region if region.__class__ is AccessPlan else region)
 
 
-class DmaOps(SimulationState):
-    """``Simulation``'s DMA operations (waiting for one is a semaphore wait)."""
+class DmaIssuer:
+    """Starts the DMAs of a launch between the buffers of ``buffers``, signalling the
+    semaphores of ``semaphores``, into ``queue`` (waiting for one is a semaphore wait,
+    ``sim_semaphores``). ``sched`` and ``obs`` are the ``Simulation``'s current
+    scheduler and observers (it keeps them current)."""
+
+    __slots__ = ("actor", "buffers", "det", "local", "obs", "oob_raise", "queue", "reports",
+                 "rounds", "sched", "semaphores")
+
+    def __init__(self, buffers: BufferStore, semaphores: SemaphoreTable, queue: DmaQueue, *,
+                 races: CoreActors | None, rounds: Rounds | None, local: threading.local,
+                 sched: Scheduler, obs: ObserverSet | None,
+                 reports: UninitializedReports) -> None:
+        self.buffers = buffers
+        self.semaphores = semaphores
+        self.queue = queue
+        self.det = None if races is None else races.detector
+        self.actor: Callable[[CoreId], Actor] = no_actor if races is None else races.actor
+        self.rounds = rounds
+        self.local = local
+        self.sched = sched
+        self.obs = obs
+        self.reports = reports
+        self.oob_raise = buffers.oob_raise
 
     def dma_start(
         self,
@@ -40,9 +72,9 @@ class DmaOps(SimulationState):
         """Start copying ``src[src_region]`` into ``dst[dst_region]`` (see API.md); with
         ``add`` the destination accumulates (``dst += src``) instead. Either region may
         be a plan (``plan``) of its buffer."""
-        task = self._task()
-        self._sched.check()
-        sb, db = self._buffer(src), self._buffer(dst)
+        task = getattr(self.local, "task", None)
+        self.sched.check()
+        sb, db = self.buffers.get(src), self.buffers.get(dst)
         sp, dp = sb.plan(src_region), db.plan(dst_region)
         if view is None and sp.shape != dp.shape:
             raise ConfigError(
@@ -58,36 +90,36 @@ class DmaOps(SimulationState):
             )
         src_mask = None if view is None else view.src_mask
         dst_mask = None if view is None else view.dst_mask
-        if sp.oob and self._oob_raise and (src_mask is None or outside_mask(sp, src_mask).any()):
+        if sp.oob and self.oob_raise and (src_mask is None or outside_mask(sp, src_mask).any()):
             raise sb.oob_error("DMA read", sp, core, site, hint=True)
         db.check_write_bounds(dp, dst_mask, "DMA write", core, site)
         if dst_core is None:
             # Like the reference: the same core index on the destination's device.
             dst_core = core if dst.device == core[0] else (dst.device, core[1])
         dst_core = (int(dst_core[0]), int(dst_core[1]))
-        remote = self._rounds is not None and self._rounds.crosses(src, dst, dst_core)
-        dsem = self._sem(dst_core, dst_sem)
-        ssem = self._sem(core, src_sem) if src_sem is not None else None
-        queue = self.dma_queue
+        remote = self.rounds is not None and self.rounds.crosses(src, dst, dst_core)
+        dsem = self.semaphores.get(dst_core, dst_sem)
+        ssem = self.semaphores.get(core, src_sem) if src_sem is not None else None
+        queue = self.queue
         dma_id = queue.next_id()
         if name is None:
             name = f"DMA #{dma_id} {src.name}->{dst.name}"
         actor = None
-        if self._det is not None:
-            actor = self._det.new_actor(name, parent=self._actor(core))
+        if self.det is not None:
+            actor = self.det.new_actor(name, parent=self.actor(core))
         dma = Dma(dma_id, name, core, sb, sp, db, dp, ssem, dsem, actor, site, view, add)
         if sb.written is not None:
             dma.on_unwritten = self._dma_of_unwritten
-        if self._obs is not None:
+        if self.obs is not None:
             event = dma_event(dma, dst_core)
-            self._obs.dma_start(event)
-            dma.on_done = lambda obs=self._obs: obs.dma_complete(event)
+            self.obs.dma_start(event)
+            dma.on_done = lambda obs=self.obs: obs.dma_complete(event)
         if remote:
-            assert self._rounds is not None
-            self._rounds.start_dma(dma, dst_core)
+            assert self.rounds is not None
+            self.rounds.start_dma(dma, dst_core)
         else:
             queue.add(dma)
-        self._sched.yield_point(task)
+        self.sched.yield_point(task)
 
     def _dma_of_unwritten(self, dma: Dma, missing: Any) -> None:
         """A DMA's source region was never written at all (``uninitialized_reads``)."""
@@ -97,4 +129,4 @@ class DmaOps(SimulationState):
                 f"{src.ref.label} region {region} (none of the elements it copies was ever "
                 f"written by a store, DMA, block copy or input){at_site(dma.site)}. On a TPU "
                 f"it copies whatever an earlier kernel left there.")
-        self._report_uninitialized(text, (src.ref.name, src.ref.space, site_line(dma.site)))
+        self.reports.report(text, (src.ref.name, src.ref.space, site_line(dma.site)))
