@@ -34,7 +34,9 @@ def jax_access_name(primitive: Any) -> str:
     return access[1] if access is not None else f"{primitive}_p"
 
 
-def _checked(ev: KernelContext, ref: Any, eqn: Equation, op: str) -> MemRef:
+def checked_ref(ev: KernelContext, ref: Any, eqn: Equation, op: str) -> MemRef:
+    """``ref`` as a ``MemRef`` a kernel may read or write directly (``op``: what it
+    does); raises ``KernelError`` for another value or an HBM or host-memory ref."""
     if not isinstance(ref, MemRef):
         raise KernelError(f"{op} of a non-memory ref {ref!r} ({ev.site(eqn)})")
     if ref.buffer.space.per_device:
@@ -56,7 +58,7 @@ def access_of(ref: MemRef, transforms: Any) -> Access:
 
 def read(ev: KernelContext, ref: Any, transforms: Any, eqn: Equation, op: str = "read",
          check_written: bool = True) -> np.ndarray:
-    ref = _checked(ev, ref, eqn, op)
+    ref = checked_ref(ev, ref, eqn, op)
     return read_access(ev, ref, access_of(ref, transforms), eqn, check_written=check_written)
 
 
@@ -67,7 +69,7 @@ def read_masked(ev: KernelContext, ref: Any, transforms: Any, mask: Any, eqn: Eq
     buffer's fill) and the race detector does not see it. Through a bitcast the whole
     region counts as read.
     """
-    ref = _checked(ev, ref, eqn, "load")
+    ref = checked_ref(ev, ref, eqn, "load")
     acc = access_of(ref, transforms)
     if any(isinstance(op, Bitcast) for op in acc.post):
         return read_access(ev, ref, acc, eqn)
@@ -95,7 +97,7 @@ def read_access(ev: KernelContext, ref: MemRef, acc: Access, eqn: Equation,
 def write(
     ev: KernelContext, ref: Any, transforms: Any, value: Any, eqn: Equation, mask: Any = None, op: str = "write"
 ) -> None:
-    ref = _checked(ev, ref, eqn, op)
+    ref = checked_ref(ev, ref, eqn, op)
     acc = access_of(ref, transforms)
     sim = ev.sim
     site = ev.site(eqn)
@@ -157,7 +159,7 @@ def _write_through_bitcast(ev: KernelContext, ref: MemRef, acc: Any, value: Any,
 
 
 def swap(ev: KernelContext, ref: Any, transforms: Any, value: Any, eqn: Equation, mask: Any = None) -> np.ndarray:
-    checked = _checked(ev, ref, eqn, "swap")
+    checked = checked_ref(ev, ref, eqn, "swap")
     acc = access_of(checked, transforms)
     if not acc.post:
         value = np.broadcast_to(np.asarray(value, dtype=checked.buffer.dtype), acc.region_shape)

@@ -62,7 +62,7 @@ def _compile_get(eqn: Equation, used: frozenset[Any]) -> Any:
     out_dtype = eqn.outvars[0].aval.dtype
 
     def run(ev: KernelContext, eqn: Equation, invals: list[Value]) -> list[Value]:
-        ref = memory._checked(ev, invals[0], eqn, "read")
+        ref = memory.checked_ref(ev, invals[0], eqn, "read")
         hit = _lookup(cache, tree, ev, ref, invals)
         if hit is None:
             return _get(ev, eqn, invals)
@@ -83,7 +83,7 @@ def _compile_swap(eqn: Equation, used: frozenset[Any]) -> Any:
 
     def run(ev: KernelContext, eqn: Equation, invals: list[Value]) -> list[Value]:
         ref, val, *idx = invals
-        checked = memory._checked(ev, ref, eqn, "swap")
+        checked = memory.checked_ref(ev, ref, eqn, "swap")
         hit = _lookup(cache, tree, ev, checked, [ref, *idx])
         if hit is None or hit.access.post:
             return _swap(ev, eqn, invals)
