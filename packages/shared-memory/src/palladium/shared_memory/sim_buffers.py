@@ -9,21 +9,22 @@ from typing import Any
 
 import numpy as np
 
-from palladium.race_detect import Actor
 from palladium.shared_memory.buffers import (
     Buffer,
     BufferRef,
     MemorySpace,
     is_float_dtype,
 )
-from palladium.shared_memory.core_actors import CoreActors
 from palladium.shared_memory.dma import report_read, report_write
 from palladium.shared_memory.errors import ConfigError, SimulationError, at_site, core_name
-from palladium.shared_memory.observer import ObserverSet
 from palladium.shared_memory.options import SimulationOptions
-from palladium.shared_memory.partition import Rounds
 from palladium.shared_memory.regions import AccessPlan
-from palladium.shared_memory.sim_state import CoreId, UninitializedReports, no_actor, site_line
+from palladium.shared_memory.sim_state import (
+    CoreId,
+    LaunchLinks,
+    UninitializedReports,
+    site_line,
+)
 from palladium.shared_memory.tpu_facts import padded_shape, uninitialized_value
 
 _ELLIPSIS = (Ellipsis,)
@@ -32,31 +33,24 @@ _ELLIPSIS = (Ellipsis,)
 class BufferStore:
     """Every buffer of a launch by key, and the operations on them (see ``API.md``).
 
-    ``check_core`` validates a ``(device, core)``; ``races`` is the race detector's
-    actors (None: off); ``rounds`` a partitioned launch's (None: one process);
-    ``obs`` the observers (None: none; the ``Simulation`` keeps it current).
+    ``check_core`` validates a ``(device, core)``; ``links`` the race detector, a
+    partitioned run's rounds and the observers (``sim_state.LaunchLinks``).
     """
 
-    __slots__ = ("actor", "bounds", "by_key", "check_core", "det", "next_key", "obs",
-                 "oob_raise", "out_of_bounds_hint", "phantom_floats", "reports", "rounds",
-                 "tiling", "tpu_generation", "track_written", "uninitialized")
+    __slots__ = ("actor", "by_key", "check_core", "det", "links", "next_key", "oob_raise",
+                 "options", "out_of_bounds_hint", "phantom_floats", "reports", "rounds",
+                 "track_written")
 
-    def __init__(self, options: SimulationOptions, *, check_core: Callable[[Any], CoreId],
-                 races: CoreActors | None, rounds: Rounds | None,
-                 reports: UninitializedReports, out_of_bounds_hint: str,
-                 obs: ObserverSet | None) -> None:
+    def __init__(self, options: SimulationOptions, links: LaunchLinks, *,
+                 check_core: Callable[[Any], CoreId], reports: UninitializedReports,
+                 out_of_bounds_hint: str) -> None:
         self.by_key: dict[int, Buffer] = {}  # the live buffers (freed ones are dropped)
         self.next_key: Iterator[int] = itertools.count()
         self.check_core = check_core
-        self.det = None if races is None else races.detector
-        self.actor: Callable[[CoreId], Actor] = no_actor if races is None else races.actor
-        self.rounds = rounds
+        self.links = links
+        self.det, self.actor, self.rounds = links.det, links.actor, links.rounds
         self.reports = reports
-        self.obs = obs
-        self.uninitialized = options.uninitialized
-        self.bounds = options.bounds
-        self.tiling = options.tiling
-        self.tpu_generation = options.tpu_generation
+        self.options = options
         self.out_of_bounds_hint = out_of_bounds_hint
         self.oob_raise = options.out_of_bounds == "raise"
         self.track_written = options.uninitialized_reads != "off"
@@ -104,7 +98,7 @@ class BufferStore:
             if shape is None or dtype is None:
                 raise ConfigError(f"buffer '{name}': give a value, or a shape and a dtype")
             dtype = np.dtype(dtype)
-            fill_value = uninitialized_value(dtype, fill or self.uninitialized)
+            fill_value = uninitialized_value(dtype, fill or self.options.uninitialized)
             shape = tuple(int(d) for d in shape)
             if shape and (stand_in or self.phantom_floats and is_float_dtype(dtype)):
                 data = np.broadcast_to(np.asarray(fill_value, dtype), shape)
@@ -112,13 +106,14 @@ class BufferStore:
                 data = np.full(shape, fill_value, dtype)
         bound = data.shape
         # Host memory is not laid out in TPU tiles; SMEM holds scalars.
-        if self.bounds == "padded" and space in (MemorySpace.HBM, MemorySpace.VMEM):
-            bound = padded_shape(data.shape, data.dtype, self.tiling,
-                                 generation=self.tpu_generation)
+        options = self.options
+        if options.bounds == "padded" and space in (MemorySpace.HBM, MemorySpace.VMEM):
+            bound = padded_shape(data.shape, data.dtype, options.tiling,
+                                 generation=options.tpu_generation)
         key = next(self.next_key)
         ref = BufferRef(key, space, int(device), core, name, data.shape, data.dtype)
         self.by_key[key] = Buffer(
-            ref, data, bound, uninitialized_value(data.dtype, fill or self.uninitialized),
+            ref, data, bound, uninitialized_value(data.dtype, fill or options.uninitialized),
             self.out_of_bounds_hint,
             np.full(data.shape, value is not None)
             if self.track_written and data.flags.writeable
@@ -130,8 +125,8 @@ class BufferStore:
         if self.det is not None and (self.rounds is None or self.rounds.is_local(device)):
             # (another process's buffer is checked by that process)
             self.det.register_buffer(key, data.shape, f"{name} ({ref.where})")
-        if self.obs is not None:
-            self.obs.allocate(ref, data.nbytes, (int(device), core))
+        if self.links.obs is not None:
+            self.links.obs.allocate(ref, data.nbytes, (int(device), core))
         return ref
 
     def incref(self, buf: BufferRef) -> None:
@@ -146,8 +141,8 @@ class BufferStore:
             del self.by_key[buf.key]
             if self.det is not None:
                 self.det.free_buffer(buf.key)
-            if self.obs is not None:
-                self.obs.free(buf, b.data.nbytes, (buf.device, buf.core))
+            if self.links.obs is not None:
+                self.links.obs.free(buf, b.data.nbytes, (buf.device, buf.core))
 
     def is_allocated(self, buf: BufferRef) -> bool:
         """Whether ``buf`` has not been freed yet."""

@@ -4,23 +4,17 @@ told to the race detector and observers, and handed to the launch's ``DmaQueue``
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable
 from typing import Any
 
-from palladium.race_detect import Actor
 from palladium.shared_memory.buffers import BufferRef, outside_mask
-from palladium.shared_memory.core_actors import CoreActors
 from palladium.shared_memory.dma import Dma, DmaView
 from palladium.shared_memory.dma_queue import DmaQueue
 from palladium.shared_memory.errors import ConfigError, at_site, core_name
-from palladium.shared_memory.observer import ObserverSet, dma_event
-from palladium.shared_memory.partition import Rounds
+from palladium.shared_memory.observer import dma_event
 from palladium.shared_memory.regions import AccessPlan, describe_region
-from palladium.shared_memory.scheduler import Scheduler
 from palladium.shared_memory.semaphore_table import SemaphoreTable
 from palladium.shared_memory.sim_buffers import BufferStore
-from palladium.shared_memory.sim_state import CoreId, UninitializedReports, no_actor, site_line
+from palladium.shared_memory.sim_state import CoreId, LaunchLinks, UninitializedReports, site_line
 
 
 def _described(region: Any) -> str:
@@ -31,25 +25,18 @@ def _described(region: Any) -> str:
 class DmaIssuer:
     """Starts the DMAs of a launch between the buffers of ``buffers``, signalling the
     semaphores of ``semaphores``, into ``queue`` (waiting for one is a semaphore wait,
-    ``sim_semaphores``). ``sched`` and ``obs`` are the ``Simulation``'s current
-    scheduler and observers (it keeps them current)."""
+    ``sim_semaphores``). ``links``: the race detector, a partitioned run's rounds, the
+    current scheduler and observers (``LaunchLinks``)."""
 
-    __slots__ = ("actor", "buffers", "det", "local", "obs", "oob_raise", "queue", "reports",
-                 "rounds", "sched", "semaphores")
+    __slots__ = ("actor", "buffers", "det", "links", "local", "oob_raise", "queue",
+                 "reports", "rounds", "semaphores")
 
-    def __init__(self, buffers: BufferStore, semaphores: SemaphoreTable, queue: DmaQueue, *,
-                 races: CoreActors | None, rounds: Rounds | None, local: threading.local,
-                 sched: Scheduler, obs: ObserverSet | None,
-                 reports: UninitializedReports) -> None:
-        self.buffers = buffers
-        self.semaphores = semaphores
-        self.queue = queue
-        self.det = None if races is None else races.detector
-        self.actor: Callable[[CoreId], Actor] = no_actor if races is None else races.actor
-        self.rounds = rounds
-        self.local = local
-        self.sched = sched
-        self.obs = obs
+    def __init__(self, buffers: BufferStore, semaphores: SemaphoreTable, queue: DmaQueue,
+                 links: LaunchLinks, reports: UninitializedReports) -> None:
+        self.buffers, self.semaphores, self.queue = buffers, semaphores, queue
+        self.links = links
+        self.det, self.actor, self.rounds = links.det, links.actor, links.rounds
+        self.local = links.local
         self.reports = reports
         self.oob_raise = buffers.oob_raise
 
@@ -73,7 +60,7 @@ class DmaIssuer:
         ``add`` the destination accumulates (``dst += src``) instead. Either region may
         be a plan (``plan``) of its buffer."""
         task = getattr(self.local, "task", None)
-        self.sched.check()
+        self.links.sched.check()
         sb, db = self.buffers.get(src), self.buffers.get(dst)
         sp, dp = sb.plan(src_region), db.plan(dst_region)
         if view is None and sp.shape != dp.shape:
@@ -110,16 +97,16 @@ class DmaIssuer:
         dma = Dma(dma_id, name, core, sb, sp, db, dp, ssem, dsem, actor, site, view, add)
         if sb.written is not None:
             dma.on_unwritten = self._dma_of_unwritten
-        if self.obs is not None:
+        if self.links.obs is not None:
             event = dma_event(dma, dst_core)
-            self.obs.dma_start(event)
-            dma.on_done = lambda obs=self.obs: obs.dma_complete(event)
+            self.links.obs.dma_start(event)
+            dma.on_done = lambda obs=self.links.obs: obs.dma_complete(event)
         if remote:
             assert self.rounds is not None
             self.rounds.start_dma(dma, dst_core)
         else:
             queue.add(dma)
-        self.sched.yield_point(task)
+        self.links.sched.yield_point(task)
 
     def _dma_of_unwritten(self, dma: Dma, missing: Any) -> None:
         """A DMA's source region was never written at all (``uninitialized_reads``)."""

@@ -4,47 +4,35 @@ allocation, signal, wait, read, leak checks, over the launch's ``SemaphoreTable`
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from palladium.race_detect import Actor
-from palladium.shared_memory.core_actors import CoreActors
 from palladium.shared_memory.dma_queue import DmaQueue
 from palladium.shared_memory.errors import SemaphoreLeakError, at_site
-from palladium.shared_memory.observer import ObserverSet, semaphore_info
-from palladium.shared_memory.partition import Rounds
-from palladium.shared_memory.scheduler import Scheduler
+from palladium.shared_memory.observer import semaphore_info
 from palladium.shared_memory.semaphore_table import SemaphoreTable, leak_message
 from palladium.shared_memory.semaphores import (
     BARRIER_SEMAPHORE_ID,
     Semaphore,
     SemaphoreKind,
 )
-from palladium.shared_memory.sim_state import CoreId, no_actor
+from palladium.shared_memory.sim_state import CoreId, LaunchLinks
 
 
 class SemaphoreService:
     """Allocate, signal, wait for, read and leak-check the semaphores of ``table``; a
-    wait makes the pending DMAs of ``queue`` progress. ``sched`` and ``obs`` are the
-    ``Simulation``'s current scheduler and observers (it keeps them current); ``local``
-    its thread-local (``.task``: the core running on this thread)."""
+    wait makes the pending DMAs of ``queue`` progress. ``links``: the race detector, a
+    partitioned run's rounds, the current scheduler and observers (``LaunchLinks``)."""
 
-    __slots__ = ("actor", "det", "local", "obs", "queue", "rounds", "sched", "table")
+    __slots__ = ("actor", "det", "links", "local", "queue", "rounds", "table")
 
-    def __init__(self, table: SemaphoreTable, queue: DmaQueue, *, races: CoreActors | None,
-                 rounds: Rounds | None, local: threading.local, sched: Scheduler,
-                 obs: ObserverSet | None) -> None:
+    def __init__(self, table: SemaphoreTable, queue: DmaQueue, links: LaunchLinks) -> None:
         self.table = table
         self.queue = queue
-        self.det = None if races is None else races.detector
-        self.actor: Callable[[CoreId], Actor] = no_actor if races is None else races.actor
-        self.rounds = rounds
-        self.local = local
-        self.sched = sched
-        self.obs = obs
+        self.links = links
+        self.det, self.actor, self.rounds = links.det, links.actor, links.rounds
+        self.local = links.local
     def allocate_semaphores(
         self, device: int, core: int, *, kind: SemaphoreKind, name: str, shape: Any = ()
     ) -> np.ndarray:
@@ -59,31 +47,31 @@ class SemaphoreService:
     def semaphore_signal(self, sem_id: Any, inc: Any, *, core: CoreId, target: CoreId | None = None, site: object = None) -> None:
         """Add ``inc`` to ``sem_id`` on ``target`` (default: the signalling core)."""
         task = getattr(self.local, "task", None)
-        self.sched.check()
+        self.links.sched.check()
         sem = self.table.get(core if target is None else (int(target[0]), int(target[1])), sem_id)
         clock = self.det.release(self.actor(core)) if self.det is not None else None
         if self.rounds is not None and not self.rounds.is_local(sem.core[0]):
             self.rounds.send_signal(sem.core, sem.id, int(inc), clock)  # another process's
         else:
             sem.signal(int(inc), clock)
-        if self.obs is not None:
-            self.obs.semaphore_signal(core, semaphore_info(sem), int(inc))
-        self.sched.yield_point(task)
+        if self.links.obs is not None:
+            self.links.obs.semaphore_signal(core, semaphore_info(sem), int(inc))
+        self.links.sched.yield_point(task)
 
     def semaphore_wait(self, sem_id: Any, value: Any, *, core: CoreId, site: object = None) -> None:
         """Block until the count of ``sem_id`` on ``core`` reaches ``value``; subtract it."""
         task = getattr(self.local, "task", None)
-        self.sched.yield_point(task)
+        self.links.sched.yield_point(task)
         sem = self.table.get(core, sem_id)
         value = int(value)
-        if self.obs is not None:
-            self.obs.semaphore_wait_begin(core, semaphore_info(sem), value)
+        if self.links.obs is not None:
+            self.links.obs.semaphore_wait_begin(core, semaphore_info(sem), value)
         while True:
             if sem.count < value and sem.pending:
                 self.queue.progress(sem, value)
             if sem.count >= value:
                 break
-            self.sched.block(
+            self.links.sched.block(
                 task,
                 lambda: sem.count >= value or sem.live > 0,
                 lambda: self._describe_wait(sem, value, site),
@@ -94,8 +82,8 @@ class SemaphoreService:
             actor = self.actor(core)
             for clock in clocks:
                 self.det.acquire(actor, clock)
-        if self.obs is not None:
-            self.obs.semaphore_wait_end(core, semaphore_info(sem), value)
+        if self.links.obs is not None:
+            self.links.obs.semaphore_wait_end(core, semaphore_info(sem), value)
 
     def _describe_wait(self, sem: Semaphore, value: int, site: object) -> str:
         kind = "" if sem.kind is SemaphoreKind.REGULAR else f"{sem.kind.value} "
@@ -107,8 +95,8 @@ class SemaphoreService:
     def semaphore_read(self, sem_id: Any, *, core: CoreId, site: object = None) -> int:
         """The current count of ``sem_id`` on ``core`` (a scheduling point: pending DMAs
         may progress, another core may run)."""
-        self.queue.let_one_land(self.sched.check)
-        self.sched.yield_point(getattr(self.local, "task", None), site)
+        self.queue.let_one_land(self.links.sched.check)
+        self.links.sched.yield_point(getattr(self.local, "task", None), site)
         return self.table.get(core, sem_id).count
 
     def check_semaphores(self, device: int | None = None) -> None:

@@ -12,12 +12,18 @@ DMAs both report to.
 
 from __future__ import annotations
 
+import threading
 import warnings
+from collections.abc import Callable
 
 from palladium.race_detect import Actor
+from palladium.shared_memory.core_actors import CoreActors
 from palladium.shared_memory.errors import UninitializedReadError, UninitializedReadWarning
+from palladium.shared_memory.observer import ObserverSet
+from palladium.shared_memory.partition import Rounds
+from palladium.shared_memory.scheduler import Scheduler
 
-__all__ = ["CoreId", "UninitializedReports", "no_actor", "site_line"]
+__all__ = ["CoreId", "LaunchLinks", "UninitializedReports", "no_actor", "site_line"]
 
 CoreId = tuple[int, int]
 
@@ -36,6 +42,25 @@ def no_actor(core: CoreId) -> Actor:
     """A collaborator's actor lookup without the race detector: never called (every
     caller checks for the detector first)."""
     raise AssertionError(f"no race detector: core {core} has no actor")
+
+
+class LaunchLinks:
+    """What every operation collaborator of a launch reaches: the race detector (``det``,
+    None: off) and each core's actor, a partitioned run's ``rounds`` (None: one
+    process), the thread-local whose ``task`` is the core running on this thread, and
+    the current scheduler and observers (``sched``, ``obs``: the ``Simulation`` replaces
+    them, here, for every collaborator at once)."""
+
+    __slots__ = ("actor", "det", "local", "obs", "rounds", "sched")
+
+    def __init__(self, races: CoreActors | None, rounds: Rounds | None,
+                 local: threading.local, sched: Scheduler, obs: ObserverSet | None) -> None:
+        self.det = None if races is None else races.detector
+        self.actor: Callable[[CoreId], Actor] = no_actor if races is None else races.actor
+        self.rounds = rounds
+        self.local = local
+        self.sched = sched
+        self.obs = obs
 
 
 class UninitializedReports:

@@ -48,7 +48,7 @@ from palladium.shared_memory.semaphore_table import SemaphoreTable
 from palladium.shared_memory.sim_buffers import BufferStore
 from palladium.shared_memory.sim_dmas import DmaIssuer
 from palladium.shared_memory.sim_semaphores import SemaphoreService
-from palladium.shared_memory.sim_state import CoreId, UninitializedReports
+from palladium.shared_memory.sim_state import CoreId, LaunchLinks, UninitializedReports
 from palladium.shared_memory.snapshot import (
     BufferState,
     CoreState,
@@ -93,7 +93,7 @@ class Simulation:
         "semaphore_signal", "semaphore_wait", "semaphores", "snapshot_bytes", "swap",
         "tiling", "tpu_generation", "uninitialized", "uninitialized_hint",
         "uninitialized_reads", "uninitialized_reports", "unwritten", "value", "watchdog",
-        "write", "_cores", "_det", "_dmas", "_local", "_obs", "_rng", "_rounds", "_sched",
+        "write", "_cores", "_det", "_dmas", "_links", "_local", "_obs", "_rng", "_rounds", "_sched",
         "_scheduler_oracle", "_signals", "_trace", "_watchdog_hint",
     )
 
@@ -178,15 +178,11 @@ class Simulation:
         rounds = self._rounds = (
             None if partition is None else Rounds(self, partition, self._release_barrier))
         self._sched = self._scheduler()
-        self.buffers = BufferStore(
-            options, check_core=self.semaphores.check_core, races=races, rounds=rounds,
-            reports=reports, out_of_bounds_hint=out_of_bounds_hint, obs=self._obs)
-        self._signals = SemaphoreService(
-            self.semaphores, self.dma_queue, races=races, rounds=rounds, local=self._local,
-            sched=self._sched, obs=self._obs)
-        self._dmas = DmaIssuer(
-            self.buffers, self.semaphores, self.dma_queue, races=races, rounds=rounds,
-            local=self._local, sched=self._sched, obs=self._obs, reports=reports)
+        links = self._links = LaunchLinks(races, rounds, self._local, self._sched, self._obs)
+        self.buffers = BufferStore(options, links, check_core=self.semaphores.check_core,
+                                   reports=reports, out_of_bounds_hint=out_of_bounds_hint)
+        self._signals = SemaphoreService(self.semaphores, self.dma_queue, links)
+        self._dmas = DmaIssuer(self.buffers, self.semaphores, self.dma_queue, links, reports)
         # The public operations, bound once (see the class docstring).
         buffers, signals = self.buffers, self._signals
         self.allocate = buffers.allocate
@@ -260,13 +256,11 @@ class Simulation:
 
     def _set_observers(self, obs: ObserverSet | None) -> None:
         """Every part that tells observers now tells ``obs``."""
-        self._obs = self._sched.observers = obs
-        self.buffers.obs = self._signals.obs = self._dmas.obs = obs
+        self._obs = self._sched.observers = self._links.obs = obs
 
     def _new_scheduler(self) -> None:
         """A new run's scheduler (a cancelled one would cancel every later call)."""
-        sched = self._sched = self._scheduler()
-        self._signals.sched = self._dmas.sched = sched
+        self._sched = self._links.sched = self._scheduler()
 
     def _scheduler(self) -> Scheduler:
         sched = Scheduler(self._rng, self._local, self._trace, self._obs,
