@@ -33,6 +33,7 @@ class SemaphoreService:
         self.links = links
         self.det, self.actor, self.rounds = links.det, links.actor, links.rounds
         self.local = links.local
+
     def allocate_semaphores(
         self, device: int, core: int, *, kind: SemaphoreKind, name: str, shape: Any = ()
     ) -> np.ndarray:
