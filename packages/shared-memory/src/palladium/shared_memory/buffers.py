@@ -92,8 +92,8 @@ def stored_mask(plan: AccessPlan, mask: Any) -> np.ndarray:
 class Buffer:
     """The storage and bounds of one allocation (owned by a ``Simulation``)."""
 
-    __slots__ = ("bound", "data", "fill", "logical", "oob_hint", "phantom", "ref", "refcount",
-                 "written")
+    __slots__ = ("bound", "data", "fill", "logical", "oob_hint", "phantom", "private", "ref",
+                 "refcount", "written")
 
     def __init__(self, ref: BufferRef, data: np.ndarray, bound: tuple[int, ...], fill: Any,
                  oob_hint: str = OUT_OF_BOUNDS_HINT, written: np.ndarray | None = None) -> None:
@@ -106,6 +106,9 @@ class Buffer:
         self.bound = bound
         self.fill = fill
         self.refcount = 1
+        # Only its core accesses it (``Simulation.allocate(private=True)``): the race
+        # detector is not told of its accesses.
+        self.private = False
         # No data (``SimulationOptions.keep_float_data=False``): ``data`` is a read-only
         # zero-stride array of the fill; reads give the fill, writes check bounds only.
         self.phantom = data.ndim > 0 and not any(data.strides) and not data.flags.writeable

@@ -39,7 +39,10 @@ class DmaView:
 def _report(event: Any, actor: Any, buf: Buffer, plan: AccessPlan, mask: Any, site: object,
             stored: bool) -> None:
     """Tell the race detector about the stored elements of ``plan`` (where ``mask``, of
-    the region's shape; ``stored``: already of the stored elements only)."""
+    the region's shape; ``stored``: already of the stored elements only). A private
+    buffer's accesses are not told: only its core makes them, they cannot race."""
+    if buf.private:
+        return
     race = plan.prepared or plan.race_access()
     if mask is None:
         event(actor, buf.ref.key, race, site=site)

@@ -74,11 +74,16 @@ class BufferStore:
         dtype: Any = None,
         value: np.ndarray | None = None,
         fill: str | None = None,
+        private: bool = False,
     ) -> BufferRef:
         """Allocate a buffer holding a copy of ``value``, else uninitialised memory.
 
         HBM and host memory belong to the device (``core`` is ignored); VMEM and SMEM to
-        one core.
+        one core. ``private`` (VMEM/SMEM): the caller knows that no DMA started by another
+        core will touch it, so only its core does and its accesses cannot race: the race
+        detector does not hear of them. A DMA its own core starts on it makes it shared
+        from then on (every earlier access of the core happens before that DMA); one
+        started by another core is an ``InternalError``.
         """
         space = MemorySpace(space)
         core = 0 if space.per_device else int(core)
@@ -112,7 +117,10 @@ class BufferStore:
                                  generation=options.tpu_generation)
         key = next(self.next_key)
         ref = BufferRef(key, space, int(device), core, name, data.shape, data.dtype)
-        self.by_key[key] = Buffer(
+        if private and space.per_device:
+            raise ConfigError(f"buffer '{name}': {space.value} belongs to the device; only "
+                              f"VMEM and SMEM can be private to a core")
+        self.by_key[key] = buf = Buffer(
             ref, data, bound, uninitialized_value(data.dtype, fill or options.uninitialized),
             self.out_of_bounds_hint,
             np.full(data.shape, value is not None)
@@ -120,6 +128,7 @@ class BufferStore:
             else np.broadcast_to(np.False_, data.shape) if self.track_written and stand_in
             else None,
         )
+        buf.private = private
         if self.rounds is not None:
             self.rounds.allocated(key, int(device), core, space.value)
         if self.det is not None and (self.rounds is None or self.rounds.is_local(device)):
@@ -194,7 +203,7 @@ class BufferStore:
             missing = b.unwritten(plan, mask)
             if missing is not None:
                 self._report_unwritten(b, plan, missing, "read", core, site)
-        if self.det is not None and plan.index is not None:
+        if self.det is not None and plan.index is not None and not b.private:
             report_read(self.det, self.actor(core), b, plan, mask, site)
         return out
 
@@ -203,7 +212,7 @@ class BufferStore:
         b = self.by_key.get(buf.key) or self.get(buf)
         plan = b.plan(region)
         mask = b.write(plan, value, mask, "write", core, site)
-        if self.det is not None and plan.index is not None:
+        if self.det is not None and plan.index is not None and not b.private:
             self._race_write(core, buf.key, plan, mask, site)
 
     def swap(self, buf: BufferRef, region: Any, value: Any, *, mask: Any = None, core: CoreId, site: object = None) -> np.ndarray:
@@ -211,7 +220,7 @@ class BufferStore:
         b = self.by_key.get(buf.key) or self.get(buf)
         plan = b.plan(region)
         old, mask = b.swap(plan, value, mask, core, site)
-        if self.det is not None and plan.index is not None:
+        if self.det is not None and plan.index is not None and not b.private:
             self._race_write(core, buf.key, plan, mask, site)
         return old
 

@@ -22,6 +22,24 @@ def _described(region: Any) -> str:
     return describe_region(region.region if region.__class__ is AccessPlan else region)
 
 
+def _share(b: Any, core: CoreId, site: object) -> None:
+    """A DMA that ``core`` starts on the private buffer ``b`` makes it shared: from now on
+    the race detector hears of its accesses. Sound for its own core's DMA (every earlier
+    access of the core happens before the DMA starts); another core's DMA could race
+    with accesses never recorded, so the caller's promise was wrong."""
+    if not b.private:
+        return
+    if (b.ref.device, b.ref.core) != (int(core[0]), int(core[1])):
+        raise ConfigError(
+            f"{core_name(core)}: a DMA reaches {b.ref.label}, which was allocated private to "
+            f"{core_name((b.ref.device, b.ref.core))}{at_site(site)}: only that core's own "
+            f"DMAs may reach a private buffer (its accesses before them were not recorded). "
+            f"Allocate it shared (the default), or with palladium.interpret report this as a "
+            f"bug and run with InterpretParams(detect_races=False) meanwhile."
+        )
+    b.private = False
+
+
 class DmaIssuer:
     """Starts the DMAs of a launch between the buffers of ``buffers``, signalling the
     semaphores of ``semaphores``, into ``queue`` (waiting for one is a semaphore wait,
@@ -62,6 +80,9 @@ class DmaIssuer:
         task = getattr(self.local, "task", None)
         self.links.sched.check()
         sb, db = self.buffers.get(src), self.buffers.get(dst)
+        if sb.private or db.private:
+            _share(sb, core, site)
+            _share(db, core, site)
         sp, dp = sb.plan(src_region), db.plan(dst_region)
         if view is None and sp.shape != dp.shape:
             raise ConfigError(

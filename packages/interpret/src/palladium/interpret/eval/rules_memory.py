@@ -127,7 +127,7 @@ def _run_scoped(ev: KernelContext, eqn: Equation, invals: list[Value]) -> list[V
     jaxpr = eqn.params["jaxpr"]
     names = _scoped_names(jaxpr)
     allocations = [
-        ev.memory.allocate_scoped(ev.core, var.aval, names[i], lambda: ev.site(eqn))
+        ev.memory.allocate_scoped(ev.core, var.aval, names[i], lambda: ev.site(eqn), var=var)
         for i, var in enumerate(jaxpr.invars)
     ]
     outs = ev.eval_jaxpr(jaxpr, invals, allocations)

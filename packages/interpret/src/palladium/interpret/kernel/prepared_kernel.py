@@ -15,6 +15,7 @@ from palladium.interpret.eval.evaluator import ProgramCache
 from palladium.interpret.eval.jaxprs import jaxprs_in
 from palladium.interpret.eval.segments import uses_async
 from palladium.interpret.kernel.blocks import BlockSpecInfo, memory_space_of
+from palladium.interpret.kernel.dma_reach import dma_reached_refs, private_positions
 
 # Names that say nothing: a ``core_map`` body written as ``@pl.core_map(mesh) def _():``
 # (jax's documented style) or a lambda is reported under the function that wrote it.
@@ -84,6 +85,14 @@ class PreparedKernel:
     memory_use: Any = None
     #: ``pl.enable_debug_checks`` when the kernel was lowered: ``pl.debug_check`` checks.
     debug_checks: bool = False
+    #: The ref variables (any depth) a DMA may reach (``dma_reach``); None: assume all.
+    dma_reached: frozenset[Any] | None = None
+    #: The operand positions no DMA reaches: their VMEM/SMEM buffers are private.
+    private_positions: frozenset[int] = frozenset()
+
+    def is_private(self, var: Any) -> bool:
+        """Whether no DMA of the kernel reaches the ref bound to ``var``."""
+        return self.dma_reached is not None and var not in self.dma_reached
 
     @property
     def launch_location(self) -> str | None:
@@ -153,6 +162,8 @@ class PreparedKernel:
                        if call_site is not None else None),
             inherited_sources=_inherited_sources(jaxpr),
             debug_checks=jc.pallas_debug_checks_enabled(),
+            dma_reached=(reached := dma_reached_refs(jaxpr)),
+            private_positions=private_positions(jaxpr, reached),
         )
 
     @property

@@ -84,8 +84,11 @@ class MemoryMap:
         return uninitialized_value(dtype, self.params.uninitialized_memory)
 
     def allocate(self, core: CoreId, space: Any, name: str, shape: Any, dtype: Any,
-                 value: Any = None, where: Where | None = None) -> BufferRef:
-        """A new buffer of ``core`` (HBM: of its device), remembered in allocation order."""
+                 value: Any = None, where: Where | None = None,
+                 private: bool = False) -> BufferRef:
+        """A new buffer of ``core`` (HBM: of its device), remembered in allocation order;
+        ``private``: no DMA of the kernel reaches it (``kernel.dma_reach``), so only its
+        core accesses it (VMEM and SMEM only: HBM is the device's)."""
         owner = _owner(space, core)
         lst = self._allocated.setdefault(owner, [])
         early = self._early.pop((owner, len(lst)), None) if self._early else None
@@ -97,6 +100,7 @@ class MemoryMap:
                 shape=None if value is not None else tuple(shape),
                 dtype=None if value is not None else np.dtype(dtype),
                 value=value,
+                private=private and isinstance(space, MemorySpace) and not space.per_device,
             )
         self._position[buf.key] = len(lst)
         lst.append(buf)
@@ -138,9 +142,10 @@ class MemoryMap:
             self._early[(owner, pos)] = early
         return early
 
-    def allocate_scoped(self, core: CoreId, aval: Any, name: str,
-                        where: Where) -> MemRef | SemaphoreRef:
-        """The buffer or semaphores of one ``run_scoped`` allocation on ``core``."""
+    def allocate_scoped(self, core: CoreId, aval: Any, name: str, where: Where,
+                        var: Any = None) -> MemRef | SemaphoreRef:
+        """The buffer or semaphores of one ``run_scoped`` allocation on ``core`` (``var``:
+        the jaxpr variable it binds, to tell whether a DMA reaches it)."""
         space = memory_space_of(getattr(aval, "memory_space", None))
         if space == "semaphore":
             kind = _semaphore_kind(aval.dtype)
@@ -167,7 +172,8 @@ class MemoryMap:
                 self._shared_hbm[key] = buf
                 self._scoped_hbm_exits[buf.key] = 0
             return MemRef(buf)
-        return MemRef(self.allocate(core, space, name, aval.shape, aval.dtype, where=where))
+        return MemRef(self.allocate(core, space, name, aval.shape, aval.dtype, where=where,
+                                    private=var is not None and self.kernel.is_private(var)))
 
     def free_scoped(self, core: CoreId, alloc: MemRef | SemaphoreRef, where: Where) -> None:
         """The end of a ``run_scoped``: free its buffer or leak-check its semaphores."""
@@ -203,16 +209,19 @@ class MemoryMap:
         """The kernel's operands on ``core``: scalar prefetch in SMEM, a block buffer per
         blocked operand (HBM operands as they are), then the scratch."""
         k = self.kernel
+        private = k.private_positions
         operands: list[MemRef | SemaphoreRef] = []
         for name, value in zip(k.scalar_names, scalars):
             operands.append(MemRef(self.allocate(core, MemorySpace.SMEM, name, None, None,
-                                                 value=np.asarray(value))))
+                                                 value=np.asarray(value),
+                                                 private=len(operands) in private)))
         for info, hbm in [*zip(k.inputs, hbm_inputs), *zip(k.outputs, hbm_outputs)]:
             if info.in_hbm:
                 operands.append(MemRef(hbm))
             else:
                 operands.append(MemRef(self.allocate(core, info.space, info.name,
-                                                     info.block_shape, info.dtype)))
+                                                     info.block_shape, info.dtype,
+                                                     private=len(operands) in private)))
         for i, s in enumerate(k.scratch):
             space = k.scratch_space(i)
             aval = s.aval
@@ -229,5 +238,6 @@ class MemoryMap:
                 operands.append(MemRef(self._shared_hbm[key]))
             else:
                 operands.append(MemRef(self.allocate(core, space, s.name, aval.shape,
-                                                     aval.dtype)))
+                                                     aval.dtype,
+                                                     private=len(operands) in private)))
         return operands

@@ -1,0 +1,106 @@
+"""Which of a kernel's refs a DMA can reach: the others are private to their core.
+
+A VMEM or SMEM buffer belongs to one core. The only agents besides that core that can
+touch it are DMAs (the grid loop's block copies are the core's own, in program order),
+and a DMA names its source and destination refs in a ``dma_start`` (a remote DMA lands
+in the buffer at the same position on another core, named by the same equation of the
+same kernel body). So a VMEM/SMEM buffer that no DMA equation of the kernel names is
+accessed by its core alone: its accesses cannot race, and the race detector need not
+hear of them (``Simulation.allocate(private=True)``). Paged attention's scalar-prefetch
+page table, its softmax scratch and its flags are ~63% of its accesses.
+
+:func:`dma_reached_refs` finds the named refs, following refs into the jaxprs of the
+control flow and calls that pass them on. Where it cannot follow a ref (an equation with
+a nested jaxpr of a kind it does not know, an equation that makes a ref), it gives up and
+every buffer stays shared: the analysis may only ever err on the side of watching.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from palladium.interpret import _jax_compat as jc
+from palladium.interpret.eval.jaxprs import jaxprs_in
+
+__all__ = ["dma_reached_refs", "private_positions"]
+
+
+def _dma_primitives() -> frozenset[Any]:
+    names = ("dma_start_p", "dma_wait_p")
+    return frozenset(p for p in (getattr(jc, n, None) for n in names) if p is not None)
+
+
+_DMA = _dma_primitives()
+# Equations whose nested jaxprs take the equation's operands one for one.
+_CALLS = frozenset(p for p in (jc.scan_p, jc.jit_p, jc.custom_jvp_call_p, jc.custom_vjp_call_p,
+                               getattr(jc, "closed_call_p", None),
+                               getattr(jc, "remat_p", None)) if p is not None)
+
+
+class _Unknown(Exception):
+    """A ref the analysis cannot follow."""
+
+
+def _is_ref(v: Any) -> bool:
+    return isinstance(getattr(v, "aval", None), jc.AbstractRef)
+
+
+def _aliases(eqn: Any) -> list[tuple[Any, list[Any], list[Any]]]:
+    """(nested jaxpr, its vars, the equation's operands they stand for) for each nested
+    jaxpr of ``eqn``; raises ``_Unknown`` where refs go into a jaxpr it cannot map."""
+    prim, p, ins = eqn.primitive, eqn.params, list(eqn.invars)
+    if prim is jc.cond_p:
+        return [(b.jaxpr, b.jaxpr.invars, ins[1:]) for b in p["branches"]]
+    if prim is jc.while_p:
+        nc, nb = p["cond_nconsts"], p["body_nconsts"]
+        body, cond = p["body_jaxpr"].jaxpr, p["cond_jaxpr"].jaxpr
+        return [(body, body.invars, ins[nc:]), (cond, cond.invars, ins[:nc] + ins[nc + nb:])]
+    if prim is jc.run_scoped_p:
+        inner = p["jaxpr"]
+        return [(inner, inner.constvars, ins)]
+    inners = [j for v in p.values() for j in jaxprs_in(v)]
+    if not inners:
+        return []
+    if prim in _CALLS and all(len(j.invars) == len(ins) for j in inners):
+        return [(j, j.invars, ins) for j in inners]
+    if any(_is_ref(v) for v in ins):
+        raise _Unknown(prim)
+    # No ref goes in: its jaxprs can only name refs they allocate themselves.
+    return [(j, [], []) for j in inners]
+
+
+def _walk(jaxpr: Any, named: set[Any]) -> None:
+    """Add to ``named`` the refs of ``jaxpr`` (and of its nested jaxprs) a DMA names."""
+    for eqn in jaxpr.eqns:
+        if any(_is_ref(v) for v in eqn.outvars):
+            raise _Unknown(eqn.primitive)
+        if eqn.primitive in _DMA:
+            named.update(v for v in eqn.invars if _is_ref(v))
+            continue
+        for inner, inner_vars, outer in _aliases(eqn):
+            if len(inner_vars) != len(outer):
+                raise _Unknown(eqn.primitive)
+            if any(_is_ref(v) for v in getattr(inner, "constvars", ())) and \
+                    inner_vars is not inner.constvars:
+                raise _Unknown(eqn.primitive)  # a ref closed over, not passed
+            _walk(inner, named)
+            named.update(o for i, o in zip(inner_vars, outer) if i in named and _is_ref(o))
+
+
+def dma_reached_refs(jaxpr: Any) -> frozenset[Any] | None:
+    """The ref variables of ``jaxpr`` (at any depth: run_scoped allocations too) that a
+    DMA may read or write; None when the analysis cannot tell (then assume all)."""
+    named: set[Any] = set()
+    try:
+        _walk(getattr(jaxpr, "jaxpr", jaxpr), named)
+    except _Unknown:
+        return None
+    return frozenset(named)
+
+
+def private_positions(jaxpr: Any, reached: frozenset[Any] | None) -> frozenset[int]:
+    """The kernel operand positions (of ``jaxpr.invars``) no DMA reaches."""
+    if reached is None:
+        return frozenset()
+    invars = getattr(jaxpr, "jaxpr", jaxpr).invars
+    return frozenset(i for i, v in enumerate(invars) if v not in reached)

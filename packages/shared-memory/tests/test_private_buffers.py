@@ -1,0 +1,111 @@
+"""Private buffers (``Simulation.allocate(private=True)``): VMEM/SMEM only its core
+touches; the race detector does not hear of their accesses until a DMA of that core
+reaches them, and another core's DMA on one is an error."""
+
+import numpy as np
+import pytest
+
+from palladium.shared_memory import (
+    ConfigError,
+    DataRaceError,
+    MemorySpace,
+    SemaphoreKind,
+    Simulation,
+)
+
+HBM, VMEM, SMEM = MemorySpace.HBM, MemorySpace.VMEM, MemorySpace.SMEM
+
+
+def _records(sim):
+    return sim.race_detector.live_records()
+
+
+def test_a_private_buffers_accesses_are_not_told_to_the_detector():
+    sim = Simulation(detect_races=True)
+    scratch = sim.allocate(VMEM, 0, 0, name="acc", shape=(8,), dtype=np.float32, private=True)
+    shared = sim.allocate(VMEM, 0, 0, name="seen", shape=(8,), dtype=np.float32)
+
+    def body():
+        sim.write(scratch, None, np.ones(8, np.float32), core=(0, 0), site="k.py:1")
+        assert _records(sim) == 0
+        np.testing.assert_array_equal(sim.read(scratch, None, core=(0, 0)), np.ones(8))
+        assert _records(sim) == 0
+        sim.write(shared, None, np.ones(8, np.float32), core=(0, 0), site="k.py:3")
+        assert _records(sim) > 0
+
+    sim.run({(0, 0): body})
+
+
+def _staging(**options):
+    """A private VMEM staging buffer, an HBM destination and a DMA semaphore."""
+    sim = Simulation(detect_races=True, **options)
+    src = sim.allocate(VMEM, 0, 0, name="staging", shape=(8,), dtype=np.float32, private=True)
+    dst = sim.allocate(HBM, 0, 0, name="out", shape=(8,), dtype=np.float32)
+    return sim, src, dst, sim.allocate_semaphores(0, 0, kind=SemaphoreKind.DMA, name="sem")
+
+
+def test_a_dma_of_its_own_core_makes_it_shared_and_later_races_are_found():
+    sim, src, dst, sem = _staging(dma_execution_mode="eager")
+
+    def body():
+        sim.write(src, None, np.arange(8, dtype=np.float32), core=(0, 0), site="k.py:1")
+        sim.dma_start(src, None, dst, None, core=(0, 0), dst_sem=sem, site="k.py:2")
+        # the DMA reads ``staging`` until the wait: this store races with it
+        sim.write(src, (slice(0, 2),), np.zeros(2, np.float32), core=(0, 0), site="k.py:3")
+        sim.dma_wait(sem, 32, core=(0, 0), site="k.py:4")
+
+    with pytest.raises(DataRaceError) as info:
+        sim.run({(0, 0): body})
+    text = str(info.value)
+    assert "staging" in text and "k.py:3" in text and "DMA #0 staging->out" in text
+
+
+def test_the_first_store_before_the_dma_is_ordered_before_it():
+    sim, src, dst, sem = _staging()
+
+    def body():
+        sim.write(src, None, np.arange(8, dtype=np.float32), core=(0, 0), site="k.py:1")
+        sim.dma_start(src, None, dst, None, core=(0, 0), dst_sem=sem, site="k.py:2")
+        sim.dma_wait(sem, 32, core=(0, 0), site="k.py:4")
+        sim.write(src, None, np.zeros(8, np.float32), core=(0, 0), site="k.py:5")
+
+    sim.run({(0, 0): body})
+    assert sim.race_detector.reports == []
+    np.testing.assert_array_equal(sim.contents(dst), np.arange(8))
+
+
+def test_another_cores_dma_on_a_private_buffer_is_an_error():
+    sim = Simulation(num_devices=2, detect_races=True)
+    src = sim.allocate(VMEM, 0, 0, name="x", value=np.arange(4, dtype=np.int32))
+    dst = sim.allocate(VMEM, 1, 0, name="landing", shape=(4,), dtype=np.int32, private=True)
+    sem = sim.allocate_semaphores(1, 0, kind=SemaphoreKind.DMA, name="sem")
+    sim.allocate_semaphores(0, 0, kind=SemaphoreKind.DMA, name="sem")
+
+    def sender():
+        sim.dma_start(src, None, dst, None, core=(0, 0), dst_sem=sem, dst_core=(1, 0),
+                      site="k.py:7")
+
+    with pytest.raises(ConfigError) as info:
+        sim.run({(0, 0): sender, (1, 0): lambda: None})
+    assert str(info.value).startswith(
+        "device 0 core 0: a DMA reaches 'landing' (VMEM, device 1 core 0), which was "
+        "allocated private to device 1 core 0 at k.py:7: only that core's own DMAs may "
+        "reach a private buffer")
+
+
+@pytest.mark.parametrize("space", [HBM, MemorySpace.HOST])
+def test_only_core_memory_can_be_private(space):
+    sim = Simulation()
+    with pytest.raises(ConfigError, match="belongs to the device; only VMEM and SMEM"):
+        sim.allocate(space, 0, 0, name="x", shape=(4,), dtype=np.int32, private=True)
+
+
+def test_private_without_race_detection_changes_nothing():
+    sim = Simulation()
+    s = sim.allocate(SMEM, 0, 0, name="flag", value=np.zeros(1, np.int32), private=True)
+
+    def body():
+        sim.write(s, None, np.ones(1, np.int32), core=(0, 0))
+
+    sim.run({(0, 0): body})
+    np.testing.assert_array_equal(sim.contents(s), [1])
