@@ -21,13 +21,13 @@ simulator's cost per DMA does not grow with the device count.
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
+
+from _harness import cell, collective, in_subprocess
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 KERNELS = ("right_permute", "all_gather", "jax_all_gather")
@@ -64,33 +64,14 @@ def worker(name: str, n: int, repeats: int) -> dict:
 def races_worker(name: str, n: int, repeats: int) -> dict:
     """Steady time races off and on: both compiled first, then ``repeats`` interleaved
     rounds (one call of each per round), medians."""
-    import jax
     import numpy as np
-    from jax.sharding import PartitionSpec as P
 
     import palladium.interpret as pi
 
-    sys.path.insert(0, os.path.join(HERE, os.pardir, "examples"))
-    import collectives
-
-    mesh = collectives.mesh(n)
-    x = collectives.sharded(collectives.inputs("all_gather" if name == "jax_all_gather" else name, n),
-                            mesh)
-    expected = np.asarray(x) if name == "jax_all_gather" else collectives.reference(name, x, n)
-
-    def build(params):
-        if name == "jax_all_gather":
-            from jax.experimental.pallas.ops.tpu import all_gather as shipped
-
-            def f(x):
-                with pi.force_tpu_interpret_mode(params):
-                    return shipped.all_gather(x, mesh=mesh, axis_name="x")
-            return f
-        fn = functools.partial(collectives.COLLECTIVES[name], n=n, interpret=params)
-        return jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=P("x"), out_specs=P("x"),
-                                     check_vma=False))
-
-    fs = {"off": build(pi.InterpretParams()), "on": build(pi.InterpretParams(detect_races=True))}
+    fs, x = {}, None
+    for key, params in (("off", pi.InterpretParams()),
+                        ("on", pi.InterpretParams(detect_races=True))):
+        fs[key], x, expected = collective(name, n, params, pi.force_tpu_interpret_mode)
     correct = all(bool(np.array_equal(np.asarray(f(x)), expected)) for f in fs.values())
     times: dict[str, list[float]] = {"off": [], "on": []}
     for _ in range(repeats):
@@ -103,27 +84,13 @@ def races_worker(name: str, n: int, repeats: int) -> dict:
 
 
 def measure(name: str, n: int, repeats: int, timeout: float, races: bool = False) -> dict | None:
-    env = dict(os.environ)
-    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={n + 1}"
     flag = "--races-worker" if races else "--worker"
-    cmd = [sys.executable, os.path.abspath(__file__), flag, name, str(n), str(repeats)]
-    try:
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return None
-    if proc.returncode != 0:
-        return {"error": (proc.stderr.strip().splitlines() or ["?"])[-1][:120]}
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return in_subprocess(__file__, [flag, name, str(n), str(repeats)], n, timeout)
 
 
 def _cell(r: dict | None, timeout: float, per_dma: bool = True) -> str:
-    if r is None:
-        return f"> {timeout:g} s (timeout)"
-    if "error" in r:
-        return f"error: {r['error']}"
-    flag = "" if r["correct"] else " (WRONG)"
-    s = f"{r['steady'] * 1e3:.1f} ms{flag}"
-    if per_dma and r["dmas"]:
+    s = cell(r, "steady", timeout)
+    if per_dma and r is not None and "error" not in r and r["dmas"]:
         s += f" ({r['steady'] / r['dmas'] * 1e6:.0f} µs/DMA)"
     return s
 

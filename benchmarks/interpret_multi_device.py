@@ -16,60 +16,33 @@ device count (2, 4, 8, 16).
 from __future__ import annotations
 
 import argparse
-import functools
 import json
-import os
 import statistics
-import subprocess
 import sys
 import time
+
+from _harness import cell, collective, in_subprocess
 
 COLLECTIVES = ("right_permute", "all_gather", "all_reduce", "reduce_scatter", "jax_all_gather")
 
 
 # --- the worker (jax is imported only here) -----------------------------------------------
 
-EXAMPLES = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "examples")
-
 
 def worker(impl: str, name: str, n: int, repeats: int) -> dict:
-    import jax
     import numpy as np
     from jax.experimental.pallas import tpu as pltpu
-    from jax.sharding import PartitionSpec as P
+
+    import palladium.interpret as pi
 
     if impl == "jax":
-        interpret = pltpu.InterpretParams()
+        interpret, force = pltpu.InterpretParams(), pltpu.force_tpu_interpret_mode
     else:
-        import palladium.interpret as pi
-
-        interpret = pi.InterpretParams()
-    # The kernels, inputs and numpy references of examples/collectives.py.
-    sys.path.insert(0, EXAMPLES)
-    import collectives
-
-    mesh = collectives.mesh(n)
-    # jax's shipped all-gather takes the same input as ours.
-    inputs = collectives.inputs("all_gather" if name == "jax_all_gather" else name, n)
-    x = collectives.sharded(inputs, mesh)
-    if name == "jax_all_gather":
-        # jax's shipped kernel: a bidirectional ring that reuses one receive semaphore
-        # per direction at every step.
-        from jax.experimental.pallas.ops.tpu import all_gather as shipped
-
-        force = pltpu.force_tpu_interpret_mode if impl == "jax" else pi.force_tpu_interpret_mode
-
-        def f(x):
-            with force(interpret):
-                return shipped.all_gather(x, mesh=mesh, axis_name="x")
-    else:
-        fn = functools.partial(collectives.COLLECTIVES[name], n=n, interpret=interpret)
-        f = jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=P("x"), out_specs=P("x"),
-                                  check_vma=False))
+        interpret, force = pi.InterpretParams(), pi.force_tpu_interpret_mode
+    f, x, expected = collective(name, n, interpret, force)
     t0 = time.perf_counter()
     out = np.asarray(f(x))
     first = time.perf_counter() - t0
-    expected = np.asarray(x) if name == "jax_all_gather" else collectives.reference(name, x, n)
     correct = bool(np.array_equal(out, expected))
     times = []
     for _ in range(repeats):
@@ -84,25 +57,10 @@ def worker(impl: str, name: str, n: int, repeats: int) -> dict:
 
 def measure(impl: str, name: str, n: int, repeats: int, timeout: float) -> dict | None:
     """One measurement in a subprocess with n+1 host devices; None on timeout."""
-    env = dict(os.environ)
-    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={n + 1}"
-    cmd = [sys.executable, __file__, "--worker", impl, name, str(n), str(repeats)]
-    try:
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return None
-    if proc.returncode != 0:
-        return {"error": (proc.stderr.strip().splitlines() or ["?"])[-1][:120]}
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return in_subprocess(__file__, ["--worker", impl, name, str(n), str(repeats)], n, timeout)
 
 
-def _fmt(r: dict | None, key: str, timeout: float) -> str:
-    if r is None:
-        return f"> {timeout:g} s (timeout)"
-    if "error" in r:
-        return f"error: {r['error']}"
-    flag = "" if r["correct"] else " (WRONG)"
-    return f"{r[key] * 1e3:.1f} ms{flag}"
+_fmt = cell
 
 
 def _ratio(jax_r: dict | None, pal_r: dict | None, key: str, timeout: float) -> str:

@@ -119,45 +119,43 @@ def deadlock_scenario() -> None:
     record("deadlock", lambda: shard_mapped(fn)(global_array(x)))
 
 
-def killed_scenario() -> None:
-    """A warm-up launch, then process 1 kills itself (SIGKILL) in the middle of the
-    second launch's rounds; the others must fail with PeerProcessError."""
+def _all_gather_then_die(victim: int, before_dying=None):
+    """A warm-up all-gather, then process ``victim`` kills itself (SIGKILL) in round 2 of
+    the next launch's exchanges (after ``before_dying()``); that launch."""
     from palladium.interpret.hook import multi_process
+
     x = np.asarray(collectives.inputs("all_gather", DEVICES))
     f = shard_mapped(functools.partial(collectives.all_gather, n=DEVICES, interpret=PARAMS))
     record("warm_up", lambda: f(global_array(x)))
-    if PROCESS == 1:
+    if victim == PROCESS:
         exchange = multi_process.KvTransport.exchange
 
         def dying(self, payload):
             if self.round == 2:
+                if before_dying is not None:
+                    before_dying()
                 os.kill(os.getpid(), signal.SIGKILL)
             return exchange(self, payload)
 
         multi_process.KvTransport.exchange = dying  # type: ignore[method-assign]
-    record("killed", lambda: f(global_array(x)))
+    return lambda: f(global_array(x))
+
+
+def killed_scenario() -> None:
+    """Process 1 dies in the second launch; the others must fail with PeerProcessError."""
+    record("killed", _all_gather_then_die(1))
 
 
 def coordinator_killed_scenario() -> None:
     """As ``killed``, but process 0 (the coordinator) kills itself."""
-    from palladium.interpret.hook import multi_process
 
-    x = np.asarray(collectives.inputs("all_gather", DEVICES))
-    f = shard_mapped(functools.partial(collectives.all_gather, n=DEVICES, interpret=PARAMS))
-    record("warm_up", lambda: f(global_array(x)))
-    if PROCESS == 0:
-        exchange = multi_process.KvTransport.exchange
+    def note_the_time():
+        with open(os.path.join(OUT, "killed_at"), "w") as out:
+            out.write(repr(time.time()))
 
-        def dying(self, payload):
-            if self.round == 2:
-                with open(os.path.join(OUT, "killed_at"), "w") as out:
-                    out.write(repr(time.time()))
-                os.kill(os.getpid(), signal.SIGKILL)
-            return exchange(self, payload)
-
-        multi_process.KvTransport.exchange = dying  # type: ignore[method-assign]
+    launch = _all_gather_then_die(0, note_the_time)
     start = time.perf_counter()
-    record("killed", lambda: f(global_array(x)))
+    record("killed", launch)
     # Reached only if jax's client did not end this process first.
     with open(os.path.join(OUT, f"{PROCESS}.json"), "w") as out:
         json.dump(dict(RESULT, ended=time.perf_counter() - start), out)

@@ -180,6 +180,97 @@ def test_the_private_import_check_finds_one(tmp_path):
     assert _private_imports(f, "palladium.other") == ["palladium.race_detect.boxes._hidden (line 1)"]
 
 
+# The packages whose modules may touch no other object's ``_`` members: a ``_name`` read
+# on anything but ``self``/``cls`` must be one the module itself defines (its classes'
+# attributes and slots, its functions), and a palladium module's ``_name`` is never read
+# through the module (``import x; x._y`` is the private import above by another road).
+# The ``_jax_compat`` modules are the one home of jax's private names.
+_NO_PRIVATE_REACH = ("shared_memory", "interpret")
+
+
+def _own_names(tree: ast.AST) -> set[str]:
+    """The names a module defines: functions, classes, assigned names, attributes it
+    sets or reads on ``self``/``cls``, ``__slots__`` entries."""
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+        elif (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+              and node.value.id in ("self", "cls")):
+            names.add(node.attr)
+        elif isinstance(node, ast.Assign) and any(
+                isinstance(t, ast.Name) and t.id == "__slots__" for t in node.targets):
+            names.update(c.value for c in ast.walk(node.value)
+                         if isinstance(c, ast.Constant) and isinstance(c.value, str))
+    return names
+
+
+def _imported_modules(tree: ast.AST) -> dict[str, bool]:
+    """The names a module binds to imported modules: name -> whether it is palladium's."""
+    bound: dict[str, bool] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                bound[a.asname or a.name.partition(".")[0]] = a.name.startswith("palladium")
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            for a in node.names:
+                if f"{node.module}.{a.name}" in MODULES:
+                    bound[a.asname or a.name] = True
+    return bound
+
+
+def _private_reaches(path: pathlib.Path) -> list[str]:
+    """``x._name`` in ``path`` where ``x`` is another object than ``self``/``cls`` and
+    ``_name`` is not the module's own, or ``x`` is a palladium module."""
+    tree = ast.parse(path.read_text())
+    own, modules = _own_names(tree), _imported_modules(tree)
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Attribute):
+            continue
+        name = node.attr
+        if not name.startswith("_") or name.startswith("__"):
+            continue
+        base = node.value.id if isinstance(node.value, ast.Name) else None
+        if base in ("self", "cls"):
+            continue
+        if base in modules:
+            if modules[base]:
+                found.append(f"{ast.unparse(node)} (line {node.lineno})")
+            continue  # another library's module: its own business
+        if name not in own:
+            found.append(f"{ast.unparse(node)} (line {node.lineno})")
+    return found
+
+
+def test_no_module_reaches_into_another_objects_private_members():
+    offenders = {
+        m: found for m, p in MODULES.items()
+        if m.split(".")[1] in _NO_PRIVATE_REACH and "_jax_compat" not in m
+        and (found := _private_reaches(p))
+    }
+    assert offenders == {}, offenders
+
+
+def test_the_private_reach_check_finds_them(tmp_path):
+    f = tmp_path / "m.py"
+    f.write_text(
+        "from palladium.interpret.eval import memory\n"
+        "import threading\n"
+        "class Rounds:\n"
+        "    __slots__ = ('_owned',)\n"
+        "    def stall(self, sim, other):\n"
+        "        self._owned = other._owned\n"  # the module's own class's member: fine
+        "        sim._det.acquire(sim._actor(0))\n"
+        "        memory._checked()\n"
+        "        threading._DummyThread\n"
+    )
+    assert sorted(_private_reaches(f)) == [
+        "memory._checked (line 8)", "sim._actor (line 7)", "sim._det (line 7)"]
+
+
 def test_docs_architecture_names_every_module():
     """docs/architecture.md's tables match the tree: every module of every package's
     src is named there (by its path within the package, or its file name)."""

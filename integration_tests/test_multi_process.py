@@ -149,6 +149,15 @@ def test_remote_reads_and_adds_equal_one_process_run(tmp_path):
             assert got.view(np.uint8).tobytes() == want.view(np.uint8).tobytes(), (processes, name)
 
 
+def _error(result, name, kind):
+    """The message of launch ``name``'s error in one process's ``result``, which must be
+    a ``kind``."""
+    assert result is not None
+    got, message = result["errors"][name]
+    assert got == kind, (got, message)
+    return message
+
+
 @pytest.mark.timeout(300)
 def test_dma_order_trials_across_processes(tmp_path):
     """Each trial is a launch of every process; a difference any process finds is an
@@ -158,9 +167,7 @@ def test_dma_order_trials_across_processes(tmp_path):
     want = np.asarray(_collectives().reference("all_gather", _collectives().inputs("all_gather", 4), 4))
     assert np.array_equal(got, want)
     for r in results:
-        assert r is not None
-        kind, message = r["errors"]["order"]
-        assert kind == "DmaOrderDependenceError"
+        message = _error(r, "order", "DmaOrderDependenceError")
         assert "the result depends on the order in which DMAs complete" in message
 
 
@@ -170,10 +177,7 @@ def test_deadlock_across_processes_is_reported_on_every_process(tmp_path, proces
     results = _run("deadlock", processes, 4, str(tmp_path), timeout=200)
     messages = []
     for r in results:
-        assert r is not None
-        kind, message = r["errors"]["deadlock"]
-        assert kind == "DeadlockError"
-        messages.append(message)
+        messages.append(_error(r, "deadlock", "DeadlockError"))
     assert f"across {processes} processes" in messages[0]
     per = 4 // processes
     for d in range(4):
@@ -193,8 +197,7 @@ def test_killed_process_is_an_error_on_the_others_within_seconds(tmp_path, proce
             continue
         assert r is not None
         assert "warm_up" in r["outputs"]
-        kind, message = r["errors"]["killed"]
-        assert kind == "PeerProcessError"
+        message = _error(r, "killed", "PeerProcessError")
         assert f"process 1 of {processes} stopped responding" in message
         assert r["seconds"]["killed"] < 10.0
 
@@ -211,18 +214,14 @@ def test_killed_coordinator_ends_the_other_processes_within_seconds(tmp_path):
         assert "Terminating process because the JAX distributed service detected" in log
         assert os.path.getmtime(tmp_path / "1.log") - killed_at < 15.0
     else:  # (a jax that lets it live: palladium's error then)
-        kind, _ = results[1]["errors"]["killed"]
-        assert kind == "PeerProcessError"
+        _error(results[1], "killed", "PeerProcessError")
         assert results[1]["ended"] < 15.0
 
 
 @pytest.mark.timeout(300)
 def test_launch_reached_by_some_processes_only_is_an_error(tmp_path):
     results = _run("partial", 2, 4, str(tmp_path), timeout=200)
-    r = results[0]
-    assert r is not None
-    kind, message = r["errors"]["partial"]
-    assert kind == "RendezvousTimeoutError"
+    message = _error(results[0], "partial", "RendezvousTimeoutError")
     assert "processes [1] never reached this launch" in message
 
 

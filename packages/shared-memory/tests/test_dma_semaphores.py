@@ -300,7 +300,7 @@ def test_a_wait_on_a_semaphore_whose_dmas_all_completed_is_a_deadlock():
         for start in (0, 4):
             sim.dma_start(src, (slice(start, start + 4),), dst, None, core=(0, 0),
                           dst_sem=sems[0], src_sem=sems[1])
-        table = sim._sems[(0, 0)]
+        table = sim.semaphores.by_core[(0, 0)]
         sim2["live"] = (table[int(sems[0])].live, table[int(sems[1])].live)
         sim.dma_wait(sems[1], 32, core=(0, 0))  # both read phases
         sim2["after_send"] = (table[int(sems[0])].live, table[int(sems[1])].live)

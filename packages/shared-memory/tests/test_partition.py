@@ -321,7 +321,7 @@ def test_remote_reads_and_adds_over_processes_equal_one_process(processes):
     def state(sim: Simulation, d: int) -> list[tuple[bytes, bytes]]:
         out = []
         for name in ("out", "acc", "fwd"):
-            buf = sim._buffers[bufs[name][d].key]
+            buf = sim.buffers.by_key[bufs[name][d].key]
             out.append((sim.value(bufs[name][d]).tobytes(), buf.written.tobytes()))
         return out
 

@@ -252,41 +252,83 @@ def _sliced(index, src, out_shape, dtype, chip):
         interpret=_params(chip))
 
 
-def test_a_strided_load_of_bfloat16_is_rejected_and_of_float32_runs():
-    rows = lambda i: (pl.ds(0, 16, stride=2), slice(None))  # noqa: E731
-    x = _floats((32, 128), jnp.bfloat16)
+_ROWS_BY_2 = lambda i: (pl.ds(0, 16, stride=2), slice(None))  # noqa: E731
+_UNPROVEN = ("the TPU compiler cannot prove that the dynamic index in dimension {dim} of this "
+             "{dtype} {shape} ref is a multiple of {n} on TPU {chip} (\"E2003: "
+             "CompileTimeMosaicUnprovenMemoryAccessAlignment\"). Make it one and say so: "
+             "pl.ds(pl.multiple_of(i * {n}, {n}), ...).")
+
+
+def _input(shape, dtype):
+    return (_ints if jnp.issubdtype(dtype, jnp.integer) else _floats)(shape, dtype)
+
+
+# (index of grid step i, input block, output block, dtype, chip, the rule's message)
+@pytest.mark.parametrize(("index", "src", "out_shape", "dtype", "chip", "says"), [
+    pytest.param(
+        _ROWS_BY_2, (32, 128), (16, 128), jnp.bfloat16, "v5e",
+        "the TPU compiler has no strided load of bfloat16 data on TPU v5e (\"Strided load "
+        "with non 32-bit data\"). Access the rows contiguously and select them from the "
+        "value, or keep this operand in 32 bits.", id="strided-bfloat16"),
+    pytest.param(
+        _ROWS_BY_2, (32, 256), (16, 256), jnp.float32, "v7x",
+        "the TPU compiler loads with a stride only from refs whose minor dimension is 128 on "
+        "TPU v7x (\"The last dim size is not 128 in original base memref\"; this one is "
+        "(32, 256)). Use blocks of 128 lanes for the strided operand.",
+        id="strided-wider-than-128-lanes"),
+    pytest.param(
+        lambda i: (slice(None), pl.ds(0, 64, stride=2)), (32, 128), (32, 64), jnp.float32,
+        "v6e", "the TPU compiler has no strided load along the minor (lane) dimension on TPU "
+        "v6e (\"Stride on last dim is not 1\"). Access the lanes contiguously and select them "
+        "from the value.", id="strided-along-the-lanes"),
+    pytest.param(
+        lambda i: (slice(3, 11), slice(None)), (32, 256), (8, 256), jnp.int8, "v4",
+        "the TPU compiler cannot take int8 rows from offset 3 on TPU v4 (\"Expected mask "
+        "vector type\"): the offset must be a multiple of 8. Start at a multiple of 8 and "
+        "select the rows from the value.", id="v4-int8-rows-from-an-unaligned-offset"),
+    pytest.param(
+        lambda i: (pl.ds(i * 3, 8), slice(None)), (32, 256), (8, 256), jnp.float32, "v5e",
+        _UNPROVEN.format(dim=0, dtype="float32", shape=(32, 256), n=8, chip="v5e"),
+        id="unproven-row-index"),
+    pytest.param(
+        lambda i: (pl.ds(i * 8, 8), slice(None)), (64, 256), (8, 256), jnp.int8, "v6e",
+        _UNPROVEN.format(dim=0, dtype="int8", shape=(64, 256), n=32, chip="v6e"),
+        id="int8-rows-need-a-multiple-of-32"),
+    pytest.param(
+        lambda i: (slice(None), pl.ds(i * 64, 128)), (32, 256), (32, 128), jnp.float32, "v4",
+        _UNPROVEN.format(dim=1, dtype="float32", shape=(32, 256), n=128, chip="v4")[:-1]
+        + " (the minor dimension needs 128-lane alignment).", id="unproven-lane-index"),
+])
+def test_a_load_the_compiler_rejects_raises_its_message(index, src, out_shape, dtype, chip,
+                                                         says):
     with pytest.raises(TpuLoweringError) as info:
-        _sliced(rows, (32, 128), (16, 128), jnp.bfloat16, "v5e")(x)
-    _assert_rejected(
-        info, "v5e", "the TPU compiler has no strided load of bfloat16 data on TPU v5e "
-        "(\"Strided load with non 32-bit data\"). Access the rows contiguously and select "
-        "them from the value, or keep this operand in 32 bits.", primitive="get")
-    x32 = x.astype(jnp.float32)
-    out = _sliced(rows, (32, 128), (16, 128), jnp.float32, "v5e")(x32)
-    np.testing.assert_array_equal(out, np.asarray(x32)[::2])
+        _sliced(index, src, out_shape, dtype, chip)(_input(src, dtype))
+    _assert_rejected(info, chip, says, primitive="get")
 
 
-def test_a_strided_load_from_a_ref_wider_than_128_lanes_is_rejected():
-    rows = lambda i: (pl.ds(0, 16, stride=2), slice(None))  # noqa: E731
-    x = _floats((32, 256), jnp.float32)
-    with pytest.raises(TpuLoweringError) as info:
-        _sliced(rows, (32, 256), (16, 256), jnp.float32, "v7x")(x)
-    _assert_rejected(
-        info, "v7x", "the TPU compiler loads with a stride only from refs whose minor "
-        "dimension is 128 on TPU v7x (\"The last dim size is not 128 in original base "
-        "memref\"; this one is (32, 256)). Use blocks of 128 lanes for the strided operand.",
-        primitive="get")
-
-
-def test_a_strided_load_along_the_lanes_is_rejected():
-    lanes = lambda i: (slice(None), pl.ds(0, 64, stride=2))  # noqa: E731
-    x = _floats((32, 128), jnp.float32)
-    with pytest.raises(TpuLoweringError) as info:
-        _sliced(lanes, (32, 128), (32, 64), jnp.float32, "v6e")(x)
-    _assert_rejected(
-        info, "v6e", "the TPU compiler has no strided load along the minor (lane) dimension "
-        "on TPU v6e (\"Stride on last dim is not 1\"). Access the lanes contiguously and "
-        "select them from the value.", primitive="get")
+# The near twins the compiler accepts: (index, input block, output block, dtype, chip,
+# the rows/lanes of the input the last grid step reads).
+@pytest.mark.parametrize(("index", "src", "out_shape", "dtype", "chip", "want"), [
+    pytest.param(_ROWS_BY_2, (32, 128), (16, 128), jnp.float32, "v5e",
+                 np.s_[::2], id="strided-float32"),
+    pytest.param(lambda i: (slice(3, 11), slice(None)), (32, 256), (8, 256), jnp.int8, "v5e",
+                 np.s_[3:11], id="int8-rows-from-offset-3-on-v5e"),
+    pytest.param(lambda i: (slice(8, 16), slice(None)), (32, 256), (8, 256), jnp.int8, "v4",
+                 np.s_[8:16], id="v4-int8-rows-from-an-aligned-offset"),
+    pytest.param(lambda i: (pl.ds(pl.multiple_of(i * 8, 8), 8), slice(None)), (32, 256),
+                 (8, 256), jnp.float32, "v5e", np.s_[8:16], id="proven-row-index"),
+    # One tile of 128 float32 lanes takes any dynamic row (the compiler accepts i * 3).
+    pytest.param(lambda i: (pl.ds(i * 3, 8), slice(None)), (32, 128), (8, 128), jnp.float32,
+                 "v5e", np.s_[3:11], id="any-row-of-one-lane-tile"),
+    pytest.param(lambda i: (pl.ds(i * 32, 32), slice(None)), (64, 256), (32, 256), jnp.int8,
+                 "v6e", np.s_[32:64], id="int8-rows-at-a-multiple-of-32"),
+    pytest.param(lambda i: (slice(None), pl.ds(i * 128, 128)), (32, 256), (32, 128),
+                 jnp.float32, "v4", np.s_[:, 128:], id="proven-lane-index"),
+])
+def test_its_near_twin_runs(index, src, out_shape, dtype, chip, want):
+    x = _input(src, dtype)
+    out = _sliced(index, src, out_shape, dtype, chip)(x)
+    np.testing.assert_array_equal(out, np.asarray(x)[want])
 
 
 def _stored(index, value_shape, dtype, chip):
@@ -325,72 +367,6 @@ def test_stores_follow_the_same_stride_and_alignment_rules():
     np.testing.assert_array_equal(out, want)
 
 
-def test_v4_cannot_take_int8_rows_from_an_unaligned_static_offset():
-    x = _ints((32, 256), jnp.int8)
-    rows = lambda start: (lambda i: (slice(start, start + 8), slice(None)))  # noqa: E731
-    with pytest.raises(TpuLoweringError) as info:
-        _sliced(rows(3), (32, 256), (8, 256), jnp.int8, "v4")(x)
-    _assert_rejected(
-        info, "v4", "the TPU compiler cannot take int8 rows from offset 3 on TPU v4 (\"Expected "
-        "mask vector type\"): the offset must be a multiple of 8. Start at a multiple of 8 "
-        "and select the rows from the value.", primitive="get")
-    np.testing.assert_array_equal(_sliced(rows(3), (32, 256), (8, 256), jnp.int8, "v5e")(x),
-                                  np.asarray(x)[3:11])
-    np.testing.assert_array_equal(_sliced(rows(8), (32, 256), (8, 256), jnp.int8, "v4")(x),
-                                  np.asarray(x)[8:16])
-
-
-def test_an_unproven_dynamic_row_index_is_rejected_and_a_proven_one_runs():
-    x = _floats((32, 256), jnp.float32)
-    with pytest.raises(TpuLoweringError) as info:
-        _sliced(lambda i: (pl.ds(i * 3, 8), slice(None)), (32, 256), (8, 256), jnp.float32,
-                "v5e")(x)
-    _assert_rejected(
-        info, "v5e", "the TPU compiler cannot prove that the dynamic index in dimension 0 of "
-        "this float32 (32, 256) ref is a multiple of 8 on TPU v5e (\"E2003: "
-        "CompileTimeMosaicUnprovenMemoryAccessAlignment\"). Make it one and say so: "
-        "pl.ds(pl.multiple_of(i * 8, 8), ...).", primitive="get")
-    out = _sliced(lambda i: (pl.ds(pl.multiple_of(i * 8, 8), 8), slice(None)), (32, 256),
-                  (8, 256), jnp.float32, "v5e")(x)
-    np.testing.assert_array_equal(out, np.asarray(x)[8:16])  # the last step's rows
-    # One tile of 128 float32 lanes takes any dynamic row (the compiler accepts i * 3).
-    x128 = _floats((32, 128), jnp.float32)
-    out = _sliced(lambda i: (pl.ds(i * 3, 8), slice(None)), (32, 128), (8, 128), jnp.float32,
-                  "v5e")(x128)
-    np.testing.assert_array_equal(out, np.asarray(x128)[3:11])
-
-
-def test_int8_rows_need_an_index_proven_a_multiple_of_32():
-    x = _ints((64, 256), jnp.int8)
-    with pytest.raises(TpuLoweringError) as info:
-        _sliced(lambda i: (pl.ds(i * 8, 8), slice(None)), (64, 256), (8, 256), jnp.int8,
-                "v6e")(x)
-    _assert_rejected(
-        info, "v6e", "the TPU compiler cannot prove that the dynamic index in dimension 0 of "
-        "this int8 (64, 256) ref is a multiple of 32 on TPU v6e (\"E2003: "
-        "CompileTimeMosaicUnprovenMemoryAccessAlignment\"). Make it one and say so: "
-        "pl.ds(pl.multiple_of(i * 32, 32), ...).", primitive="get")
-    out = _sliced(lambda i: (pl.ds(i * 32, 32), slice(None)), (64, 256), (32, 256), jnp.int8,
-                  "v6e")(x)
-    np.testing.assert_array_equal(out, np.asarray(x)[32:64])
-
-
-def test_an_unproven_lane_index_is_rejected():
-    x = _floats((32, 256), jnp.float32)
-    with pytest.raises(TpuLoweringError) as info:
-        _sliced(lambda i: (slice(None), pl.ds(i * 64, 128)), (32, 256), (32, 128),
-                jnp.float32, "v4")(x)
-    _assert_rejected(
-        info, "v4", "the TPU compiler cannot prove that the dynamic index in dimension 1 of "
-        "this float32 (32, 256) ref is a multiple of 128 on TPU v4 (\"E2003: "
-        "CompileTimeMosaicUnprovenMemoryAccessAlignment\"). Make it one and say so: "
-        "pl.ds(pl.multiple_of(i * 128, 128), ...) (the minor dimension needs 128-lane "
-        "alignment).", primitive="get")
-    out = _sliced(lambda i: (slice(None), pl.ds(i * 128, 128)), (32, 256), (32, 128),
-                  jnp.float32, "v4")(x)
-    np.testing.assert_array_equal(out, np.asarray(x)[:, 128:])
-
-
 # --- the MXU --------------------------------------------------------------------------
 
 def _dot(lhs, rhs, acc, chip):
@@ -406,48 +382,40 @@ MXU_ADVICE = (" Use bfloat16 or float32 operands with a float32 accumulator, or 
               "the dot.")
 
 
-def test_float_operands_with_an_int_accumulator_are_rejected_except_on_v7x():
-    x, y = _ints((128, 128), jnp.float32, 0), _ints((128, 128), jnp.float32, 1)
+@pytest.mark.parametrize(("lhs", "rhs", "acc", "chip", "says"), [
+    pytest.param(jnp.float32, jnp.float32, jnp.int32, "v5e",
+                 "the TPU compiler has no float32 matmul with an int32 accumulator (\"int acc "
+                 "with float lhs\") on TPU v5e.", id="float-operands-int-accumulator"),
+    pytest.param(jnp.int8, jnp.int8, jnp.float32, "v6e",
+                 "the TPU compiler has no int8 x int8 matmul with a float32 accumulator "
+                 "(\"float acc with int lhs\", \"Mix int/int - NYI\") on TPU v6e.",
+                 id="int8-operands-float-accumulator"),
+    pytest.param(jnp.int32, jnp.int32, jnp.int32, "v7x",
+                 "the TPU compiler has no int32 x int32 matmul (\"Bad lhs/rhs type\") on TPU "
+                 "v7x.", id="int32-operands"),
+    pytest.param(jnp.int8, jnp.int8, jnp.int32, "v4",
+                 "the TPU compiler has no int8 x int8 matmul (\"Unsupported matmul RHS type "
+                 "on target\") on TPU v4.", id="v4-int8-right-hand-side"),
+])
+def test_a_matmul_the_compiler_rejects_raises_its_message(lhs, rhs, acc, chip, says):
+    x, y = _ints((128, 128), lhs, 0), _ints((128, 128), rhs, 1)
     with pytest.raises(TpuLoweringError) as info:
-        _dot(jnp.float32, jnp.float32, jnp.int32, "v5e")(x, y)
-    _assert_rejected(info, "v5e", "the TPU compiler has no float32 matmul with an int32 "
-                     "accumulator (\"int acc with float lhs\") on TPU v5e." + MXU_ADVICE,
-                     primitive="dot_general")
-    out = _dot(jnp.float32, jnp.float32, jnp.int32, "v7x")(x, y)
-    np.testing.assert_array_equal(out, (np.asarray(x) @ np.asarray(y)).astype(np.int32))
+        _dot(lhs, rhs, acc, chip)(x, y)
+    _assert_rejected(info, chip, says + MXU_ADVICE, primitive="dot_general")
 
 
-def test_int8_operands_with_a_float_accumulator_are_rejected_and_int32_runs():
-    x, y = _ints((128, 128), jnp.int8, 0), _ints((128, 128), jnp.int8, 1)
-    with pytest.raises(TpuLoweringError) as info:
-        _dot(jnp.int8, jnp.int8, jnp.float32, "v6e")(x, y)
-    _assert_rejected(info, "v6e", "the TPU compiler has no int8 x int8 matmul with a float32 "
-                     "accumulator (\"float acc with int lhs\", \"Mix int/int - NYI\") on TPU "
-                     "v6e." + MXU_ADVICE, primitive="dot_general")
-    out = _dot(jnp.int8, jnp.int8, jnp.int32, "v6e")(x, y)
-    want = np.asarray(x, np.int32) @ np.asarray(y, np.int32)
-    np.testing.assert_array_equal(out, want)
-
-
-def test_int32_operands_are_rejected():
-    x = _ints((128, 128), jnp.int32)
-    with pytest.raises(TpuLoweringError) as info:
-        _dot(jnp.int32, jnp.int32, jnp.int32, "v7x")(x, x)
-    _assert_rejected(info, "v7x", "the TPU compiler has no int32 x int32 matmul (\"Bad "
-                     "lhs/rhs type\") on TPU v7x." + MXU_ADVICE, primitive="dot_general")
-
-
-def test_v4_has_no_int8_right_hand_side():
-    x, y = _ints((128, 128), jnp.int8, 0), _ints((128, 128), jnp.int8, 1)
-    with pytest.raises(TpuLoweringError) as info:
-        _dot(jnp.int8, jnp.int8, jnp.int32, "v4")(x, y)
-    _assert_rejected(info, "v4", "the TPU compiler has no int8 x int8 matmul (\"Unsupported "
-                     "matmul RHS type on target\") on TPU v4." + MXU_ADVICE,
-                     primitive="dot_general")
+@pytest.mark.parametrize(("lhs", "rhs", "acc", "chip"), [
+    pytest.param(jnp.float32, jnp.float32, jnp.int32, "v7x", id="v7x-int-accumulator"),
+    pytest.param(jnp.int8, jnp.int8, jnp.int32, "v6e", id="int8-with-int32-accumulator"),
     # A bfloat16 left-hand side takes the int8 right-hand side on v4.
-    xb = x.astype(jnp.bfloat16)
-    out = _dot(jnp.bfloat16, jnp.int8, jnp.float32, "v4")(xb, y)
-    np.testing.assert_array_equal(out, np.asarray(x, np.float32) @ np.asarray(y, np.float32))
+    pytest.param(jnp.bfloat16, jnp.int8, jnp.float32, "v4", id="v4-bfloat16-times-int8"),
+])
+def test_a_matmul_the_compiler_accepts_runs(lhs, rhs, acc, chip):
+    x, y = _ints((128, 128), lhs, 0), _ints((128, 128), rhs, 1)
+    out = _dot(lhs, rhs, acc, chip)(x, y)
+    want = np.asarray(x, np.float64) @ np.asarray(y, np.float64)
+    np.testing.assert_array_equal(out, want.astype(np.dtype(acc)))
+
 
 
 # --- grid semantics -------------------------------------------------------------------

@@ -7,10 +7,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _multi_device_harness import run_on_devices
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
-from jax.sharding import NamedSharding
-from jax.sharding import PartitionSpec as P
 
 from palladium.interpret import InterpretParams, KernelError, errors_as_raised
 
@@ -31,13 +30,9 @@ def _handshake(x, *, n, compiler_params):
 
 
 def _run(compiler_params):
-    n = 2
-    mesh = jax.make_mesh((n,), ("x",), devices=jax.devices()[:n])
-    f = jax.jit(jax.shard_map(
-        functools.partial(_handshake, n=n, compiler_params=compiler_params), mesh=mesh,
-        in_specs=P("x"), out_specs=P("x"), check_vma=False))
     x = jnp.arange(2 * 8 * 128, dtype=jnp.float32).reshape(16, 128)
-    return x, np.asarray(f(jax.device_put(x, NamedSharding(mesh, P("x")))))
+    return x, run_on_devices(
+        functools.partial(_handshake, compiler_params=compiler_params), 2, x)
 
 
 @pytest.mark.timeout(120)

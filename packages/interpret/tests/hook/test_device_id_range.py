@@ -2,39 +2,16 @@
 minor coordinate must not silently name another device (row-major ids)."""
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
+from _multi_device_harness import remote_copy_on_2x2
 from jax.experimental import pallas as pl
-from jax.experimental.pallas import tpu as pltpu
-from jax.sharding import NamedSharding
-from jax.sharding import PartitionSpec as P
 
 from palladium.interpret import InterpretParams, KernelError, errors_as_raised
 
-ANY = pl.BlockSpec(memory_space=pl.ANY)
-
 
 def _send_to(device_id, device_id_type):
-    mesh = jax.make_mesh((2, 2), ("a", "b"), devices=jax.devices()[:4])
-
-    def kernel(x_ref, o_ref, send, recv):
-        target = device_id() if callable(device_id) else device_id
-        copy = pltpu.make_async_remote_copy(x_ref, o_ref, send, recv, device_id=target,
-                                            device_id_type=device_id_type)
-        copy.start()
-        copy.wait()
-
-    def f(x):
-        return pl.pallas_call(
-            kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), in_specs=[ANY],
-            out_specs=ANY, scratch_shapes=[pltpu.SemaphoreType.DMA] * 2,
-            interpret=InterpretParams(check_lowering=False))(x)
-
-    x = jnp.arange(16 * 256, dtype=jnp.float32).reshape(16, 256)
-    g = jax.jit(jax.shard_map(f, mesh=mesh, in_specs=P("a", "b"), out_specs=P("a", "b"),
-                              check_vma=False))
-    return x, np.asarray(g(jax.device_put(x, NamedSharding(mesh, P("a", "b")))))
+    return remote_copy_on_2x2(device_id, device_id_type, InterpretParams(check_lowering=False))
 
 
 @pytest.mark.timeout(120)

@@ -12,10 +12,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _multi_device_harness import mesh as harness_mesh
+from _multi_device_harness import remote_copy_on_2x2, run_on_devices, sharded
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
-from jax.sharding import NamedSharding
-from jax.sharding import PartitionSpec as P
 
 from palladium.interpret import (
     DataRaceError,
@@ -34,20 +34,7 @@ MESH_ID = pl.DeviceIdType.MESH
 ANY = pl.BlockSpec(memory_space=pl.ANY)
 
 
-def _mesh(n):
-    return jax.make_mesh((n,), ("x",), devices=jax.devices()[:n])
-
-
-def _sharded(x, mesh):
-    return jax.device_put(x, NamedSharding(mesh, P("x")))
-
-
-def _run(kernel_fn, n, x, **shard_kwargs):
-    """``kernel_fn(x_shard, n)`` under jit(shard_map) over the first ``n`` devices."""
-    mesh = _mesh(n)
-    f = jax.jit(jax.shard_map(functools.partial(kernel_fn, n=n), mesh=mesh, in_specs=P("x"),
-                              out_specs=P("x"), check_vma=False, **shard_kwargs))
-    return np.asarray(f(_sharded(x, mesh)))
+_run = run_on_devices
 
 
 def _iota(shape):
@@ -56,28 +43,11 @@ def _iota(shape):
 
 def test_two_axis_mesh_mesh_ids_and_axis_index():
     """A 2x2 mesh: MESH ids are (row, col) coordinates; send to the transposed device."""
-    mesh = jax.make_mesh((2, 2), ("a", "b"), devices=jax.devices()[:4])
-
-    def kernel(x_ref, o_ref, send, recv):
-        a, b = jax.lax.axis_index("a"), jax.lax.axis_index("b")
-        copy = pltpu.make_async_remote_copy(x_ref, o_ref, send, recv, device_id=(b, a),
-                                            device_id_type=MESH_ID)
-        copy.start()
-        copy.wait()
-
-    def f(x):
-        return pl.pallas_call(
-            kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), in_specs=[ANY],
-            out_specs=ANY, scratch_shapes=[pltpu.SemaphoreType.DMA] * 2,
-            interpret=InterpretParams(detect_races=True))(x)
-
-    x = _iota((2 * 8, 2 * 128))
-    g = jax.jit(jax.shard_map(f, mesh=mesh, in_specs=P("a", "b"), out_specs=P("a", "b"),
-                              check_vma=False))
-    out = g(jax.device_put(x, NamedSharding(mesh, P("a", "b"))))
+    x, out = remote_copy_on_2x2(
+        lambda: (jax.lax.axis_index("b"), jax.lax.axis_index("a")), MESH_ID,
+        InterpretParams(detect_races=True))
     blocks = np.asarray(x).reshape(2, 8, 2, 128)
-    np.testing.assert_array_equal(np.asarray(out).reshape(2, 8, 2, 128),
-                                  blocks.transpose(2, 1, 0, 3))
+    np.testing.assert_array_equal(out.reshape(2, 8, 2, 128), blocks.transpose(2, 1, 0, 3))
 
 
 # --- errors -----------------------------------------------------------------------------
@@ -234,10 +204,10 @@ def test_jax_shipped_all_gather_kernel():
     from jax.experimental.pallas.ops.tpu import all_gather as jax_all_gather
 
     n = 4
-    mesh = _mesh(n)
+    mesh = harness_mesh(n)
     x = _iota((n * 8, 128))
     with force_tpu_interpret_mode(InterpretParams(detect_races=True)):
-        out = jax_all_gather.all_gather(_sharded(x, mesh), mesh=mesh, axis_name="x")
+        out = jax_all_gather.all_gather(sharded(x, mesh), mesh=mesh, axis_name="x")
     np.testing.assert_array_equal(out, x)
 
 

@@ -12,30 +12,64 @@ import time
 
 import pytest
 
-_CHILD = textwrap.dedent("""
-    import sys, threading
+# What every interrupted child shares: the recorder that prints "running" once the first
+# grid point runs (the cores are in the kernel), its params, a launch over n devices.
+_PREAMBLE = textwrap.dedent("""
+    import sys, threading, time
     import jax, jax.numpy as jnp
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import tpu as pltpu
     from jax.sharding import NamedSharding, PartitionSpec as P
     from palladium.interpret import InterpretParams
 
+    MODE = sys.argv[1]
+    started = threading.Event()
+
+    def recorder(point, core):
+        if not started.is_set():
+            started.set()
+            print("running", flush=True)
+
+    def params_of(cores):
+        return InterpretParams(watchdog_timeout=None, rendezvous_timeout=600,
+                               num_cores_or_threads=cores, grid_point_recorder=recorder)
+
+    def on_devices(call, n, x):
+        mesh = jax.make_mesh((n,), ("x",), devices=jax.devices()[:n])
+        x = jax.device_put(x, NamedSharding(mesh, P("x")))
+        return jax.jit(jax.shard_map(call, mesh=mesh, in_specs=P("x"), out_specs=P("x"),
+                                     check_vma=False))(x)
+""")
+
+
+def _interrupted(tmp_path, child, mode, devices, timeout):
+    """Run ``child`` (after the preamble) with ``MODE = mode`` on ``devices`` host devices;
+    Ctrl-C it 1 s after it printed "running". Its return code, stdout and stderr."""
+    script = tmp_path / "child.py"
+    script.write_text(_PREAMBLE + child)
+    env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
+    proc = subprocess.Popen([sys.executable, str(script), mode], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "running"
+        time.sleep(1.0)  # the cores are in the kernel (they printed "running" from it)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return proc.returncode, out, err
+
+
+_CHILD = textwrap.dedent("""
     import signal
     # palladium's watcher (installed at import) sees SIGINT through the wakeup fd and
     # cancels the launch; a no-op Python handler keeps a second KeyboardInterrupt (from
     # Python's own handler, once XLA returns) from racing the report below.
     signal.signal(signal.SIGINT, lambda *args: None)
-    MODE = sys.argv[1]
-    started = threading.Event()
-
-    def recorder(point, core):  # the first grid point runs: the cores are in the kernel
-        if not started.is_set():
-            started.set()
-            print("running", flush=True)
-
-    params = InterpretParams(watchdog_timeout=None, rendezvous_timeout=600,
-                             num_cores_or_threads=2 if MODE == "megacore" else 1,
-                             grid_point_recorder=recorder)
+    params = params_of(2 if MODE == "megacore" else 1)
 
     def spin_kernel(x_ref, o_ref, flag):
         def spin(n):
@@ -60,10 +94,7 @@ _CHILD = textwrap.dedent("""
                 compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel",)),
                 interpret=params)(x)
         else:
-            mesh = jax.make_mesh((4,), ("x",), devices=jax.devices()[:4])
-            x = jax.device_put(jnp.ones((32, 128)), NamedSharding(mesh, P("x")))
-            out = jax.jit(jax.shard_map(call, mesh=mesh, in_specs=P("x"), out_specs=P("x"),
-                                        check_vma=False))(x)
+            out = on_devices(call, 4, jnp.ones((32, 128)))
         out.block_until_ready()
     except BaseException as e:
         alive = [t.name for t in threading.enumerate() if t.name.startswith("palladium device")]
@@ -76,22 +107,8 @@ _CHILD = textwrap.dedent("""
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("mode", ["megacore", "shard_map"])
 def test_ctrl_c_cancels_the_launch_and_joins_its_threads(mode, tmp_path):
-    script = tmp_path / "child.py"
-    script.write_text(_CHILD)
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8")
-    child = subprocess.Popen([sys.executable, str(script), mode], stdout=subprocess.PIPE,
-                             stderr=subprocess.DEVNULL, text=True, env=env)
-    try:
-        assert child.stdout is not None
-        assert child.stdout.readline().strip() == "running"
-        time.sleep(1.0)  # the cores are spinning (they printed "running" from the kernel)
-        child.send_signal(signal.SIGINT)
-        out, _ = child.communicate(timeout=60)
-    finally:
-        if child.poll() is None:
-            child.kill()
-            child.wait()
-    assert child.returncode == 3, out
+    returncode, out, _ = _interrupted(tmp_path, _CHILD, mode, devices=8, timeout=60)
+    assert returncode == 3, out
     assert "interrupted True threads []" in out, out
 
 
@@ -126,24 +143,7 @@ def test_the_watcher_closes_its_sockets_at_exit(tmp_path):
 # A grid of 10^6 steps whose kernel has no scheduling point of its own (no loop, no DMA,
 # no semaphore): Ctrl-C and the watchdog must be seen between grid steps.
 _GRID_CHILD = textwrap.dedent("""
-    import sys, threading, time
-    import jax, jax.numpy as jnp
-    from jax.experimental import pallas as pl
-    from jax.experimental.pallas import tpu as pltpu
-    from jax.sharding import NamedSharding, PartitionSpec as P
-    from palladium.interpret import InterpretParams
-
-    SHAPE = sys.argv[1]
-    started = threading.Event()
-
-    def recorder(point, core):
-        if not started.is_set():
-            started.set()
-            print("running", flush=True)
-
-    params = InterpretParams(watchdog_timeout=None, rendezvous_timeout=600,
-                             num_cores_or_threads=2 if SHAPE == "2 cores" else 1,
-                             grid_point_recorder=recorder)
+    params = params_of(2 if MODE == "2 cores" else 1)
 
     def step_kernel(x_ref, o_ref):
         o_ref[...] = x_ref[...] + 1.0
@@ -154,15 +154,12 @@ _GRID_CHILD = textwrap.dedent("""
             in_specs=[pl.BlockSpec((8, 128), lambda i: (0, 0))],
             out_specs=pl.BlockSpec((8, 128), lambda i: (0, 0)),
             compiler_params=pltpu.CompilerParams(
-                dimension_semantics=("parallel",) if SHAPE == "2 cores" else ("arbitrary",)),
+                dimension_semantics=("parallel",) if MODE == "2 cores" else ("arbitrary",)),
             interpret=params)(x)
 
     try:
-        if SHAPE == "2 devices":
-            mesh = jax.make_mesh((2,), ("x",), devices=jax.devices()[:2])
-            x = jax.device_put(jnp.ones((16, 128)), NamedSharding(mesh, P("x")))
-            out = jax.jit(jax.shard_map(call, mesh=mesh, in_specs=P("x"), out_specs=P("x"),
-                                        check_vma=False))(x)
+        if MODE == "2 devices":
+            out = on_devices(call, 2, jnp.ones((16, 128)))
         else:
             out = call(jnp.ones((8, 128)))
         out.block_until_ready()
@@ -183,23 +180,9 @@ def test_ctrl_c_between_grid_steps_is_one_keyboard_interrupt_and_the_process_exi
     could not exit; a 1-core launch surfaced as ``JaxRuntimeError``; a 2-device one raised
     ``JaxRuntimeError``, then a ``KeyboardInterrupt`` in the caller's ``except`` block, then
     "Exception ignored in atexit callback" at exit."""
-    script = tmp_path / "child.py"
-    script.write_text(_GRID_CHILD)
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2")
-    child = subprocess.Popen([sys.executable, str(script), shape], stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True, env=env)
-    try:
-        assert child.stdout is not None
-        assert child.stdout.readline().strip() == "running"
-        time.sleep(1.0)  # well inside the grid (10^6 steps take minutes)
-        child.send_signal(signal.SIGINT)
-        out, err = child.communicate(timeout=90)
-    finally:
-        if child.poll() is None:
-            child.kill()
-            child.wait()
+    returncode, out, err = _interrupted(tmp_path, _GRID_CHILD, shape, devices=2, timeout=90)
     assert out.splitlines() == ["caught KeyboardInterrupt after NoneType", "handled"], (out, err)
-    assert child.returncode == 0, err
+    assert returncode == 0, err
     assert "Traceback" not in err and "Exception ignored" not in err, err
 
 

@@ -15,10 +15,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from _launch_harness import core_map_call
+from _multi_device_harness import mesh, on_devices, sharded
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
-from jax.sharding import NamedSharding
-from jax.sharding import PartitionSpec as P
 
 from palladium.interpret import InterpretParams, WatchdogError, errors_as_raised
 from palladium.interpret.eval.site import Site
@@ -51,7 +50,6 @@ def _ring_poll(x_ref, o_ref, send, recv, count, *, n, poll):
 @pytest.mark.parametrize("poll", ["destination", "semaphore"])
 def test_polling_sees_a_dma_nobody_waits_for(poll, seed, dma_order):
     n = 2
-    mesh = jax.make_mesh((n,), ("x",), devices=jax.devices()[:n])
     params = InterpretParams(random_seed=seed, dma_order=dma_order, rendezvous_timeout=30,
                              watchdog_timeout=30)
 
@@ -63,9 +61,7 @@ def test_polling_sees_a_dma_nobody_waits_for(poll, seed, dma_order):
             interpret=params)(x)
 
     x = jnp.arange(n * 8 * 128, dtype=jnp.float32).reshape(n * 8, 128) + 1
-    g = jax.jit(jax.shard_map(f, mesh=mesh, in_specs=P("x"), out_specs=P("x"),
-                              check_vma=False))
-    out = np.asarray(g(jax.device_put(x, NamedSharding(mesh, P("x")))))
+    out = np.asarray(on_devices(f, n)(sharded(x, mesh(n))))
     expected = np.roll(np.asarray(x).reshape(n, 8, 128), 1, axis=0).reshape(x.shape)
     np.testing.assert_array_equal(out, expected)
 

@@ -12,10 +12,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _multi_device_harness import mesh, on_devices, sharded
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
-from jax.sharding import NamedSharding
-from jax.sharding import PartitionSpec as P
 
 from palladium.interpret import (
     InterpretParams,
@@ -279,10 +278,6 @@ def test_an_output_aliased_to_an_input_needs_no_write():
     np.testing.assert_array_equal(out, x)
 
 
-def _mesh(n):
-    return jax.make_mesh((n,), ("x",), devices=jax.devices()[:n])
-
-
 def ring_then_read(x_ref, o_ref, recv, send_sem, recv_sem, *, n, bug):
     me = jax.lax.axis_index("x")
     copy = pltpu.make_async_remote_copy(x_ref.at[0:4] if bug else x_ref, recv.at[0:4] if bug
@@ -298,7 +293,6 @@ def ring_then_read(x_ref, o_ref, recv, send_sem, recv_sem, *, n, bug):
 @pytest.mark.parametrize("bug", [False, True], ids=["clean", "half-received"])
 def test_multi_device_a_remote_dma_writes_the_peers_buffer(detect_races, bug):
     n = 2
-    mesh = _mesh(n)
 
     def f(x):
         return pl.pallas_call(
@@ -308,10 +302,9 @@ def test_multi_device_a_remote_dma_writes_the_peers_buffer(detect_races, bug):
                             pltpu.SemaphoreType.DMA],
             interpret=_params(detect_races=detect_races))(x)
 
-    g = jax.jit(jax.shard_map(f, mesh=mesh, in_specs=P("x"), out_specs=P("x"),
-                              check_vma=False))
+    g = on_devices(f, n)
     x = jnp.arange(n * 8 * 128, dtype=F32).reshape(n * 8, 128)
-    xs = jax.device_put(x, NamedSharding(mesh, P("x")))
+    xs = sharded(x, mesh(n))
     if not bug:
         np.testing.assert_array_equal(g(xs), np.roll(np.asarray(x).reshape(n, 8, 128), 1, 0)
                                       .reshape(n * 8, 128))

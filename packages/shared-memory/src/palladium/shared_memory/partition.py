@@ -103,7 +103,8 @@ def _decode(payload: bytes) -> _Status:
 class Rounds:
     """One partitioned launch's outbox and rounds (see the module docstring).
 
-    ``sim`` is the ``Simulation``; ``tasks()`` the scheduler's tasks now;
+    ``sim`` is the ``Simulation``, used through its collaborators' public names
+    (``buffers``, ``semaphores``, ``kernel_barrier``, ``races``, ``race_detector``);
     ``release_barrier()`` completes the kernel-wide barrier on the local cores.
     """
 
@@ -142,8 +143,8 @@ class Rounds:
     @property
     def clocks(self) -> ClockExchange | None:
         """Race detection's clock translation (None without race detection)."""
-        if self._clocks is None and self.sim._det is not None:
-            self._clocks = ClockExchange(self.sim._det, self.transport.process)
+        if self._clocks is None and self.sim.race_detector is not None:
+            self._clocks = ClockExchange(self.sim.race_detector, self.transport.process)
         return self._clocks
 
     def crosses(self, src: Any, dst: Any, dst_core: CoreId) -> bool:
@@ -182,7 +183,7 @@ class Rounds:
         """Execute ``dma`` (its source read) and post what it writes to the owner of its
         destination."""
         dma.sent = []
-        dma.execute(self.sim._det)
+        dma.execute(self.sim.race_detector)
         data, bits, clock = dma.sent
         race = None
         if self.clocks is not None and clock is not None:
@@ -253,12 +254,12 @@ class Rounds:
                 status.blocked.append((t.core, t.describe()))
             elif t.state.name == "DONE":
                 status.finished.append(t.core)
-        arrived = self.sim._barrier_arrived
-        status.at_barrier = bool(arrived) and len(arrived) == len(self.sim._run_cores)
+        arrived = self.sim.kernel_barrier.arrived
+        status.at_barrier = bool(arrived) and len(arrived) == len(self.sim.kernel_barrier.participants)
         if status.at_barrier and self.clocks is not None:
             merged = VectorClock()
-            for core in self.sim._run_cores:
-                merged.join(self.sim._actor(core).clock())
+            for core in self.sim.kernel_barrier.participants:
+                merged.join(self.sim.races.actor(core).clock())
             status.barrier_clock = self.clocks.export(merged.snapshot())
         return status
 
@@ -281,11 +282,11 @@ class Rounds:
         if statuses and all(s.at_barrier for s in statuses):
             clocks = self.clocks
             if clocks is not None:  # every process's cores happen-before the barrier's end
-                det = self.sim._det
+                det = self.sim.race_detector
                 for s in statuses:
                     clock = clocks.imported(s.barrier_clock)
-                    for core in self.sim._run_cores:
-                        det.acquire(self.sim._actor(core), clock)
+                    for core in self.sim.kernel_barrier.participants:
+                        det.acquire(self.sim.races.actor(core), clock)
             self.release_barrier()
             progress = True
         return progress
@@ -297,15 +298,15 @@ class Rounds:
         if kind == "signal":
             _, _, target, sem_id, inc, entries = m
             clock = None if entries is None or clocks is None else clocks.imported(entries)
-            sim._sem(target, sem_id).signal(inc, clock)
+            sim.semaphores.get(target, sem_id).signal(inc, clock)
         elif kind == "read":
             self._read(m)
         elif kind == "data":
             _, _, dma_id, data, stored = m
             dma, dst_core = self._fetching.pop(dma_id)
-            dma.read_from(data, stored, sim._det)
+            dma.read_from(data, stored, sim.race_detector)
             if dma.dst.ref.device in self.local and dst_core[0] in self.local:
-                dma.execute(sim._det)
+                dma.execute(sim.race_detector)
             else:
                 self._send(dma, dst_core)  # into another process's device in turn
         else:
@@ -313,13 +314,13 @@ class Rounds:
 
     def _buffer(self, ident: Any, src_core: CoreId, site: str, what: str) -> Any:
         key = self.key_of.get(ident)
-        if key is None or key not in self.sim._buffers:
+        if key is None or key not in self.sim.buffers.by_key:
             raise ConfigError(
                 f"{core_name(src_core)}: a DMA {what} device {ident[0]} (another process) "
                 f"names a buffer that process does not hold (scoped or freed)"
                 f"{at_site(site or None)}"
             )
-        return self.sim._buffers[key]
+        return self.sim.buffers.by_key[key]
 
     def _read(self, m: tuple[Any, ...]) -> None:
         """Another process's DMA reads a local buffer: read it now, post the data back."""
@@ -332,7 +333,7 @@ class Rounds:
         if race is not None and clocks is not None and plan.index is not None:
             name, process, slot, entries = race
             actor = clocks.actor(f"{name} (process {process})", process, slot, entries)
-            report_read(self.sim._det, actor, buf, plan, mask, site or None)
+            report_read(self.sim.race_detector, actor, buf, plan, mask, site or None)
         self.outbox.append(("data", src_core[0], dma_id, data, stored))
 
     def _write(self, m: tuple[Any, ...]) -> None:
@@ -357,9 +358,9 @@ class Rounds:
             name, process, slot, entries = race
             if plan.index is not None:  # the write checked here, as the sender's DMA's
                 actor = clocks.actor(f"{name} (process {process})", process, slot, entries)
-                report_write(sim._det, actor, buf, plan, mask, site or None)
+                report_write(sim.race_detector, actor, buf, plan, mask, site or None)
             clock = clocks.imported(entries)
-        sim._sem(dst_core, sem_id).signal(nbytes, clock)
+        sim.semaphores.get(dst_core, sem_id).signal(nbytes, clock)
 
     @staticmethod
     def _deadlock_message(statuses: list[_Status]) -> str:

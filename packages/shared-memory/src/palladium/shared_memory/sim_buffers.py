@@ -1,7 +1,10 @@
-"""The buffers of a simulated launch: allocation, reads, writes, swaps, reference counts."""
+"""The buffers of a simulated launch (a ``Simulation`` collaborator): allocation, reads,
+writes, swaps, block copies, reference counts, what was written."""
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -13,16 +16,52 @@ from palladium.shared_memory.buffers import (
     is_float_dtype,
 )
 from palladium.shared_memory.dma import report_read, report_write
-from palladium.shared_memory.errors import ConfigError, at_site, core_name
+from palladium.shared_memory.errors import ConfigError, SimulationError, at_site, core_name
+from palladium.shared_memory.options import SimulationOptions
 from palladium.shared_memory.regions import AccessPlan
-from palladium.shared_memory.sim_state import CoreId, SimulationState, site_line
+from palladium.shared_memory.sim_state import (
+    CoreId,
+    LaunchLinks,
+    UninitializedReports,
+    site_line,
+)
 from palladium.shared_memory.tpu_facts import padded_shape, uninitialized_value
 
 _ELLIPSIS = (Ellipsis,)
 
 
-class BufferOps(SimulationState):
-    """``Simulation``'s buffer operations (see ``API.md``)."""
+class BufferStore:
+    """Every buffer of a launch by key, and the operations on them (see ``API.md``).
+
+    ``check_core`` validates a ``(device, core)``; ``links`` the race detector, a
+    partitioned run's rounds and the observers (``sim_state.LaunchLinks``).
+    """
+
+    __slots__ = ("actor", "by_key", "check_core", "det", "links", "next_key", "oob_raise",
+                 "options", "out_of_bounds_hint", "phantom_floats", "reports", "rounds",
+                 "track_written")
+
+    def __init__(self, options: SimulationOptions, links: LaunchLinks, *,
+                 check_core: Callable[[Any], CoreId], reports: UninitializedReports,
+                 out_of_bounds_hint: str) -> None:
+        self.by_key: dict[int, Buffer] = {}  # the live buffers (freed ones are dropped)
+        self.next_key: Iterator[int] = itertools.count()
+        self.check_core = check_core
+        self.links = links
+        self.det, self.actor, self.rounds = links.det, links.actor, links.rounds
+        self.reports = reports
+        self.options = options
+        self.out_of_bounds_hint = out_of_bounds_hint
+        self.oob_raise = options.out_of_bounds == "raise"
+        self.track_written = options.uninitialized_reads != "off"
+        self.phantom_floats = not options.keep_float_data
+
+    def get(self, buf: BufferRef) -> Buffer:
+        """The buffer ``buf`` names; raises if it was freed."""
+        b = self.by_key.get(buf.key)
+        if b is None:
+            raise SimulationError(f"buffer {buf.label} was used after it was freed")
+        return b
 
     def allocate(
         self,
@@ -52,10 +91,10 @@ class BufferOps(SimulationState):
         """
         space = MemorySpace(space)
         core = 0 if space.per_device else int(core)
-        self._check_core((device, core))
+        self.check_core((device, core))
         # Another process's device (partitioned): a stand-in without data, never read.
-        stand_in = self._rounds is not None and not self._rounds.is_local(device)
-        if value is not None and (stand_in or self._phantom_floats and is_float_dtype(
+        stand_in = self.rounds is not None and not self.rounds.is_local(device)
+        if value is not None and (stand_in or self.phantom_floats and is_float_dtype(
                 np.dtype(dtype) if dtype is not None else np.asarray(value).dtype)):
             # no data: the value is not copied (a zero-stride array of the fill)
             value = np.asarray(value, dtype=dtype)
@@ -68,91 +107,87 @@ class BufferOps(SimulationState):
             if shape is None or dtype is None:
                 raise ConfigError(f"buffer '{name}': give a value, or a shape and a dtype")
             dtype = np.dtype(dtype)
-            fill_value = uninitialized_value(dtype, fill or self.uninitialized)
+            fill_value = uninitialized_value(dtype, fill or self.options.uninitialized)
             shape = tuple(int(d) for d in shape)
-            if shape and (stand_in or self._phantom_floats and is_float_dtype(dtype)):
+            if shape and (stand_in or self.phantom_floats and is_float_dtype(dtype)):
                 data = np.broadcast_to(np.asarray(fill_value, dtype), shape)
             else:
                 data = np.full(shape, fill_value, dtype)
         bound = data.shape
         # Host memory is not laid out in TPU tiles; SMEM holds scalars.
-        if self.bounds == "padded" and space in (MemorySpace.HBM, MemorySpace.VMEM):
-            bound = padded_shape(data.shape, data.dtype, self.tiling,
-                                 generation=self.tpu_generation)
-        key = next(self._next_key)
+        options = self.options
+        if options.bounds == "padded" and space in (MemorySpace.HBM, MemorySpace.VMEM):
+            bound = padded_shape(data.shape, data.dtype, options.tiling,
+                                 generation=options.tpu_generation)
+        key = next(self.next_key)
         ref = BufferRef(key, space, int(device), core, name, data.shape, data.dtype)
         if private and space.per_device:
             raise ConfigError(f"buffer '{name}': {space.value} belongs to the device; only "
                               f"VMEM and SMEM can be private to a core")
-        self._buffers[key] = buf = Buffer(
-            ref, data, bound, uninitialized_value(data.dtype, fill or self.uninitialized),
+        self.by_key[key] = buf = Buffer(
+            ref, data, bound, uninitialized_value(data.dtype, fill or options.uninitialized),
             self.out_of_bounds_hint,
             np.full(data.shape, value is not None)
-            if self._track_written and data.flags.writeable
-            else np.broadcast_to(np.False_, data.shape) if self._track_written and stand_in
+            if self.track_written and data.flags.writeable
+            else np.broadcast_to(np.False_, data.shape) if self.track_written and stand_in
             else None,
         )
         buf.private, buf.read_only = private, read_only
         buf.quiet = private or read_only
-        if self._rounds is not None:
-            self._rounds.allocated(key, int(device), core, space.value)
-        if self._det is not None and (self._rounds is None or self._rounds.is_local(device)):
+        if self.rounds is not None:
+            self.rounds.allocated(key, int(device), core, space.value)
+        if self.det is not None and (self.rounds is None or self.rounds.is_local(device)):
             # (another process's buffer is checked by that process)
-            self._det.register_buffer(key, data.shape, f"{name} ({ref.where})")
-        if self._obs is not None:
-            self._obs.allocate(ref, data.nbytes, (int(device), core))
+            self.det.register_buffer(key, data.shape, f"{name} ({ref.where})")
+        if self.links.obs is not None:
+            self.links.obs.allocate(ref, data.nbytes, (int(device), core))
         return ref
 
     def incref(self, buf: BufferRef) -> None:
         """One more owner of ``buf``: it survives one more ``free``."""
-        self._buffer(buf).refcount += 1
+        self.get(buf).refcount += 1
 
     def free(self, buf: BufferRef) -> None:
         """Drop one reference; the last one deallocates the buffer."""
-        b = self._buffer(buf)
+        b = self.get(buf)
         b.refcount -= 1
         if b.refcount == 0:
-            del self._buffers[buf.key]
-            if self._det is not None:
-                self._det.free_buffer(buf.key)
-            if self._obs is not None:
-                self._obs.free(buf, b.data.nbytes, (buf.device, buf.core))
+            del self.by_key[buf.key]
+            if self.det is not None:
+                self.det.free_buffer(buf.key)
+            if self.links.obs is not None:
+                self.links.obs.free(buf, b.data.nbytes, (buf.device, buf.core))
 
     def is_allocated(self, buf: BufferRef) -> bool:
         """Whether ``buf`` has not been freed yet."""
-        return buf.key in self._buffers
+        return buf.key in self.by_key
 
     def contents(self, buf: BufferRef) -> np.ndarray:
         """The array ``buf`` holds, itself (not a copy): for a client that computes a
         whole run of accesses elsewhere and stores the result back in place. Nothing is
         checked, counted or told to the race detector: the client answers for that."""
-        return self._buffer(buf).data
-
-    @property
-    def detects_races(self) -> bool:
-        """Whether the race detector is on."""
-        return self._det is not None
+        return self.get(buf).data
 
     def record_access(self, buf: BufferRef, region: Any, *, write: bool, core: CoreId,
                       site: object = None) -> None:
         """Tell the race detector of a read (or write) of ``buf[region]`` by ``core`` that
         a client did on the array of ``contents`` (the same event ``read``/``write``
         would give; nothing else is checked). No-op without the race detector."""
-        if self._det is None:
+        if self.det is None:
             return
-        b = self._buffers.get(buf.key) or self._buffer(buf)
+        b = self.by_key.get(buf.key) or self.get(buf)
         plan = b.plan(region)
         if plan.index is None:
             return
         report = report_write if write else report_read
-        report(self._det, self._actor(core), b, plan, None, site)
+        report(self.det, self.actor(core), b, plan, None, site)
 
     def plan(self, buf: BufferRef, region: Any) -> AccessPlan:
         """``region`` of ``buf`` resolved once: pass the plan instead of the region to
         ``read``, ``write``, ``swap`` or ``dma_start`` (of ``buf`` or any buffer of the
         same shape and bounds) and neither the simulator nor the race detector parses
         the region again. A plan is immutable; keep it as long as the region is used."""
-        return self._buffer(buf).plan(region)
+        return self.get(buf).plan(region)
 
     def read(self, buf: BufferRef, region: Any, *, mask: Any = None, core: CoreId, site: object = None,
              check_written: bool = True) -> np.ndarray:
@@ -163,45 +198,45 @@ class BufferOps(SimulationState):
         detector sees only the True ones. With ``uninitialized_reads`` on, reading an
         element nothing wrote is reported.
         """
-        b = self._buffers.get(buf.key) or self._buffer(buf)
+        b = self.by_key.get(buf.key) or self.get(buf)
         plan = b.plan(region)
         if plan.full and not b.phantom:  # the common case, inlined: every load reads
             out = b.data[plan.index + _ELLIPSIS].copy()
         else:
-            out = b.read(plan, self._oob_raise, "read", core, site, mask)
+            out = b.read(plan, self.oob_raise, "read", core, site, mask)
         if b.written is not None and check_written:
             missing = b.unwritten(plan, mask)
             if missing is not None:
                 self._report_unwritten(b, plan, missing, "read", core, site)
-        if self._det is not None and plan.index is not None and not b.quiet:
-            report_read(self._det, self._actor(core), b, plan, mask, site)
+        if self.det is not None and plan.index is not None and not b.quiet:
+            report_read(self.det, self.actor(core), b, plan, mask, site)
         return out
 
     def write(self, buf: BufferRef, region: Any, value: Any, *, mask: Any = None, core: CoreId, site: object = None) -> None:
         """Store ``value`` into ``buf[region]`` (only where ``mask`` is True)."""
-        b = self._buffers.get(buf.key) or self._buffer(buf)
+        b = self.by_key.get(buf.key) or self.get(buf)
         plan = b.plan(region)
         if b.read_only:
             raise b.read_only_error("a store", core, site)
         mask = b.write(plan, value, mask, "write", core, site)
-        if self._det is not None and plan.index is not None and not b.quiet:
+        if self.det is not None and plan.index is not None and not b.quiet:
             self._race_write(core, buf.key, plan, mask, site)
 
     def swap(self, buf: BufferRef, region: Any, value: Any, *, mask: Any = None, core: CoreId, site: object = None) -> np.ndarray:
         """Store ``value`` (where ``mask``) into ``buf[region]``; return the old contents."""
-        b = self._buffers.get(buf.key) or self._buffer(buf)
+        b = self.by_key.get(buf.key) or self.get(buf)
         plan = b.plan(region)
         if b.read_only:
             raise b.read_only_error("a store", core, site)
         old, mask = b.swap(plan, value, mask, core, site)
-        if self._det is not None and plan.index is not None and not b.quiet:
+        if self.det is not None and plan.index is not None and not b.quiet:
             self._race_write(core, buf.key, plan, mask, site)
         return old
 
     def _race_write(self, core: Any, key: Any, plan: AccessPlan, mask: Any, site: object) -> None:
         """``mask``: of the stored elements already (what ``Buffer.write`` returns)."""
-        assert self._det is not None
-        report_write(self._det, self._actor(core), self._buffers[key], plan, mask, site,
+        assert self.det is not None
+        report_write(self.det, self.actor(core), self.by_key[key], plan, mask, site,
                      stored=True)
 
     # -- what was written (``uninitialized_reads``) ------------------------------------
@@ -213,10 +248,10 @@ class BufferOps(SimulationState):
         carries the written-ness of each element along (copying never-written bytes is
         not itself reported, a later read of them is); elements of the source region
         beyond its buffer (a partial edge block) count as written. Returns the data."""
-        sb = self._buffers.get(src.key) or self._buffer(src)
+        sb = self.by_key.get(src.key) or self.get(src)
         splan = sb.plan(src_region)
         data = self.read(src, splan, core=core, site=site, check_written=False)
-        db = self._buffers.get(dst.key) or self._buffer(dst)
+        db = self.by_key.get(dst.key) or self.get(dst)
         dplan = db.plan(dst_region)
         self.write(dst, dplan, data, core=core, site=site)
         if db.written is not None:
@@ -233,7 +268,7 @@ class BufferOps(SimulationState):
     def mark_written(self, buf: BufferRef, written: bool = True) -> None:
         """Mark every element of ``buf`` as written (or, ``written=False``, as never
         written: a block buffer about to hold the next block)."""
-        b = self._buffer(buf)
+        b = self.get(buf)
         if b.written is not None:
             b.written[...] = written
 
@@ -241,7 +276,7 @@ class BufferOps(SimulationState):
         """The elements of ``buf[region]`` nothing wrote, as (their bounding box in the
         buffer, e.g. ``[8:16, 0:128]``, how many, of how many); None if every element
         was written or ``uninitialized_reads`` is off. Not a read: nothing is reported."""
-        b = self._buffer(buf)
+        b = self.get(buf)
         if b.written is None:
             return None
         plan = b.plan(region)
@@ -254,7 +289,7 @@ class BufferOps(SimulationState):
         """Deliver a client's uninitialised-memory report (an output nothing wrote) as
         the simulation's own: per ``uninitialized_reads``, once per ``key`` when warning.
         ``text`` is whole (the simulation's hint is not appended)."""
-        self._report_uninitialized(text, key, hint=False)
+        self.reports.report(text, key, hint=False)
 
     def _report_unwritten(self, b: Buffer, plan: AccessPlan, missing: np.ndarray, what: str,
                           core: CoreId, site: object) -> None:
@@ -263,8 +298,8 @@ class BufferOps(SimulationState):
                 f"{b.describe_elements(plan, missing)} ({n} of the {total} elements read were "
                 f"never written by a store, DMA, block copy or input){at_site(site)}. On a "
                 f"TPU these bytes are whatever an earlier kernel left there.")
-        self._report_uninitialized(text, (b.ref.name, b.ref.space, site_line(site)))
+        self.reports.report(text, (b.ref.name, b.ref.space, site_line(site)))
 
     def value(self, buf: BufferRef) -> np.ndarray:
         """The whole logical contents of ``buf`` (a copy; no race check)."""
-        return np.array(self._buffer(buf).data)
+        return np.array(self.get(buf).data)

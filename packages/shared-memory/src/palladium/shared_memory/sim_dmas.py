@@ -1,5 +1,6 @@
-"""``Simulation.dma_start``: a DMA checked, told to the race detector and observers, and
-handed to the launch's ``DmaQueue`` (``dma_queue``), which runs it when it is needed."""
+"""The DMA starts of a simulated launch (a ``Simulation`` collaborator): a DMA checked,
+told to the race detector and observers, and handed to the launch's ``DmaQueue``
+(``dma_queue``), which runs it when it is needed."""
 
 from __future__ import annotations
 
@@ -7,10 +8,13 @@ from typing import Any
 
 from palladium.shared_memory.buffers import BufferRef, outside_mask
 from palladium.shared_memory.dma import Dma, DmaView
+from palladium.shared_memory.dma_queue import DmaQueue
 from palladium.shared_memory.errors import ConfigError, at_site, core_name
 from palladium.shared_memory.observer import dma_event
 from palladium.shared_memory.regions import AccessPlan, describe_region
-from palladium.shared_memory.sim_state import CoreId, SimulationState, site_line
+from palladium.shared_memory.semaphore_table import SemaphoreTable
+from palladium.shared_memory.sim_buffers import BufferStore
+from palladium.shared_memory.sim_state import CoreId, LaunchLinks, UninitializedReports, site_line
 
 
 def _described(region: Any) -> str:
@@ -37,8 +41,23 @@ def _share(b: Any, core: CoreId, site: object) -> None:
     b.quiet = b.read_only
 
 
-class DmaOps(SimulationState):
-    """``Simulation``'s DMA operations (waiting for one is a semaphore wait)."""
+class DmaIssuer:
+    """Starts the DMAs of a launch between the buffers of ``buffers``, signalling the
+    semaphores of ``semaphores``, into ``queue`` (waiting for one is a semaphore wait,
+    ``sim_semaphores``). ``links``: the race detector, a partitioned run's rounds, the
+    current scheduler and observers (``LaunchLinks``)."""
+
+    __slots__ = ("actor", "buffers", "det", "links", "local", "oob_raise", "queue",
+                 "reports", "rounds", "semaphores")
+
+    def __init__(self, buffers: BufferStore, semaphores: SemaphoreTable, queue: DmaQueue,
+                 links: LaunchLinks, reports: UninitializedReports) -> None:
+        self.buffers, self.semaphores, self.queue = buffers, semaphores, queue
+        self.links = links
+        self.det, self.actor, self.rounds = links.det, links.actor, links.rounds
+        self.local = links.local
+        self.reports = reports
+        self.oob_raise = buffers.oob_raise
 
     def dma_start(
         self,
@@ -59,9 +78,9 @@ class DmaOps(SimulationState):
         """Start copying ``src[src_region]`` into ``dst[dst_region]`` (see API.md); with
         ``add`` the destination accumulates (``dst += src``) instead. Either region may
         be a plan (``plan``) of its buffer."""
-        task = self._task()
-        self._sched.check()
-        sb, db = self._buffer(src), self._buffer(dst)
+        task = getattr(self.local, "task", None)
+        self.links.sched.check()
+        sb, db = self.buffers.get(src), self.buffers.get(dst)
         if sb.quiet or db.quiet:
             if db.read_only:
                 raise db.read_only_error(f"a DMA into {dst.name}", core, site)
@@ -82,36 +101,36 @@ class DmaOps(SimulationState):
             )
         src_mask = None if view is None else view.src_mask
         dst_mask = None if view is None else view.dst_mask
-        if sp.oob and self._oob_raise and (src_mask is None or outside_mask(sp, src_mask).any()):
+        if sp.oob and self.oob_raise and (src_mask is None or outside_mask(sp, src_mask).any()):
             raise sb.oob_error("DMA read", sp, core, site, hint=True)
         db.check_write_bounds(dp, dst_mask, "DMA write", core, site)
         if dst_core is None:
             # Like the reference: the same core index on the destination's device.
             dst_core = core if dst.device == core[0] else (dst.device, core[1])
         dst_core = (int(dst_core[0]), int(dst_core[1]))
-        remote = self._rounds is not None and self._rounds.crosses(src, dst, dst_core)
-        dsem = self._sem(dst_core, dst_sem)
-        ssem = self._sem(core, src_sem) if src_sem is not None else None
-        queue = self.dma_queue
+        remote = self.rounds is not None and self.rounds.crosses(src, dst, dst_core)
+        dsem = self.semaphores.get(dst_core, dst_sem)
+        ssem = self.semaphores.get(core, src_sem) if src_sem is not None else None
+        queue = self.queue
         dma_id = queue.next_id()
         if name is None:
             name = f"DMA #{dma_id} {src.name}->{dst.name}"
         actor = None
-        if self._det is not None:
-            actor = self._det.new_actor(name, parent=self._actor(core))
+        if self.det is not None:
+            actor = self.det.new_actor(name, parent=self.actor(core))
         dma = Dma(dma_id, name, core, sb, sp, db, dp, ssem, dsem, actor, site, view, add)
         if sb.written is not None:
             dma.on_unwritten = self._dma_of_unwritten
-        if self._obs is not None:
+        if self.links.obs is not None:
             event = dma_event(dma, dst_core)
-            self._obs.dma_start(event)
-            dma.on_done = lambda obs=self._obs: obs.dma_complete(event)
+            self.links.obs.dma_start(event)
+            dma.on_done = lambda obs=self.links.obs: obs.dma_complete(event)
         if remote:
-            assert self._rounds is not None
-            self._rounds.start_dma(dma, dst_core)
+            assert self.rounds is not None
+            self.rounds.start_dma(dma, dst_core)
         else:
             queue.add(dma)
-        self._sched.yield_point(task)
+        self.links.sched.yield_point(task)
 
     def _dma_of_unwritten(self, dma: Dma, missing: Any) -> None:
         """A DMA's source region was never written at all (``uninitialized_reads``)."""
@@ -121,4 +140,4 @@ class DmaOps(SimulationState):
                 f"{src.ref.label} region {region} (none of the elements it copies was ever "
                 f"written by a store, DMA, block copy or input){at_site(dma.site)}. On a TPU "
                 f"it copies whatever an earlier kernel left there.")
-        self._report_uninitialized(text, (src.ref.name, src.ref.space, site_line(dma.site)))
+        self.reports.report(text, (src.ref.name, src.ref.space, site_line(dma.site)))

@@ -16,17 +16,13 @@ array([0., 1., 2., 3.], dtype=float32)
 
 from __future__ import annotations
 
-import itertools
 import random
 import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
 from palladium.race_detect import OnRace, RaceDetector
-from palladium.shared_memory.buffers import (
-    OUT_OF_BOUNDS_HINT,
-    Buffer,
-)
+from palladium.shared_memory.buffers import OUT_OF_BOUNDS_HINT
 from palladium.shared_memory.collector import frozen_heap
 from palladium.shared_memory.core_actors import CoreActors
 from palladium.shared_memory.dma import DmaState as DmaStep
@@ -47,11 +43,12 @@ from palladium.shared_memory.options import (
     UninitializedReads,
 )
 from palladium.shared_memory.partition import Partition, Rounds
-from palladium.shared_memory.scheduler import Scheduler
+from palladium.shared_memory.scheduler import Scheduler, Task
 from palladium.shared_memory.semaphore_table import SemaphoreTable
-from palladium.shared_memory.sim_buffers import BufferOps
-from palladium.shared_memory.sim_semaphores import SemaphoreOps
-from palladium.shared_memory.sim_state import CoreId
+from palladium.shared_memory.sim_buffers import BufferStore
+from palladium.shared_memory.sim_dmas import DmaIssuer
+from palladium.shared_memory.sim_semaphores import SemaphoreService
+from palladium.shared_memory.sim_state import CoreId, LaunchLinks, UninitializedReports
 from palladium.shared_memory.snapshot import (
     BufferState,
     CoreState,
@@ -72,17 +69,33 @@ _UNINITIALIZED_HINT = (
 )
 
 
-class Simulation(BufferOps, SemaphoreOps):
+class Simulation:
     """One kernel launch on a simulated TPU slice of ``num_devices`` x ``cores_per_device``.
 
     See the package's API.md for the contract; every method's docstring says what it
-    does. All state is per instance: drop the object after the launch. The state lives
-    in collaborators this object owns: ``semaphores`` (a ``SemaphoreTable``),
-    ``dma_queue`` (a ``DmaQueue``), ``kernel_barrier`` (a ``KernelBarrier``) and
-    ``races`` (the race detector's ``CoreActors``, None unless ``detect_races``). The
-    public operations are written in parts by job (``sim_buffers``, ``sim_semaphores``,
-    ``sim_dmas``, over ``sim_state``); this class creates the state and runs the cores.
+    does. All state is per instance: drop the object after the launch. This object is a
+    facade over collaborators it owns, each with its own state and operations:
+    ``buffers`` (a ``BufferStore``), ``semaphores`` (a ``SemaphoreTable``, operated on by
+    a ``SemaphoreService``), ``dma_queue`` (a ``DmaQueue``, fed by a ``DmaIssuer``),
+    ``kernel_barrier`` (a ``KernelBarrier``) and ``races`` (the race detector's
+    ``CoreActors``, None unless ``detect_races``). Their public operations are this
+    object's attributes, bound once (``sim.read`` is ``sim.buffers.read``): the hot
+    paths pay no forwarding call. This class runs the cores.
     """
+
+    __slots__ = (
+        "allocate", "allocate_semaphores", "barrier_semaphore", "bounds", "buffers",
+        "check_semaphores", "contents", "copy", "cores_per_device", "dma_execution_mode",
+        "dma_order", "dma_queue", "dma_start", "dma_wait", "free", "free_semaphores",
+        "grid_point_of", "incref", "is_allocated", "kernel_barrier", "mark_written",
+        "num_devices", "options", "out_of_bounds", "out_of_bounds_hint", "plan", "races",
+        "read", "record_access", "report_uninitialized", "seed", "semaphore_read",
+        "semaphore_signal", "semaphore_wait", "semaphores", "snapshot_bytes", "swap",
+        "tiling", "tpu_generation", "uninitialized", "uninitialized_hint",
+        "uninitialized_reads", "uninitialized_reports", "unwritten", "value", "watchdog",
+        "write", "_cores", "_det", "_dmas", "_links", "_local", "_obs", "_rng", "_rounds", "_sched",
+        "_scheduler_oracle", "_signals", "_trace", "_watchdog_hint",
+    )
 
     def __init__(
         self,
@@ -137,11 +150,8 @@ class Simulation(BufferOps, SemaphoreOps):
         # Reads of never-written memory (see sim_buffers): tracked per element only when on.
         self.uninitialized_reads = options.uninitialized_reads
         self.uninitialized_hint = uninitialized_hint
-        self.uninitialized_reports = []
-        self._track_written = options.uninitialized_reads != "off"
-        self._phantom_floats = not options.keep_float_data
-        self._uninitialized_seen = set()
-        self._oob_raise = options.out_of_bounds == "raise"
+        reports = UninitializedReports(options.uninitialized_reads, uninitialized_hint)
+        self.uninitialized_reports = reports.reports
         self._rng = random.Random(options.seed)
         self._local = threading.local()
         self._trace: list[CoreId] = []
@@ -155,21 +165,50 @@ class Simulation(BufferOps, SemaphoreOps):
         # each core is in its grid (the interpreter's), shown in snapshots and progress.
         self.snapshot_bytes = snapshot_bytes
         self.grid_point_of: Callable[[CoreId], Any] | None = None
-        # Some devices of a slice simulated by several processes (see ``partition``).
-        self._rounds = None if partition is None else Rounds(self, partition, self._release_barrier)
-        self._sched = self._scheduler()
-        self._buffers: dict[int, Buffer] = {}
-        self._next_key = itertools.count()
         self._cores = [(d, c) for d in range(num_devices) for c in range(cores_per_device)]
-        self._run_cores: list[CoreId] = []
-        # The collaborators: each owns one part of the launch's state (see sim_state).
+        # The collaborators: each owns one part of the launch's state.
         self.semaphores = SemaphoreTable(self._cores, num_devices, cores_per_device)
         self.kernel_barrier = KernelBarrier()
-        self.races = CoreActors(options.on_race) if options.detect_races else None
-        self._det = None if self.races is None else self.races.detector
+        races = self.races = CoreActors(options.on_race) if options.detect_races else None
+        self._det = None if races is None else races.detector
         self.dma_queue = DmaQueue(
             eager=options.dma_execution_mode == "eager", order=options.dma_order, rng=self._rng,
-            det=self._det, root=None if self.races is None else self.races.root)
+            det=self._det, root=None if races is None else races.root)
+        # Some devices of a slice simulated by several processes (see ``partition``).
+        rounds = self._rounds = (
+            None if partition is None else Rounds(self, partition, self._release_barrier))
+        self._sched = self._scheduler()
+        links = self._links = LaunchLinks(races, rounds, self._local, self._sched, self._obs)
+        self.buffers = BufferStore(options, links, check_core=self.semaphores.check_core,
+                                   reports=reports, out_of_bounds_hint=out_of_bounds_hint)
+        self._signals = SemaphoreService(self.semaphores, self.dma_queue, links)
+        self._dmas = DmaIssuer(self.buffers, self.semaphores, self.dma_queue, links, reports)
+        # The public operations, bound once (see the class docstring).
+        buffers, signals = self.buffers, self._signals
+        self.allocate = buffers.allocate
+        self.incref = buffers.incref
+        self.free = buffers.free
+        self.is_allocated = buffers.is_allocated
+        self.contents = buffers.contents
+        self.record_access = buffers.record_access
+        self.plan = buffers.plan
+        self.read = buffers.read
+        self.write = buffers.write
+        self.swap = buffers.swap
+        self.copy = buffers.copy
+        self.mark_written = buffers.mark_written
+        self.unwritten = buffers.unwritten
+        self.report_uninitialized = buffers.report_uninitialized
+        self.value = buffers.value
+        self.allocate_semaphores = signals.allocate_semaphores
+        self.barrier_semaphore = signals.barrier_semaphore
+        self.semaphore_signal = signals.semaphore_signal
+        self.semaphore_wait = signals.semaphore_wait
+        self.semaphore_read = signals.semaphore_read
+        self.check_semaphores = signals.check_semaphores
+        self.free_semaphores = signals.free_semaphores
+        self.dma_wait = signals.dma_wait
+        self.dma_start = self._dmas.dma_start
 
     # -- introspection -------------------------------------------------------------------
 
@@ -177,6 +216,19 @@ class Simulation(BufferOps, SemaphoreOps):
     def race_detector(self) -> RaceDetector | None:
         """The race detector (None unless ``detect_races``); ``.reports`` lists races."""
         return self._det
+
+    @property
+    def detects_races(self) -> bool:
+        """Whether the race detector is on."""
+        return self._det is not None
+
+    def current_core(self) -> CoreId | None:
+        """The core whose body runs on this thread (None outside ``run``)."""
+        task = getattr(self._local, "task", None)
+        return task.core if task is not None else None
+
+    def _task(self) -> Task | None:
+        return getattr(self._local, "task", None)
 
     @property
     def schedule(self) -> list[CoreId]:
@@ -193,16 +245,22 @@ class Simulation(BufferOps, SemaphoreOps):
         """Register ``observer`` (see ``palladium.shared_memory.observer``)."""
         obs = self._obs if self._obs is not None else ObserverSet()
         obs.add(observer)
-        self._obs = obs
-        self._sched.observers = obs
+        self._set_observers(obs)
 
     def remove_observer(self, observer: Observer) -> None:
         """Unregister ``observer``."""
         if self._obs is not None:
             self._obs.remove(observer)
             if not self._obs:
-                self._obs = None
-                self._sched.observers = None
+                self._set_observers(None)
+
+    def _set_observers(self, obs: ObserverSet | None) -> None:
+        """Every part that tells observers now tells ``obs``."""
+        self._obs = self._sched.observers = self._links.obs = obs
+
+    def _new_scheduler(self) -> None:
+        """A new run's scheduler (a cancelled one would cancel every later call)."""
+        self._sched = self._links.sched = self._scheduler()
 
     def _scheduler(self) -> Scheduler:
         sched = Scheduler(self._rng, self._local, self._trace, self._obs,
@@ -245,7 +303,7 @@ class Simulation(BufferOps, SemaphoreOps):
     def snapshot(self, max_bytes: int = 8 << 20, *, failed: Any = None, title: str = "") -> Snapshot:
         """The simulated state now: cores, DMAs in flight, semaphores, and every buffer
         with a copy of its contents while they fit in ``max_bytes`` together."""
-        buffers = list(self._buffers.values())
+        buffers = list(self.buffers.by_key.values())
         kept = keep_within(((b.ref.key, b.data) for b in buffers), max_bytes)
         return Snapshot(
             cores=tuple(self.core_states(failed)),
@@ -276,10 +334,10 @@ class Simulation(BufferOps, SemaphoreOps):
         """Wait until every core of the run (all devices) reached the barrier."""
         task = self._task()
         self._sched.check()
-        participants = self._run_cores or [core]
+        barrier = self.kernel_barrier
+        participants = barrier.participants or [core]
         if self._obs is not None:
             self._obs.barrier_begin(core)
-        barrier = self.kernel_barrier
         generation = barrier.arrive(core, site)
         if len(barrier.arrived) >= len(participants) and self._rounds is None:
             self._release_barrier()
@@ -303,7 +361,7 @@ class Simulation(BufferOps, SemaphoreOps):
         """Every core of the run is at the barrier (of every process, partitioned)."""
         self.kernel_barrier.release()
         if self.races is not None:
-            self.races.barrier(self._run_cores)
+            self.races.barrier(self.kernel_barrier.participants)
 
     def run(self, bodies: dict[CoreId, Callable[[], None]], *, check_leaks: bool = True) -> None:
         """Run each body as one simulated core, one at a time, until all finish.
@@ -312,15 +370,15 @@ class Simulation(BufferOps, SemaphoreOps):
         ``DeadlockError`` when every body is blocked; observers hear ``run_failed``. Then pending DMAs execute and, with
         ``check_leaks``, semaphore counts are checked.
         """
-        cores = [self._check_core(c, "body for") for c in bodies]
+        cores = [self.semaphores.check_core(c, "body for") for c in bodies]
         bodies = dict(zip(cores, bodies.values()))
-        self._run_cores = sorted(cores)
-        self.kernel_barrier.reset()
+        run_cores = sorted(cores)
+        self.kernel_barrier.begin(run_cores)
         if self.races is not None:
-            self.races.barrier(self._run_cores, with_root=True)
-        self._sched = self._scheduler()
+            self.races.barrier(run_cores, with_root=True)
+        self._new_scheduler()
         if self._obs is not None:
-            self._obs.run_begin(tuple(self._run_cores))
+            self._obs.run_begin(tuple(run_cores))
         try:
             try:
                 with frozen_heap():  # collections walk only what the run allocates
@@ -328,9 +386,8 @@ class Simulation(BufferOps, SemaphoreOps):
                     if self._rounds is not None:
                         self._rounds.drain()
             finally:
-                self._run_cores = []
-                # A cancelled scheduler would cancel every later call: start afresh.
-                self._sched = self._scheduler()
+                self.kernel_barrier.end()
+                self._new_scheduler()
             self.dma_queue.flush(self.semaphores)
             if self.races is not None:
                 self.races.barrier(cores, with_root=True)

@@ -35,6 +35,8 @@ def jax_access_name(primitive: Any) -> str:
 
 
 def checked(ev: KernelContext, ref: Any, eqn: Equation, op: str) -> MemRef:
+    """``ref`` as a ``MemRef`` a kernel may read or write directly (``op``: what it
+    does); raises ``KernelError`` for another value or an HBM or host-memory ref."""
     if not isinstance(ref, MemRef):
         raise KernelError(f"{op} of a non-memory ref {ref!r} ({ev.site(eqn)})")
     if ref.buffer.space.per_device:
