@@ -388,13 +388,13 @@ class BufferedRef(BufferedRefBase):
     def _in_copy(self, slot, src_ref, grid_indices) -> LocalCopy:
         assert self.sem_recvs is not None
         src_slice = self.get_dma_slice(ref_value_aval(src_ref), grid_indices)
-        window = self._window_ref_at(slot, self._to_window_slice(src_slice))
+        window = self._window_ref_at(slot, self.to_window_slice(src_slice))
         return LocalCopy(src_ref.at[src_slice], window, self.sem_recvs.at[slot])
 
     def _out_copy(self, slot, dst_ref, grid_indices) -> LocalCopy:
         assert self.sem_sends is not None
         dst_slice = self.get_dma_slice(ref_value_aval(dst_ref), grid_indices)
-        window = self._window_ref_at(slot, self._to_window_slice(dst_slice))
+        window = self._window_ref_at(slot, self.to_window_slice(dst_slice))
         return LocalCopy(window, dst_ref.at[dst_slice], self.sem_sends.at[slot])
 
     def _await_out(self, copy: LocalCopy) -> None:

@@ -158,7 +158,7 @@ class BufferedRefBase:
         return blocks.dma_slices(self.block_shape, self.compute_index(*grid_indices),
                                  src_shape, tiles)
 
-    def _to_window_slice(self, dma_slice):
+    def to_window_slice(self, dma_slice):
         return blocks.window_slices(self.block_shape, dma_slice)
 
     def bind_existing_ref(self, window_ref, indices):

@@ -102,7 +102,7 @@ def emit_inline(body, *, grid, in_specs=(), out_specs=(), tiling=None,
 
         def run_body(sched, brefs):
             current = map_brefs(lambda b: b.current_ref, brefs)
-            with sched._named_scope("ep_run_kernel"):
+            with sched.named_scope("ep_run_kernel"):
                 if _explicit_indices:
                     where = PipelineStep(tuple(jnp.asarray(i, jnp.int32) for i in sched.indices),
                                          jnp.asarray(sched.step, jnp.int32))

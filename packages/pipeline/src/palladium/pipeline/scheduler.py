@@ -134,7 +134,7 @@ class Scheduler:
         return self._block_index_memo[key][0]
 
     @contextlib.contextmanager
-    def _named_scope(self, name: str):
+    def named_scope(self, name: str):
         if self.trace_scopes:
             with jax.named_scope(name):
                 yield
@@ -197,7 +197,7 @@ class Scheduler:
     # -- schedule --------------------------------------------------------------------
     def initialize_step(self, bref, src_ref, step: int = 0, init_limit: int | None = None):
         """Prologue fetch number ``step`` (issued at the first grid step only)."""
-        with self._named_scope(f"ep_initialize_{step}"):
+        with self.named_scope(f"ep_initialize_{step}"):
             if not bref.is_input or not bref.is_buffered:
                 return bref
             # A trivial window is fetched once: synchronously before the loop, or (new
@@ -240,7 +240,7 @@ class Scheduler:
             predicate = predicate & (self.step >= bref.prefetched_count)
 
         @when(predicate)
-        @self._named_scope("ep_wait_in")
+        @self.named_scope("ep_wait_in")
         def _():
             if bref.is_input:
                 bref.wait_in(src_ref, self.indices)
@@ -263,7 +263,7 @@ class Scheduler:
             needed = self.step + bref.in_buffer_count > bref.prefetched_count
 
         @when(predicate & needed)
-        @self._named_scope("ep_copy_in")
+        @self.named_scope("ep_copy_in")
         def _():
             if bref.is_buffered:
                 bref.copy_in(src_ref, self.fetch_indices[bref.in_buffer_count - 1])
@@ -281,7 +281,7 @@ class Scheduler:
         predicate = self.has_changed(bref, lag) & (self.step >= lag)
 
         @when(predicate)
-        @self._named_scope("ep_wait_out")
+        @self.named_scope("ep_wait_out")
         def _():
             bref.wait_out(dst_ref, self.prev_indices[lag])
 
@@ -293,7 +293,7 @@ class Scheduler:
         predicate = self.will_change_current(bref) | self.last_step
 
         @when(predicate)
-        @self._named_scope("ep_copy_out")
+        @self.named_scope("ep_copy_out")
         def _():
             if bref.is_output:
                 bref.copy_out(dst_ref, self.indices)
@@ -309,7 +309,7 @@ class Scheduler:
         predicate = self.last_step & (lag < self.num_steps) & changed
 
         @when(predicate)
-        @self._named_scope(f"ep_finalize_{lag}")
+        @self.named_scope(f"ep_finalize_{lag}")
         def _():
             bref.wait_out(dst_ref, self.prev_indices[lag])
 

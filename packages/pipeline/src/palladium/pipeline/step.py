@@ -61,7 +61,7 @@ def sync_copy(src, dst, indices) -> None:
     window = bref.current_ref
     if not bref.is_trivial_windowing:
         other_slice = bref.get_dma_slice(ref_value_aval(other), indices)
-        window = window.at[bref._to_window_slice(other_slice)]
+        window = window.at[bref.to_window_slice(other_slice)]
         other = other.at[other_slice]
     if into_window:
         jc.tpu_sync_copy(other, window)

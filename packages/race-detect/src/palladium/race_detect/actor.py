@@ -16,25 +16,26 @@ class Actor:
     ``slot`` is the vector-clock slot it occupies (slots of finished actors are reused).
     """
 
-    __slots__ = ("name", "slot", "finished", "_clock", "_reusable")
+    __slots__ = ("name", "slot", "finished", "vector", "reusable_slots")
 
     def __init__(self, name: str, slot: int, clock: VectorClock) -> None:
         self.name = name
         self.slot = slot
         self.finished = False
-        self._clock = clock
+        # The mutable clock the detector advances (``clock()`` gives users a snapshot).
+        self.vector = clock
         # Slots of finished actors whose final time this actor acquired, newest last:
         # where ``RaceDetector.new_actor`` looks first for a slot to give its child.
-        self._reusable: deque[int] = deque(maxlen=_REUSABLE_HINTS)
+        self.reusable_slots: deque[int] = deque(maxlen=_REUSABLE_HINTS)
 
     def clock(self) -> Clock:
         """A snapshot of the actor's vector clock."""
-        return self._clock.snapshot()
+        return self.vector.snapshot()
 
     @property
     def time(self) -> int:
         """The actor's current epoch time (its own clock entry)."""
-        return self._clock.time(self.slot)
+        return self.vector.time(self.slot)
 
     def __repr__(self) -> str:
         state = ", finished" if self.finished else ""

@@ -58,12 +58,12 @@ class RaceDetector:
                 self._final.append(0)
             else:
                 self._free.discard(slot)
-            clock = VectorClock() if parent is None else parent._clock.copy()
+            clock = VectorClock() if parent is None else parent.vector.copy()
             clock.set(slot, self._final[slot] + 1, name)
             actor = Actor(name, slot, clock)
             self._occupants[slot] = actor
             if parent is not None and not parent.finished:
-                parent._clock.increment(parent.slot)
+                parent.vector.increment(parent.slot)
             return actor
 
     def _reusable_slot(self, parent: Actor | None) -> int | None:
@@ -80,8 +80,8 @@ class RaceDetector:
         # new occupant's start, so such slots stay unused until someone's past has them.
         if parent is None:
             return None
-        times, final, free = parent._clock.array, self._final, self._free
-        hints = parent._reusable
+        times, final, free = parent.vector.array, self._final, self._free
+        hints = parent.reusable_slots
         while hints:  # the slots of the DMAs the parent waited for: O(1), not O(free)
             slot = hints.pop()
             if slot in free and times[slot] >= final[slot]:
@@ -96,7 +96,7 @@ class RaceDetector:
             if actor.finished:
                 return
             actor.finished = True
-            self._final[actor.slot] = actor._clock.time(actor.slot)
+            self._final[actor.slot] = actor.vector.time(actor.slot)
             if self._occupants[actor.slot] is actor:
                 self._free.add(actor.slot)
 
@@ -112,9 +112,9 @@ class RaceDetector:
         with self._lock:
             if observer is other:
                 return
-            observer._clock.join(other._clock)
+            observer.vector.join(other.vector)
             if other.finished:
-                observer._reusable.append(other.slot)
+                observer.reusable_slots.append(other.slot)
             _tick(other)
 
     def release(self, actor: Actor) -> Clock:
@@ -123,7 +123,7 @@ class RaceDetector:
         A finished actor does not tick: its snapshot holds its final time and names its
         slot (``Clock.finished_slot``), which the acquirer may then reuse."""
         with self._lock:
-            snapshot = actor._clock.snapshot()
+            snapshot = actor.vector.snapshot()
             if actor.finished:
                 return Clock.of_array(snapshot.array, snapshot.names, actor.slot)
             _tick(actor)
@@ -132,9 +132,9 @@ class RaceDetector:
     def acquire(self, actor: Actor, clock: Clock) -> None:
         """Everything before the ``release`` that made ``clock`` happens-before ``actor``'s future."""
         with self._lock:
-            actor._clock.join(clock)
+            actor.vector.join(clock)
             if clock.finished_slot >= 0:
-                actor._reusable.append(clock.finished_slot)
+                actor.reusable_slots.append(clock.finished_slot)
 
     def barrier(self, actors: Sequence[Actor]) -> None:
         """All of ``actors`` join each other."""
@@ -142,9 +142,9 @@ class RaceDetector:
             unique = list({id(a): a for a in actors}.values())
             merged = VectorClock()
             for actor in unique:
-                merged.join(actor._clock)
+                merged.join(actor.vector)
             for actor in unique:
-                actor._clock.join(merged)
+                actor.vector.join(merged)
                 _tick(actor)
 
     # ----------------------------------------------------------------- buffers
@@ -234,7 +234,7 @@ class RaceDetector:
                 )
             full, box, size = prepared.region, prepared.box, prepared.size
             bool_mask = None if mask is None else check_mask(mask, full, shadow.shape, shadow.name)
-            clock = actor._clock
+            clock = actor.vector
             pending = PendingAccess(
                 actor.name,
                 "write" if is_write else "read",
@@ -250,7 +250,7 @@ class RaceDetector:
             self._serial += 1
             times = clock.array
             event = Event(actor.slot, int(times[actor.slot]), self._serial, None, pending)
-            if bool_mask is None and box is not None and shadow._access_box(
+            if bool_mask is None and box is not None and shadow.access_box(
                 box, size, event, times, is_write
             ):
                 return  # a uniform box and no race: the common case, O(1)
@@ -281,4 +281,4 @@ def _tick(actor: Actor) -> None:
     # A finished actor does nothing more, so it needs no new epoch; keeping its time
     # fixed keeps the slot's final time valid for reuse.
     if not actor.finished:
-        actor._clock.increment(actor.slot)
+        actor.vector.increment(actor.slot)

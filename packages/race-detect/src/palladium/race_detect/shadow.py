@@ -183,7 +183,7 @@ class BufferShadow:
             box = box_of(region, self.shape)
             size = box_size(box) if box is not None else 0
         if mask is None and box is not None and (
-            self._access_box(box, size, event, times, is_write)
+            self.access_box(box, size, event, times, is_write)
             or self._access_union(box, size, event, times, is_write)
         ):
             return []
@@ -249,7 +249,7 @@ class BufferShadow:
         return races
 
     # ----------------------------------------------------------------- uniform boxes
-    def _access_box(
+    def access_box(
         self, box: Box, size: int, event: Event, times: Times, is_write: bool
     ) -> bool:
         """Access ``box`` in O(1) if it is (inside) a uniform box and races with
