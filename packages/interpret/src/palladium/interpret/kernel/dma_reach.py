@@ -27,18 +27,14 @@ from typing import Any, NamedTuple
 
 from palladium.interpret import _jax_compat as jc
 from palladium.interpret.eval.jaxprs import jaxprs_in
+from palladium.interpret.eval.memory import REF_ACCESSES
 
 __all__ = ["RefReach", "private_positions", "read_only_positions", "ref_reach"]
 
 
-def _dma_primitives() -> frozenset[Any]:
-    names = ("dma_start_p", "dma_wait_p")
-    return frozenset(p for p in (getattr(jc, n, None) for n in names) if p is not None)
-
-
-_DMA = _dma_primitives()
-_STORES = frozenset(p for p in (jc.swap_p, jc.addupdate_p, getattr(jc, "masked_swap_p", None))
-                    if p is not None)
+_DMA = frozenset({jc.dma_start_p, jc.dma_wait_p})
+# The ref accesses that write (the access table's stores and accumulations).
+_STORES = frozenset(p for p, (kind, _) in REF_ACCESSES.items() if kind != "read")
 # Equations whose nested jaxprs take the equation's operands one for one.
 _CALLS = frozenset(p for p in (jc.scan_p, jc.jit_p, jc.custom_jvp_call_p, jc.custom_vjp_call_p,
                                getattr(jc, "closed_call_p", None),
@@ -137,18 +133,17 @@ def ref_reach(jaxpr: Any) -> RefReach | None:
     return RefReach(frozenset(named), frozenset(written))
 
 
+def _positions_outside(jaxpr: Any, refs: frozenset[Any]) -> frozenset[int]:
+    invars = getattr(jaxpr, "jaxpr", jaxpr).invars
+    return frozenset(i for i, v in enumerate(invars) if v not in refs)
+
+
 def private_positions(jaxpr: Any, reach: RefReach | None) -> frozenset[int]:
     """The kernel operand positions (of ``jaxpr.invars``) no DMA reaches."""
-    if reach is None:
-        return frozenset()
-    invars = getattr(jaxpr, "jaxpr", jaxpr).invars
-    return frozenset(i for i, v in enumerate(invars) if v not in reach.named)
+    return frozenset() if reach is None else _positions_outside(jaxpr, reach.named)
 
 
 def read_only_positions(jaxpr: Any, reach: RefReach | None) -> frozenset[int]:
     """The kernel operand positions nothing in the kernel writes (no DMA into them, no
     store): an input there is only read during the launch, unless an output aliases it."""
-    if reach is None:
-        return frozenset()
-    invars = getattr(jaxpr, "jaxpr", jaxpr).invars
-    return frozenset(i for i, v in enumerate(invars) if v not in reach.written)
+    return frozenset() if reach is None else _positions_outside(jaxpr, reach.written)

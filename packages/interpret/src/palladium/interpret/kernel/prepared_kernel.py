@@ -151,6 +151,7 @@ class PreparedKernel:
             for i, v in enumerate(scratch_vars)
         )
         assert len(scratch) == n_scratch
+        aliased = {int(i) for i, _ in input_output_aliases}  # inputs an output overwrites
         return cls(
             jaxpr=jaxpr,
             grid_mapping=gm,
@@ -175,8 +176,7 @@ class PreparedKernel:
             private_positions=private_positions(jaxpr, reach),
             read_only_inputs=frozenset(
                 i - n_idx for i in read_only_positions(jaxpr, reach)
-                if n_idx <= i < n_idx + n_in
-                and i not in {int(a) for a, _ in input_output_aliases}),
+                if n_idx <= i < n_idx + n_in and i not in aliased),
         )
 
     @property
