@@ -85,7 +85,7 @@ def test_segments_are_chosen_by_a_static_rule():
     jaxpr = jax.make_jaxpr(lambda x, a: _scan(InterpretParams(), x, a))(*_inputs())
     kernel = next(e for e in jaxpr.eqns if e.primitive.name == "pallas_call").params["jaxpr"]
     runs = segments.find_segments(kernel, lambda prim: prim.name == "program_id")
-    assert runs == [(0, len(kernel.eqns))]  # the whole body: zeros, loop, store
+    assert runs == [(0, len(kernel.eqns), False)]  # the whole body: zeros, loop, store
     assert segments.work(kernel.eqns) >= segments.MIN_WORK
     assert segments.work(kernel.eqns[:1]) < segments.MIN_WORK
 
@@ -267,8 +267,11 @@ def test_a_body_without_loops_is_compiled_when_its_grid_is_large():
     w = segments.work(eqns.eqns)
     assert w < segments.MIN_WORK
     few = -(-segments.MIN_WORK_PER_LAUNCH // w) - 1
-    assert segments.find_segments(eqns, lambda p: False, runs=few) == []
-    assert segments.find_segments(eqns, lambda p: False, runs=few + 1) == [(0, len(eqns.eqns))]
+    # under both thresholds: compiled only when hot (from the kernel's HOT_LAUNCH-th launch)
+    assert w >= segments.HOT_MIN_WORK
+    assert segments.find_segments(eqns, lambda p: False, runs=few) == [(0, len(eqns.eqns), True)]
+    assert segments.find_segments(eqns, lambda p: False, runs=few + 1) == [
+        (0, len(eqns.eqns), False)]
 
     def call(params, x):
         return pl.pallas_call(body, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
@@ -284,3 +287,47 @@ def test_a_body_without_loops_is_compiled_when_its_grid_is_large():
     slow = np.asarray(call(InterpretParams(compile_segments=False), x))
     np.testing.assert_allclose(out, slow, rtol=1e-6, atol=1e-6)
     np.testing.assert_array_equal(out, np.asarray(call(True, x)))  # jax's HLO interpreter
+
+
+def test_a_small_segment_is_compiled_from_the_kernels_third_launch_on():
+    """A segment not worth compiling for one call runs equation by equation in the first
+    two launches (the second compiles it in the background) and compiled from the third:
+    a fixed launch, whatever the timing; the same values as the one-equation path."""
+    def body(x_ref, o_ref):
+        x = x_ref[...]
+        y = jnp.tanh(x) * 0.5 + jnp.exp(-x * x) - jax.nn.sigmoid(x) * x
+        o_ref[...] = jnp.maximum(y, -1.0) + jnp.sqrt(jnp.abs(y) + 1.0)
+
+    # a shape no other test uses: the segment's text is new to this process
+    call = jax.jit(lambda x: pl.pallas_call(
+        body, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+        interpret=InterpretParams())(x))
+    x = np.random.default_rng(7).standard_normal((24, 128), np.float32)
+    ran = []
+    real = segments.Segment.__call__
+
+    def spy(self, ev, eqn, invals):
+        ran.append((ev.launch_number, self.hot))
+        return real(self, ev, eqn, invals)
+
+    compiled = pi.STATE.segments.compiled
+    segments.Segment.__call__ = spy
+    try:
+        outs = [np.asarray(call(x)) for _ in range(4)]
+    finally:
+        segments.Segment.__call__ = real
+    first = ran[0][0]
+    assert ran == [(first + i, True) for i in range(4)]
+    # compiled once, in the background during the second launch (or found on disk)
+    assert pi.STATE.segments.compiled - compiled <= 1
+    slow = np.asarray(jax.jit(lambda x: pl.pallas_call(
+        body, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+        interpret=InterpretParams(compile_segments=False))(x))(x))
+    for out in outs[:2]:
+        np.testing.assert_array_equal(out, slow)  # the one-equation path
+    np.testing.assert_array_equal(outs[3], outs[2])
+    np.testing.assert_allclose(outs[2], slow, rtol=1e-6, atol=1e-6)
+    # launches 3 and 4 ran XLA's code: jax's HLO interpreter's bits
+    hlo = np.asarray(pl.pallas_call(body, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+                                    interpret=True)(x))
+    np.testing.assert_array_equal(outs[2], hlo)

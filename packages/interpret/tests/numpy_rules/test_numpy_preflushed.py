@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 from jax import lax
 
+from palladium.interpret import InterpretParams
 from palladium.interpret import _jax_compat as jc
 from palladium.interpret.eval.evaluator import CoreEvaluator, ProgramCache
 from palladium.interpret.numpy_rules import (
@@ -97,7 +98,9 @@ def test_flushing_rules_leave_no_subnormals(prim):
 
 def _evaluate(fn, *args):
     closed = jax.make_jaxpr(fn)(*args)
-    launch = types.SimpleNamespace(programs=ProgramCache(), params=None, kernel=None,
+    # equation by equation (the rules under test), no compiled segment
+    launch = types.SimpleNamespace(programs=ProgramCache(), kernel=None,
+                                   params=InterpretParams(compile_segments=False),
                                    kernel_name="test", memory=None)
     ev = CoreEvaluator(launch, (0, 0))
     return ev.eval_jaxpr(closed.jaxpr, list(closed.consts), list(args))

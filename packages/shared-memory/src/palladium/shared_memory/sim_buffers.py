@@ -77,7 +77,8 @@ class BufferStore:
         private: bool = False,
         read_only: bool = False,
     ) -> BufferRef:
-        """Allocate a buffer holding a copy of ``value``, else uninitialised memory.
+        """Allocate a buffer holding a copy of ``value`` (``read_only``: ``value`` itself,
+        not writable through the buffer), else uninitialised memory.
 
         HBM and host memory belong to the device (``core`` is ignored); VMEM and SMEM to
         one core. ``private`` (VMEM/SMEM): the caller knows that no DMA started by another
@@ -100,7 +101,13 @@ class BufferStore:
             value = np.asarray(value, dtype=dtype)
             shape, dtype, value = value.shape, value.dtype, None
         if value is not None:
-            data = np.array(value, dtype=dtype, copy=True)
+            if read_only:
+                # never written: the buffer holds ``value`` itself, through a view numpy
+                # refuses to write to (a launch's inputs are the callback's own copies)
+                data = np.asarray(value, dtype=dtype).view()
+                data.flags.writeable = False
+            else:
+                data = np.array(value, dtype=dtype, copy=True)
             if shape is not None and tuple(shape) != data.shape:
                 raise ConfigError(f"buffer '{name}': value has shape {data.shape}, not {tuple(shape)}")
         else:
@@ -128,7 +135,7 @@ class BufferStore:
             ref, data, bound, uninitialized_value(data.dtype, fill or options.uninitialized),
             self.out_of_bounds_hint,
             np.full(data.shape, value is not None)
-            if self.track_written and data.flags.writeable
+            if self.track_written and (data.flags.writeable or read_only)
             else np.broadcast_to(np.False_, data.shape) if self.track_written and stand_in
             else None,
         )

@@ -100,6 +100,11 @@ class LaunchServices(Protocol):
     def programs(self) -> ProgramCache: ...
 
     @property
+    def number(self) -> int:
+        """Which launch of the kernel in the process this is (1 for the first)."""
+        ...
+
+    @property
     def inherited_sources(self) -> dict[int, Any]: ...
 
     @property
@@ -136,6 +141,11 @@ class KernelContext(Protocol):
 
     @property
     def sim(self) -> Simulation: ...
+
+    @property
+    def launch_number(self) -> int:
+        """Which launch of this kernel in the process this is (1 for the first)."""
+        ...
 
     @property
     def params(self) -> InterpretParams: ...

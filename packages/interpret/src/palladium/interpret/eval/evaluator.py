@@ -156,6 +156,10 @@ class CoreEvaluator:
         return self.launch.sim
 
     @property
+    def launch_number(self) -> int:
+        return self.launch.number
+
+    @property
     def params(self) -> InterpretParams:
         return self.launch.params
 

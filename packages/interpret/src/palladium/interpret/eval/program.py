@@ -180,14 +180,14 @@ def _has_own_rule(prim: Any) -> bool:
     return RULES.compiler(prim) is not None or RULES.get(prim) is not None
 
 
-def _segment_step(jaxpr: Any, start: int, stop: int, races_ok: bool,
+def _segment_step(jaxpr: Any, start: int, stop: int, races_ok: bool, hot: bool,
                   slot_of: Any, fresh: Any) -> Step:
     """The one step that runs ``jaxpr.eqns[start:stop]`` as a compiled segment."""
     inputs, outputs = segment_io(jaxpr, start, stop)
     eqns = jaxpr.eqns[start:stop]
     inputs = [*(v for v in inputs if not is_ref(v)), *(v for v in inputs if is_ref(v))]
     sub = jc.sub_jaxpr(inputs, outputs, eqns, "palladium compiled segment")
-    seg = Segment(eqns, inputs, outputs, compile_jaxpr(sub, segments=False), races_ok)
+    seg = Segment(eqns, inputs, outputs, compile_jaxpr(sub, segments=False), races_ok, hot)
     ins = tuple(slot_of(a) for a in seg.inputs)
     return Step(seg, eqns[0], ins, tuple(fresh(v) for v in outputs), segment=True)
 
@@ -235,14 +235,15 @@ def compile_jaxpr(jaxpr: Any, *, segments: bool = True, races_ok: bool = False,
         return atom in flushed
 
     steps = []
-    starts = dict(find_segments(jaxpr, _has_own_rule, runs)) if segments else {}
+    starts = ({start: (stop, hot) for start, stop, hot in find_segments(jaxpr, _has_own_rule, runs)}
+              if segments else {})
     skip_to = 0
     for i, eqn in enumerate(jaxpr.eqns):
         if i < skip_to:
             continue
         if i in starts:
-            skip_to = starts[i]
-            steps.append(_segment_step(jaxpr, i, skip_to, races_ok, slot_of, fresh))
+            skip_to, hot = starts[i]
+            steps.append(_segment_step(jaxpr, i, skip_to, races_ok, hot, slot_of, fresh))
             continue
         ins = tuple(slot_of(a) for a in eqn.invars)
         outs = tuple(fresh(v) for v in eqn.outvars)
@@ -268,6 +269,13 @@ class ProgramCache:
         # The kernel body runs once per grid point: its segments' work counts that often.
         self._body, self._grid_points = body, max(int(grid_points), 1)
         self._lock = threading.Lock()
+        self._launches = 0
+
+    def next_launch(self) -> int:
+        """Count one more launch of the kernel; its number (1 for the first)."""
+        with self._lock:
+            self._launches += 1
+            return self._launches
 
     def get(self, jaxpr: Any, ref_views: bool = False) -> Program:
         key = (id(jaxpr), ref_views)

@@ -12,13 +12,16 @@ long compiling takes: results are the same with a cold cache or a warm one.
 
 from __future__ import annotations
 
+import atexit
 import collections
+import concurrent.futures
 import functools
 import hashlib
 import importlib.metadata
 import os
 import pickle
 import platform
+import queue
 import tempfile
 import threading
 from collections.abc import Callable
@@ -63,6 +66,8 @@ class SegmentExecutables:
         self._memory: collections.OrderedDict[str, Any] = collections.OrderedDict()
         self._lock = threading.Lock()
         self.compiled = 0  # compiled in this process (the rest came from a cache)
+        self._jobs: queue.SimpleQueue[Any] | None = None  # the background compiler's
+        self._stopping = False
 
     def __len__(self) -> int:
         return len(self._memory)
@@ -91,6 +96,44 @@ class SegmentExecutables:
             if len(self._memory) > _MEMORY_LIMIT:
                 self._memory.popitem(last=False)
         return exe
+
+
+    def get_in_background(self, text: str, compile_fn: Callable[[], Any]
+                          ) -> concurrent.futures.Future[Any]:
+        """``get(text, compile_fn)`` on the background compiler's thread (one daemon
+        thread, started on first use: one compile at a time beside the launches); its
+        future."""
+        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        with self._lock:
+            if self._jobs is None:
+                self._jobs = queue.SimpleQueue()
+                worker = threading.Thread(target=self._compile_jobs, args=(self._jobs,),
+                                          daemon=True, name="palladium-segment-compiler")
+                worker.start()
+                atexit.register(self._stop, self._jobs, worker)
+            self._jobs.put((future, text, compile_fn))
+        return future
+
+    def _stop(self, jobs: queue.SimpleQueue[Any], worker: threading.Thread) -> None:
+        """At exit: drop the compiles not started, let the running one finish (XLA must
+        not be mid-compile while the interpreter tears down)."""
+        self._stopping = True
+        jobs.put(None)
+        worker.join(timeout=30)
+
+    def _compile_jobs(self, jobs: queue.SimpleQueue[Any]) -> None:
+        while True:
+            job = jobs.get()
+            if job is None:
+                return
+            future, text, compile_fn = job
+            if self._stopping or not future.set_running_or_notify_cancel():
+                future.cancel()
+                continue
+            try:
+                future.set_result(self.get(text, compile_fn))
+            except BaseException as e:  # noqa: BLE001 - the waiter gets it
+                future.set_exception(e)
 
 
 def _load(key: str) -> Any:

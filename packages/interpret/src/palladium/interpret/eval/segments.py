@@ -29,6 +29,7 @@ one could differ from it in anything but XLA's own arithmetic bits:
 
 from __future__ import annotations
 
+import concurrent.futures
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -45,8 +46,8 @@ from palladium.interpret.eval.segment_trace import fusible, is_ref, segment_func
 from palladium.interpret.state.process_state import STATE
 from palladium.shared_memory import MemorySpace
 
-__all__ = ["ASYNC_PRIMITIVES", "MIN_WORK", "MIN_WORK_PER_LAUNCH", "Segment", "find_segments", "segment_io",
-           "uses_async", "work"]
+__all__ = ["ASYNC_PRIMITIVES", "HOT_LAUNCH", "HOT_MIN_WORK", "MIN_WORK", "MIN_WORK_PER_LAUNCH",
+           "Segment", "find_segments", "segment_io", "uses_async", "work"]
 
 #: The least work (equations run per execution of the segment, loop bodies counted once
 #: per iteration) worth compiling. A call of a compiled segment costs ~20-80 us, about
@@ -59,8 +60,21 @@ MIN_WORK = 256
 #: kernel body's grid points) worth compiling: about what numpy takes in the time a
 #: segment takes to compile (~0.3 s), so that compiling pays back within the first call.
 MIN_WORK_PER_LAUNCH = 30_000
+#: Hot segments: a run of at least ``HOT_MIN_WORK`` equations that is not worth compiling
+#: for the first call (under both thresholds above) runs equation by equation in the
+#: kernel's first ``HOT_LAUNCH - 1`` launches of the process and compiled from launch
+#: ``HOT_LAUNCH`` on: compiled in the background during launch ``HOT_LAUNCH - 1`` (or
+#: loaded from the disk cache), waited for at launch ``HOT_LAUNCH`` if not done yet. A
+#: kernel called once or twice pays nothing; one called in a loop runs XLA's code. The
+#: switch is at a fixed launch, never at a time: a given call's results do not depend on
+#: timing or on the cache (those of launches before and after the switch may differ in
+#: the last place where numpy's and XLA's arithmetic bits differ).
+HOT_MIN_WORK = 8
+HOT_LAUNCH = 3
 #: Iterations assumed of a ``while`` loop (a ``fori_loop`` with traced bounds).
 WHILE_GUESS = 8
+#: Seconds a hot segment's launch waits for its background compile before compiling it.
+_BACKGROUND_WAIT = 60.0
 _SPACES = (MemorySpace.VMEM, MemorySpace.SMEM)
 
 
@@ -108,8 +122,9 @@ class Segment:
     """One compiled segment: the rule of the step that replaces its equations."""
 
     def __init__(self, eqns: Sequence[Any], inputs: Sequence[Any], outputs: Sequence[Any],
-                 fallback: Any, races_ok: bool) -> None:
+                 fallback: Any, races_ok: bool, hot: bool = False) -> None:
         self.eqns = tuple(eqns)
+        self.hot = hot  # compiled only from the kernel's launch HOT_LAUNCH on
         self.plain = [v for v in inputs if not is_ref(v)]
         self.refs = [v for v in inputs if is_ref(v)]
         self.outputs = list(outputs)
@@ -122,6 +137,7 @@ class Segment:
         # With races on in a kernel with DMAs: the accesses to replay (None: not possible)
         self.log_plan = None if races_ok else access_log_plan(self.eqns, self.refs)
         self._compiled: dict[bool, Callable[..., Any]] = {}
+        self._pending: dict[bool, Any] = {}  # background compiles (futures) of a hot one
         self._failed = False
         self._lock = threading.Lock()
 
@@ -129,21 +145,39 @@ class Segment:
     def inputs(self) -> list[Any]:
         return [*self.plain, *self.refs]
 
+    def _job(self, log: bool) -> tuple[str, Callable[[], Any]]:
+        """The cache key text and the compile function of the ``log`` variant."""
+        fn = segment_function(self.eqns, self.plain, self.refs, self.outputs,
+                              self.written, log)
+        specs = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in self.plain]
+        specs += [jax.ShapeDtypeStruct(s, d) for s, d in self._shapes]
+        text = f"{self.fallback.jaxpr}\nwritten={self.written}\nlog={log}"
+        return text, lambda: jax.jit(fn).lower(*specs).compile()
+
     def _compile(self, log: bool) -> Callable[..., Any] | None:
-        """The executable (``log``: the variant that also returns the access log)."""
+        """The executable (``log``: the variant that also returns the access log); a
+        background compile of it started earlier is waited for."""
         with self._lock:
             if log not in self._compiled and not self._failed:
-                fn = segment_function(self.eqns, self.plain, self.refs, self.outputs,
-                                      self.written, log)
-                specs = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in self.plain]
-                specs += [jax.ShapeDtypeStruct(s, d) for s, d in self._shapes]
-                text = f"{self.fallback.jaxpr}\nwritten={self.written}\nlog={log}"
+                pending = self._pending.pop(log, None)
                 try:
-                    self._compiled[log] = STATE.segments.get(
-                        text, lambda: jax.jit(fn).lower(*specs).compile())
+                    try:
+                        # (a compile that never ends, e.g. waiting for a lock this thread
+                        # holds, is compiled here instead: the same executable)
+                        exe = None if pending is None else pending.result(_BACKGROUND_WAIT)
+                    except concurrent.futures.TimeoutError:
+                        exe = None
+                    self._compiled[log] = exe or STATE.segments.get(*self._job(log))
                 except Exception:  # noqa: BLE001 - no CPU lowering: the one-equation path
                     self._failed = True
             return self._compiled.get(log)
+
+    def _prefetch(self, log: bool) -> None:
+        """Start compiling the ``log`` variant in the background (a hot segment, one
+        launch before it is used)."""
+        with self._lock:
+            if log not in self._compiled and log not in self._pending and not self._failed:
+                self._pending[log] = STATE.segments.get_in_background(*self._job(log))
 
     def _mode(self, ev: KernelContext) -> bool | None:
         """None: run equation by equation; else whether to log the accesses."""
@@ -160,6 +194,10 @@ class Segment:
     def __call__(self, ev: KernelContext, eqn: Equation, invals: list[Value]) -> list[Value]:
         log = None if self._failed else self._mode(ev)
         if log is None:
+            return ev.run_program(self.fallback, invals)
+        if self.hot and ev.launch_number < HOT_LAUNCH:
+            if ev.launch_number == HOT_LAUNCH - 1 and log not in self._compiled:
+                self._prefetch(log)
             return ev.run_program(self.fallback, invals)
         n = len(self.plain)
         contents = []
@@ -206,17 +244,21 @@ def work(eqns: Sequence[Any]) -> int:
     return total
 
 
-def _worth_compiling(eqns: Sequence[Any], runs: int) -> bool:
+def _worth_compiling(eqns: Sequence[Any], runs: int) -> bool | None:
+    """True: compile at once; False: compile when hot (see ``HOT_LAUNCH``); None: never."""
     w = work(eqns)
-    return w >= MIN_WORK or w * runs >= MIN_WORK_PER_LAUNCH
+    if w >= MIN_WORK or w * runs >= MIN_WORK_PER_LAUNCH:
+        return True
+    return False if w >= HOT_MIN_WORK else None
 
 
 def find_segments(jaxpr: Any, has_own_rule: Callable[[Any], bool],
-                  runs: int = 1) -> list[tuple[int, int]]:
-    """The ``[start, stop)`` equation ranges of ``jaxpr`` worth compiling: maximal runs of
-    fusible equations whose ``work`` is at least ``MIN_WORK``, or at least
-    ``MIN_WORK_PER_LAUNCH`` over the ``runs`` of ``jaxpr`` in one launch."""
-    found: list[tuple[int, int]] = []
+                  runs: int = 1) -> list[tuple[int, int, bool]]:
+    """The ``[start, stop)`` equation ranges of ``jaxpr`` worth compiling, and whether
+    each is hot only: maximal runs of fusible equations whose ``work`` is at least
+    ``MIN_WORK``, or at least ``MIN_WORK_PER_LAUNCH`` over the ``runs`` of ``jaxpr`` in
+    one launch (compiled at once), else at least ``HOT_MIN_WORK`` (hot)."""
+    found: list[tuple[int, int, bool]] = []
     start = None
     eqns = jaxpr.eqns
     for i, eqn in enumerate([*eqns, None]):
@@ -224,8 +266,9 @@ def find_segments(jaxpr: Any, has_own_rule: Callable[[Any], bool],
         if ok and start is None:
             start = i
         elif not ok and start is not None:
-            if _worth_compiling(eqns[start:i], runs):
-                found.append((start, i))
+            worth = _worth_compiling(eqns[start:i], runs)
+            if worth is not None:
+                found.append((start, i, not worth))
             start = None
     return found
 

@@ -55,6 +55,7 @@ class Launch:
         self.num_devices = max(self.mesh.num_devices, 1)
         self.kernel_name = kernel.name
         self.programs: ProgramCache = kernel.programs
+        self._number = self.programs.next_launch()
         self.inherited_sources: dict[int, Any] = kernel.inherited_sources
         gm = kernel.grid_mapping
         self.chip = params.chip or DEFAULT_CHIP
@@ -85,6 +86,11 @@ class Launch:
         self.grid: tuple[int, ...] = ()
 
     # --- what the evaluator may ask (eval.context.LaunchServices) -----------------------
+    @property
+    def number(self) -> int:
+        """Which launch of the kernel in this process this is (1 for the first)."""
+        return self._number
+
     @property
     def collective_id(self) -> int | None:
         """The kernel's ``CompilerParams(collective_id=...)`` (None without one)."""
@@ -218,7 +224,9 @@ class Launch:
                 continue
             outs = []
             for buf, aval, info in zip(hbm_outputs, k.out_avals, k.outputs):
-                value = np.asarray(self.sim.value(buf))
+                # the buffer's own array, not a copy: the simulation is over, and the
+                # callback's caller copies the result into the output
+                value = self.sim.contents(buf)
                 value = value[info.array_region(tuple(aval.shape))]
                 # np.ascontiguousarray makes a 0-d value 1-d: keep the output's shape.
                 outs.append(np.ascontiguousarray(value, dtype=aval.dtype).reshape(aval.shape))
