@@ -149,3 +149,18 @@ def test_a_write_to_a_read_only_buffer_is_an_error(how):
     assert str(info.value).startswith(
         f"device 0 core 0: {what} writes 'x' (HBM, device 0), which was allocated read-only "
         f"(nothing was to write it during the run, so reads of it were not recorded) at k.py:5")
+
+
+def test_a_read_only_buffer_holds_the_value_itself_and_numpy_refuses_writes_to_it():
+    value = np.arange(8, dtype=np.float32)
+    sim = Simulation(uninitialized_reads="raise")
+    x = sim.allocate(HBM, 0, 0, name="x", value=value, read_only=True)
+    held = sim.contents(x)
+    assert np.shares_memory(held, value) and not held.flags.writeable
+    with pytest.raises(ValueError, match="read-only"):
+        held[0] = 1.0
+    copied = sim.allocate(HBM, 0, 0, name="y", value=value)
+    assert not np.shares_memory(sim.contents(copied), value)
+    # every element of a read-only input counts as written
+    np.testing.assert_array_equal(sim.read(x, None, core=(0, 0)), value)
+    assert value[0] == 0.0

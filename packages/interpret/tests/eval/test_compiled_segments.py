@@ -17,6 +17,7 @@ from jax.experimental.pallas import tpu as pltpu
 
 import palladium.interpret as pi
 from palladium.interpret import (
+    ConfigError,
     DataRaceError,
     InterpretParams,
     OutOfBoundsError,
@@ -331,3 +332,45 @@ def test_a_small_segment_is_compiled_from_the_kernels_third_launch_on():
     hlo = np.asarray(pl.pallas_call(body, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
                                     interpret=True)(x))
     np.testing.assert_array_equal(outs[2], hlo)
+
+
+def test_static_keeps_a_small_segment_equation_by_equation_on_every_call():
+    def body(x_ref, o_ref):
+        x = x_ref[...]
+        o_ref[...] = jnp.exp(-x * x) * 0.25 + jnp.tanh(x) - jax.nn.sigmoid(x) * x
+
+    def call(params):
+        return jax.jit(lambda x: pl.pallas_call(
+            body, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), interpret=params)(x))
+
+    x = np.random.default_rng(8).standard_normal((40, 128), np.float32)
+    static = call(InterpretParams(compile_segments="static"))
+    hot, compiles = [], []
+    real_call, real_compile = segments.Segment.__call__, segments.Segment._compile
+
+    def spy_call(self, ev, eqn, invals):
+        hot.append(self.hot)
+        return real_call(self, ev, eqn, invals)
+
+    def spy_compile(self, log):
+        compiles.append(log)
+        return real_compile(self, log)
+
+    real_prefetch = segments.Segment._prefetch
+    segments.Segment.__call__, segments.Segment._compile = spy_call, spy_compile
+    segments.Segment._prefetch = spy_compile
+    try:
+        outs = [np.asarray(static(x)) for _ in range(4)]
+    finally:
+        segments.Segment.__call__, segments.Segment._compile = real_call, real_compile
+        segments.Segment._prefetch = real_prefetch
+    assert hot == [True] * 4 and compiles == []  # a hot segment, never compiled
+    slow = np.asarray(call(InterpretParams(compile_segments=False))(x))
+    for out in outs:
+        np.testing.assert_array_equal(out, slow)
+
+
+def test_compile_segments_takes_a_bool_or_static():
+    with pytest.raises(ConfigError, match=r"^InterpretParams\.compile_segments must be "
+                       r"True, False or 'static', got 'hot'\.$"):
+        InterpretParams(compile_segments="hot")

@@ -92,8 +92,7 @@ PROGRESS_INTERVAL_DEFAULT = 60.0
 SNAPSHOT_BYTES_DEFAULT = 2 << 20
 
 _BOOLS = ("detect_races", "skip_floating_point_ops", "allow_hbm_allocation_in_run_scoped",
-          "check_lowering", "check_memory", "deterministic_dot", "compile_segments",
-          "keep_float_data")
+          "check_lowering", "check_memory", "deterministic_dot", "keep_float_data")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -208,11 +207,17 @@ class InterpretParams:
         buffers); the buffers' contents are copied up to this many bytes in all (the
         largest are left out first). 0: contents of no buffer.
       compile_segments: run a kernel body's runs of pure array code, ``ref[...]`` loads
-        and stores and loops of them as one XLA executable each (compiled on first use,
-        kept with the kernel), instead of one numpy call per equation; whatever that
-        could change beyond XLA's arithmetic bits (out-of-bounds accesses, races, the
-        timeline, ``skip_floating_point_ops``, ...) runs equation by equation as before
-        (see ``palladium.interpret.eval.segments``). Default True.
+        and stores and loops of them as one XLA executable each (kept with the kernel
+        and on disk), instead of one numpy call per equation; whatever that could change
+        beyond XLA's arithmetic bits (out-of-bounds accesses, races, the timeline,
+        ``skip_floating_point_ops``, ...) runs equation by equation as before (see
+        ``palladium.interpret.eval.segments``). True (the default): runs worth
+        compiling for one call are compiled from the first call, smaller ones from the
+        kernel's third launch in the process on (compiled in the background during the
+        second), so a kernel called in a loop runs XLA's code; its results from the
+        third call on may then differ in the last place from the first two's where
+        numpy's and XLA's bits differ (transcendentals, dot sums). ``"static"``: only the
+        first kind, so that every call gives the same bits. False: none.
     """
 
     detect_races: bool = False
@@ -239,7 +244,7 @@ class InterpretParams:
     deterministic_dot: bool = False
     uninitialized_reads: UninitializedReads = "off"
     progress_interval: float | None = PROGRESS_INTERVAL_DEFAULT
-    compile_segments: bool = True
+    compile_segments: bool | Literal["static"] = True
     failure_snapshot_bytes: int = SNAPSHOT_BYTES_DEFAULT
     keep_float_data: bool = True
 
@@ -252,6 +257,11 @@ class InterpretParams:
                     f"InterpretParams.{field} must be True or False, got "
                     f"{getattr(self, field)!r}."
                 )
+        if not isinstance(self.compile_segments, bool) and self.compile_segments != "static":
+            raise ConfigError(
+                f"InterpretParams.compile_segments must be True, False or 'static', got "
+                f"{self.compile_segments!r}."
+            )
         for field, option in _OPTION_OF_FIELD.items():
             check_choice(option, getattr(self, field), name=f"InterpretParams.{field}")
         check_on_race(self.on_race, name="InterpretParams.on_race")

@@ -32,6 +32,7 @@ from palladium.interpret.numpy_rules import (
     PRESERVING,
     has_subnormal_f32,
 )
+from palladium.interpret.numpy_rules.scalars import scalar_rule
 from palladium.shared_memory import is_float_dtype
 
 __all__ = ["Program", "ProgramCache", "Step", "compile_jaxpr", "resolve_rule", "used_vars"]
@@ -133,7 +134,7 @@ def _compute_rule(eqn: Any, operands_flushed: bool = False) -> Rule:
                 return list(out) if multiple else [out]
         return _bind(ev, eqn, invals)
 
-    return rule
+    return scalar_rule(eqn, rule) or rule
 
 
 def resolve_rule(

@@ -24,7 +24,10 @@ one could differ from it in anything but XLA's own arithmetic bits:
   is dropped, and the one-equation path reports the access or runs the loop under the
   watchdog: the same error at the same site);
 - a segment XLA cannot compile (a primitive with no CPU lowering).
-``InterpretParams(compile_segments=False)`` turns the compiled path off.
+Hot segments (``HOT_MIN_WORK``, ``HOT_LAUNCH``): runs too small to pay back their compile
+within one call are compiled for a kernel's third and later launches in the process;
+``InterpretParams(compile_segments="static")`` keeps them equation by equation (every
+call the same bits), ``compile_segments=False`` turns the compiled path off.
 """
 
 from __future__ import annotations
@@ -195,8 +198,10 @@ class Segment:
         log = None if self._failed else self._mode(ev)
         if log is None:
             return ev.run_program(self.fallback, invals)
-        if self.hot and ev.launch_number < HOT_LAUNCH:
-            if ev.launch_number == HOT_LAUNCH - 1 and log not in self._compiled:
+        if self.hot and (ev.launch_number < HOT_LAUNCH
+                         or ev.params.compile_segments == "static"):
+            if (ev.launch_number == HOT_LAUNCH - 1 and log not in self._compiled
+                    and ev.params.compile_segments != "static"):
                 self._prefetch(log)
             return ev.run_program(self.fallback, invals)
         n = len(self.plain)
