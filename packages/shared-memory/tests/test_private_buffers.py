@@ -164,3 +164,19 @@ def test_a_read_only_buffer_holds_the_value_itself_and_numpy_refuses_writes_to_i
     # every element of a read-only input counts as written
     np.testing.assert_array_equal(sim.read(x, None, core=(0, 0)), value)
     assert value[0] == 0.0
+
+
+def test_watched_says_whose_accesses_the_detector_hears_of():
+    sim, src, dst, sem = _staging(dma_execution_mode="eager")
+    x = sim.allocate(HBM, 0, 0, name="x", value=np.zeros(8, np.float32), read_only=True)
+    assert not sim.watched(src) and sim.watched(dst) and not sim.watched(x)
+
+    def body():
+        sim.dma_start(src, None, dst, None, core=(0, 0), dst_sem=sem, site="k.py:2")
+        assert sim.watched(src)  # its own core's DMA made it shared
+        sim.dma_wait(sem, 32, core=(0, 0), site="k.py:4")
+
+    sim.run({(0, 0): body})
+    quiet = Simulation()  # no race detector: nothing is heard
+    y = quiet.allocate(VMEM, 0, 0, name="y", shape=(8,), dtype=np.float32)
+    assert not quiet.watched(y)

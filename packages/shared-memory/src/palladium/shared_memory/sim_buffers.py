@@ -189,6 +189,12 @@ class BufferStore:
         report = report_write if write else report_read
         report(self.det, self.actor(core), b, plan, None, site)
 
+    def watched(self, buf: BufferRef) -> bool:
+        """Whether the race detector hears of accesses to ``buf`` now: races are on and
+        the buffer is neither private to its core nor read-only (a client with accesses
+        to report may skip those of an unwatched buffer: ``record_access`` ignores them)."""
+        return self.det is not None and not (self.by_key.get(buf.key) or self.get(buf)).quiet
+
     def plan(self, buf: BufferRef, region: Any) -> AccessPlan:
         """``region`` of ``buf`` resolved once: pass the plan instead of the region to
         ``read``, ``write``, ``swap`` or ``dma_start`` (of ``buf`` or any buffer of the

@@ -91,7 +91,7 @@ class Simulation:
         "num_devices", "options", "out_of_bounds", "out_of_bounds_hint", "plan", "races",
         "read", "record_access", "report_uninitialized", "seed", "semaphore_read",
         "semaphore_signal", "semaphore_wait", "semaphores", "snapshot_bytes", "swap",
-        "tiling", "tpu_generation", "uninitialized", "uninitialized_hint",
+        "tiling", "tpu_generation", "uninitialized", "uninitialized_hint", "watched",
         "uninitialized_reads", "uninitialized_reports", "unwritten", "value", "watchdog",
         "write", "_cores", "_det", "_dmas", "_links", "_local", "_obs", "_rng", "_rounds", "_sched",
         "_scheduler_oracle", "_signals", "_trace", "_watchdog_hint",
@@ -191,6 +191,7 @@ class Simulation:
         self.is_allocated = buffers.is_allocated
         self.contents = buffers.contents
         self.record_access = buffers.record_access
+        self.watched = buffers.watched
         self.plan = buffers.plan
         self.read = buffers.read
         self.write = buffers.write

@@ -117,9 +117,14 @@ def replay(ev: KernelContext, plan: tuple[Any, ...], log: Sequence[Any],
            buffers: Sequence[Any]) -> None:
     """Tell the race detector of every access the segment made (``log``: its start
     indices, as the compiled segment returned them; ``buffers``: of its refs)."""
-    starts = [np.asarray(x) for x in log]
     sim, core = ev.sim, ev.core
+    # the accesses of private and read-only buffers are not told: skipped before any work
+    watched = [sim.watched(b) for b in buffers]
+    if not any(watched):
+        return
+    starts = [np.asarray(x) for x in log]
     plans: dict[tuple[int, int, tuple[int, ...]], Any] = {}
+    sites: dict[int, Any] = {}  # one site per access of the plan
 
     def walk(items: tuple[Any, ...], prefix: tuple[int, ...]) -> None:
         for item in items:
@@ -127,6 +132,8 @@ def replay(ev: KernelContext, plan: tuple[Any, ...], log: Sequence[Any],
                 order = range(item.length - 1, -1, -1) if item.reverse else range(item.length)
                 for i in order:
                     walk(item.body, (*prefix, i))
+                continue
+            if not watched[item.ref]:
                 continue
             at = tuple(int(s) for s in starts[item.pos][prefix])
             buf = buffers[item.ref]
@@ -136,7 +143,9 @@ def replay(ev: KernelContext, plan: tuple[Any, ...], log: Sequence[Any],
                 region = tuple(s if d in item.dropped else slice(s, s + n)
                                for d, (s, n) in enumerate(zip(at, item.sizes)))
                 region_plan = plans[key] = sim.plan(buf, region)
-            site = ev.site(item.eqn)
+            site = sites.get(item.pos)
+            if site is None:
+                site = sites[item.pos] = ev.site(item.eqn)
             for write in item.kinds:
                 sim.record_access(buf, region_plan, write=write, core=core, site=site)
 
