@@ -46,14 +46,18 @@ def _comparison(
     return rule
 
 
-for _prim, _fn in {
+COMPARISONS: dict[Any, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
     lax.eq_p: np.equal,
     lax.ne_p: np.not_equal,
     lax.lt_p: np.less,
     lax.le_p: np.less_equal,
     lax.gt_p: np.greater,
     lax.ge_p: np.greater_equal,
-}.items():
+}
+"""The comparison primitives and their numpy functions (on integers and bools, and
+on f32 flushed operands)."""
+
+for _prim, _fn in COMPARISONS.items():
     register(_prim)(_comparison(_fn))
     register(_prim, table=PREFLUSHED_RULES)(_comparison(_fn, flushed_inputs=True))
 

@@ -19,6 +19,7 @@ import numpy as np
 from jax import lax
 
 from palladium.interpret.numpy_rules.common import BOOL
+from palladium.interpret.numpy_rules.comparisons import COMPARISONS
 
 __all__ = ["scalar_rule"]
 
@@ -31,12 +32,7 @@ _BINARY: dict[Any, Callable[[Any, Any], Any]] = {
     lax.mul_p: np.multiply,
     lax.max_p: np.maximum,
     lax.min_p: np.minimum,
-    lax.eq_p: np.equal,
-    lax.ne_p: np.not_equal,
-    lax.lt_p: np.less,
-    lax.le_p: np.less_equal,
-    lax.gt_p: np.greater,
-    lax.ge_p: np.greater_equal,
+    **COMPARISONS,
     lax.and_p: np.bitwise_and,
     lax.or_p: np.bitwise_or,
     lax.xor_p: np.bitwise_xor,
