@@ -10,10 +10,12 @@ has ``clock[slot] >= time`` (the FastTrack epoch test: O(1) instead of comparing
 clocks).
 
 The times are one numpy ``int64`` array per clock (``VectorClock.array``): a join is two
-vectorised operations whatever the number of slots, a snapshot one array copy. The names
-change only when a join takes a newer time from another clock (or a slot gets a new
-actor), not when the owner ticks, so a snapshot shares its names tuple with the snapshots
-before it until then.
+vectorised operations whatever the number of slots. A snapshot copies nothing: it shares
+the array, and the clock copies it on its next change (copy on write), so the snapshots
+an actor's accesses take between two changes of its clock cost one array copy in all,
+made only if the clock changes again. The names change only when a join takes a newer
+time from another clock (or a slot gets a new actor), not when the owner ticks, so a
+snapshot shares its names tuple with the snapshots before it until then.
 """
 
 from __future__ import annotations
@@ -121,10 +123,11 @@ class VectorClock:
     """A mutable vector clock, owned by one actor (see ``Clock`` for the snapshot).
 
     ``array`` holds the times (int64, one per slot); ``times`` and ``names`` are copies as
-    lists.
+    lists. The array may be shared with snapshots (``_shared``): every change of it goes
+    through ``_own`` first, which copies it then.
     """
 
-    __slots__ = ("_entries", "_names", "_names_tuple", "_snapshot", "array")
+    __slots__ = ("_entries", "_names", "_names_tuple", "_shared", "_snapshot", "array")
 
     def __init__(self, times: Sequence[int] | np.ndarray = (), names: Sequence[str] = ()) -> None:
         self.array: np.ndarray = np.array(times, dtype=_INT).reshape(-1)
@@ -134,6 +137,14 @@ class VectorClock:
         self._names_tuple: tuple[str, ...] | None = None
         self._entries: Entries | None = None
         self._snapshot: Clock | None = None
+        self._shared = False  # a snapshot holds ``array``: copy it before changing it
+
+    def _own(self) -> np.ndarray:
+        """``array``, copied first if a snapshot shares it: the one way to change it."""
+        if self._shared:
+            self.array = self.array.copy()
+            self._shared = False
+        return self.array
 
     @property
     def times(self) -> list[int]:
@@ -157,7 +168,8 @@ class VectorClock:
 
     def _grow(self, n: int) -> None:
         grow = n - len(self.array)
-        self.array = np.concatenate((self.array, np.zeros(grow, _INT)))
+        self.array = np.concatenate((self.array, np.zeros(grow, _INT)))  # a new array
+        self._shared = False
         self._names.extend([""] * grow)
         self._names_tuple = None
 
@@ -165,14 +177,14 @@ class VectorClock:
         """Set one entry (a new actor taking ``slot`` starts at ``time``)."""
         if slot >= len(self.array):
             self._grow(slot + 1)
-        self.array[slot] = time
+        self._own()[slot] = time
         self._names[slot] = name
         self._names_tuple = None
         self._entries = self._snapshot = None
 
     def increment(self, slot: int) -> None:
         """Tick ``slot``: the owner's later accesses are concurrent with what it released."""
-        self.array[slot] += 1
+        self._own()[slot] += 1
         self._entries = self._snapshot = None
 
     def join(self, other: VectorClock | Clock) -> None:
@@ -187,7 +199,7 @@ class VectorClock:
         slots = (theirs > mine).nonzero()[0]
         if not len(slots):
             return
-        mine[slots] = theirs[slots]
+        self._own()[slots] = theirs[slots]
         names = self._names
         their_names = other._names if other.__class__ is VectorClock else other.names  # type: ignore[union-attr]
         for slot in slots.tolist():
@@ -199,19 +211,22 @@ class VectorClock:
         """An independent copy."""
         vc = VectorClock.__new__(VectorClock)
         vc.array = self.array.copy()
+        vc._shared = False
         vc._names = list(self._names)
         vc._names_tuple = self._names_tuple
         vc._entries = vc._snapshot = None
         return vc
 
     def snapshot(self) -> Clock:
-        """The immutable snapshot of the current value (cached until the next change)."""
+        """The immutable snapshot of the current value (cached until the next change;
+        it shares the array, which the next change copies)."""
         snap = self._snapshot
         if snap is None:
             names = self._names_tuple
             if names is None:
                 names = self._names_tuple = tuple(self._names)
-            snap = self._snapshot = Clock.of_array(self.array.copy(), names)
+            snap = self._snapshot = Clock.of_array(self.array, names)
+            self._shared = True
         return snap
 
     def entries(self) -> Entries:
