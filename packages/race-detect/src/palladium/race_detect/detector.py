@@ -144,7 +144,7 @@ class RaceDetector:
         with self._lock:
             snapshot = actor.vector.snapshot()
             if actor.finished:
-                return Clock.of_array(snapshot.array, snapshot.names, actor.slot)
+                return Clock.of_array(snapshot.array, snapshot.name_array, actor.slot)
             _tick(actor)
             return snapshot
 
