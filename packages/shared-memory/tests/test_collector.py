@@ -5,8 +5,7 @@ import gc
 import numpy as np
 import pytest
 
-from palladium.shared_memory import MemorySpace, SemaphoreKind, Simulation
-from palladium.shared_memory import collector
+from palladium.shared_memory import MemorySpace, SemaphoreKind, Simulation, collector
 from palladium.shared_memory.collector import frozen_heap
 
 
