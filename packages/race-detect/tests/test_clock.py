@@ -48,3 +48,27 @@ def test_clock_happens_before_and_join():
     assert not a <= c and not c <= a  # concurrent
     assert a.join(c) == Clock((1, 2), ("a", "b"))
     assert Clock() <= a
+
+
+def test_a_snapshot_keeps_its_times_and_names_when_the_clock_joins_or_grows():
+    # Snapshots share the clock's arrays until it changes (copy on write).
+    vc = VectorClock([1, 2], ["a", "b"])
+    snap = vc.snapshot()
+    assert vc.snapshot() is snap  # unchanged clock: the same snapshot
+    vc.join(VectorClock([0, 5, 3], ["", "b2", "c"]))
+    vc.set(4, 1, "e")
+    assert snap.times == (1, 2) and snap.names == ("a", "b")
+    assert snap.entries() == (("a", 1), ("b", 2))
+    assert vc.entries() == (("a", 1), ("b2", 5), ("c", 3), ("e", 1))
+    later = vc.snapshot()
+    vc.increment(0)
+    assert later.entries() == (("a", 1), ("b2", 5), ("c", 3), ("e", 1))
+    assert vc.time(0) == 2
+
+
+def test_a_join_takes_many_names_from_a_snapshot():
+    other = VectorClock(list(range(1, 101)), [f"core {i}" for i in range(100)]).snapshot()
+    vc = VectorClock([50] * 100, ["old"] * 100)
+    vc.join(other)
+    assert vc.times == [max(50, t) for t in range(1, 101)]
+    assert vc.names == ["old"] * 50 + [f"core {i}" for i in range(50, 100)]

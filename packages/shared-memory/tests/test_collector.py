@@ -5,7 +5,7 @@ import gc
 import numpy as np
 import pytest
 
-from palladium.shared_memory import MemorySpace, SemaphoreKind, Simulation
+from palladium.shared_memory import MemorySpace, SemaphoreKind, Simulation, collector
 from palladium.shared_memory.collector import frozen_heap
 
 
@@ -58,3 +58,20 @@ def test_an_error_in_the_run_still_unfreezes():
     with pytest.raises(ValueError), frozen_heap():
         raise ValueError("boom")
     assert gc.get_freeze_count() == 0
+
+
+def test_a_run_raises_the_young_threshold_and_restores_it_after():
+    before = gc.get_threshold()
+    with frozen_heap():
+        inside = gc.get_threshold()
+        with frozen_heap():
+            assert gc.get_threshold() == inside
+    assert inside == (max(before[0], collector.YOUNG), *before[1:])
+    assert gc.get_threshold() == before
+
+
+def test_an_error_in_the_run_still_restores_the_threshold():
+    before = gc.get_threshold()
+    with pytest.raises(ValueError), frozen_heap():
+        raise ValueError("boom")
+    assert gc.get_threshold() == before

@@ -9,11 +9,14 @@ An access made at epoch ``(slot, time)`` happens-before every later access whose
 has ``clock[slot] >= time`` (the FastTrack epoch test: O(1) instead of comparing whole
 clocks).
 
-The times are one numpy ``int64`` array per clock (``VectorClock.array``): a join is two
-vectorised operations whatever the number of slots, a snapshot one array copy. The names
-change only when a join takes a newer time from another clock (or a slot gets a new
-actor), not when the owner ticks, so a snapshot shares its names tuple with the snapshots
-before it until then.
+The times are one numpy ``int64`` array per clock (``VectorClock.array``), the names
+one object array: a join is a few vectorised operations whatever the number of slots
+and of entries it takes. A snapshot copies nothing: it shares both arrays, and the
+clock copies one on its next change of it (copy on write), so the snapshots an actor's
+accesses take between two changes of its clock cost one array copy in all, made only
+if the clock changes again. The names change only when a join takes a newer time from
+another clock (or a slot gets a new actor), not when the owner ticks, so a tick copies
+the times only.
 """
 
 from __future__ import annotations
@@ -26,6 +29,13 @@ import numpy as np
 Entries = tuple[tuple[str, int], ...]
 
 _INT = np.int64
+
+
+def _object_array(names: Sequence[str]) -> np.ndarray:
+    """``names`` as a one-dimensional object array."""
+    array = np.empty(len(names), object)
+    array[:] = list(names)
+    return array
 
 
 class Clock:
@@ -42,23 +52,25 @@ class Clock:
     new actor. It takes no part in equality.
     """
 
-    __slots__ = ("_array", "_times", "finished_slot", "names")
+    __slots__ = ("_array", "_name_array", "_names", "_times", "finished_slot")
 
     def __init__(self, times: Sequence[int] = (), names: Sequence[str] = (),
                  finished_slot: int = -1) -> None:
         self._times: tuple[int, ...] | None = tuple(int(t) for t in times)
         self._array: np.ndarray | None = None
-        self.names: tuple[str, ...] = tuple(names)
+        self._names: tuple[str, ...] | None = tuple(names)
+        self._name_array: np.ndarray | None = None
         self.finished_slot = finished_slot
 
     @classmethod
-    def of_array(cls, array: np.ndarray, names: tuple[str, ...], finished_slot: int = -1) -> Clock:
-        """A snapshot over ``array`` (not copied: nobody may change it afterwards) and
-        ``names``."""
+    def of_array(cls, array: np.ndarray, names: np.ndarray, finished_slot: int = -1) -> Clock:
+        """A snapshot over ``array`` and the object array ``names`` (neither copied:
+        nobody may change them afterwards)."""
         clock = cls.__new__(cls)
         clock._array = array
         clock._times = None
-        clock.names = names
+        clock._name_array = names
+        clock._names = None
         clock.finished_slot = finished_slot
         return clock
 
@@ -76,6 +88,21 @@ class Clock:
         if self._array is None:
             self._array = np.array(self.times, dtype=_INT)
         return self._array
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """Per slot, the name of the actor that made its time."""
+        if self._names is None:
+            assert self._name_array is not None
+            self._names = tuple(self._name_array.tolist())
+        return self._names
+
+    @property
+    def name_array(self) -> np.ndarray:
+        """The names as an object array (shared: never change it)."""
+        if self._name_array is None:
+            self._name_array = _object_array(self.names)
+        return self._name_array
 
     def time(self, slot: int) -> int:
         """The time of ``slot`` (0 if this clock never heard of it)."""
@@ -120,20 +147,39 @@ class Clock:
 class VectorClock:
     """A mutable vector clock, owned by one actor (see ``Clock`` for the snapshot).
 
-    ``array`` holds the times (int64, one per slot); ``times`` and ``names`` are copies as
-    lists.
+    ``array`` holds the times (int64, one per slot), ``_names`` the names (an object
+    array: a join copies the names it takes in one vectorised step, however many); both
+    may be shared with snapshots (``_shared``, ``_names_shared``): every change goes
+    through ``_own`` / ``_own_names`` first, which copy them then. ``times`` and
+    ``names`` are copies as lists.
     """
 
-    __slots__ = ("_entries", "_names", "_names_tuple", "_snapshot", "array")
+    __slots__ = ("_entries", "_names", "_names_shared", "_shared", "_snapshot", "array")
 
     def __init__(self, times: Sequence[int] | np.ndarray = (), names: Sequence[str] = ()) -> None:
         self.array: np.ndarray = np.array(times, dtype=_INT).reshape(-1)
-        self._names: list[str] = list(names)
-        if len(self._names) < len(self.array):
-            self._names.extend([""] * (len(self.array) - len(self._names)))
-        self._names_tuple: tuple[str, ...] | None = None
+        names = list(names)
+        if len(names) < len(self.array):
+            names.extend([""] * (len(self.array) - len(names)))
+        self._names: np.ndarray = _object_array(names)
         self._entries: Entries | None = None
         self._snapshot: Clock | None = None
+        self._shared = False  # a snapshot holds ``array``: copy it before changing it
+        self._names_shared = False  # the same for ``_names``
+
+    def _own(self) -> np.ndarray:
+        """``array``, copied first if a snapshot shares it: the one way to change it."""
+        if self._shared:
+            self.array = self.array.copy()
+            self._shared = False
+        return self.array
+
+    def _own_names(self) -> np.ndarray:
+        """``_names``, copied first if a snapshot shares it."""
+        if self._names_shared:
+            self._names = self._names.copy()
+            self._names_shared = False
+        return self._names
 
     @property
     def times(self) -> list[int]:
@@ -143,7 +189,7 @@ class VectorClock:
     @property
     def names(self) -> list[str]:
         """Per slot, the name of the actor that made its time (a copy)."""
-        return list(self._names)
+        return self._names.tolist()
 
     def time(self, slot: int) -> int:
         """The time of ``slot`` (0 if never heard of)."""
@@ -157,22 +203,26 @@ class VectorClock:
 
     def _grow(self, n: int) -> None:
         grow = n - len(self.array)
+        # New arrays: nothing shares them.
         self.array = np.concatenate((self.array, np.zeros(grow, _INT)))
-        self._names.extend([""] * grow)
-        self._names_tuple = None
+        self._shared = False
+        names = np.empty(n, object)
+        names[: len(self._names)] = self._names
+        names[len(self._names):] = ""
+        self._names = names
+        self._names_shared = False
 
     def set(self, slot: int, time: int, name: str) -> None:
         """Set one entry (a new actor taking ``slot`` starts at ``time``)."""
         if slot >= len(self.array):
             self._grow(slot + 1)
-        self.array[slot] = time
-        self._names[slot] = name
-        self._names_tuple = None
+        self._own()[slot] = time
+        self._own_names()[slot] = name
         self._entries = self._snapshot = None
 
     def increment(self, slot: int) -> None:
         """Tick ``slot``: the owner's later accesses are concurrent with what it released."""
-        self.array[slot] += 1
+        self._own()[slot] += 1
         self._entries = self._snapshot = None
 
     def join(self, other: VectorClock | Clock) -> None:
@@ -187,36 +237,33 @@ class VectorClock:
         slots = (theirs > mine).nonzero()[0]
         if not len(slots):
             return
-        mine[slots] = theirs[slots]
-        names = self._names
-        their_names = other._names if other.__class__ is VectorClock else other.names  # type: ignore[union-attr]
-        for slot in slots.tolist():
-            names[slot] = their_names[slot]
-        self._names_tuple = None
+        self._own()[slots] = theirs[slots]
+        their_names = other._names if other.__class__ is VectorClock else other.name_array  # type: ignore[union-attr]
+        self._own_names()[slots] = their_names[slots]
         self._entries = self._snapshot = None
 
     def copy(self) -> VectorClock:
         """An independent copy."""
         vc = VectorClock.__new__(VectorClock)
         vc.array = self.array.copy()
-        vc._names = list(self._names)
-        vc._names_tuple = self._names_tuple
+        vc._shared = False
+        vc._names = self._names.copy()
+        vc._names_shared = False
         vc._entries = vc._snapshot = None
         return vc
 
     def snapshot(self) -> Clock:
-        """The immutable snapshot of the current value (cached until the next change)."""
+        """The immutable snapshot of the current value (cached until the next change;
+        it shares the arrays, which the next change copies)."""
         snap = self._snapshot
         if snap is None:
-            names = self._names_tuple
-            if names is None:
-                names = self._names_tuple = tuple(self._names)
-            snap = self._snapshot = Clock.of_array(self.array.copy(), names)
+            snap = self._snapshot = Clock.of_array(self.array, self._names)
+            self._shared = self._names_shared = True
         return snap
 
     def entries(self) -> Entries:
         """The non-zero entries as ``(actor name, time)`` pairs (cached until the next change)."""
         if self._entries is None:
             self._entries = tuple(
-                (n, t) for t, n in zip(self.array.tolist(), self._names) if t)
+                (n, t) for t, n in zip(self.array.tolist(), self._names.tolist()) if t)
         return self._entries

@@ -6,6 +6,8 @@ import threading
 from collections.abc import Hashable, Sequence
 from typing import Any
 
+import numpy as np
+
 from palladium.race_detect.actor import Actor
 from palladium.race_detect.clock import Clock, VectorClock
 from palladium.race_detect.errors import ActorError, RegionError, UnknownBufferError
@@ -13,7 +15,7 @@ from palladium.race_detect.policy import OnRace, deliver_function
 from palladium.race_detect.prepared import PreparedAccess, prepare
 from palladium.race_detect.regions import check_mask
 from palladium.race_detect.report import RaceReport
-from palladium.race_detect.shadow import BufferShadow, Event, PendingAccess
+from palladium.race_detect.shadow import BufferShadow, Event
 
 
 class RaceDetector:
@@ -43,6 +45,10 @@ class RaceDetector:
         self._occupants: list[Actor] = []  # slot -> the actor holding it now
         self._final: list[int] = []  # slot -> the last time used in it so far
         self._free: set[int] = set()  # slots whose occupant finished
+        # The same two as arrays (capacity grows by doubling), for the vectorised search
+        # of a reusable slot: slot -> final time, slot -> in ``_free``.
+        self._final_array = np.zeros(64, np.int64)
+        self._free_mask = np.zeros(64, bool)
         self._buffers: dict[Hashable, BufferShadow] = {}
         self._reports: list[RaceReport] = []
         self._serial = 0
@@ -56,8 +62,13 @@ class RaceDetector:
                 slot = len(self._occupants)
                 self._occupants.append(None)  # type: ignore[arg-type]
                 self._final.append(0)
+                if slot >= len(self._final_array):
+                    grow = len(self._final_array)
+                    self._final_array = np.concatenate((self._final_array, np.zeros(grow, np.int64)))
+                    self._free_mask = np.concatenate((self._free_mask, np.zeros(grow, bool)))
             else:
                 self._free.discard(slot)
+                self._free_mask[slot] = False
             clock = VectorClock() if parent is None else parent.vector.copy()
             clock.set(slot, self._final[slot] + 1, name)
             actor = Actor(name, slot, clock)
@@ -86,9 +97,14 @@ class RaceDetector:
             slot = hints.pop()
             if slot in free and times[slot] >= final[slot]:
                 return slot
-        n = len(times)
-        candidates = [s for s in free if s < n and times[s] >= final[s]]
-        return min(candidates) if candidates else None
+        if not free:
+            return None
+        # The lowest free slot whose final time the parent has seen (vectorised: the
+        # free slots are many when the parent waits for few of its DMAs' ends).
+        n = min(len(times), len(self._occupants))
+        ok = self._free_mask[:n] & (times[:n] >= self._final_array[:n])
+        slot = int(ok.argmax())
+        return slot if ok[slot] else None
 
     def finish(self, actor: Actor) -> None:
         """``actor`` ends (a DMA completed); its slot may then be reused."""
@@ -96,9 +112,12 @@ class RaceDetector:
             if actor.finished:
                 return
             actor.finished = True
-            self._final[actor.slot] = actor.vector.time(actor.slot)
-            if self._occupants[actor.slot] is actor:
-                self._free.add(actor.slot)
+            slot = actor.slot
+            self._final[slot] = final = actor.vector.time(slot)
+            self._final_array[slot] = final
+            if self._occupants[slot] is actor:
+                self._free.add(slot)
+                self._free_mask[slot] = True
 
     @property
     def num_slots(self) -> int:
@@ -114,7 +133,7 @@ class RaceDetector:
                 return
             observer.vector.join(other.vector)
             if other.finished:
-                observer.reusable_slots.append(other.slot)
+                observer.hint_reusable(other.slot)
             _tick(other)
 
     def release(self, actor: Actor) -> Clock:
@@ -125,7 +144,7 @@ class RaceDetector:
         with self._lock:
             snapshot = actor.vector.snapshot()
             if actor.finished:
-                return Clock.of_array(snapshot.array, snapshot.names, actor.slot)
+                return Clock.of_array(snapshot.array, snapshot.name_array, actor.slot)
             _tick(actor)
             return snapshot
 
@@ -134,7 +153,7 @@ class RaceDetector:
         with self._lock:
             actor.vector.join(clock)
             if clock.finished_slot >= 0:
-                actor.reusable_slots.append(clock.finished_slot)
+                actor.hint_reusable(clock.finished_slot)
 
     def barrier(self, actors: Sequence[Actor]) -> None:
         """All of ``actors`` join each other."""
@@ -224,32 +243,24 @@ class RaceDetector:
                 raise ActorError(
                     f"{actor.name!r} accessed {shadow.name!r} at {site} after it finished"
                 )
-            prepared = region
             if region.__class__ is not PreparedAccess:
-                prepared = prepare(region, shadow.shape, shadow.name)
+                region = prepare(region, shadow.shape, shadow.name)
             elif region.shape != shadow.shape:
                 raise RegionError(
                     f"buffer {shadow.name!r} of shape {shadow.shape}: {region!r} was "
                     f"prepared for another shape"
                 )
-            full, box, size = prepared.region, prepared.box, prepared.size
+            full, box, size = region.region, region.box, region.size
             bool_mask = None if mask is None else check_mask(mask, full, shadow.shape, shadow.name)
             clock = actor.vector
-            pending = PendingAccess(
-                actor.name,
-                "write" if is_write else "read",
-                shadow.name,
-                full,
-                site,
-                # The clock's entries are only needed if a report is made: a snapshot
-                # (two tuple copies, shared by accesses until the clock changes) is
-                # turned into them by Event.access.
-                clock.snapshot(),
-                bool_mask is not None,
-            )
-            self._serial += 1
             times = clock.array
-            event = Event(actor.slot, int(times[actor.slot]), self._serial, None, pending)
+            slot = actor.slot
+            self._serial = serial = self._serial + 1
+            # The clock's entries are only needed if a report is made: the snapshot shares
+            # the clock's array (copied when the clock next changes) and is shared by the
+            # actor's accesses until then; Event.access turns it into entries.
+            event = Event(slot, int(times[slot]), serial, actor.name, is_write, shadow.name,
+                          full, site, clock.snapshot(), bool_mask is not None)
             if bool_mask is None and box is not None and shadow.access_box(
                 box, size, event, times, is_write
             ):

@@ -25,7 +25,7 @@ read whole) runs the same table operations, in the same order, over the boxes th
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
@@ -45,49 +45,43 @@ from palladium.race_detect.regions import Region, element_at
 from palladium.race_detect.report import Access
 
 
-class PendingAccess(NamedTuple):
-    """An ``Access`` not built yet (most accesses never race): its fields, with the
-    actor's clock still a snapshot (shared by accesses until the clock changes)."""
-
-    actor: str
-    kind: str
-    buffer: str
-    region: Region
-    site: object
-    clock: Clock | tuple[tuple[str, int], ...]
-    masked: bool
-
-    def build(self) -> Access:
-        clock = self.clock
-        entries = clock.entries() if isinstance(clock, Clock) else clock
-        return Access(self.actor, self.kind, self.buffer, self.region, self.site, entries,
-                      self.masked)
-
-
 class Event:
     """One access at epoch ``(slot, time)``; ``serial`` numbers accesses in program order.
 
-    Its ``Access`` record is built only when a report needs it: pass ``pending`` (a
-    ``PendingAccess``) instead of it.
+    It keeps the fields of its ``Access`` record, with the actor's clock as a snapshot
+    (shared by the actor's accesses until its clock changes): the record itself, and the
+    clock's entries, are built only when a report needs them (``access``), as most
+    accesses never race. One object per access, nothing else.
     """
 
-    __slots__ = ("slot", "time", "serial", "_access", "_pending")
+    __slots__ = ("_access", "actor", "buffer", "clock", "is_write", "masked", "region",
+                 "serial", "site", "slot", "time")
 
     def __init__(
-        self, slot: int, time: int, serial: int, access: Access | None = None,
-        pending: PendingAccess | None = None,
+        self, slot: int, time: int, serial: int, actor: str, is_write: bool, buffer: str,
+        region: Region, site: object, clock: Clock | tuple[tuple[str, int], ...],
+        masked: bool,
     ) -> None:
         self.slot = slot
         self.time = time
         self.serial = serial
-        self._access = access
-        self._pending = pending
+        self.actor = actor
+        self.is_write = is_write
+        self.buffer = buffer
+        self.region = region
+        self.site = site
+        self.clock = clock
+        self.masked = masked
+        self._access: Access | None = None
 
     @property
     def access(self) -> Access:
+        """The access as a report shows it (built on first use)."""
         if self._access is None:
-            assert self._pending is not None
-            self._access = self._pending.build()
+            clock = self.clock
+            entries = clock.entries() if isinstance(clock, Clock) else clock
+            self._access = Access(self.actor, "write" if self.is_write else "read", self.buffer,
+                                  self.region, self.site, entries, self.masked)
         return self._access
 
 
@@ -262,10 +256,15 @@ class BufferShadow:
             # Newest first: the pieces left by the last split (appended last) are where a
             # block-by-block sweep goes next. Boxes are disjoint, so at most one contains
             # ``box``: the order changes only the time it takes to find it.
-            found = next((b for b in reversed(boxes) if contains(b, box)), None)
-            if found is None:
+            for b in reversed(boxes):
+                for (lo, hi), (start, stop) in zip(b, box):  # contains(b, box), inlined
+                    if start < lo or hi < stop:
+                        break
+                else:
+                    outer, pair = b, boxes[b]
+                    break
+            else:
                 return False
-            outer, pair = found, boxes[found]
         wid, rid = pair >> 32, pair & R_MASK
         if wid:
             last = self._writes.items[wid]

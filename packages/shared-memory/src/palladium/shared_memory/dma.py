@@ -122,10 +122,10 @@ class Dma:
     def queue(self) -> None:
         """Put this DMA on its semaphores' pending lists (it completes when waited for)."""
         self.queued = True
-        self.dst_sem.pending.append(self)
+        self.dst_sem.add_pending(self)
         self.dst_sem.add_live(1)
         if self.src_sem is not None and self.src_sem is not self.dst_sem:
-            self.src_sem.pending.append(self)
+            self.src_sem.add_pending(self)
             self.src_sem.add_live(1)
 
     def signals(self, sem: Semaphore) -> bool:

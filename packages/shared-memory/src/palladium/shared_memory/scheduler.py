@@ -311,7 +311,7 @@ class Scheduler:
             self._unwatched.append(task)
             self._unlist(task)
         else:
-            watch.waiting.append(task)
+            watch.wait(task)
             if not ready():
                 self._unlist(task)
         try:
@@ -329,7 +329,7 @@ class Scheduler:
             if watch is None:
                 self._unwatched.remove(task)
             else:
-                watch.waiting.remove(task)
+                watch.unwait(task)
             task.watch = None
             self._list(task)
 

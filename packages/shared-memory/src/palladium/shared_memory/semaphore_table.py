@@ -104,7 +104,8 @@ class SemaphoreTable:
     def drop_pending(self) -> None:
         """Forget every semaphore's pending DMAs (all have executed)."""
         for sem in self:
-            sem.pending = []
+            if sem.pending:
+                sem.pending = ()
 
 
 def leak_message(leaks: Sequence[Semaphore], when: str) -> str:

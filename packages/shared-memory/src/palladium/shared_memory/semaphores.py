@@ -36,6 +36,9 @@ class Semaphore(WaitPoint):
     DMAs as they progress, so a blocked wait's readiness test is O(1), not a scan.
     As a ``WaitPoint`` it tells the scheduler when ``count`` or ``live`` changes while a
     wait is blocked on it (``signal``, ``take``, ``add_live``: never assign them).
+    ``clocks`` and ``pending`` are the empty tuple until something is added
+    (``signal``, ``add_pending``): a launch may allocate tens of thousands of semaphores
+    that live as long as it, and every list is one more object for the collector.
     """
 
     __slots__ = ("clocks", "core", "count", "id", "index", "kind", "live", "name", "pending")
@@ -48,8 +51,8 @@ class Semaphore(WaitPoint):
         self.name = name
         self.index = index
         self.count = 0
-        self.clocks: list = []
-        self.pending: list = []
+        self.clocks: list | tuple = ()
+        self.pending: list | tuple = ()
         self.live = 0
 
     @property
@@ -68,19 +71,29 @@ class Semaphore(WaitPoint):
         """Add ``inc``; ``clock`` (or None) is the signaller's released clock."""
         self.count += inc
         if clock is not None:
-            self.clocks.append(clock)
+            if self.clocks:
+                self.clocks.append(clock)  # type: ignore[union-attr]
+            else:
+                self.clocks = [clock]
         if self.waiting:
             self.changed()
 
-    def take(self, value: int) -> list:
+    def take(self, value: int) -> list | tuple:
         """Subtract ``value``; return the clocks a wait observes (and forget them)."""
         self.count -= value
         clocks = self.clocks
         if clocks:
-            self.clocks = []
+            self.clocks = ()
         if self.waiting:
             self.changed()
         return clocks
+
+    def add_pending(self, dma: Any) -> None:
+        """``dma`` will signal this semaphore (``live`` is counted apart: ``add_live``)."""
+        if self.pending:
+            self.pending.append(dma)  # type: ignore[union-attr]
+        else:
+            self.pending = [dma]
 
     def add_live(self, delta: int) -> None:
         """A DMA that will still signal this semaphore was queued (+1) or did (-1)."""

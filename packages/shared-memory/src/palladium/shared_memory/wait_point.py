@@ -18,12 +18,24 @@ __all__ = ["WaitPoint"]
 
 class WaitPoint:
     """Something tasks block on. Cheap when nobody waits: hot paths test ``waiting``
-    before calling ``changed()``."""
+    before calling ``changed()``. ``waiting`` is the empty tuple until a task first
+    blocks here (``wait``): most semaphores of a launch never have a waiter."""
 
     __slots__ = ("waiting",)
 
     def __init__(self) -> None:
-        self.waiting: list[Task] = []
+        self.waiting: list[Task] | tuple = ()
+
+    def wait(self, task: Task) -> None:
+        """``task`` blocks here (``unwait`` when it no longer does)."""
+        if self.waiting:
+            self.waiting.append(task)  # type: ignore[union-attr]
+        else:
+            self.waiting = [task]
+
+    def unwait(self, task: Task) -> None:
+        """``task`` no longer blocks here."""
+        self.waiting.remove(task)  # type: ignore[union-attr]
 
     def changed(self) -> None:
         """Re-evaluate the readiness of every task blocked here."""
