@@ -32,12 +32,16 @@ import os
 import warnings
 from typing import Any
 
+import jax
+
 from palladium.interpret import _jax_compat as jc
+from palladium.interpret._version import __version__ as palladium_version
 from palladium.interpret.chip import device_kind
 from palladium.interpret.errors import TpuLoweringError, TpuLoweringWarning
 from palladium.interpret.eval.registry import RULES
 from palladium.interpret.fidelity import approx_access, approx_rules, tpu_compiler  # noqa: F401  (rules)
 from palladium.interpret.fidelity.approx_registry import Violation, first_violation
+from palladium.interpret.fidelity.call_key import KeySet, call_key
 from palladium.interpret.kernel.prepared_kernel import PreparedKernel
 
 #: Said under every verdict of the approximation: which checker spoke.
@@ -85,14 +89,34 @@ def check_lowering(kernel: PreparedKernel, ctx: Any, *, chip: str, num_cores: in
     if kernel.is_core_map:
         return  # core_map lowers through jax's mpmd_map rule: not checked (see module docs)
     if mosaic:
-        try:
-            jc.mosaic_lower(ctx, kernel.grid_mapping, kernel.jaxpr, kernel.compiler_params,
-                            device_kind=device_kind(chip), num_cores=num_cores)
-        except Exception as exc:  # noqa: BLE001  (every Mosaic failure is reported)
-            _report(kernel, chip, exc)
+        key = _lowering_key(kernel, ctx, chip, num_cores)
+        if key is None or not MOSAIC_LOWERED.knows(key):
+            try:
+                jc.mosaic_lower(ctx, kernel.grid_mapping, kernel.jaxpr, kernel.compiler_params,
+                                device_kind=device_kind(chip), num_cores=num_cores)
+            except Exception as exc:  # noqa: BLE001  (every Mosaic failure is reported)
+                _report(kernel, chip, exc)
+            else:
+                if key is not None:
+                    MOSAIC_LOWERED.add(key)
     violation = first_violation(kernel, chip)
     if violation is not None:
         _report_rule(kernel, chip, violation)
+
+
+def _lowering_key(kernel: PreparedKernel, ctx: Any, chip: str, num_cores: int) -> str | None:
+    """What Mosaic's lowering of ``kernel`` is a function of (``call_key``), or None."""
+    return call_key(
+        {"grid_mapping": kernel.grid_mapping, "jaxpr": kernel.jaxpr,
+         "compiler_params": kernel.compiler_params}, [],
+        "mosaic-lowers", palladium_version, jax.__version__, device_kind(chip), num_cores,
+        jc.mosaic_context(ctx), sorted(jax.config.values.items()))
+
+
+#: The kernels (by ``_lowering_key``) jax's Mosaic lowering lowered without a failure,
+#: in memory and on disk: lowered again, such a kernel is not handed to Mosaic again. A
+#: failure is never kept: it is reported from a fresh lowering every time.
+MOSAIC_LOWERED = KeySet("mosaic-lowered")
 
 
 def _where(kernel: PreparedKernel) -> str:
