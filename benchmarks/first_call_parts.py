@@ -4,6 +4,11 @@ jax's HLO interpreter, each in a fresh process.
 
     python benchmarks/first_call_parts.py -k gmm -k flash          # warm cache
     python benchmarks/first_call_parts.py -k gmm --cold --repeats 3
+    python benchmarks/first_call_parts.py --one-process            # first calls only
+
+``--one-process``: the first calls of ``interpret_kernels.py`` alone (every kernel in one
+process, in its order; HLO's first call, then palladium's after ``jax.clear_caches()``),
+wall and process CPU time: an A/B of first calls in a minute.
 
 Every measurement is a fresh process (``--worker``) that runs HLO's first call of the
 kernel and then palladium's (as ``interpret_kernels.py`` does, ``jax.clear_caches()``
@@ -125,6 +130,30 @@ def _worker(name: str, order: str, warmup: bool) -> dict:
     return out
 
 
+def _one_process(names: list[str]) -> None:
+    sys.path.insert(0, HERE)
+    import jax
+    import kernel_cases
+    from interpret_kernels import _forced
+
+    import palladium.interpret as pi
+
+    for case in kernel_cases.all_cases():
+        if names and not any(n in case.name for n in names):
+            continue
+        fn, args = case.make()
+        res = {}
+        for mode, ctx in (("hlo", _forced(True)), ("pd", _forced(pi.InterpretParams()))):
+            jax.clear_caches()
+            with ctx():
+                t = time.perf_counter(), time.process_time()
+                jax.block_until_ready(jax.jit(fn)(*args))
+                res[mode] = (time.perf_counter() - t[0], time.process_time() - t[1])
+        (hw, hc), (pw, pc) = res["hlo"], res["pd"]
+        print(f"| {case.name} | {hw * 1e3:.0f} / {hc * 1e3:.0f} | {pw * 1e3:.0f} / "
+              f"{pc * 1e3:.0f} | {hw / pw:.1f}x | {hc / pc:.1f}x |", flush=True)
+
+
 def _run(python: str, name: str, cache: str, order: str, warmup: bool) -> dict:
     env = dict(os.environ, PALLADIUM_CACHE_DIR=cache, JAX_PLATFORMS="cpu")
     proc = subprocess.run([python, __file__, "--worker", name, "--order", order]
@@ -145,7 +174,14 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--cold", action="store_true", help="a fresh palladium cache")
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--python", default=sys.executable)
+    parser.add_argument("--one-process", action="store_true",
+                        help="first calls only, every kernel in this process")
     opts = parser.parse_args(argv)
+    if opts.one_process:
+        print("| kernel | HLO first, wall / CPU ms | palladium first, wall / CPU ms | "
+              "wall ratio | CPU ratio |\n|---|---|---|---|---|")
+        _one_process(opts.k)
+        return 0
     if opts.worker:
         print(json.dumps(_worker(opts.worker, opts.order, opts.warmup)))
         return 0

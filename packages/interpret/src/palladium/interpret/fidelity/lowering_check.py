@@ -22,8 +22,11 @@ comes before anything the interpretation finds. Measured on
 shared 2-core machine, four runs at load 2-19): 0.03-0.14 s of matmul's and
 0.06-0.41 s of flash attention's first call, 2-11% of it (a fresh MLIR context takes
 ~0.02 s of that). That share comes off the first-call ratio against jax's interpreter,
-which for flash attention sits near its 10x target: running the check concurrently
-with the first launch is the way to win it back if it matters.
+which for flash attention sits near its 10x target. A kernel Mosaic lowered without a
+failure is remembered (``MOSAIC_LOWERED``, by ``call_key``, in memory and under the cache
+root): lowered again, in this process or a later one, it is not handed to Mosaic again
+(the approximation's rules and the VMEM/SMEM count still run). A failure is never
+remembered: it is reported from a fresh lowering every time.
 """
 
 from __future__ import annotations
