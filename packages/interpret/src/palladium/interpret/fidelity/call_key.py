@@ -40,9 +40,9 @@ def call_key(params: Mapping[str, Any], avals_in: Sequence[Any], *extra: Any) ->
     None when some value cannot be written down faithfully."""
     out: list[str] = []
     try:
-        _write(out, dict(params), 0, set())
-        _write(out, [_aval_text(a) for a in avals_in], 0, set())
-        _write(out, list(extra), 0, set())
+        _write(out, dict(params), 0, {})
+        _write(out, [_aval_text(a) for a in avals_in], 0, {})
+        _write(out, list(extra), 0, {})
     except _Opaque:
         return None
     return hashlib.sha256("\x00".join(out).encode()).hexdigest()
@@ -52,7 +52,7 @@ def _aval_text(aval: Any) -> str:
     return f"{aval}|{getattr(aval, 'weak_type', None)}|{type(aval).__name__}"
 
 
-def _write(out: list[str], x: Any, depth: int, seen: set[int]) -> None:
+def _write(out: list[str], x: Any, depth: int, seen: dict[int, int]) -> None:
     if depth > _DEPTH:
         raise _Opaque
     if x is None or isinstance(x, bool | int | float | complex | str | bytes):
@@ -93,15 +93,15 @@ def _write(out: list[str], x: Any, depth: int, seen: set[int]) -> None:
         out.append(f"{type(x).__module__}.{type(x).__qualname__}:{text}")
 
 
-def _jaxpr(out: list[str], jaxpr: Any, depth: int, seen: set[int]) -> None:
+def _jaxpr(out: list[str], jaxpr: Any, depth: int, seen: dict[int, int]) -> None:
     """The jaxpr written out equation by equation: variables numbered, with their types;
     parameters (nested jaxprs included) as values. Not its source locations, names and
     name stacks: they are the lowered module's metadata, which only the compiler's
     messages show (and no rejection is kept under this key)."""
-    if id(jaxpr) in seen:  # the same jaxpr object again: already written out
-        out.append(f"jaxpr:again:{len(seen)}")
+    if id(jaxpr) in seen:  # the same jaxpr object again: already written out, as the n-th
+        out.append(f"jaxpr:again:{seen[id(jaxpr)]}")
         return
-    seen.add(id(jaxpr))
+    seen[id(jaxpr)] = len(seen)
     names: dict[Any, int] = {}
 
     def var(v: Any) -> str:

@@ -111,7 +111,7 @@ def _lowering_key(kernel: PreparedKernel, ctx: Any, chip: str, num_cores: int) -
     """What Mosaic's lowering of ``kernel`` is a function of (``call_key``), or None."""
     return call_key(
         {"grid_mapping": kernel.grid_mapping, "jaxpr": kernel.jaxpr,
-         "compiler_params": kernel.compiler_params}, [],
+         "compiler_params": kernel.compiler_params}, ctx.avals_in,
         "mosaic-lowers", palladium_version, jax.__version__, device_kind(chip), num_cores,
         jc.mosaic_context(ctx), sorted(jax.config.values.items()))
 
