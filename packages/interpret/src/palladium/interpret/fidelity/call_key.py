@@ -3,10 +3,11 @@
 The TPU compiler's verdicts are keyed by the lowered TPU module (``tpu_compiler``), which
 costs a Mosaic lowering of the kernel to make (10-60 ms a kernel on a 2-core machine,
 every first call of a process). :func:`call_key` hashes what that lowering is a function
-of instead: the ``pallas_call``'s parameters (jaxprs printed, with every equation's name
-stack and source frames, and their constants' bytes; block mappings, compiler parameters
-and the rest field by field), the operands' types, and the caller's ``extra`` (chip,
-mesh, versions, jax's configuration). A value it cannot write down faithfully (a repr
+of instead: the ``pallas_call``'s parameters (jaxprs written out equation by equation,
+their constants' bytes; block mappings, compiler parameters and the rest field by
+field), the operands' types, and the caller's ``extra`` (chip, mesh, versions, jax's
+configuration). Source locations are left out: they are the lowered module's metadata,
+which only a rejection's message shows. A value it cannot write down faithfully (a repr
 naming an address or eliding with "...", nesting past ``_DEPTH``) gives no key (None):
 the caller then lowers, as before. Only accepted verdicts are kept under such a key, so
 a kernel the compiler rejects is always lowered again and reported exactly as before.
