@@ -21,6 +21,7 @@ HERE = Path(__file__).parent
 # script -> its arguments for --quick
 SCRIPTS = {
     "interpret_kernels.py": ["--quick", "--rounds", "3", "--jax-rounds", "1"],
+    "first_call_parts.py": ["--one-process"],
     "device_scaling.py": ["--max", "16", "--big", "--races", "8", "--repeats", "3"],
     "interpret_vs_jax.py": ["--quick", "--no-profile"],
     "interpret_multi_device.py": ["--quick"],

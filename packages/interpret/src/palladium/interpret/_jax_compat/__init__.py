@@ -359,6 +359,9 @@ from palladium.interpret._jax_compat.mosaic import (  # noqa: E402
     module_bytecode as module_bytecode,
 )
 from palladium.interpret._jax_compat.mosaic import (  # noqa: E402
+    mosaic_context as mosaic_context,
+)
+from palladium.interpret._jax_compat.mosaic import (  # noqa: E402
     mosaic_failing_equations as mosaic_failing_equations,
 )
 from palladium.interpret._jax_compat.mosaic import mosaic_lower as mosaic_lower  # noqa: E402

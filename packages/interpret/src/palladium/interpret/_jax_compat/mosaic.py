@@ -15,7 +15,7 @@ from jax._src.interpreters import mlir
 from jax._src.pallas.mosaic import core as mosaic_core
 from jax._src.pallas.mosaic import tpu_info
 
-__all__ = ["abstract_device", "compile_for_devices", "module_bytecode", "mosaic_failing_equations", "mosaic_lower", "mosaic_lowering_available", "simulated_tpu"]
+__all__ = ["abstract_device", "compile_for_devices", "module_bytecode", "mosaic_context", "mosaic_failing_equations", "mosaic_lower", "mosaic_lowering_available", "simulated_tpu"]
 
 _MOSAIC_LOWERING = "jax._src.pallas.mosaic.lowering"
 
@@ -105,6 +105,20 @@ def mosaic_lower(ctx: Any, grid_mapping: Any, jaxpr: Any, compiler_params: Any, 
         if not module.operation.verify():
             raise ValueError(f"Mosaic module failed verification:\n{module}")
     return module
+
+
+def mosaic_context(ctx: Any) -> tuple[str, ...]:
+    """What ``mosaic_lower`` takes from the lowering context ``ctx`` besides the kernel:
+    the mesh of the surrounding ``shard_map``, the current abstract mesh, the lowering's
+    platforms, as text."""
+    from jax._src import mesh as mesh_lib
+    from jax._src import sharding_impls
+
+    axis_context = ctx.module_context.axis_context
+    jax_mesh = (axis_context.mesh if isinstance(axis_context, sharding_impls.SPMDAxisContext)
+                else None)
+    return (repr(jax_mesh), repr(mesh_lib.get_abstract_mesh()),
+            repr(ctx.module_context.platforms), type(axis_context).__name__)
 
 
 # Mosaic's rules that ask ``tpu_info.get_tpu_info()`` for "the current TPU" (``sign``...)

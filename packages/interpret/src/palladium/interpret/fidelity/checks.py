@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from palladium.interpret import _jax_compat as jc
@@ -57,13 +57,15 @@ def uses_compiler(params: InterpretParams) -> bool:
 
 def check_compiles_and_fits(kernel: PreparedKernel, params: InterpretParams, ctx: Any, *,
                  bind: Callable[..., Any] | None = None, avals_in: Sequence[Any] = (),
-                 mesh_axes: dict[str, int] | None = None) -> None:
+                 mesh_axes: dict[str, int] | None = None,
+                 call: Mapping[str, Any] | None = None) -> None:
     """Count ``kernel``'s memory (``kernel.memory_use``) and run the checks ``params``
     asks for (``params.chip`` resolved): the TPU compiler's, or the approximation's
     lowering check first (its errors are the more basic ones), then whether it fits.
 
     ``bind`` binds the kernel's primitive again (with ``interpret=False``) for the
-    compiler, with operands ``avals_in`` per device, under a mesh of ``mesh_axes``.
+    compiler, with operands ``avals_in`` per device, under a mesh of ``mesh_axes``;
+    ``call`` holds the parameters it binds with (a known call's verdict is found by them).
     """
     assert params.chip is not None
     use = measure(kernel, params.chip)
@@ -73,7 +75,8 @@ def check_compiles_and_fits(kernel: PreparedKernel, params: InterpretParams, ctx
     if bind is not None and uses_compiler(params):
         verdict = check_with_compiler(
             kernel, bind, avals_in, chip=params.chip, mesh_axes=mesh_axes or {},
-            check_lowering=params.check_lowering, check_memory=params.check_memory)
+            check_lowering=params.check_lowering, check_memory=params.check_memory,
+            call=call)
         if verdict is not None and verdict.kind in ("accepted", "resource"):
             kernel.memory_use = dataclasses.replace(
                 use, checker=verdict.checker, compiler_vmem_bytes=verdict.vmem_bytes)

@@ -15,7 +15,7 @@ check knows them) is a ``TpuLoweringWarning``, never an error.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -36,11 +36,13 @@ __all__ = ["check_with_compiler"]
 
 def check_with_compiler(kernel: PreparedKernel, bind: Callable[..., Any],
                         avals_in: Sequence[Any], *, chip: str, mesh_axes: dict[str, int],
-                        check_lowering: bool, check_memory: bool) -> tpu_compiler.Verdict | None:
+                        check_lowering: bool, check_memory: bool,
+                        call: Mapping[str, Any] | None = None) -> tpu_compiler.Verdict | None:
     """Compile ``kernel`` for ``chip`` with libtpu; raise what the compiler says as
     palladium's typed error (its resource half only with ``check_memory``, the rest only
     with ``check_lowering``); return the verdict (None: not compiled, see
-    ``compiler_would_abort``)."""
+    ``compiler_would_abort``). ``call``: the ``pallas_call``'s parameters (see
+    ``tpu_compiler.compile_verdict``)."""
     where = f"kernel '{kernel.name}'"
     if kernel.launch_location:
         where += f" (pallas_call at {kernel.launch_location})"
@@ -56,7 +58,7 @@ def check_with_compiler(kernel: PreparedKernel, bind: Callable[..., Any],
         info.space == MemorySpace.HOST for info in kernel.inputs]
     host_out = [info.space == MemorySpace.HOST for info in kernel.outputs]
     verdict = tpu_compiler.compile_verdict(bind, avals_in, chip=chip, mesh_axes=mesh_axes,
-                                           host=(host_in, host_out))
+                                           host=(host_in, host_out), call=call)
     if verdict.accepted:
         return verdict
     if verdict.kind in ("crashed", "timeout"):

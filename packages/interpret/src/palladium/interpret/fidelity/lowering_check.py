@@ -22,8 +22,11 @@ comes before anything the interpretation finds. Measured on
 shared 2-core machine, four runs at load 2-19): 0.03-0.14 s of matmul's and
 0.06-0.41 s of flash attention's first call, 2-11% of it (a fresh MLIR context takes
 ~0.02 s of that). That share comes off the first-call ratio against jax's interpreter,
-which for flash attention sits near its 10x target: running the check concurrently
-with the first launch is the way to win it back if it matters.
+which for flash attention sits near its 10x target. A kernel Mosaic lowered without a
+failure is remembered (``MOSAIC_LOWERED``, by ``call_key``, in memory and under the cache
+root): lowered again, in this process or a later one, it is not handed to Mosaic again
+(the approximation's rules and the VMEM/SMEM count still run). A failure is never
+remembered: it is reported from a fresh lowering every time.
 """
 
 from __future__ import annotations
@@ -32,12 +35,16 @@ import os
 import warnings
 from typing import Any
 
+import jax
+
 from palladium.interpret import _jax_compat as jc
+from palladium.interpret._version import __version__ as palladium_version
 from palladium.interpret.chip import device_kind
 from palladium.interpret.errors import TpuLoweringError, TpuLoweringWarning
 from palladium.interpret.eval.registry import RULES
 from palladium.interpret.fidelity import approx_access, approx_rules, tpu_compiler  # noqa: F401  (rules)
 from palladium.interpret.fidelity.approx_registry import Violation, first_violation
+from palladium.interpret.fidelity.call_key import KeySet, call_key
 from palladium.interpret.kernel.prepared_kernel import PreparedKernel
 
 #: Said under every verdict of the approximation: which checker spoke.
@@ -85,14 +92,34 @@ def check_lowering(kernel: PreparedKernel, ctx: Any, *, chip: str, num_cores: in
     if kernel.is_core_map:
         return  # core_map lowers through jax's mpmd_map rule: not checked (see module docs)
     if mosaic:
-        try:
-            jc.mosaic_lower(ctx, kernel.grid_mapping, kernel.jaxpr, kernel.compiler_params,
-                            device_kind=device_kind(chip), num_cores=num_cores)
-        except Exception as exc:  # noqa: BLE001  (every Mosaic failure is reported)
-            _report(kernel, chip, exc)
+        key = _lowering_key(kernel, ctx, chip, num_cores)
+        if key is None or not MOSAIC_LOWERED.knows(key):
+            try:
+                jc.mosaic_lower(ctx, kernel.grid_mapping, kernel.jaxpr, kernel.compiler_params,
+                                device_kind=device_kind(chip), num_cores=num_cores)
+            except Exception as exc:  # noqa: BLE001  (every Mosaic failure is reported)
+                _report(kernel, chip, exc)
+            else:
+                if key is not None:
+                    MOSAIC_LOWERED.add(key)
     violation = first_violation(kernel, chip)
     if violation is not None:
         _report_rule(kernel, chip, violation)
+
+
+def _lowering_key(kernel: PreparedKernel, ctx: Any, chip: str, num_cores: int) -> str | None:
+    """What Mosaic's lowering of ``kernel`` is a function of (``call_key``), or None."""
+    return call_key(
+        {"grid_mapping": kernel.grid_mapping, "jaxpr": kernel.jaxpr,
+         "compiler_params": kernel.compiler_params}, ctx.avals_in,
+        "mosaic-lowers", palladium_version, jax.__version__, device_kind(chip), num_cores,
+        jc.mosaic_context(ctx), sorted(jax.config.values.items()))
+
+
+#: The kernels (by ``_lowering_key``) jax's Mosaic lowering lowered without a failure,
+#: in memory and on disk: lowered again, such a kernel is not handed to Mosaic again. A
+#: failure is never kept: it is reported from a fresh lowering every time.
+MOSAIC_LOWERED = KeySet("mosaic-lowered")
 
 
 def _where(kernel: PreparedKernel) -> str:

@@ -17,7 +17,11 @@ and the versions of libtpu, jax and jaxlib: another libtpu or jax, or a kernel m
 other lines, misses.
 
 What the compiler knows on acceptance is kept: the scoped VMEM the kernel uses (from the
-compiled ``tpu_custom_call``'s ``used_scoped_memory_configs``).
+compiled ``tpu_custom_call``'s ``used_scoped_memory_configs``). An accepted verdict is
+also kept under the call's key (``call_key``: its parameters and operand types, in
+``calls/``), which costs no TPU lowering to make: a known kernel's check then takes a
+few milliseconds instead of a Mosaic lowering, and a process whose kernels are all known
+never loads libtpu's topology.
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ import re
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +48,7 @@ import numpy as np
 
 from palladium.interpret import _jax_compat as jc
 from palladium.interpret._version import __version__ as palladium_version
+from palladium.interpret.fidelity.call_key import call_key
 from palladium.interpret.fidelity.compiler_process import COMPILER_PROCESS, PRESTART_VARIABLE
 from palladium.interpret.fidelity.compiler_protocol import describe_failure
 from palladium.interpret.state.cache_root import cache_root
@@ -193,6 +198,9 @@ class Verdict:
 _FORMAT = 2
 
 _MEMORY: dict[str, Verdict] = {}
+# Accepted verdicts by the call's key (``call_key``: the pallas_call's parameters and
+# operand types, not its lowered module): a call seen before skips its TPU lowering.
+_CALLS: dict[str, Verdict] = {}
 _MEMORY_LOCK = threading.Lock()
 
 
@@ -205,6 +213,7 @@ def clear_memory_cache() -> None:
     """Forget the verdicts kept in this process (the disk cache stays)."""
     with _MEMORY_LOCK:
         _MEMORY.clear()
+        _CALLS.clear()
 
 
 _WORKER = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="palladium-tpu-compiler")
@@ -212,7 +221,8 @@ _WORKER = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="palladium
 
 def compile_verdict(bind: Callable[..., Any], avals_in: Sequence[Any], *, chip: str,
                     mesh_axes: dict[str, int], use_disk: bool = True,
-                    host: tuple[Sequence[bool], Sequence[bool]] = ((), ())) -> Verdict:
+                    host: tuple[Sequence[bool], Sequence[bool]] = ((), ()),
+                    call: Mapping[str, Any] | None = None) -> Verdict:
     """Compile ``bind`` (the kernel's primitive bound with ``interpret=False``) for
     ``chip`` with operands ``avals_in`` (per device), over a mesh of ``mesh_axes`` when
     there is one; return the compiler's verdict. ``host``: which operands and which
@@ -222,9 +232,59 @@ def compile_verdict(bind: Callable[..., Any], avals_in: Sequence[Any], *, chip: 
     It is traced, lowered and compiled on a thread of its own: jax's trace state and
     context meshes are per thread, and the caller (a lowering rule, possibly inside a
     ``shard_map``) is in the middle of another trace.
+
+    ``call``: the ``pallas_call``'s parameters. An accepted verdict is also kept (in
+    memory and on disk) under their ``call_key``, and a call found there is not lowered
+    for the TPU again (the lowering, which makes the module's key, is most of what a
+    known kernel's check costs). A rejection is never kept so: it is lowered and
+    reported as before.
     """
-    return _WORKER.submit(_compile_verdict, bind, avals_in, chip=chip,
-                          mesh_axes=mesh_axes, use_disk=use_disk, host=host).result()
+    return _WORKER.submit(_known_or_compiled, bind, avals_in, chip=chip,
+                          mesh_axes=mesh_axes, use_disk=use_disk, host=host,
+                          call=call).result()
+
+
+def _known_or_compiled(bind: Callable[..., Any], avals_in: Sequence[Any], *, chip: str,
+                       mesh_axes: dict[str, int], use_disk: bool,
+                       host: tuple[Sequence[bool], Sequence[bool]],
+                       call: Mapping[str, Any] | None) -> Verdict:
+    """An accepted verdict kept under the call's key, else ``_compile_verdict``'s. On the
+    compiler's thread: the key holds jax's configuration as its lowering sees it."""
+    start = time.perf_counter()
+    by_call = None if call is None else call_key(
+        call, avals_in, "tpu-compiler-accepted", _FORMAT, palladium_version,
+        compiler_version(), jax.__version__, _jaxlib_version(), chip,
+        sorted(mesh_axes.items()), [list(h) for h in host], sorted(jax.config.values.items()),
+        [os.environ.get(v, "") for v in ("XLA_FLAGS", "LIBTPU_INIT_ARGS")])
+    if by_call is not None:
+        known = _accepted_call(by_call, use_disk)
+        if known is not None:
+            return dataclasses.replace(known, seconds=time.perf_counter() - start)
+    verdict = _compile_verdict(bind, avals_in, chip=chip, mesh_axes=mesh_axes,
+                               use_disk=use_disk, host=host)
+    if by_call is not None and verdict.accepted:
+        with _MEMORY_LOCK:
+            _CALLS[by_call] = verdict
+        if use_disk:
+            _write_disk(by_call, verdict, folder=_calls_dir())
+    return verdict
+
+
+def _calls_dir() -> Path:
+    return cache_dir() / "calls"
+
+
+def _accepted_call(key: str, use_disk: bool) -> Verdict | None:
+    with _MEMORY_LOCK:
+        known = _CALLS.get(key)
+    if known is not None:
+        return dataclasses.replace(known, source="memory")
+    found = _read_disk(key, folder=_calls_dir()) if use_disk else None
+    if found is None or not found.accepted:
+        return None
+    with _MEMORY_LOCK:
+        _CALLS[key] = found
+    return found
 
 
 def _compile_verdict(bind: Callable[..., Any], avals_in: Sequence[Any], *, chip: str,
@@ -328,6 +388,7 @@ def _key(module: bytes, chip: str, topology: str) -> str:
     return h.hexdigest()
 
 
+@functools.cache
 def _jaxlib_version() -> str:
     try:
         return importlib.metadata.version("jaxlib")
@@ -335,9 +396,9 @@ def _jaxlib_version() -> str:
         return "unknown"
 
 
-def _read_disk(key: str) -> Verdict | None:
+def _read_disk(key: str, folder: Path | None = None) -> Verdict | None:
     try:
-        data = json.loads((cache_dir() / f"{key}.json").read_text())
+        data = json.loads(((folder or cache_dir()) / f"{key}.json").read_text())
         return Verdict(kind=data["kind"], message=data["message"], checker=data["checker"],
                        topology=data["topology"], seconds=0.0, vmem_bytes=data["vmem_bytes"],
                        source="disk")
@@ -345,10 +406,10 @@ def _read_disk(key: str) -> Verdict | None:
         return None
 
 
-def _write_disk(key: str, verdict: Verdict) -> None:
+def _write_disk(key: str, verdict: Verdict, folder: Path | None = None) -> None:
     data = {"kind": verdict.kind, "message": verdict.message, "checker": verdict.checker,
             "topology": verdict.topology, "vmem_bytes": verdict.vmem_bytes}
-    folder = cache_dir()
+    folder = folder or cache_dir()
     try:
         folder.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile("w", dir=folder, suffix=".tmp", delete=False) as f:

@@ -249,7 +249,7 @@ def _pallas_call_lowering(ctx: Any, *in_nodes: Any, interpret: Any, **params: An
     bind_for_tpu.__name__ = bind_for_tpu.__qualname__ = kernel.name  # the compiler's op_name
 
     check_compiles_and_fits(kernel, interpret, ctx, bind=bind_for_tpu, avals_in=ctx.avals_in,
-                 mesh_axes=mesh_axes)
+                 mesh_axes=mesh_axes, call=params)
     out_shapes = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in ctx.avals_out]
     mesh = DeviceMesh.from_axis_env(mesh_axes)
     site = _LaunchSite(kernel, interpret, mesh)
