@@ -89,6 +89,7 @@ def measure(case, mode_ctx: dict, rounds: int, slow_rounds: int) -> dict:
                                                                results["palladium"]):
             raise AssertionError(f"{name} differs from palladium on {case.name}")
     steady: dict[str, list[float]] = {name: [] for name in mode_ctx}
+    last: dict[str, list[np.ndarray]] = {name: [] for name in mode_ctx}
     for r in range(rounds):
         for name, ctx in mode_ctx.items():
             if name.startswith("jax") and r >= slow_rounds:
@@ -97,10 +98,15 @@ def measure(case, mode_ctx: dict, rounds: int, slow_rounds: int) -> dict:
                 t0 = time.perf_counter()
                 out = jax.block_until_ready(jitted[name](*args))
                 steady[name].append(time.perf_counter() - t0)
-            if name.startswith("palladium") and not np.array_equal(np.asarray(out),
-                                                                   results[name]):
-                raise AssertionError(f"{name}: a steady call's bits differ from the first "
-                                     f"call's on {case.name}")
+            _check(name, case, out, expected)
+            last[name] = [*last[name][-1:], np.asarray(out)]
+    # From a kernel's third launch on, hot segments run XLA's code (its bits may differ
+    # from the first calls' in the last place): the last calls agree with each other,
+    # races on or off.
+    for name in mode_ctx:
+        if name.startswith("palladium") and len(last[name]) == 2 and not all(
+                np.array_equal(o, last["palladium"][-1]) for o in last[name]):
+            raise AssertionError(f"{name}: the last steady calls' bits differ on {case.name}")
     return {name: (first[name], statistics.median(steady[name])) for name in mode_ctx}
 
 
