@@ -157,6 +157,11 @@ class PeerLinks:
         except (OSError, ValueError):
             return None
 
+    def endpoints(self) -> dict[int, tuple[int, int]]:
+        """Each open connection's (local port, peer's port), by peer."""
+        return {q: (link.sock.getsockname()[1], link.sock.getpeername()[1])
+                for q, link in sorted(self._links.items()) if link.closed is None}
+
     def close(self) -> None:
         """Close every connection (and the listener)."""
         if self._listener is not None:
