@@ -335,7 +335,7 @@ def _warm_up_then(process: int, at_round_2) -> object:
     x = np.asarray(collectives.inputs("all_gather", DEVICES))
     f = shard_mapped(functools.partial(collectives.all_gather, n=DEVICES, interpret=PARAMS))
     record("warm_up", lambda: f(global_array(x)))
-    if PROCESS == process:
+    if process == PROCESS:
         exchange = multi_process.KvTransport.exchange
 
         def patched(self, payload):

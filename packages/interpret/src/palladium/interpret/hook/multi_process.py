@@ -48,6 +48,7 @@ __all__ = ["KvTransport", "ProcessLayout", "ProcessLayouts", "SocketTransport", 
 HEARTBEAT_INTERVAL = 0.25  # seconds between a process's heartbeats
 PEER_TIMEOUT = 3.0  # a heartbeat standing still this long: the process is gone
 _POLL_MS = 100  # a blocking get's (or a socket wait's) slice while waiting for a peer
+STORE_CHECK = 0.5  # seconds between a socket wait's questions to the store (failed? alive?)
 ABORT_FLUSH = 1.0  # seconds a failing process spends handing its error to the sockets
 TRANSPORT_ENV = "PALLADIUM_PROCESS_TRANSPORT"  # "sockets" (default) or "kv"
 
@@ -362,6 +363,7 @@ class SocketTransport(KvTransport):
         launch, peers = self.launch, self._peers
         links.post(peers, ROUND, launch, k, payload)
         got: dict[int, bytes] = {}
+        ask_store = time.monotonic() + STORE_CHECK
         while True:
             for q in peers:
                 if q not in got:
@@ -382,7 +384,10 @@ class SocketTransport(KvTransport):
                     )
             if not missing and links.flushed():
                 break
-            if not links.pump(_POLL_MS / 1000):  # a quiet slice: ask the store
+            links.pump(_POLL_MS / 1000)
+            now = time.monotonic()
+            if now >= ask_store:  # a long wait: ask the store about the peers
+                ask_store = now + STORE_CHECK
                 for q in missing:
                     self._check_peer(q)
                 for q in () if missing else peers:  # all in, ours not yet written
