@@ -144,7 +144,8 @@ def _exchange_cost(multi_process, processes: int, rounds: int = 200) -> dict:
     for kind in ("socket", "kv"):
         cls = multi_process.SocketTransport if kind == "socket" else multi_process.KvTransport
         for count in (1, 256):
-            payload = pickle.dumps([np.zeros((8, 128), np.float32)] * count)
+            # distinct arrays: pickle writes one array listed 256 times only once
+            payload = pickle.dumps([np.full((8, 128), i, np.float32) for i in range(count)])
             transport = cls(where, where.launch_id(f"ping{kind}{count}"), "ping")
             transport.meet(60.0)
             transport.exchange(payload)  # (the first round of a run makes the connections)

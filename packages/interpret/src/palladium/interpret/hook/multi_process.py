@@ -331,7 +331,6 @@ class KvTransport:
         self.client.key_value_set_bytes(key, value, allow_overwrite=True)
 
 
-
 class SocketTransport(KvTransport):
     """A split launch's rounds over the direct connections between the processes
     (``ProcessLayout.connect``): a round is one frame to every other process and one
@@ -359,7 +358,9 @@ class SocketTransport(KvTransport):
 
     def _swap(self, k: int, payload: bytes) -> list[bytes]:
         links = self.where.links
-        assert links is not None, "a socket transport's launch meets first"
+        if links is None or not links.connected:  # (a launch's transport meets first)
+            raise PeerProcessError(f"{self.describe}: process {self.process} is not "
+                                   f"connected to the other processes")
         launch, peers = self.launch, self._peers
         links.post(peers, ROUND, launch, k, payload)
         got: dict[int, bytes] = {}

@@ -265,8 +265,9 @@ class PeerLinks:
             end = start + name_len + size
             if len(buf) < end:
                 break
-            launch = bytes(buf[start:start + name_len]).decode()
-            payload = bytes(buf[start + name_len:end])
+            with memoryview(buf) as view:  # one copy of the payload, not two
+                launch = bytes(view[start:start + name_len]).decode()
+                payload = bytes(view[start + name_len:end])
             at = end
             if kind == ROUND:
                 self._mailbox[(launch, k, link.peer)] = payload
