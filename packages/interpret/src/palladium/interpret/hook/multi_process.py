@@ -343,11 +343,10 @@ class SocketTransport(KvTransport):
         self._peers = [q for q in range(self.num_processes) if q != self.process]
 
     def meet(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
         self.where.listen()  # published before this process says it is ready
         super().meet(timeout)
-        try:
-            self.where.connect(deadline)
+        try:  # (every process met: the connections are made in a moment)
+            self.where.connect(time.monotonic() + timeout)
         except LinkSetupError as e:
             error = (f"{self.describe}: process {self.process} cannot reach the other "
                      f"processes directly ({e}); set {TRANSPORT_ENV}=kv in every "

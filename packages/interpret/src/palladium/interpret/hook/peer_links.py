@@ -175,13 +175,12 @@ class PeerLinks:
     def post(self, peers: Iterable[int], kind: int, launch: str, k: int, payload: bytes) -> None:
         """Queue a frame to each of ``peers`` and write what the sockets take now."""
         frame = [memoryview(b) for b in _frame(kind, launch, k, payload)]
-        for q in peers:
-            link = self._links[q]
-            if link.closed is None:
-                link.out.extend(frame)
-        with self.lock:
+        with self.lock:  # (a frame's parts stay together whatever other threads post)
             for q in peers:
-                self._write(self._links[q])
+                link = self._links[q]
+                if link.closed is None:
+                    link.out.extend(frame)
+                    self._write(link)
 
     def take(self, launch: str, k: int, peer: int) -> bytes | None:
         """``peer``'s frame of round ``k`` of ``launch``, once it arrived."""
