@@ -98,7 +98,7 @@ def _cell(r: dict | None, timeout: float, per_dma: bool = True) -> str:
 def processes_table(ns: list[int], counts: list[int], timeout: float) -> None:
     """Steady time of the ring and jax's all-gather on one process vs a slice split over
     several (``examples/multi_process.py``: P processes of one ``jax.distributed`` run on
-    this machine), and the key-value transport's cost per round and per message."""
+    this machine), and each transport's cost per round and per message."""
     sys.path.insert(0, os.path.join(HERE, os.pardir, "examples"))
     import multi_process
 
@@ -136,9 +136,11 @@ def processes_table(ns: list[int], counts: list[int], timeout: float) -> None:
     reports = multi_process.launch(2, 2, ["exchange"], timeout=timeout)
     cost = reports[0]["exchange"]
     print()
-    print(f"key-value transport, 2 processes: {cost['1'] * 1e3:.2f} ms per round with one "
-          f"4 KiB message per process, {cost['256'] * 1e3:.2f} ms with 256 "
-          f"({(cost['256'] - cost['1']) / 255 * 1e6:.1f} µs per extra message)")
+    for kind, what in (("socket", "direct connections"), ("kv", "key-value store")):
+        one, many = cost[f"{kind}1"], cost[f"{kind}256"]
+        print(f"transport over the {what}, 2 processes: {one * 1e3:.3f} ms per round with "
+              f"one 4 KiB message per process, {many * 1e3:.3f} ms with 256 "
+              f"({(many - one) / 255 * 1e6:.1f} µs per extra message)")
 
 
 def main(argv: list[str]) -> int:

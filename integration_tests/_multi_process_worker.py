@@ -327,6 +327,71 @@ def order_trials_scenario() -> None:
     record("order", lambda: shard_mapped(fn)(global_array(xs)))
 
 
+def _warm_up_then(process: int, at_round_2) -> object:
+    """A warm-up all-gather (which makes the connections), then process ``process``
+    calls ``at_round_2(transport)`` when its next launch starts round 2; that launch."""
+    from palladium.interpret.hook import multi_process
+
+    x = np.asarray(collectives.inputs("all_gather", DEVICES))
+    f = shard_mapped(functools.partial(collectives.all_gather, n=DEVICES, interpret=PARAMS))
+    record("warm_up", lambda: f(global_array(x)))
+    if process == PROCESS:
+        exchange = multi_process.KvTransport.exchange
+
+        def patched(self, payload):
+            if self.round == 2:
+                at_round_2(self)
+            return exchange(self, payload)
+
+        multi_process.KvTransport.exchange = patched  # type: ignore[method-assign]
+    return lambda: f(global_array(x))
+
+
+def killed_mid_frame_scenario() -> None:
+    """Process 1 dies halfway through sending a round's frame (64 MiB posted, what the
+    socket took written), with its connections open: the others see them close."""
+    from palladium.interpret.hook import peer_links
+
+    def die_mid_frame(transport) -> None:
+        peers = [q for q in range(PROCESSES) if q != PROCESS]
+        transport.where.links.post(peers, peer_links.ROUND, transport.launch, 2, bytes(64 << 20))
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    record("killed", _warm_up_then(1, die_mid_frame))
+
+
+def failing_scenario() -> None:
+    """Process 1 fails (an error of its own, it stays alive) in round 2 of a launch."""
+
+    def fail(transport) -> None:
+        raise RuntimeError("injected failure in process 1")
+
+    record("failed", _warm_up_then(1, fail))
+
+
+def sockets_scenario() -> None:
+    """Three launches of two kernels: the transport each used, its rounds and the
+    connections' ports after each launch (the same connections every time)."""
+    from palladium.interpret.hook import multi_process
+
+    used: list = []
+    meet = multi_process.KvTransport.meet
+
+    def keep(self, timeout):
+        used.append(self)
+        return meet(self, timeout)
+
+    multi_process.KvTransport.meet = keep  # type: ignore[method-assign]
+    RESULT["launches"] = []
+    for name in ("all_gather", "right_permute", "all_gather"):
+        x = np.asarray(collectives.inputs(name, DEVICES))
+        f = shard_mapped(functools.partial(collectives.COLLECTIVES[name], n=DEVICES, interpret=PARAMS))
+        record(f"{name}{len(RESULT['launches'])}", lambda f=f, x=x: f(global_array(x)))
+        t = used[-1]
+        ports = t.where.links.endpoints() if t.where.links is not None else {}
+        RESULT["launches"].append([type(t).__name__, t.round, sorted(map(list, ports.items()))])
+
+
 def main() -> None:
     {
         "collectives": collectives_scenario,
@@ -337,6 +402,9 @@ def main() -> None:
         "race": race_scenario,
         "remote_reads": remote_reads_scenario,
         "order_trials": order_trials_scenario,
+        "killed_mid_frame": killed_mid_frame_scenario,
+        "failing": failing_scenario,
+        "sockets": sockets_scenario,
     }[SCENARIO]()
     with open(os.path.join(OUT, f"{PROCESS}.json"), "w") as f:
         json.dump(RESULT, f)
@@ -348,7 +416,7 @@ def main() -> None:
         client.key_value_set(f"test/done/{PROCESS}", "1")
         if PROCESS == 0:
             for q in range(1, PROCESSES):
-                if not (SCENARIO == "killed" and q == 1):
+                if not (SCENARIO in ("killed", "killed_mid_frame") and q == 1):
                     client.blocking_key_value_get(f"test/done/{q}", 60_000)
             # Let the service answer the last set before it goes: a process whose RPC
             # fails on a vanished coordinator is aborted by jax's client.

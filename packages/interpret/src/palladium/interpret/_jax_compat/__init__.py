@@ -385,3 +385,11 @@ def distributed_client() -> Any:
     from jax._src import distributed
 
     return distributed.global_state.client
+
+
+def coordinator_address() -> str:
+    """``host:port`` of the coordination service this process's ``jax.distributed``
+    client talks to."""
+    from jax._src import distributed
+
+    return str(distributed.global_state.coordinator_address)

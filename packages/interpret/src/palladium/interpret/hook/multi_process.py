@@ -4,9 +4,12 @@ After ``jax.distributed.initialize(...)`` with P processes, each holding D/P CPU
 a ``shard_map`` over the D devices calls each process's host callbacks for its own
 devices only. Palladium then simulates, in each process, the devices of that process
 (``shared_memory.partition``): the local callbacks meet as in one process, the processes
-agree that they all reached the launch, and remote DMAs, signals and barriers that
-cross processes travel as messages through the coordination service's key-value store
-(:class:`KvTransport`), one exchange per lock-step round.
+agree that they all reached the launch (in the coordination service's key-value store),
+and remote DMAs, signals and barriers that cross processes travel as messages, one
+exchange per lock-step round: over direct TCP connections between the processes
+(:class:`SocketTransport`, ``peer_links``; made at the first launch, kept for the run),
+or through the key-value store (:class:`KvTransport`) with
+``PALLADIUM_PROCESS_TRANSPORT=kv`` in every process's environment.
 
 The mesh must list the devices in ``jax.devices()`` order (``jax.make_mesh`` over all
 devices does): process p then simulates the contiguous block of mesh positions
@@ -15,8 +18,8 @@ devices does): process p then simulates the contiguous block of mesh positions
 Liveness: each process sets a heartbeat key every ``HEARTBEAT_INTERVAL`` seconds while
 it takes part in a launch; a process waiting for another's round gives up with
 ``PeerProcessError`` when that process posted a failure, or its heartbeat stood still
-for ``PEER_TIMEOUT`` seconds (it died or was killed), or the coordination service is
-gone. A process that never reaches the launch at all is a ``RendezvousTimeoutError``
+for ``PEER_TIMEOUT`` seconds, or its connection closed (it died or was killed), or the
+coordination service is gone. A process that never reaches the launch at all is a ``RendezvousTimeoutError``
 after ``InterpretParams.rendezvous_timeout`` on the others.
 """
 
@@ -24,19 +27,30 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import os
 import threading
 import time
 from typing import Any
 
 from palladium.interpret import _jax_compat as jc
 from palladium.interpret.errors import KernelError, PeerProcessError, RendezvousTimeoutError
+from palladium.interpret.hook.peer_links import (
+    ABORT,
+    ROUND,
+    LinkSetupError,
+    PeerLinks,
+    local_host,
+)
 from palladium.shared_memory import Partition
 
-__all__ = ["KvTransport", "ProcessLayout", "ProcessLayouts", "SplitLaunch"]
+__all__ = ["KvTransport", "ProcessLayout", "ProcessLayouts", "SocketTransport", "SplitLaunch"]
 
 HEARTBEAT_INTERVAL = 0.25  # seconds between a process's heartbeats
 PEER_TIMEOUT = 3.0  # a heartbeat standing still this long: the process is gone
-_POLL_MS = 100  # a blocking get's slice while waiting for a peer
+_POLL_MS = 100  # a blocking get's (or a socket wait's) slice while waiting for a peer
+STORE_CHECK = 0.5  # seconds between a socket wait's questions to the store (failed? alive?)
+ABORT_FLUSH = 1.0  # seconds a failing process spends handing its error to the sockets
+TRANSPORT_ENV = "PALLADIUM_PROCESS_TRANSPORT"  # "sockets" (default) or "kv"
 
 _PREFIX = "palladium"
 
@@ -45,10 +59,14 @@ class ProcessLayout:
     """This process's place in a multi-process run: its index, the process count, and
     the block of mesh positions it simulates for a mesh of ``n`` devices."""
 
-    def __init__(self, client: Any, process: int, num_processes: int) -> None:
+    def __init__(self, client: Any, process: int, num_processes: int,
+                 sockets: bool = True) -> None:
         self.client = client
         self.process = process
         self.num_processes = num_processes
+        self.sockets = sockets  # rounds over direct connections (else the KV store)
+        self.links: PeerLinks | None = None
+        self._link_error: str | None = None
         self._launches: collections.Counter[str] = collections.Counter()
         self._lock = threading.Lock()
         self._heartbeat: threading.Thread | None = None
@@ -85,6 +103,37 @@ class ProcessLayout:
                 target=self._beat, name="palladium-heartbeat", daemon=True
             )
             self._heartbeat.start()
+
+    def listen(self) -> PeerLinks:
+        """This process's end of the connections (made and published once)."""
+        with self._lock:
+            if self.links is None:
+                self.links = PeerLinks(self.process, self.num_processes,
+                                       local_host(jc.coordinator_address()))
+                self.client.key_value_set_bytes(f"{_PREFIX}/peer/{self.process}",
+                                                self.links.address.encode(),
+                                                allow_overwrite=True)
+            return self.links
+
+    def connect(self, deadline: float) -> PeerLinks:
+        """The connections to every other process, made at the first launch all of
+        them reached (``LinkSetupError`` if they cannot be, then at every launch)."""
+        links = self.listen()
+        with self._lock:
+            if self._link_error is None and not links.connected:
+                try:
+                    links.connect(self._address, deadline)
+                except LinkSetupError as e:
+                    self._link_error = str(e)
+            if self._link_error is not None:
+                raise LinkSetupError(self._link_error)
+        return links
+
+    def _address(self, q: int) -> str | None:
+        try:
+            return bytes(self.client.key_value_try_get_bytes(f"{_PREFIX}/peer/{q}")).decode()
+        except Exception:
+            return None
 
     def discard(self, key: str) -> None:
         """Delete ``key`` soon (every process has read it), on the heartbeat thread."""
@@ -126,7 +175,8 @@ class ProcessLayouts:
             return None
         with self._lock:
             if self._layout is None or self._layout.client is not client:
-                self._layout = ProcessLayout(client, jax.process_index(), count)
+                sockets = os.environ.get(TRANSPORT_ENV, "sockets") != "kv"
+                self._layout = ProcessLayout(client, jax.process_index(), count, sockets)
             return self._layout
 
 
@@ -145,16 +195,18 @@ class SplitLaunch:
 
     def partition(self) -> Partition:
         """A new launch of every process (they meet first)."""
-        transport = KvTransport(self.where, self.where.launch_id(self.kernel_name),
-                                self.describe)
+        transport = self._transport(self.kernel_name)
         transport.meet(self.timeout)
         return Partition(frozenset(self.block), transport)
 
     def agree(self, found: bool) -> bool:
         """Whether ``found`` holds on any process (every process asks, in order)."""
-        transport = KvTransport(self.where, self.where.launch_id(f"{self.kernel_name}.agree"),
-                                self.describe)
+        transport = self._transport(f"{self.kernel_name}.agree")
         return any(p == b"1" for p in transport.exchange(b"1" if found else b"0"))
+
+    def _transport(self, name: str) -> KvTransport:
+        kind = SocketTransport if self.where.sockets else KvTransport
+        return kind(self.where, self.where.launch_id(name), self.describe)
 
 
 class KvTransport:
@@ -199,6 +251,12 @@ class KvTransport:
         start = time.perf_counter()
         k = self.round
         self.round += 1
+        out = self._swap(k, payload)
+        self.seconds += time.perf_counter() - start
+        return out
+
+    def _swap(self, k: int, payload: bytes) -> list[bytes]:
+        """Every process's payload of round ``k``."""
         self._set(f"{self.launch}/r{k}/{self.process}", payload)
         out = []
         for q in range(self.num_processes):
@@ -210,7 +268,6 @@ class KvTransport:
             out.append(got)
         if k:  # every process posted round k, so all have read round k - 1
             self.where.discard(f"{self.launch}/r{k - 1}/{self.process}")
-        self.seconds += time.perf_counter() - start
         return out
 
     def abort(self, error: str) -> None:
@@ -231,15 +288,22 @@ class KvTransport:
                         f"unreachable from process {self.process} (its process 0, the "
                         f"coordinator, died?): {str(e).splitlines()[0][:300]}"
                     ) from None
-            failed = self._try(f"{self.launch}/failed/{peer}")
-            if failed is not None:
-                raise PeerProcessError(
-                    f"{self.describe}: process {peer} of {self.num_processes} failed in "
-                    f"this launch: {failed.decode(errors='replace')}"
-                )
-            self._check_alive(peer)
+            self._check_peer(peer)
             if deadline is not None and time.monotonic() > deadline:
                 return None
+
+    def _check_peer(self, peer: int) -> None:
+        """``PeerProcessError`` if ``peer`` posted a failure or stopped beating."""
+        failed = self._try(f"{self.launch}/failed/{peer}")
+        if failed is not None:
+            raise self._failed(peer, failed.decode(errors="replace"))
+        self._check_alive(peer)
+
+    def _failed(self, peer: int, error: str) -> PeerProcessError:
+        return PeerProcessError(
+            f"{self.describe}: process {peer} of {self.num_processes} failed in this "
+            f"launch: {error}"
+        )
 
     def _check_alive(self, peer: int) -> None:
         beat = self._try(f"{_PREFIX}/heartbeat/{peer}")
@@ -266,3 +330,76 @@ class KvTransport:
     def _set(self, key: str, value: bytes) -> None:
         self.client.key_value_set_bytes(key, value, allow_overwrite=True)
 
+
+class SocketTransport(KvTransport):
+    """A split launch's rounds over the direct connections between the processes
+    (``ProcessLayout.connect``): a round is one frame to every other process and one
+    from each, no coordinator hop. The meeting, a failure's error (also sent as a
+    frame) and the heartbeats stay in the key-value store; a peer whose connection
+    closes (it died or was killed) is a ``PeerProcessError`` at once."""
+
+    def __init__(self, where: ProcessLayout, launch: str, describe: str) -> None:
+        super().__init__(where, launch, describe)
+        self._peers = [q for q in range(self.num_processes) if q != self.process]
+
+    def meet(self, timeout: float) -> None:
+        self.where.listen()  # published before this process says it is ready
+        super().meet(timeout)
+        try:  # (every process met: the connections are made in a moment)
+            self.where.connect(time.monotonic() + timeout)
+        except LinkSetupError as e:
+            error = (f"{self.describe}: process {self.process} cannot reach the other "
+                     f"processes directly ({e}); set {TRANSPORT_ENV}=kv in every "
+                     f"process's environment to exchange rounds through the "
+                     f"coordination service instead")
+            KvTransport.abort(self, error)
+            raise PeerProcessError(error) from None
+
+    def _swap(self, k: int, payload: bytes) -> list[bytes]:
+        links = self.where.links
+        if links is None or not links.connected:  # (a launch's transport meets first)
+            raise PeerProcessError(f"{self.describe}: process {self.process} is not "
+                                   f"connected to the other processes")
+        launch, peers = self.launch, self._peers
+        links.post(peers, ROUND, launch, k, payload)
+        got: dict[int, bytes] = {}
+        ask_store = time.monotonic() + STORE_CHECK
+        while True:
+            for q in peers:
+                if q not in got:
+                    frame = links.take(launch, k, q)
+                    if frame is not None:
+                        got[q] = frame
+            missing = [q for q in peers if q not in got]
+            for q in missing:  # (a peer may fail once it has this round: not an error here)
+                error = links.aborted(launch, q)
+                if error is not None:
+                    raise self._failed(q, error)
+                why = links.closed(q)
+                if why is not None:
+                    raise PeerProcessError(
+                        f"{self.describe}: process {q} of {self.num_processes} stopped "
+                        f"responding ({why}: it died or was killed) while process "
+                        f"{self.process} waited for its round {k}"
+                    )
+            if not missing and links.flushed():
+                break
+            links.pump(_POLL_MS / 1000)
+            now = time.monotonic()
+            if now >= ask_store:  # a long wait: ask the store about the peers
+                ask_store = now + STORE_CHECK
+                for q in missing:
+                    self._check_peer(q)
+                for q in () if missing else peers:  # all in, ours not yet written
+                    self._check_alive(q)
+        got[self.process] = payload
+        return [got[q] for q in range(self.num_processes)]
+
+    def abort(self, error: str) -> None:
+        links = self.where.links
+        if links is not None and links.connected:
+            links.post(self._peers, ABORT, self.launch, 0, error.encode())
+            deadline = time.monotonic() + ABORT_FLUSH
+            while not links.flushed() and time.monotonic() < deadline:
+                links.pump(0.05)
+        super().abort(error)
