@@ -32,26 +32,19 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 def _worker(name: str, order: str, warmup: bool) -> dict:
     sys.path.insert(0, HERE)
-    import contextlib
 
     import jax
     import kernel_cases
     from _timed import timed_calls
-    from jax._src import config as jax_config
+    from interpret_kernels import _forced
 
     import palladium.interpret as pi
     from palladium.interpret.eval import segment_cache
     from palladium.interpret.fidelity import checks, tpu_compiler
     from palladium.interpret.hook import jax_hook
 
-    @contextlib.contextmanager
     def forced(value):
-        option = jax_config.pallas_tpu_interpret_mode_context_manager
-        prev = option.swap_local(value)
-        try:
-            yield
-        finally:
-            option.set_local(prev)
+        return _forced(value)()
 
     case = next(c for c in kernel_cases.all_cases() if name in c.name)
     fn, args = case.make()

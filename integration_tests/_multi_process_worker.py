@@ -122,23 +122,12 @@ def deadlock_scenario() -> None:
 def _all_gather_then_die(victim: int, before_dying=None):
     """A warm-up all-gather, then process ``victim`` kills itself (SIGKILL) in round 2 of
     the next launch's exchanges (after ``before_dying()``); that launch."""
-    from palladium.interpret.hook import multi_process
+    def die(transport) -> None:
+        if before_dying is not None:
+            before_dying()
+        os.kill(os.getpid(), signal.SIGKILL)
 
-    x = np.asarray(collectives.inputs("all_gather", DEVICES))
-    f = shard_mapped(functools.partial(collectives.all_gather, n=DEVICES, interpret=PARAMS))
-    record("warm_up", lambda: f(global_array(x)))
-    if victim == PROCESS:
-        exchange = multi_process.KvTransport.exchange
-
-        def dying(self, payload):
-            if self.round == 2:
-                if before_dying is not None:
-                    before_dying()
-                os.kill(os.getpid(), signal.SIGKILL)
-            return exchange(self, payload)
-
-        multi_process.KvTransport.exchange = dying  # type: ignore[method-assign]
-    return lambda: f(global_array(x))
+    return _warm_up_then(victim, die)
 
 
 def killed_scenario() -> None:
