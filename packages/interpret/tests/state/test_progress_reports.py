@@ -79,3 +79,34 @@ def test_none_turns_reports_off_and_bad_intervals_are_config_errors():
         with pytest.raises(ConfigError, match=r"InterpretParams.progress_interval must be a "
                            r"number of seconds > 0 \(and < 1e9\), or None"):
             InterpretParams(progress_interval=bad)
+
+
+def test_a_launch_due_before_the_monitors_next_wake_up_is_reported_in_time():
+    """The monitor thread is woken only by a launch due before the time it waits for;
+    a launch due later is seen when it wakes. Both are reported (no timing asserted
+    beyond generous waits)."""
+    from palladium.interpret.state.progress import ProgressMonitor
+
+    seen = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = lambda record: seen.append(record.getMessage())
+    logger = logging.getLogger("palladium.interpret")
+    logger.addHandler(handler)
+    monitor = ProgressMonitor()
+    try:
+        slow = monitor.register("slow", 3600.0, lambda: "slow state")
+        threading.Event().wait(0.2)  # the thread now waits an hour for "slow"
+        fast = monitor.register("fast", 0.05, lambda: "fast state")  # due first: woken
+        later = monitor.register("later", 0.3, lambda: "later state")  # due after "fast"
+        for _ in range(200):
+            if (any("kernel 'fast'" in m for m in seen)
+                    and any("kernel 'later'" in m for m in seen)):
+                break
+            threading.Event().wait(0.05)
+        assert any("kernel 'fast' still running" in m and "fast state" in m for m in seen)
+        assert any("kernel 'later' still running" in m and "later state" in m for m in seen)
+        assert not any("kernel 'slow'" in m for m in seen)
+    finally:
+        for key in (slow, fast, later):
+            monitor.unregister(key)
+        logger.removeHandler(handler)
