@@ -43,11 +43,11 @@ class RaceDetector:
         self.on_race = on_race
         self._lock = threading.Lock()
         self._occupants: list[Actor] = []  # slot -> the actor holding it now
-        self._final: list[int] = []  # slot -> the last time used in it so far
         self._free: set[int] = set()  # slots whose occupant finished
-        # The same two as arrays (capacity grows by doubling), for the vectorised search
-        # of a reusable slot: slot -> final time, slot -> in ``_free``.
-        self._final_array = np.zeros(64, np.int64)
+        # Arrays of a capacity that grows by doubling (slots past ``len(_occupants)`` are
+        # unused), for the vectorised search of a reusable slot: slot -> the last time
+        # used in it so far, slot -> in ``_free``.
+        self._final = np.zeros(64, np.int64)
         self._free_mask = np.zeros(64, bool)
         self._buffers: dict[Hashable, BufferShadow] = {}
         self._reports: list[RaceReport] = []
@@ -61,16 +61,15 @@ class RaceDetector:
             if slot is None:
                 slot = len(self._occupants)
                 self._occupants.append(None)  # type: ignore[arg-type]
-                self._final.append(0)
-                if slot >= len(self._final_array):
-                    grow = len(self._final_array)
-                    self._final_array = np.concatenate((self._final_array, np.zeros(grow, np.int64)))
+                if slot >= len(self._final):
+                    grow = len(self._final)
+                    self._final = np.concatenate((self._final, np.zeros(grow, np.int64)))
                     self._free_mask = np.concatenate((self._free_mask, np.zeros(grow, bool)))
             else:
                 self._free.discard(slot)
                 self._free_mask[slot] = False
             clock = VectorClock() if parent is None else parent.vector.copy()
-            clock.set(slot, self._final[slot] + 1, name)
+            clock.set(slot, int(self._final[slot]) + 1, name)
             actor = Actor(name, slot, clock)
             self._occupants[slot] = actor
             if parent is not None and not parent.finished:
@@ -102,7 +101,7 @@ class RaceDetector:
         # The lowest free slot whose final time the parent has seen (vectorised: the
         # free slots are many when the parent waits for few of its DMAs' ends).
         n = min(len(times), len(self._occupants))
-        ok = self._free_mask[:n] & (times[:n] >= self._final_array[:n])
+        ok = self._free_mask[:n] & (times[:n] >= final[:n])
         slot = int(ok.argmax())
         return slot if ok[slot] else None
 
@@ -113,8 +112,7 @@ class RaceDetector:
                 return
             actor.finished = True
             slot = actor.slot
-            self._final[slot] = final = actor.vector.time(slot)
-            self._final_array[slot] = final
+            self._final[slot] = actor.vector.time(slot)
             if self._occupants[slot] is actor:
                 self._free.add(slot)
                 self._free_mask[slot] = True

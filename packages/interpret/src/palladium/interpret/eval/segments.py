@@ -188,7 +188,8 @@ class Segment:
             return None
         params = ev.params
         if (not params.compile_segments or params.uninitialized_reads != "off"
-                or not params.keep_float_data):
+                or not params.keep_float_data
+                or self.hot and params.compile_segments == "static"):
             return None
         if self.races_ok or not params.detect_races:
             return False
@@ -198,10 +199,8 @@ class Segment:
         log = None if self._failed else self._mode(ev)
         if log is None:
             return ev.run_program(self.fallback, invals)
-        if self.hot and (ev.launch_number < HOT_LAUNCH
-                         or ev.params.compile_segments == "static"):
-            if (ev.launch_number == HOT_LAUNCH - 1 and log not in self._compiled
-                    and ev.params.compile_segments != "static"):
+        if self.hot and ev.launch_number < HOT_LAUNCH:
+            if ev.launch_number == HOT_LAUNCH - 1 and log not in self._compiled:
                 self._prefetch(log)
             return ev.run_program(self.fallback, invals)
         n = len(self.plain)
