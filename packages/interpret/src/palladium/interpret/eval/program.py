@@ -271,6 +271,8 @@ class ProgramCache:
         self._body, self._grid_points = body, max(int(grid_points), 1)
         self._lock = threading.Lock()
         self._launches = 0
+        # The kernel's compiled launches (``compiled/compiled_launch.py``), by grid and order.
+        self.whole_launches: dict[Any, Any] = {}
 
     def next_launch(self) -> int:
         """Count one more launch of the kernel; its number (1 for the first)."""

@@ -98,11 +98,11 @@ class SegmentExecutables:
         return exe
 
 
-    def get_in_background(self, text: str, compile_fn: Callable[[], Any]
+    def get_in_background(self, text: str | None, compile_fn: Callable[[], Any]
                           ) -> concurrent.futures.Future[Any]:
         """``get(text, compile_fn)`` on the background compiler's thread (one daemon
         thread, started on first use: one compile at a time beside the launches); its
-        future."""
+        future. ``text`` None: ``compile_fn()`` there, kept by the caller only."""
         future: concurrent.futures.Future[Any] = concurrent.futures.Future()
         with self._lock:
             if self._jobs is None:
@@ -131,7 +131,7 @@ class SegmentExecutables:
                 future.cancel()
                 continue
             try:
-                future.set_result(self.get(text, compile_fn))
+                future.set_result(compile_fn() if text is None else self.get(text, compile_fn))
             except BaseException as e:  # noqa: BLE001 - the waiter gets it
                 future.set_exception(e)
 

@@ -26,26 +26,30 @@ HOST_CALL_P.multiple_results = True
 
 
 def host_call(fn: Callable[..., Sequence[np.ndarray]], out_shapes: Sequence[Any],
-              *args: Any) -> list[Any]:
-    """``fn(*numpy copies of args)`` on the host, once per device under ``shard_map``.
+              *args: Any, views: bool = False) -> list[Any]:
+    """``fn(*numpy copies of args)`` on the host, once per device under ``shard_map``;
+    ``views``: ``fn`` gets the views themselves and copies what it keeps past the call.
 
     ``fn`` returns one array per entry of ``out_shapes`` (``jax.ShapeDtypeStruct``s).
     Only lowerable on CPU; the interpreted kernel is pure, so no effect is declared.
     """
     out_avals = tuple(jc.ShapedArray(tuple(s.shape), np.dtype(s.dtype)) for s in out_shapes)
-    return HOST_CALL_P.bind(*args, fn=fn, out_avals=out_avals)
+    return HOST_CALL_P.bind(*args, fn=fn, out_avals=out_avals, views=views)
 
 
-def _abstract_eval(*avals: Any, fn: Any, out_avals: tuple[Any, ...]) -> list[Any]:
-    del avals, fn
+def _abstract_eval(*avals: Any, fn: Any, out_avals: tuple[Any, ...], views: bool) -> list[Any]:
+    del avals, fn, views
     return list(out_avals)
 
 
-def _lowering(ctx: Any, *operands: Any, fn: Any, out_avals: tuple[Any, ...]) -> Any:
+def _lowering(ctx: Any, *operands: Any, fn: Any, out_avals: tuple[Any, ...],
+              views: bool) -> Any:
     del out_avals
 
-    def callback(*views: np.ndarray) -> tuple[np.ndarray, ...]:
-        return tuple(fn(*[np.array(v, copy=True) for v in views]))
+    def callback(*given: np.ndarray) -> tuple[np.ndarray, ...]:
+        if views:
+            return tuple(fn(*given))
+        return tuple(fn(*[np.array(v, copy=True) for v in given]))
 
     return jc.emit_cpu_host_callback(ctx, callback, operands)
 

@@ -24,6 +24,7 @@ import numpy as np
 from palladium import shared_memory
 from palladium.interpret import _jax_compat as jc
 from palladium.interpret.chip import resolve_chip
+from palladium.interpret.compiled.compiled_launch import compiled_launch
 from palladium.interpret.errors import (
     DataRaceError,
     KernelError,
@@ -82,15 +83,24 @@ def in_flight_rendezvous() -> int:
 
 def _execute(kernel: PreparedKernel, params: InterpretParams, mesh: DeviceMesh,
              device_args: list[list[np.ndarray]],
-             split: multi_process.SplitLaunch | None = None) -> list[list[np.ndarray]]:
+             split: multi_process.SplitLaunch | None = None,
+             views: bool = False) -> list[list[np.ndarray]]:
     """Run one launch on every device; with ``dma_order_trials``, check other orders
-    (split over processes: each trial is a launch of every process)."""
+    (split over processes: each trial is a launch of every process). ``views``: the
+    operands are the host callback's views, copied before a simulation keeps them."""
     def partition() -> shared_memory.Partition | None:
         return None if split is None else split.partition()
 
     try:
+        number = kernel.programs.next_launch()
+        compiled = compiled_launch(kernel, params, mesh.num_devices, device_args, number)
+        if compiled is not None:
+            return compiled
+        if views:
+            device_args = [[np.array(a, copy=True) for a in args] for args in device_args]
         with single_threaded_blas():
-            results = _attempt(kernel, params, mesh, device_args, partition=partition()).results
+            results = _attempt(kernel, params, mesh, device_args, partition=partition(),
+                               number=number).results
             if params.dma_order_trials:
                 check_dma_order(
                     lambda p: _attempt(kernel, p, mesh, device_args, observe=False,
@@ -115,8 +125,9 @@ class _Attempt:
 
 def _attempt(kernel: PreparedKernel, params: InterpretParams, mesh: DeviceMesh,
              device_args: list[list[np.ndarray]], observe: bool = True,
-             partition: shared_memory.Partition | None = None) -> _Attempt:
-    launch = Launch(kernel, params, mesh, observe=observe, partition=partition)
+             partition: shared_memory.Partition | None = None,
+             number: int | None = None) -> _Attempt:
+    launch = Launch(kernel, params, mesh, observe=observe, partition=partition, number=number)
     try:
         return _Attempt(launch, launch.execute_devices(device_args))
     finally:
@@ -154,9 +165,11 @@ class _LaunchSite:
         # A jax.distributed run of 2+ processes: this process simulates its devices only.
         self.layout = STATE.processes.current() if mesh.num_devices > 1 else None
 
-    def run(self, *args: Any) -> list[np.ndarray]:
+    def run(self, *views: Any) -> list[np.ndarray]:
+        """One device's launch; ``views`` of the operands, valid during the call only (a
+        compiled launch reads them as they are, a simulated one copies them)."""
         return self._interruptible(lambda: _execute(
-            self.kernel, self.params, self.mesh, [[np.asarray(a) for a in args]])[0])
+            self.kernel, self.params, self.mesh, [list(views)], views=True)[0])
 
     def run_device(self, device: Any, *args: Any) -> list[np.ndarray]:
         d = int(np.asarray(device))
@@ -256,7 +269,7 @@ def _pallas_call_lowering(ctx: Any, *in_nodes: Any, interpret: Any, **params: An
 
     def impl(*args: Any) -> Any:
         if mesh.num_devices <= 1:
-            return host_call(site.run, out_shapes, *args)
+            return host_call(site.run, out_shapes, *args, views=True)
         device = jnp.int32(0)
         for name, size in zip(mesh.axis_names, mesh.axis_sizes):
             device = device * size + jax.lax.axis_index(name)
@@ -343,7 +356,8 @@ def errors_as_raised() -> Iterator[None]:
     """Re-raise the kernel's own exception instead of jax's ``JaxRuntimeError`` wrapper.
 
     A kernel that fails inside a jitted (or eager) ``pallas_call`` surfaces as
-    ``jax.errors.JaxRuntimeError`` whose message contains palladium's. Within this
+    ``jax.errors.JaxRuntimeError`` whose message contains palladium's (a plain
+    ``ValueError`` when jit's C++ fast path ran the call: a warm call). Within this
     context the original typed exception (``OutOfBoundsError``, ``RevisitError``,
     ``RendezvousTimeoutError``, ...) is raised instead, chained from the wrapper. It is
     found by the failure id its message carries (``[palladium failure #N: ...]``); its
@@ -354,7 +368,7 @@ def errors_as_raised() -> Iterator[None]:
     """
     try:
         yield
-    except jax.errors.JaxRuntimeError as wrapper:
+    except (jax.errors.JaxRuntimeError, ValueError) as wrapper:
         original = _FAILURES.claim(str(wrapper))
         if original is None:
             raise

@@ -39,6 +39,7 @@ __all__ = [
     "add_launch_observer",
     "launch_observers",
     "remove_launch_observer",
+    "may_observe",
     "scoped_launch_observer",
 ]
 
@@ -142,6 +143,18 @@ def _foreign_scopes(info: LaunchInfo) -> tuple[LaunchObserverFactory, ...]:
         f"none records it. Run multi-device launches from one thread at a time while "
         f"recording.", RuntimeWarning, stacklevel=2)
     return ()
+
+
+def may_observe(params: Any) -> bool:
+    """Whether a launch with ``params`` in this context may get an observer (a factory
+    is registered, a scope is open, or a logging mode is set): cheap, without making
+    the observers."""
+    if getattr(params, "logging_mode", None):
+        return True
+    with _LOCK:
+        if _FACTORIES:
+            return True
+    return bool(_SCOPES.get()) or (_on_xla_thread() and bool(_OPEN))
 
 
 def launch_observers(info: LaunchInfo) -> list[Observer]:

@@ -47,7 +47,7 @@ class Launch:
 
     def __init__(self, kernel: PreparedKernel, params: InterpretParams,
                  mesh: DeviceMesh | None = None, *, observe: bool = True,
-                 partition: Partition | None = None) -> None:
+                 partition: Partition | None = None, number: int | None = None) -> None:
         self.kernel = kernel
         self.params = params
         self.observe = observe  # False: a re-run (order trials), not shown to observers
@@ -55,7 +55,7 @@ class Launch:
         self.num_devices = max(self.mesh.num_devices, 1)
         self.kernel_name = kernel.name
         self.programs: ProgramCache = kernel.programs
-        self._number = self.programs.next_launch()
+        self._number = self.programs.next_launch() if number is None else number
         self.inherited_sources: dict[int, Any] = kernel.inherited_sources
         gm = kernel.grid_mapping
         self.chip = params.chip or DEFAULT_CHIP

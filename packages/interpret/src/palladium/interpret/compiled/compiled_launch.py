@@ -1,0 +1,161 @@
+"""Compiled launches: a hot kernel's whole launch as one XLA executable.
+
+A kernel made of many small operations per grid step (paged attention, a scan one time
+step per iteration) spends its simulated launch in per-equation and per-DMA overhead,
+not in arithmetic. From its ``HOT_LAUNCH``-th launch in the process on, such a kernel's
+launch runs as one executable (``launch_function.py``): compiled in the background
+during the launch before, kept per kernel, grid and order. Its results are XLA's bits,
+as a compiled segment's.
+
+The simulator stays the oracle. A launch whose flags say it could differ from the
+simulated one (``launch_state.FLAGS``: an access out of bounds, an access to a DMA in
+flight, a deadlock, a leak, a revisit, a runaway loop) runs again simulated, which
+reports what it reports; so do launches with anything a compiled launch does not model:
+races on in a kernel whose DMAs may race (the flag catches every access to a DMA in
+flight: with none, there is no race to report), several devices or cores, observers
+(timelines, logging), ``skip_floating_point_ops``, ``deterministic_dot``,
+``uninitialized_reads``, another DMA order or execution mode, and kernels whose tracing
+meets something unmodelled (``UnsupportedFeatureError`` while tracing: semaphore
+signals, remote DMAs, the MXU, prints, ...). ``compile_segments="static"`` or ``False``
+keeps every launch simulated.
+
+Which kernels are compiled whole is static (``worth_compiling``): never by timing, so a
+given launch's bits never depend on the machine's load or on a cache.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import threading
+from typing import Any
+
+import jax
+import numpy as np
+
+from palladium.interpret import _jax_compat as jc
+from palladium.interpret.compiled.launch_function import launch_function
+from palladium.interpret.compiled.launch_state import FLAGS, TraceFacts
+from palladium.interpret.eval.segments import HOT_LAUNCH, work
+from palladium.interpret.kernel.prepared_kernel import PreparedKernel
+from palladium.interpret.observe.observers import may_observe
+from palladium.interpret.params import InterpretParams
+from palladium.interpret.run.grid_loop import schedule
+from palladium.interpret.state.process_state import STATE
+
+__all__ = ["MIN_EQUATIONS_PER_LAUNCH", "STATS", "compiled_launch", "worth_compiling"]
+
+#: The least equations a launch evaluates (body work times grid points) for its kernel to
+#: be compiled whole: below it the simulated launch costs about what a compiled one does.
+MIN_EQUATIONS_PER_LAUNCH = 500
+_WAIT = 60.0  # seconds a hot launch waits for its background compile
+#: Launches of the process that ran compiled ("compiled") and that ran simulated after
+#: their flags were raised (by the flag's text, ``launch_state.FLAGS``).
+STATS: collections.Counter[str] = collections.Counter()
+
+
+def worth_compiling(kernel: PreparedKernel, grid_points: int) -> bool:
+    """Whether a launch of ``kernel`` over ``grid_points`` is compiled whole: it evaluates
+    at least ``MIN_EQUATIONS_PER_LAUNCH`` equations (loop bodies once per iteration)."""
+    return work(kernel.jaxpr.eqns) * grid_points >= MIN_EQUATIONS_PER_LAUNCH
+
+
+def _params_allow(params: InterpretParams) -> bool:
+    return (params.compile_segments is True and not params.skip_floating_point_ops
+            and not params.deterministic_dot and params.uninitialized_reads == "off"
+            and params.keep_float_data and params.num_cores_or_threads == 1
+            and params.grid_point_recorder is None and params.buffer_bounds == "logical"
+            and params.out_of_bounds_reads == "raise" and params.dma_order == "issue"
+            and not params.dma_order_trials and params.dma_execution_mode == "on_wait"
+            and not params.logging_mode)
+
+
+class _Entry:
+    """One executable of a kernel (per grid and order): a future until compiled; its
+    result None when the kernel cannot be compiled whole."""
+
+    def __init__(self, future: concurrent.futures.Future[Any]) -> None:
+        self.future = future
+        self.flagged = 0  # launches that ran simulated after all
+
+
+_LOCK = threading.Lock()
+
+
+def _grid(kernel: PreparedKernel, dyn: list[Any]) -> tuple[int, ...] | None:
+    it = iter(dyn)
+    out = []
+    for g in kernel.grid_mapping.grid:
+        if isinstance(g, jc.DynamicGridDim) or g is None:
+            out.append(int(np.asarray(next(it))))
+        else:
+            out.append(int(g))
+    return tuple(out) if all(n >= 0 for n in out) else None
+
+
+def compiled_launch(kernel: PreparedKernel, params: InterpretParams, num_devices: int,
+                    device_args: list[list[np.ndarray]], number: int
+                    ) -> list[list[np.ndarray]] | None:
+    """The outputs of launch ``number`` of ``kernel`` run compiled, or None: run it
+    simulated (not compiled whole, not yet hot, or its flags say so)."""
+    if (number < HOT_LAUNCH - 1 or num_devices > 1 or len(device_args) != 1
+            or kernel.is_core_map or not _params_allow(params) or may_observe(params)):
+        return None
+    gm = kernel.grid_mapping
+    n_dyn, n_idx = gm.num_dynamic_grid_bounds, gm.num_index_operands
+    args = device_args[0]
+    grid = _grid(kernel, args[:n_dyn])
+    if grid is None:
+        return None
+    entries: dict[Any, _Entry] = kernel.programs.whole_launches
+    key = (grid, params.seed, params.uninitialized_memory)
+    with _LOCK:
+        entry = entries.get(key)
+        if entry is None:
+            points = schedule(kernel, grid, 1, tuple(gm.vmapped_dims), params.seed)[0]
+            if not worth_compiling(kernel, len(points)):
+                entries[key] = entry = _Entry(concurrent.futures.Future())
+                entry.future.set_result(None)
+            else:
+                operands = [np.asarray(a) for a in args[n_dyn:]]
+                job = _compile_job(kernel, grid, points, tuple(gm.vmapped_dims),
+                                   params.uninitialized_memory, operands)
+                entries[key] = entry = _Entry(STATE.segments.get_in_background(None, job))
+    if number < HOT_LAUNCH:
+        return None
+    try:
+        exe = entry.future.result(_WAIT)
+    except Exception:  # noqa: BLE001 - not modelled (or a timeout): simulated
+        return None
+    if exe is None:
+        return None
+    outs, flag = exe(*args[n_dyn:n_dyn + n_idx], *args[n_dyn + n_idx:])
+    flag = int(flag)
+    if flag:
+        entry.flagged += 1
+        STATS.update(text for bit, text in FLAGS.items() if flag & bit)
+        return None
+    STATS["compiled"] += 1
+    return [[np.asarray(o) for o in outs]]
+
+
+def _compile_job(kernel: PreparedKernel, grid: tuple[int, ...], points: list[tuple[int, ...]],
+                 vmapped: tuple[int, ...], fill: str, operands: list[np.ndarray]) -> Any:
+    specs = [jax.ShapeDtypeStruct(np.shape(a), np.asarray(a).dtype) for a in operands]
+
+    def build() -> Any:
+        # First trace: which buffers DMAs reach (only their accesses need checking) and
+        # which anything writes (only those are carried through loops).
+        found = TraceFacts()
+        jax.eval_shape(launch_function(kernel, grid, points, vmapped, fill, found), *specs)
+        facts = TraceFacts(frozenset(found.dma_found), frozenset(found.written_found))
+        fn = launch_function(kernel, grid, points, vmapped, fill, facts)
+        return jax.jit(fn).lower(*specs).compile()
+
+    def job() -> Any:
+        try:
+            return build()
+        except Exception:  # noqa: BLE001 - not modelled: the kernel stays simulated
+            return None
+
+    return job

@@ -1,0 +1,286 @@
+"""The simulated state of a compiled launch, as traced arrays: buffers, semaphores, the
+DMAs in flight and the flags that send the launch back to the simulator.
+
+A compiled launch (``compiled_launch.py``) runs a whole kernel launch as one XLA
+executable. A DMA copies its data when it starts and adds its bytes to its semaphore; a
+``dma_wait`` lands the semaphore's DMAs in issue order until the count covers the wait,
+as the simulator's ``on_wait`` mode does, and takes the bytes. Wherever that could give
+other results than the simulator, or the simulator would report something, a flag is
+set and the launch's results are dropped: it runs again in the simulator, which reports
+it exactly as ever. The flags (``FLAG_*``):
+
+- an access or a DMA region out of bounds (the simulator's error);
+- an access or DMA that touches a region a DMA in flight writes, or writes a region one
+  reads (the simulator's data could differ; with races on, the detector may report it);
+- a wait no DMA in flight can satisfy (a deadlock), more DMAs in flight than the table
+  holds, a DMA left in flight or bytes left on a semaphore at the end (a leak);
+- a ``while`` loop past ``WHILE_LIMIT`` (the watchdog's), an output block revisited, a
+  block index out of range.
+
+The DMAs in flight are a table of ``DMA_SLOTS`` rows; a region is kept as the interval
+of flat element offsets it spans in its buffer (a superset of its elements: a strided
+region can only raise a flag too many, never too few).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from palladium.interpret.errors import UnsupportedFeatureError
+
+__all__ = ["DMA_SLOTS", "FLAGS", "Handle", "LaunchState", "SemHandle", "TraceFacts", "View"]
+
+#: DMAs a compiled launch keeps in flight at once (more: the launch runs simulated).
+DMA_SLOTS = 32
+FLAG_BOUNDS, FLAG_CONFLICT, FLAG_DEADLOCK, FLAG_SLOTS = 1, 2, 4, 8
+FLAG_LOOP, FLAG_LEAK, FLAG_REVISIT, FLAG_BLOCK = 16, 32, 64, 128
+#: What each flag means (the launch's note when it runs simulated).
+FLAGS = {FLAG_BOUNDS: "an access out of bounds", FLAG_CONFLICT: "an access to a DMA in flight",
+         FLAG_DEADLOCK: "a wait no DMA satisfies", FLAG_SLOTS: "too many DMAs in flight",
+         FLAG_LOOP: "a loop past its limit", FLAG_LEAK: "a DMA or semaphore left at the end",
+         FLAG_REVISIT: "an output block revisited", FLAG_BLOCK: "a block index out of range"}
+
+
+# The rows of the DMA table (``LaunchState.empty_table``).
+_FIELDS = ("active", "landed", "sem", "left", "seq", "dbuf", "dlo", "dhi", "sbuf", "slo", "shi")
+_ACTIVE, _LANDED, _SEM, _LEFT, _SEQ, _DBUF, _DLO, _DHI, _SBUF, _SLO, _SHI = range(len(_FIELDS))
+
+
+@dataclasses.dataclass(frozen=True)
+class Handle:
+    """A kernel ref: buffer ``buf`` of the launch state (static while tracing)."""
+
+    buf: int
+
+
+@dataclasses.dataclass(frozen=True)
+class SemHandle:
+    """A semaphore array: its semaphores are ``base + flat index`` of the state's counts."""
+
+    base: int
+    shape: tuple[int, ...]
+
+
+@dataclasses.dataclass
+class View:
+    """A region of a buffer: per buffer dimension a start (traced), size and stride, and
+    whether an integer index dropped it."""
+
+    starts: list[Any]
+    sizes: list[int]
+    strides: list[int]
+    dropped: list[bool]
+
+    @classmethod
+    def whole(cls, shape: tuple[int, ...]) -> View:
+        n = len(shape)
+        return cls([jnp.int32(0)] * n, list(shape), [1] * n, [False] * n)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(s for s, d in zip(self.sizes, self.dropped) if not d)
+
+
+def _as_index(x: Any) -> Any:
+    if getattr(x, "shape", ()) != ():
+        raise UnsupportedFeatureError("a compiled launch takes scalar and slice indices only")
+    return jnp.asarray(x, jnp.int32)
+
+
+def apply_indexers(view: View, transforms: Any, ok: Any) -> tuple[View, Any]:
+    """``view`` narrowed by a chain of ``NDIndexer`` transforms; ``ok`` and-ed with every
+    index being in bounds."""
+    from palladium.interpret import _jax_compat as jc
+
+    for t in transforms:
+        if not isinstance(t, jc.NDIndexer):
+            raise UnsupportedFeatureError(f"a compiled launch takes no {type(t).__name__}")
+        visible = [d for d, gone in enumerate(view.dropped) if not gone]
+        if len(t.indices) > len(visible):
+            raise UnsupportedFeatureError("an indexer of more dimensions than the ref")
+        starts, sizes, strides, dropped = (list(view.starts), list(view.sizes),
+                                           list(view.strides), list(view.dropped))
+        for d, i in zip(visible, t.indices):
+            if isinstance(i, jc.Slice):
+                if not isinstance(i.size, int | np.integer) or not isinstance(i.stride, int | np.integer):
+                    raise UnsupportedFeatureError("a slice of traced size or stride")
+                start, size, stride = _as_index(i.start), int(i.size), int(i.stride)
+                last = start + (size - 1) * stride if size else start - 1
+                ok = ok & (start >= 0) & (last < view.sizes[d]) if size else ok
+            else:
+                start, size, stride = _as_index(i), 1, 1
+                ok = ok & (start >= 0) & (start < view.sizes[d])
+                dropped[d] = True
+            starts[d] = view.starts[d] + start * view.strides[d]
+            sizes[d] = size
+            strides[d] = view.strides[d] * stride
+        view = View(starts, sizes, strides, dropped)
+    return view, ok
+
+
+def read_view(array: Any, view: View) -> Any:
+    extent = [(n - 1) * s + 1 if n else 0 for n, s in zip(view.sizes, view.strides)]
+    block = lax.dynamic_slice(array, view.starts, extent)
+    if any(s != 1 for s in view.strides):
+        block = lax.slice(block, [0] * block.ndim, block.shape, view.strides)
+    return block.reshape(view.shape)
+
+
+def write_view(array: Any, view: View, value: Any) -> Any:
+    if any(s != 1 and n > 1 for s, n in zip(view.strides, view.sizes)):
+        raise UnsupportedFeatureError("a compiled launch writes no strided region")
+    value = jnp.broadcast_to(jnp.asarray(value, array.dtype), view.shape).reshape(view.sizes)
+    return lax.dynamic_update_slice(array, value, view.starts)
+
+
+def flat_span(shape: tuple[int, ...], view: View) -> tuple[Any, Any]:
+    """[lo, hi): the flat element offsets ``view`` spans in a buffer of ``shape``."""
+    step = [math.prod(shape[d + 1:]) for d in range(len(shape))]
+    lo = jnp.int32(0)
+    hi = jnp.int32(1)
+    for start, size, stride, st in zip(view.starts, view.sizes, view.strides, step):
+        lo = lo + start * st
+        hi = hi + (start + max(size - 1, 0) * stride) * st
+    if any(n == 0 for n in view.sizes):
+        hi = lo
+    return lo, hi
+
+
+@dataclasses.dataclass
+class TraceFacts:
+    """What a first trace of the launch found out, for the second: the buffers DMAs reach
+    (only their accesses are checked) and the buffers anything writes (only those are
+    carried through loops and conditionals; the rest are constants). None: all of them
+    (the first trace, which fills ``dma_found`` and ``written_found``)."""
+
+    watched: frozenset[int] | None = None
+    carried: frozenset[int] | None = None
+    dma_found: set[int] = dataclasses.field(default_factory=set)
+    written_found: set[int] = dataclasses.field(default_factory=set)
+
+
+class LaunchState:
+    """The traced state: ``bufs`` (one array per buffer), ``sems`` (every semaphore's
+    count: bytes for DMA semaphores), ``flag`` and the DMA table (``dma``)."""
+
+    def __init__(self, bufs: list[Any], sems: Any, flag: Any, dma: dict[str, Any],
+                 facts: TraceFacts, fixed: list[Any] | None = None) -> None:
+        self.bufs, self.sems, self.flag, self.dma = bufs, sems, flag, dma
+        self.facts = facts
+        # the buffers nothing writes, as they were at the start (shared by every child)
+        self.fixed = list(bufs) if fixed is None else fixed
+
+    def _carried(self, buf: int) -> bool:
+        return self.facts.carried is None or buf in self.facts.carried
+
+    def write(self, buf: int, value: Any) -> None:
+        """Store ``value`` as buffer ``buf``'s new contents."""
+        if not self._carried(buf):
+            raise AssertionError(f"buffer {buf} was not written in the first trace")
+        self.facts.written_found.add(buf)
+        self.bufs[buf] = value
+
+    @staticmethod
+    def empty_table() -> dict[str, Any]:
+        """The DMAs in flight: one int32 row per field (``_FIELDS``), one column per slot
+        (one array: a DMA's start updates one column), and the next issue number."""
+        rows = jnp.zeros((len(_FIELDS), DMA_SLOTS), jnp.int32)
+        rows = rows.at[_DBUF].set(-1).at[_SBUF].set(-1)
+        return {"rows": rows, "next": jnp.int32(0)}
+
+    def carry(self) -> tuple[Any, ...]:
+        """What loops and conditionals carry: the buffers something writes (None in the
+        place of the others), the semaphores, the flag and the DMA table."""
+        bufs = [b if self._carried(i) else None for i, b in enumerate(self.bufs)]
+        return (bufs, self.sems, self.flag, self.dma)
+
+    def _bufs_of(self, bufs: list[Any]) -> list[Any]:
+        return [self.fixed[i] if b is None else b for i, b in enumerate(bufs)]
+
+    def restore(self, carry: tuple[Any, ...]) -> None:
+        bufs, self.sems, self.flag, self.dma = carry
+        self.bufs = self._bufs_of(bufs)
+
+    def child(self, carry: tuple[Any, ...]) -> LaunchState:
+        bufs, sems, flag, dma = carry
+        return LaunchState(self._bufs_of(bufs), sems, flag, dict(dma), self.facts, self.fixed)
+
+    def raise_flag(self, bit: int, cond: Any) -> None:
+        self.flag = self.flag | jnp.where(cond, jnp.int32(bit), jnp.int32(0))
+
+    # --- conflicts with the DMAs in flight ----------------------------------------------
+    def check_access(self, buf: int, view: View, write: bool) -> None:
+        """A core access (or block copy) of ``view`` of buffer ``buf``."""
+        if self.facts.watched is not None and buf not in self.facts.watched:
+            return
+        lo, hi = flat_span(self.bufs[buf].shape, view)
+        self.raise_flag(FLAG_CONFLICT, self._overlaps(buf, lo, hi, write))
+
+    def _overlaps(self, buf: int, lo: Any, hi: Any, write: bool) -> Any:
+        t = self.dma["rows"]
+        hit = (t[_DBUF] == buf) & (t[_DLO] < hi) & (lo < t[_DHI])
+        if write:
+            hit = hit | ((t[_SBUF] == buf) & (t[_SLO] < hi) & (lo < t[_SHI]))
+        return jnp.any(hit & (t[_ACTIVE] != 0))
+
+    def start_dma(self, src: tuple[int, View], dst: tuple[int, View], sem: Any,
+                  nbytes: int) -> None:
+        """Record a DMA (its data is copied by the caller) and add its bytes to ``sem``."""
+        (sbuf, sview), (dbuf, dview) = src, dst
+        self.facts.dma_found.update((sbuf, dbuf))
+        slo, shi = flat_span(self.bufs[sbuf].shape, sview)
+        dlo, dhi = flat_span(self.bufs[dbuf].shape, dview)
+        # it reads what a DMA in flight writes, or writes what one reads or writes
+        self.raise_flag(FLAG_CONFLICT, self._overlaps(sbuf, slo, shi, False)
+                        | self._overlaps(dbuf, dlo, dhi, True))
+        rows, seq = self.dma["rows"], self.dma["next"]
+        free = rows[_ACTIVE] == 0
+        slot = jnp.argmax(free)
+        self.raise_flag(FLAG_SLOTS, ~jnp.any(free))
+        column = [1, 0, sem, nbytes, seq, dbuf, dlo, dhi, sbuf, slo, shi]
+        column = jnp.stack([jnp.asarray(v, jnp.int32) for v in column])
+        self.dma = {"rows": rows.at[:, slot].set(column), "next": seq + 1}
+        self.sems = self.sems.at[sem].add(jnp.int32(nbytes))
+
+    def wait_dma(self, sem: Any, nbytes: int) -> None:
+        """A ``dma_wait`` of ``nbytes`` on semaphore ``sem``: land its DMAs oldest first
+        until their bytes cover it, take the bytes; a DMA whose bytes are all taken is no
+        longer in flight."""
+        rows = self.dma["rows"]
+        was_landed, left, seq = rows[_LANDED] != 0, rows[_LEFT], rows[_SEQ]
+        mine = (rows[_ACTIVE] != 0) & (rows[_SEM] == sem)
+        # issue order among the semaphore's DMAs: before[i, j] = DMA j was issued before i
+        before = seq[None, :] <= seq[:, None]
+        landed = mine & was_landed
+        count = jnp.sum(jnp.where(landed, left, 0))
+        # land the oldest pending ones until their bytes cover the wait
+        pending = mine & ~was_landed
+        upto = jnp.sum(jnp.where(before & pending[None, :], left[None, :], 0), axis=1)
+        land = pending & (count + upto - left < nbytes)
+        landed = landed | land
+        count = count + jnp.sum(jnp.where(land, left, 0))
+        self.raise_flag(FLAG_DEADLOCK, count < nbytes)
+        # take the bytes from the oldest landed ones; a DMA with none left is done
+        upto = jnp.sum(jnp.where(before & landed[None, :], left[None, :], 0), axis=1)
+        new_left = jnp.where(landed, jnp.clip(upto - nbytes, 0, left), left)
+        done = landed & (new_left == 0)
+        rows = rows.at[_LANDED].set((was_landed | land).astype(jnp.int32))
+        rows = rows.at[_LEFT].set(new_left)
+        rows = rows.at[_ACTIVE].set(jnp.where(done, 0, rows[_ACTIVE]))
+        self.dma = {"rows": rows, "next": self.dma["next"]}
+        self.sems = self.sems.at[sem].add(-jnp.int32(nbytes))
+
+    def finish(self) -> None:
+        """The end of the launch: nothing may be left in flight or on a semaphore."""
+        self.raise_flag(FLAG_LEAK, jnp.any(self.dma["rows"][_ACTIVE] != 0) | jnp.any(self.sems != 0))
+
+
+def tree_zeros_like(x: Any) -> Any:
+    return jax.tree_util.tree_map(jnp.zeros_like, x)

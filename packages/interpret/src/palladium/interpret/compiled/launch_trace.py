@@ -1,0 +1,276 @@
+"""A kernel body traced for a compiled launch: one rule per primitive that touches the
+simulated state (``launch_state.py``), every other equation bound as it is.
+
+Refs are ``Handle``/``SemHandle`` objects, static while tracing; loops and conditionals
+carry the whole ``LaunchState``. A primitive with no rule here that takes or returns a
+ref, or anything a compiled launch does not model (remote DMAs, semaphore signals, the
+MXU, prints, ...), raises ``UnsupportedFeatureError`` while tracing: the kernel then
+always runs simulated.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from palladium.interpret import _jax_compat as jc
+from palladium.interpret.compiled.launch_state import (
+    FLAG_BOUNDS,
+    FLAG_LOOP,
+    Handle,
+    LaunchState,
+    SemHandle,
+    View,
+    apply_indexers,
+    read_view,
+    write_view,
+)
+from palladium.interpret.errors import UnsupportedFeatureError
+from palladium.interpret.eval.refs import split_transformed
+from palladium.interpret.eval.registry import RULES as RULES_OWN
+from palladium.interpret.eval.registry import rule_by_name
+from palladium.interpret.eval.segment_trace import WHILE_LIMIT
+
+__all__ = ["GridContext", "run_jaxpr"]
+
+_CALLS = (jc.jit_p, jc.custom_jvp_call_p, jc.custom_vjp_call_p)
+
+
+class GridContext:
+    """What ``pl.program_id`` and ``pl.num_programs`` answer at the traced grid point."""
+
+    def __init__(self, ids: Sequence[Any], counts: Sequence[int]) -> None:
+        self.ids, self.counts = list(ids), list(counts)
+
+
+Rule = Callable[[Any, list[Any], LaunchState, GridContext], list[Any]]
+RULES: dict[Any, Rule] = {}
+
+
+def _rule(*prims: Any) -> Callable[[Rule], Rule]:
+    def register(fn: Rule) -> Rule:
+        for p in prims:
+            if p is not None:
+                RULES[p] = fn
+        return fn
+    return register
+
+
+def _read(env: dict[Any, Any], atom: Any) -> Any:
+    return atom.val if isinstance(atom, jc.Literal) else env[atom]
+
+
+def run_jaxpr(jaxpr: Any, consts: Sequence[Any], args: Sequence[Any], st: LaunchState,
+              grid: GridContext) -> list[Any]:
+    """Evaluate ``jaxpr`` on traced values and handles, updating ``st``."""
+    if isinstance(jaxpr, jc.ClosedJaxpr):
+        consts = [*jaxpr.consts, *consts]
+        jaxpr = jaxpr.jaxpr
+    env: dict[Any, Any] = dict(zip(jaxpr.constvars, consts))
+    env.update(zip(jaxpr.invars, args))
+    for eqn in jaxpr.eqns:
+        invals = [_read(env, a) for a in eqn.invars]
+        rule = RULES.get(eqn.primitive)
+        outs = rule(eqn, invals, st, grid) if rule is not None else _bind(eqn, invals)
+        for v, o in zip(eqn.outvars, outs):
+            env[v] = o
+    return [_read(env, a) for a in jaxpr.outvars]
+
+
+def _bind(eqn: Any, invals: list[Any]) -> list[Any]:
+    """A pure equation, as XLA computes it. A primitive the simulator evaluates with a
+    rule of its own (the MXU, PRNG, semaphores, ...) has no XLA meaning to trust."""
+    prim = eqn.primitive
+    if (RULES_OWN.get(prim) is not None or RULES_OWN.compiler(prim) is not None or eqn.effects
+            or (RULES_OWN.by_name and rule_by_name(prim) is not None) or any(isinstance(x, Handle | SemHandle | jc.TransformedRef) for x in invals)):
+        raise UnsupportedFeatureError(f"a compiled launch has no rule for '{prim}'")
+    out = prim.bind(*invals, **prim.get_bind_params(eqn.params))
+    return list(out) if prim.multiple_results else [out]
+
+
+# --- ref accesses ------------------------------------------------------------------------
+def _access(value: Any, transforms: Sequence[Any], st: LaunchState) -> tuple[int, View]:
+    ref, own = split_transformed(value)
+    if not isinstance(ref, Handle):
+        raise UnsupportedFeatureError("a compiled launch accesses buffers only")
+    view, ok = apply_indexers(View.whole(st.bufs[ref.buf].shape), (*own, *transforms),
+                              jnp.bool_(True))
+    st.raise_flag(FLAG_BOUNDS, ~ok)
+    return ref.buf, view
+
+
+@_rule(jc.get_p)
+def _get(eqn: Any, invals: list[Any], st: LaunchState, grid: GridContext) -> list[Any]:
+    buf, view = _access(invals[0], eqn.params["tree"].unflatten(invals[1:]), st)
+    st.check_access(buf, view, write=False)
+    return [read_view(st.bufs[buf], view).astype(eqn.outvars[0].aval.dtype)]
+
+
+@_rule(jc.swap_p, jc.addupdate_p)
+def _put(eqn: Any, invals: list[Any], st: LaunchState, grid: GridContext) -> list[Any]:
+    ref, value, *idx = invals
+    buf, view = _access(ref, eqn.params["tree"].unflatten(idx), st)
+    st.check_access(buf, view, write=True)
+    old = read_view(st.bufs[buf], view)
+    if eqn.primitive is jc.addupdate_p:
+        value = (old + value).astype(old.dtype)
+    st.write(buf, write_view(st.bufs[buf], view, value))
+    return [old] if eqn.primitive is jc.swap_p else []
+
+
+# --- grid ---------------------------------------------------------------------------------
+@_rule(jc.program_id_p)
+def _program_id(eqn: Any, invals: list[Any], st: LaunchState, grid: GridContext) -> list[Any]:
+    return [jnp.asarray(grid.ids[eqn.params["axis"]], jnp.int32)]
+
+
+@_rule(jc.num_programs_p)
+def _num_programs(eqn: Any, invals: list[Any], st: LaunchState, grid: GridContext) -> list[Any]:
+    return [jnp.int32(grid.counts[eqn.params["axis"]])]
+
+
+@_rule(jc.multiple_of_p)
+def _multiple_of(eqn: Any, invals: list[Any], st: LaunchState, grid: GridContext) -> list[Any]:
+    return [invals[0]]
+
+
+# --- DMAs -----------------------------------------------------------------------------------
+def _semaphore(value: Any, st: LaunchState) -> Any:
+    ref, transforms = split_transformed(value)
+    if not isinstance(ref, SemHandle):
+        raise UnsupportedFeatureError("a compiled launch takes semaphore arrays only")
+    view, ok = apply_indexers(View.whole(ref.shape), transforms, jnp.bool_(True))
+    st.raise_flag(FLAG_BOUNDS, ~ok)
+    if view.shape != ():
+        raise UnsupportedFeatureError("a DMA on an array of semaphores")
+    flat = jnp.int32(0)
+    for start, n in zip(view.starts, ref.shape):
+        flat = flat * n + start
+    return ref.base + flat
+
+
+def _dma_parts(eqn: Any, invals: list[Any], st: LaunchState) -> tuple[Any, ...]:
+    src, dst, dst_sem, src_sem, device_id = jc.dma_operands(eqn.params["tree"], invals)
+    if device_id is not None or src_sem is not None:
+        raise UnsupportedFeatureError("a compiled launch runs no remote DMA")
+    s = _access(src, (), st)
+    d = _access(dst, (), st)
+    if st.bufs[s[0]].dtype != st.bufs[d[0]].dtype or s[1].shape != d[1].shape:
+        raise UnsupportedFeatureError("a DMA between views of other shapes or dtypes")
+    nbytes = int(np.prod(s[1].shape, dtype=np.int64)) * np.dtype(st.bufs[s[0]].dtype).itemsize
+    return s, d, _semaphore(dst_sem, st), nbytes
+
+
+@_rule(jc.dma_start_p)
+def _dma_start(eqn: Any, invals: list[Any], st: LaunchState, grid: GridContext) -> list[Any]:
+    if eqn.params.get("add", False):
+        raise UnsupportedFeatureError("a compiled launch runs no DMA that adds")
+    (sbuf, sview), (dbuf, dview), sem, nbytes = _dma_parts(eqn, invals, st)
+    st.start_dma((sbuf, sview), (dbuf, dview), sem, nbytes)
+    st.write(dbuf, write_view(st.bufs[dbuf], dview, read_view(st.bufs[sbuf], sview)))
+    return []
+
+
+@_rule(jc.dma_wait_p)
+def _dma_wait(eqn: Any, invals: list[Any], st: LaunchState, grid: GridContext) -> list[Any]:
+    _s, _d, sem, nbytes = _dma_parts(eqn, invals, st)
+    st.wait_dma(sem, nbytes)
+    return []
+
+
+# --- control flow ---------------------------------------------------------------------------
+@_rule(*_CALLS)
+def _call(eqn: Any, invals: list[Any], st: LaunchState, grid: GridContext) -> list[Any]:
+    p = eqn.params
+    inner = p["jaxpr"] if eqn.primitive is jc.jit_p else p["call_jaxpr"]
+    return run_jaxpr(inner, [], invals, st, grid)
+
+
+def _split(values: Sequence[Any]) -> tuple[list[int], list[Any]]:
+    """(positions of the handles, the traced values) of ``values``."""
+    handles = [i for i, v in enumerate(values) if isinstance(v, Handle | SemHandle)]
+    return handles, [v for i, v in enumerate(values) if i not in handles]
+
+
+def _join(values: Sequence[Any], handles: list[int], traced: Sequence[Any]) -> list[Any]:
+    it = iter(traced)
+    return [values[i] if i in handles else next(it) for i in range(len(values))]
+
+
+@_rule(jc.cond_p)
+def _cond(eqn: Any, invals: list[Any], st: LaunchState, grid: GridContext) -> list[Any]:
+    index, *args = invals
+    handles, traced = _split(args)
+
+    def branch(jaxpr: Any) -> Callable[..., Any]:
+        def run(operands: Any) -> Any:
+            carry, traced = operands
+            inner = st.child(carry)
+            out = run_jaxpr(jaxpr, [], _join(args, handles, traced), inner, grid)
+            if any(isinstance(o, Handle | SemHandle) for o in out):
+                raise UnsupportedFeatureError("a conditional that returns a ref")
+            return out, inner.carry()
+        return run
+
+    branches = eqn.params["branches"]
+    index = jnp.clip(jnp.asarray(index, jnp.int32), 0, len(branches) - 1)
+    out, carry = lax.switch(index, [branch(b) for b in branches], (st.carry(), traced))
+    st.restore(carry)
+    return list(out)
+
+
+@_rule(jc.while_p)
+def _while(eqn: Any, invals: list[Any], st: LaunchState, grid: GridContext) -> list[Any]:
+    p = eqn.params
+    nc, nb = p["cond_nconsts"], p["body_nconsts"]
+    cconsts, bconsts, init = invals[:nc], invals[nc: nc + nb], invals[nc + nb:]
+    if any(isinstance(v, Handle | SemHandle) for v in init):
+        raise UnsupportedFeatureError("a loop that carries a ref")
+
+    def test(carry: Any, values: Any) -> Any:
+        return run_jaxpr(p["cond_jaxpr"], [], [*cconsts, *values], st.child(carry), grid)[0]
+
+    def keep_going(c: Any) -> Any:
+        n, carry, values = c
+        return test(carry, values) & (n < WHILE_LIMIT)
+
+    def body(c: Any) -> Any:
+        n, carry, values = c
+        inner = st.child(carry)
+        values = run_jaxpr(p["body_jaxpr"], [], [*bconsts, *values], inner, grid)
+        return n + 1, inner.carry(), values
+
+    _, carry, values = lax.while_loop(keep_going, body, (jnp.int32(0), st.carry(), list(init)))
+    st.restore(carry)
+    st.raise_flag(FLAG_LOOP, test(carry, values))  # stopped by the limit
+    return list(values)
+
+
+@_rule(jc.scan_p)
+def _scan(eqn: Any, invals: list[Any], st: LaunchState, grid: GridContext) -> list[Any]:
+    p = eqn.params
+    nc, ncarry = p["num_consts"], p["num_carry"]
+    consts, init, xs = invals[:nc], invals[nc: nc + ncarry], invals[nc + ncarry:]
+    if any(isinstance(v, Handle | SemHandle) for v in (*init, *xs)):
+        raise UnsupportedFeatureError("a loop that carries a ref")
+
+    def body(c: Any, x: Any) -> Any:
+        carry, values = c
+        inner = st.child(carry)
+        out = run_jaxpr(p["jaxpr"], [], [*consts, *values, *x], inner, grid)
+        return (inner.carry(), out[:ncarry]), out[ncarry:]
+
+    (carry, values), ys = lax.scan(body, (st.carry(), list(init)), list(xs),
+                                   length=p["length"], reverse=p["reverse"],
+                                   unroll=p.get("unroll", 1))
+    st.restore(carry)
+    return [*values, *ys]
+
+
+@_rule(jc.run_scoped_p)
+def _run_scoped(eqn: Any, invals: list[Any], st: LaunchState, grid: GridContext) -> list[Any]:
+    raise UnsupportedFeatureError("a compiled launch allocates no scoped buffer")

@@ -1,0 +1,268 @@
+"""Compiled launches (compiled/): from a hot kernel's third launch on, its whole launch
+runs as one XLA executable with jax's HLO interpreter's bits, and every launch whose
+flags say it could differ from the simulator (a race, an access out of bounds, a
+deadlock, a leak, a revisit) runs simulated and reports exactly what the simulator
+reports."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+import palladium.interpret as pi
+from palladium.interpret import (
+    DataRaceError,
+    DeadlockError,
+    InterpretParams,
+    OutOfBoundsError,
+    RevisitError,
+    SemaphoreLeakError,
+    errors_as_raised,
+)
+from palladium.interpret.compiled import compiled_launch
+
+pytestmark = pytest.mark.timeout(300)
+
+G, P, R, C, PAGES = 16, 4, 8, 128, 64
+CLEAN, RACE, DEADLOCK, LEAK, REVISIT = 0, 1, 2, 3, 4
+
+
+def _gather_kernel(mode_ref, pages_ref, src_hbm, o_ref, buf, sems):
+    """Paged-attention style: each grid step waits for its P pages (DMAs started the step
+    before, into the other half of a double buffer) and starts the next step's."""
+    g = pl.program_id(0)
+    slot = g % 2
+    mode = mode_ref[0]
+
+    def copies(step, slot):
+        return [pltpu.make_async_copy(src_hbm.at[pages_ref[step * P + p]], buf.at[slot, p],
+                                      sems.at[slot]) for p in range(P)]
+
+    @pl.when(g == 0)
+    def _():
+        for c in copies(0, 0):
+            c.start()
+
+    @pl.when(g + 1 < G)
+    def _():
+        for c in copies(g + 1, 1 - slot):
+            c.start()
+
+    @pl.when((mode == RACE) & (g == 3))
+    def _():
+        o_ref[...] = buf[1 - slot, 0]  # the next step's pages, still in flight
+
+    @pl.when((mode == DEADLOCK) & (g == G - 1))
+    def _():
+        pltpu.make_async_copy(src_hbm.at[0], buf.at[0, 0], sems.at[0]).wait()  # none started
+
+    @pl.when((mode == LEAK) & (g == G - 1))
+    def _():
+        pltpu.make_async_copy(src_hbm.at[0], buf.at[0, 0], sems.at[0]).start()  # never waited
+
+    for c in copies(g, slot):
+        c.wait()
+    x = buf[slot].sum(axis=0)
+    o_ref[...] = jnp.tanh(x) * 0.5 + jnp.exp(-x * x) - jax.nn.sigmoid(x) * x
+
+
+def _out_block(g, mode, pages):
+    return (jnp.where(mode[0] == REVISIT, g % 2, g), 0, 0)
+
+
+def _call(params):
+    spec = pltpu.PrefetchScalarGridSpec(
+        num_scalar_prefetch=2, grid=(G,),
+        in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
+        out_specs=pl.BlockSpec((None, R, C), _out_block),
+        scratch_shapes=[pltpu.VMEM((2, P, R, C), jnp.float32), pltpu.SemaphoreType.DMA((2,))])
+    return jax.jit(lambda mode, pages, src: pl.pallas_call(
+        _gather_kernel, grid_spec=spec, out_shape=jax.ShapeDtypeStruct((G, R, C), jnp.float32),
+        interpret=params)(mode, pages, src))
+
+
+def _inputs(seed=0):
+    rng = np.random.default_rng(seed)
+    pages = rng.permutation(PAGES).astype(np.int32)
+    src = rng.standard_normal((PAGES, R, C)).astype(np.float32)
+    return pages, src
+
+
+def _reference(pages, src):
+    x = np.float64(src)[pages].reshape(G, P, R, C).sum(axis=1)
+    return np.tanh(x) * 0.5 + np.exp(-x * x) - x / (1 + np.exp(-x))
+
+
+@pytest.fixture
+def always_worth(monkeypatch):
+    """The test kernel is small: compile it whole whatever its size."""
+    monkeypatch.setattr(compiled_launch, "MIN_EQUATIONS_PER_LAUNCH", 0)
+
+
+def _mode(m):
+    return np.array([m], np.int32)
+
+
+def test_the_third_launch_on_runs_compiled_with_jax_hlo_interpreters_bits(always_worth):
+    call = _call(InterpretParams(random_seed=1))
+    pages, src = _inputs()
+    before = compiled_launch.STATS["compiled"]
+    outs = [np.asarray(call(_mode(CLEAN), pages, src)) for _ in range(4)]
+    assert compiled_launch.STATS["compiled"] - before == 2  # launches 3 and 4
+    for out in outs:
+        np.testing.assert_allclose(out, _reference(pages, src), rtol=1e-5, atol=1e-5)
+    hlo = np.asarray(_call(True)(_mode(CLEAN), pages, src))
+    np.testing.assert_array_equal(outs[2], hlo)
+    np.testing.assert_array_equal(outs[3], hlo)
+    # other page tables: the same executable, their own answers
+    for seed in (1, 2):
+        pages2, src2 = _inputs(seed)
+        np.testing.assert_allclose(np.asarray(call(_mode(CLEAN), pages2, src2)),
+                                   _reference(pages2, src2), rtol=1e-5, atol=1e-5)
+    assert compiled_launch.STATS["compiled"] - before == 4
+
+
+def test_races_on_a_race_free_launch_runs_compiled(always_worth):
+    call = _call(InterpretParams(detect_races=True, random_seed=2))
+    pages, src = _inputs(3)
+    before = compiled_launch.STATS["compiled"]
+    for _ in range(3):
+        out = np.asarray(call(_mode(CLEAN), pages, src))
+    assert compiled_launch.STATS["compiled"] - before == 1
+    np.testing.assert_allclose(out, _reference(pages, src), rtol=1e-5, atol=1e-5)
+
+
+def _hot_call(seed, **params):
+    """A call of the test kernel made hot: three clean launches (the second compiles it
+    in the background, the third runs compiled). ``seed`` (``random_seed``, which orders
+    nothing in this sequential grid) makes the kernel each test's own."""
+    call = _call(InterpretParams(random_seed=seed, **params))
+    pages, src = _inputs(4)
+    before = compiled_launch.STATS["compiled"]
+    for _ in range(3):
+        call(_mode(CLEAN), pages, src).block_until_ready()
+    assert compiled_launch.STATS["compiled"] == before + 1
+    return call
+
+
+@pytest.mark.parametrize("mode, error, flag", [
+    (RACE, DataRaceError, "an access to a DMA in flight"),
+    (DEADLOCK, DeadlockError, "a wait no DMA satisfies"),
+    (LEAK, SemaphoreLeakError, "a DMA or semaphore left at the end"),
+    (REVISIT, RevisitError, "an output block revisited"),
+])
+def test_a_flagged_launch_runs_simulated_and_reports_what_the_simulator_does(
+        always_worth, mode, error, flag):
+    params = {"detect_races": True, "watchdog_timeout": 60.0}
+    call = _hot_call(100 + mode, **params)
+    before = compiled_launch.STATS.copy()
+    with pytest.raises(error) as later, errors_as_raised():
+        call(_mode(mode), *_inputs(4)).block_until_ready()
+    assert compiled_launch.STATS[flag] == before[flag] + 1
+    assert compiled_launch.STATS["compiled"] == before["compiled"]
+    simulated_only = _call(InterpretParams(compile_segments=False, **params))
+    with pytest.raises(error) as simulated, errors_as_raised():
+        simulated_only(_mode(mode), *_inputs(4)).block_until_ready()
+    # the same report (a race's vector clocks aside: they count launches)
+    assert str(later.value).split(" (clocks")[0] == str(simulated.value).split(" (clocks")[0]
+
+
+def test_an_index_out_of_bounds_on_a_compiled_launch_is_the_simulators_error(always_worth):
+    pages, src = _inputs(4)
+    bad = pages.copy()
+    bad[5 * P + 2] = PAGES  # step 5's third page (started at step 4): one past the last
+    call = _hot_call(110)
+    before = compiled_launch.STATS["an access out of bounds"]
+    with pytest.raises(OutOfBoundsError, match=r"grid point \(4,\)"), errors_as_raised():
+        call(_mode(CLEAN), bad, src).block_until_ready()
+    assert compiled_launch.STATS["an access out of bounds"] == before + 1
+
+
+def test_races_off_a_racy_launch_gives_the_simulators_results(always_worth, monkeypatch):
+    """Reading a DMA's destination before its wait: the compiled launch would see the
+    data already landed; it is flagged and the simulator's results are returned (those
+    of the kernel's fourth launch simulated: its hot segments compiled)."""
+    pages, src = _inputs(4)
+    call = _hot_call(120)
+    before = compiled_launch.STATS["an access to a DMA in flight"]
+    later = np.asarray(call(_mode(RACE), pages, src))
+    assert compiled_launch.STATS["an access to a DMA in flight"] == before + 1
+    monkeypatch.setattr(compiled_launch, "MIN_EQUATIONS_PER_LAUNCH", 1 << 60)
+    simulated_only = _call(InterpretParams(random_seed=121))
+    for _ in range(3):
+        simulated_only(_mode(CLEAN), pages, src).block_until_ready()
+    simulated = np.asarray(simulated_only(_mode(RACE), pages, src))
+    np.testing.assert_array_equal(later, simulated)
+
+
+@pytest.mark.parametrize("params", [InterpretParams(compile_segments="static"),
+                                    InterpretParams(compile_segments=False),
+                                    InterpretParams(skip_floating_point_ops=True)])
+def test_params_that_need_every_equation_keep_launches_simulated(always_worth, params):
+    pages, src = _inputs(5)
+    call = _call(params)
+    before = compiled_launch.STATS["compiled"]
+    for _ in range(4):
+        call(_mode(CLEAN), pages, src).block_until_ready()
+    assert compiled_launch.STATS["compiled"] == before
+
+
+def test_a_timeline_keeps_launches_simulated(always_worth):
+    pages, src = _inputs(6)
+    call = _call(InterpretParams(random_seed=7))
+    before = compiled_launch.STATS["compiled"]
+    with pi.timeline() as tl:
+        for _ in range(4):
+            call(_mode(CLEAN), pages, src).block_until_ready()
+    assert compiled_launch.STATS["compiled"] == before
+    assert len(tl.launches) == 4
+
+
+def test_a_kernel_with_semaphore_signals_stays_simulated(always_worth):
+    """What a compiled launch does not model (here a core's own semaphore signal) keeps
+    the kernel simulated, with its results."""
+    def kernel(x_ref, o_ref, sem):
+        for _ in range(8):
+            pltpu.semaphore_signal(sem, 2)
+            pltpu.semaphore_wait(sem, 2)
+            o_ref[...] = jnp.tanh(x_ref[...]) * 2.0
+
+    x = np.random.default_rng(7).standard_normal((G * R, C)).astype(np.float32)
+    call = jax.jit(lambda x: pl.pallas_call(
+        kernel, grid=(G,), in_specs=[pl.BlockSpec((R, C), lambda i: (i, 0))],
+        out_specs=pl.BlockSpec((R, C), lambda i: (i, 0)),
+        scratch_shapes=[pltpu.SemaphoreType.REGULAR],
+        out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), interpret=InterpretParams())(x))
+    before = compiled_launch.STATS["compiled"]
+    for _ in range(4):
+        out = np.asarray(call(x))
+    assert compiled_launch.STATS["compiled"] == before
+    np.testing.assert_allclose(out, np.tanh(np.float64(x)) * 2.0, rtol=1e-6, atol=1e-6)
+
+
+def test_jax_paged_attention_runs_compiled_from_its_third_launch():
+    """jax's shipped kernel at a realistic size, by the default rule (no patching)."""
+    from jax.experimental.pallas.ops.tpu.paged_attention import paged_attention
+
+    batch, heads, page_size, per_seq = 4, 4, 16, 16
+    rng = np.random.default_rng(0)
+    total = batch * per_seq
+    q = jnp.asarray(rng.standard_normal((batch, heads, 128)), jnp.float32)
+    k = jnp.asarray(rng.standard_normal((heads, total, page_size, 128)), jnp.float32)
+    v = jnp.asarray(rng.standard_normal((heads, total, page_size, 128)), jnp.float32)
+    lengths = jnp.asarray(rng.integers(page_size, page_size * per_seq, batch), jnp.int32)
+    indices = jnp.asarray(rng.permutation(total).reshape(batch, per_seq), jnp.int32)
+    fn = jax.jit(functools.partial(paged_attention, pages_per_compute_block=4))
+    before = compiled_launch.STATS["compiled"]
+    with pi.force_tpu_interpret_mode(InterpretParams()):
+        outs = [np.asarray(fn(q, k, v, lengths, indices)) for _ in range(4)]
+    assert compiled_launch.STATS["compiled"] - before == 2
+    with pi.force_tpu_interpret_mode(True):
+        hlo = np.asarray(jax.jit(functools.partial(
+            paged_attention, pages_per_compute_block=4))(q, k, v, lengths, indices))
+    np.testing.assert_array_equal(outs[3], hlo)
+    np.testing.assert_allclose(outs[0], outs[3], rtol=1e-4, atol=1e-4)
