@@ -266,3 +266,62 @@ def test_jax_paged_attention_runs_compiled_from_its_third_launch():
             paged_attention, pages_per_compute_block=4))(q, k, v, lengths, indices))
     np.testing.assert_array_equal(outs[3], hlo)
     np.testing.assert_allclose(outs[0], outs[3], rtol=1e-4, atol=1e-4)
+
+
+def _visit_order_kernel(x_ref, o_ref, count_ref):
+    """Each output block records when its grid point ran (a step counter in SMEM)."""
+    @pl.when((pl.program_id(0) == 0) & (pl.program_id(1) == 0))
+    def _():
+        count_ref[0] = 0
+
+    step = count_ref[0]
+    count_ref[0] = step + 1
+    o_ref[...] = x_ref[...] * 2.0 + step.astype(jnp.float32)
+
+
+@pytest.mark.parametrize("seed", [0, 5])
+def test_a_compiled_launch_visits_the_grid_in_the_simulators_order(always_worth, seed):
+    """Parallel dimensions are permuted by the seed: the compiled launch walks the same
+    order (the step counter each block saw), and ragged last blocks (20 rows in blocks
+    of 8) are padded and cut as the simulator does."""
+    x = np.random.default_rng(seed).standard_normal((20, 3 * 128)).astype(np.float32)
+
+    def call(params):
+        return jax.jit(lambda x: pl.pallas_call(
+            _visit_order_kernel, grid=(3, 3),
+            in_specs=[pl.BlockSpec((8, 128), lambda i, j: (i, j))],
+            out_specs=pl.BlockSpec((8, 128), lambda i, j: (i, j)),
+            scratch_shapes=[pltpu.SMEM((1,), jnp.int32)],
+            compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "arbitrary")),
+            out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), interpret=params)(x))
+
+    params = InterpretParams(random_seed=seed)
+    compiled = call(params)
+    before = compiled_launch.STATS["compiled"]
+    outs = [np.asarray(compiled(x)) for _ in range(3)]
+    assert compiled_launch.STATS["compiled"] == before + 1
+    simulated = np.asarray(call(InterpretParams(random_seed=seed, compile_segments=False))(x))
+    np.testing.assert_array_equal(outs[2], simulated)
+    np.testing.assert_array_equal(outs[0], simulated)
+    steps = sorted({int(v) for v in np.round(outs[2] - x * 2.0).ravel()})
+    assert steps == list(range(9))
+
+
+def test_an_output_aliasing_its_input_keeps_the_blocks_the_grid_does_not_visit(always_worth):
+    def kernel(x_ref, o_ref):
+        x = x_ref[...]
+        o_ref[...] = x + jnp.tanh(x)
+
+    x = np.random.default_rng(8).standard_normal((64, 256)).astype(np.float32)
+    expected = np.float64(x)
+    expected[:32] += np.tanh(expected[:32])  # the grid covers the first 32 rows
+    call = jax.jit(lambda x: pl.pallas_call(
+        kernel, grid=(4, 2), in_specs=[pl.BlockSpec((8, 128), lambda i, j: (i, j))],
+        out_specs=pl.BlockSpec((8, 128), lambda i, j: (i, j)), input_output_aliases={0: 0},
+        out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+        interpret=InterpretParams(random_seed=9))(x))
+    before = compiled_launch.STATS["compiled"]
+    outs = [np.asarray(call(x)) for _ in range(3)]
+    assert compiled_launch.STATS["compiled"] == before + 1
+    np.testing.assert_allclose(outs[2], expected, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(outs[0], expected, rtol=1e-6, atol=1e-6)

@@ -117,9 +117,11 @@ def compiled_launch(kernel: PreparedKernel, params: InterpretParams, num_devices
                 entries[key] = entry = _Entry(concurrent.futures.Future())
                 entry.future.set_result(None)
             else:
-                operands = [np.asarray(a) for a in args[n_dyn:]]
+                # (the shapes only: the operands may be views valid during this call)
+                specs = [jax.ShapeDtypeStruct(np.shape(a), np.asarray(a).dtype)
+                         for a in args[n_dyn:]]
                 job = _compile_job(kernel, grid, points, tuple(gm.vmapped_dims),
-                                   params.uninitialized_memory, operands)
+                                   params.uninitialized_memory, specs)
                 entries[key] = entry = _Entry(STATE.segments.get_in_background(None, job))
     if number < HOT_LAUNCH:
         return None
@@ -140,8 +142,7 @@ def compiled_launch(kernel: PreparedKernel, params: InterpretParams, num_devices
 
 
 def _compile_job(kernel: PreparedKernel, grid: tuple[int, ...], points: list[tuple[int, ...]],
-                 vmapped: tuple[int, ...], fill: str, operands: list[np.ndarray]) -> Any:
-    specs = [jax.ShapeDtypeStruct(np.shape(a), np.asarray(a).dtype) for a in operands]
+                 vmapped: tuple[int, ...], fill: str, specs: list[Any]) -> Any:
 
     def build() -> Any:
         # First trace: which buffers DMAs reach (only their accesses need checking) and
