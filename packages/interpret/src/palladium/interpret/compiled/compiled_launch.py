@@ -149,8 +149,7 @@ def _compile_job(kernel: PreparedKernel, grid: tuple[int, ...], points: list[tup
         # which anything writes (only those are carried through loops).
         found = TraceFacts()
         jax.eval_shape(launch_function(kernel, grid, points, vmapped, fill, found), *specs)
-        facts = TraceFacts(frozenset(found.dma_found), frozenset(found.written_found))
-        fn = launch_function(kernel, grid, points, vmapped, fill, facts)
+        fn = launch_function(kernel, grid, points, vmapped, fill, found.second())
         return jax.jit(fn).lower(*specs).compile()
 
     def job() -> Any:

@@ -122,7 +122,7 @@ def launch_function(kernel: PreparedKernel, grid: tuple[int, ...], points: list[
                 bufs.append(fill(shape, s.aval.dtype))
             else:
                 raise UnsupportedFeatureError(f"scratch '{s.name}' in {space}")
-        st = LaunchState(bufs, jnp.zeros((max(n_sems, 1),), jnp.int32), jnp.int32(0),
+        st = LaunchState(bufs, jnp.zeros((2, max(n_sems, 1)), jnp.int32), jnp.int32(0),
                          LaunchState.empty_table(), facts)
         if not points:
             return _outputs(st), st.flag

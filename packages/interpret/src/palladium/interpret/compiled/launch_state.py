@@ -2,9 +2,10 @@
 DMAs in flight and the flags that send the launch back to the simulator.
 
 A compiled launch (``compiled_launch.py``) runs a whole kernel launch as one XLA
-executable. A DMA copies its data when it starts and adds its bytes to its semaphore; a
-``dma_wait`` lands the semaphore's DMAs in issue order until the count covers the wait,
-as the simulator's ``on_wait`` mode does, and takes the bytes. Wherever that could give
+executable. A DMA copies its data when it starts and is the next bytes of its
+semaphore's stream; a ``dma_wait`` takes the next bytes of the stream: the simulator's
+``on_wait`` mode lands a semaphore's DMAs in issue order until they cover the wait, so a
+DMA is in flight until a wait took its last byte. Wherever that could give
 other results than the simulator, or the simulator would report something, a flag is
 set and the launch's results are dropped: it runs again in the simulator, which reports
 it exactly as ever. The flags (``FLAG_*``):
@@ -17,7 +18,7 @@ it exactly as ever. The flags (``FLAG_*``):
 - a ``while`` loop past ``WHILE_LIMIT`` (the watchdog's), an output block revisited, a
   block index out of range.
 
-The DMAs in flight are a table of ``DMA_SLOTS`` rows; a region is kept as the interval
+The DMAs in flight are a table of ``DMA_SLOTS`` columns; a region is kept as the interval
 of flat element offsets it spans in its buffer (a superset of its elements: a strided
 region can only raise a flag too many, never too few).
 """
@@ -28,7 +29,6 @@ import dataclasses
 import math
 from typing import Any
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
@@ -49,8 +49,11 @@ FLAGS = {FLAG_BOUNDS: "an access out of bounds", FLAG_CONFLICT: "an access to a 
 
 
 # The rows of the DMA table (``LaunchState.empty_table``).
-_FIELDS = ("active", "landed", "sem", "left", "seq", "dbuf", "dlo", "dhi", "sbuf", "slo", "shi")
-_ACTIVE, _LANDED, _SEM, _LEFT, _SEQ, _DBUF, _DLO, _DHI, _SBUF, _SLO, _SHI = range(len(_FIELDS))
+# A DMA is the bytes [start, end) of its semaphore's stream: ``sems[0]`` counts the bytes
+# issued on each semaphore, ``sems[1]`` the bytes waits took.
+_FIELDS = ("active", "sem", "start", "end", "dbuf", "dlo", "dhi", "sbuf", "slo", "shi")
+_ACTIVE, _SEM, _START, _END, _DBUF, _DLO, _DHI, _SBUF, _SLO, _SHI = range(len(_FIELDS))
+_MAX_BYTES = np.iinfo(np.int32).max
 
 
 @dataclasses.dataclass(frozen=True)
@@ -155,20 +158,35 @@ def flat_span(shape: tuple[int, ...], view: View) -> tuple[Any, Any]:
 
 @dataclasses.dataclass
 class TraceFacts:
-    """What a first trace of the launch found out, for the second: the buffers DMAs reach
-    (only their accesses are checked) and the buffers anything writes (only those are
-    carried through loops and conditionals; the rest are constants). None: all of them
-    (the first trace, which fills ``dma_found`` and ``written_found``)."""
+    """What a first trace of the launch found out, for the second: the buffers DMAs write
+    and read (only accesses that can conflict with a DMA are checked: reads of the first,
+    writes of either) and the buffers anything writes (only those are carried through
+    loops and conditionals; the rest are constants). None: all of them (the first trace,
+    which fills the ``*_found`` sets)."""
 
-    watched: frozenset[int] | None = None
+    dma_dst: frozenset[int] | None = None
+    dma_src: frozenset[int] | None = None
     carried: frozenset[int] | None = None
-    dma_found: set[int] = dataclasses.field(default_factory=set)
+    dst_found: set[int] = dataclasses.field(default_factory=set)
+    src_found: set[int] = dataclasses.field(default_factory=set)
     written_found: set[int] = dataclasses.field(default_factory=set)
+
+    def may_conflict(self, buf: int, write: bool) -> bool:
+        """Whether an access of ``buf`` can touch a DMA in flight."""
+        if self.dma_dst is None or self.dma_src is None:
+            return True
+        return buf in self.dma_dst or (write and buf in self.dma_src)
+
+    def second(self) -> TraceFacts:
+        """The facts for the second trace."""
+        return TraceFacts(frozenset(self.dst_found), frozenset(self.src_found),
+                          frozenset(self.written_found))
 
 
 class LaunchState:
-    """The traced state: ``bufs`` (one array per buffer), ``sems`` (every semaphore's
-    count: bytes for DMA semaphores), ``flag`` and the DMA table (``dma``)."""
+    """The traced state: ``bufs`` (one array per buffer), ``sems`` (per semaphore the
+    bytes DMAs issued on it and the bytes waits took), ``flag`` and the DMA table
+    (``dma``)."""
 
     def __init__(self, bufs: list[Any], sems: Any, flag: Any, dma: dict[str, Any],
                  facts: TraceFacts, fixed: list[Any] | None = None) -> None:
@@ -190,10 +208,9 @@ class LaunchState:
     @staticmethod
     def empty_table() -> dict[str, Any]:
         """The DMAs in flight: one int32 row per field (``_FIELDS``), one column per slot
-        (one array: a DMA's start updates one column), and the next issue number."""
+        (one array: a DMA's start updates one column)."""
         rows = jnp.zeros((len(_FIELDS), DMA_SLOTS), jnp.int32)
-        rows = rows.at[_DBUF].set(-1).at[_SBUF].set(-1)
-        return {"rows": rows, "next": jnp.int32(0)}
+        return {"rows": rows.at[_DBUF].set(-1).at[_SBUF].set(-1)}
 
     def carry(self) -> tuple[Any, ...]:
         """What loops and conditionals carry: the buffers something writes (None in the
@@ -218,12 +235,14 @@ class LaunchState:
     # --- conflicts with the DMAs in flight ----------------------------------------------
     def check_access(self, buf: int, view: View, write: bool) -> None:
         """A core access (or block copy) of ``view`` of buffer ``buf``."""
-        if self.facts.watched is not None and buf not in self.facts.watched:
+        if not self.facts.may_conflict(buf, write):
             return
         lo, hi = flat_span(self.bufs[buf].shape, view)
         self.raise_flag(FLAG_CONFLICT, self._overlaps(buf, lo, hi, write))
 
     def _overlaps(self, buf: int, lo: Any, hi: Any, write: bool) -> Any:
+        if not self.facts.may_conflict(buf, write):
+            return jnp.bool_(False)
         t = self.dma["rows"]
         hit = (t[_DBUF] == buf) & (t[_DLO] < hi) & (lo < t[_DHI])
         if write:
@@ -232,55 +251,43 @@ class LaunchState:
 
     def start_dma(self, src: tuple[int, View], dst: tuple[int, View], sem: Any,
                   nbytes: int) -> None:
-        """Record a DMA (its data is copied by the caller) and add its bytes to ``sem``."""
+        """Record a DMA (its data is copied by the caller): the bytes
+        ``[issued, issued + nbytes)`` of its semaphore's stream."""
         (sbuf, sview), (dbuf, dview) = src, dst
-        self.facts.dma_found.update((sbuf, dbuf))
+        self.facts.src_found.add(sbuf)
+        self.facts.dst_found.add(dbuf)
         slo, shi = flat_span(self.bufs[sbuf].shape, sview)
         dlo, dhi = flat_span(self.bufs[dbuf].shape, dview)
         # it reads what a DMA in flight writes, or writes what one reads or writes
         self.raise_flag(FLAG_CONFLICT, self._overlaps(sbuf, slo, shi, False)
                         | self._overlaps(dbuf, dlo, dhi, True))
-        rows, seq = self.dma["rows"], self.dma["next"]
+        rows = self.dma["rows"]
         free = rows[_ACTIVE] == 0
         slot = jnp.argmax(free)
-        self.raise_flag(FLAG_SLOTS, ~jnp.any(free))
-        column = [1, 0, sem, nbytes, seq, dbuf, dlo, dhi, sbuf, slo, shi]
-        column = jnp.stack([jnp.asarray(v, jnp.int32) for v in column])
-        self.dma = {"rows": rows.at[:, slot].set(column), "next": seq + 1}
-        self.sems = self.sems.at[sem].add(jnp.int32(nbytes))
+        issued = self.sems[0, sem]
+        self.raise_flag(FLAG_SLOTS, ~jnp.any(free) | (issued > _MAX_BYTES - nbytes))
+        fields = [1, sem, issued, issued + nbytes, dbuf, dlo, dhi, sbuf, slo, shi]
+        column = jnp.stack([jnp.asarray(v, jnp.int32) for v in fields])
+        self.dma = {"rows": rows.at[:, slot].set(column)}
+        self.sems = self.sems.at[0, sem].add(jnp.int32(nbytes))
 
     def wait_dma(self, sem: Any, nbytes: int) -> None:
-        """A ``dma_wait`` of ``nbytes`` on semaphore ``sem``: land its DMAs oldest first
-        until their bytes cover it, take the bytes; a DMA whose bytes are all taken is no
-        longer in flight."""
+        """A ``dma_wait`` of ``nbytes`` on semaphore ``sem``. The simulator lands the
+        semaphore's DMAs in issue order until their bytes cover the wait and takes the
+        bytes: so the wait takes the next ``nbytes`` of the semaphore's stream, and a DMA
+        whose bytes are all taken is no longer in flight. Fewer bytes issued than
+        taken: a deadlock (no DMA of this core can ever signal it)."""
+        issued, taken = self.sems[0, sem], self.sems[1, sem] + nbytes
+        self.raise_flag(FLAG_DEADLOCK, issued < taken)
         rows = self.dma["rows"]
-        was_landed, left, seq = rows[_LANDED] != 0, rows[_LEFT], rows[_SEQ]
-        mine = (rows[_ACTIVE] != 0) & (rows[_SEM] == sem)
-        # issue order among the semaphore's DMAs: before[i, j] = DMA j was issued before i
-        before = seq[None, :] <= seq[:, None]
-        landed = mine & was_landed
-        count = jnp.sum(jnp.where(landed, left, 0))
-        # land the oldest pending ones until their bytes cover the wait
-        pending = mine & ~was_landed
-        upto = jnp.sum(jnp.where(before & pending[None, :], left[None, :], 0), axis=1)
-        land = pending & (count + upto - left < nbytes)
-        landed = landed | land
-        count = count + jnp.sum(jnp.where(land, left, 0))
-        self.raise_flag(FLAG_DEADLOCK, count < nbytes)
-        # take the bytes from the oldest landed ones; a DMA with none left is done
-        upto = jnp.sum(jnp.where(before & landed[None, :], left[None, :], 0), axis=1)
-        new_left = jnp.where(landed, jnp.clip(upto - nbytes, 0, left), left)
-        done = landed & (new_left == 0)
-        rows = rows.at[_LANDED].set((was_landed | land).astype(jnp.int32))
-        rows = rows.at[_LEFT].set(new_left)
+        done = (rows[_SEM] == sem) & (rows[_END] <= taken)
         rows = rows.at[_ACTIVE].set(jnp.where(done, 0, rows[_ACTIVE]))
-        self.dma = {"rows": rows, "next": self.dma["next"]}
-        self.sems = self.sems.at[sem].add(-jnp.int32(nbytes))
+        # a drained semaphore starts its stream again at 0 (no entry refers to it)
+        drained = issued == taken
+        self.sems = self.sems.at[:, sem].set(jnp.where(drained, 0, jnp.stack([issued, taken])))
+        self.dma = {"rows": rows}
 
     def finish(self) -> None:
         """The end of the launch: nothing may be left in flight or on a semaphore."""
-        self.raise_flag(FLAG_LEAK, jnp.any(self.dma["rows"][_ACTIVE] != 0) | jnp.any(self.sems != 0))
-
-
-def tree_zeros_like(x: Any) -> Any:
-    return jax.tree_util.tree_map(jnp.zeros_like, x)
+        self.raise_flag(FLAG_LEAK, jnp.any(self.dma["rows"][_ACTIVE] != 0)
+                        | jnp.any(self.sems[0] != self.sems[1]))
