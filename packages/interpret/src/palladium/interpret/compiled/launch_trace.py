@@ -30,6 +30,7 @@ from palladium.interpret.compiled.launch_state import (
     write_view,
 )
 from palladium.interpret.errors import UnsupportedFeatureError
+from palladium.interpret.eval.jaxprs import any_equation
 from palladium.interpret.eval.refs import split_transformed
 from palladium.interpret.eval.registry import RULES as RULES_OWN
 from palladium.interpret.eval.registry import rule_by_name
@@ -38,6 +39,7 @@ from palladium.interpret.eval.segment_trace import WHILE_LIMIT
 __all__ = ["GridContext", "run_jaxpr"]
 
 _CALLS = (jc.jit_p, jc.custom_jvp_call_p, jc.custom_vjp_call_p)
+_ACCESSES = (jc.get_p, jc.swap_p, jc.addupdate_p, jc.dma_start_p, jc.dma_wait_p)
 
 
 class GridContext:
@@ -230,6 +232,9 @@ def _while(eqn: Any, invals: list[Any], st: LaunchState, grid: GridContext) -> l
     cconsts, bconsts, init = invals[:nc], invals[nc: nc + nb], invals[nc + nb:]
     if any(isinstance(v, Handle | SemHandle) for v in init):
         raise UnsupportedFeatureError("a loop that carries a ref")
+    if any_equation(p["cond_jaxpr"].jaxpr, lambda e: e.primitive in _ACCESSES):
+        # (its bounds checks would be lost with the test's state)
+        raise UnsupportedFeatureError("a loop whose test reads a ref")
 
     def test(carry: Any, values: Any) -> Any:
         return run_jaxpr(p["cond_jaxpr"], [], [*cconsts, *values], st.child(carry), grid)[0]
