@@ -43,6 +43,7 @@ from palladium.interpret.run.order_check import check_dma_order
 from palladium.interpret.run.single_threaded_blas import single_threaded_blas
 from palladium.interpret.state.process_state import STATE, reset
 from palladium.race_detect import RaceReport
+from palladium.shared_memory.collector import frozen_heap
 
 _ORIGINAL_RULE = jc.original_cpu_lowering(jc.PALLAS_CALL_P)
 
@@ -89,7 +90,9 @@ def _execute(kernel: PreparedKernel, params: InterpretParams, mesh: DeviceMesh,
         return None if split is None else split.partition()
 
     try:
-        with single_threaded_blas():
+        # The launches are dropped inside the frozen heap: a large one's cyclic garbage
+        # is collected there, without walking the whole jax heap (shared_memory.collector).
+        with frozen_heap(collect=True), single_threaded_blas():
             results = _attempt(kernel, params, mesh, device_args, partition=partition()).results
             if params.dma_order_trials:
                 check_dma_order(
