@@ -124,8 +124,10 @@ def _attempt(kernel: PreparedKernel, params: InterpretParams, mesh: DeviceMesh,
         return _Attempt(launch, launch.execute_devices(device_args))
     finally:
         detector = launch.sim.race_detector
-        if params.on_race == "collect" and detector is not None:
-            _RACES.extend(list(detector.reports))
+        if detector is not None:
+            if params.on_race == "collect":
+                _RACES.extend(list(detector.reports))
+            detector.free_buffers()  # freed now, not by the collection of the launch
 
 
 def _race_reports(kernel: PreparedKernel, params: InterpretParams, mesh: DeviceMesh,
@@ -138,6 +140,8 @@ def _race_reports(kernel: PreparedKernel, params: InterpretParams, mesh: DeviceM
     finally:
         detector = launch.sim.race_detector
         reports = list(detector.reports) if detector is not None else []
+        if detector is not None:
+            detector.free_buffers()
     return reports
 
 
