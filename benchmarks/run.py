@@ -26,6 +26,7 @@ SCRIPTS = {
     "interpret_vs_jax.py": ["--quick", "--no-profile"],
     "interpret_multi_device.py": ["--quick"],
     "race_detect_scaling.py": ["--max-accesses", "10000", "--baseline-max", "1000"],
+    "race_replay.py": ["--devices", "8", "--repeats", "3", "--drop", "7"],
     "pipeline_trace.py": ["--repeats", "3"],
     "timeline_model.py": ["--quick"],
     "fidelity_checks.py": ["--quick", "--repeats", "2"],

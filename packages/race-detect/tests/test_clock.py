@@ -72,3 +72,14 @@ def test_a_join_takes_many_names_from_a_snapshot():
     vc.join(other)
     assert vc.times == [max(50, t) for t in range(1, 101)]
     assert vc.names == ["old"] * 50 + [f"core {i}" for i in range(50, 100)]
+
+
+def test_a_join_that_takes_one_entry_changes_that_entry_only_and_not_a_snapshot():
+    vc = VectorClock([3, 1, 4], ["a", "b", "c"])
+    snap = vc.snapshot()
+    vc.join(Clock((0, 7, 4), ("", "b2", "c2")))  # one newer entry; an equal one stays
+    assert vc.times == [3, 7, 4]
+    assert vc.names == ["a", "b2", "c"]
+    assert snap.entries() == (("a", 3), ("b", 1), ("c", 4))
+    vc.join(Clock((0, 7, 4), ("", "b3", "c3")))  # nothing newer: nothing taken
+    assert vc.names == ["a", "b2", "c"]

@@ -195,3 +195,20 @@ def test_a_read_ordered_after_another_actors_read_replaces_it(det):
     det.read(b, "v", (0,), site="r2")
     det.write(c, "v", (0,), site="w")
     assert pairs(det) == [("read", "core 1", "r2", "write", "core 2", "w")]
+
+
+def test_free_buffers_drops_the_shadow_state_and_keeps_reports_actors_and_clocks():
+    from palladium.race_detect import UnknownBufferError
+
+    det = RaceDetector(on_race="collect")
+    det.register_buffer("x", (4,), "x")
+    a, b = det.new_actor("core 0"), det.new_actor("core 1")
+    det.write(a, "x", (0,), site="a1")
+    det.write(b, "x", (0,), site="b1")
+    assert det.live_records() == 1  # core 1's write
+    det.free_buffers()
+    assert det.live_records() == 0
+    assert [(r.first.site, r.second.site) for r in det.reports] == [("a1", "b1")]
+    assert a.clock().entries() == (("core 0", 1),)
+    with pytest.raises(UnknownBufferError, match=r"read by 'core 0' at a2: no buffer with key 'x' is registered"):
+        det.read(a, "x", (0,), site="a2")

@@ -75,3 +75,64 @@ def test_an_error_in_the_run_still_restores_the_threshold():
     with pytest.raises(ValueError), frozen_heap():
         raise ValueError("boom")
     assert gc.get_threshold() == before
+
+
+class _Node:
+    """A reference cycle (only the collector frees it)."""
+
+    def __init__(self) -> None:
+        self.me = self
+
+
+def _cycles(n: int) -> list[_Node]:
+    return [_Node() for _ in range(n)]
+
+
+def test_a_collecting_block_that_allocated_much_frees_its_cyclic_garbage_on_leaving():
+    import weakref
+
+    before = collector.collection_count()
+    with frozen_heap(collect=True):
+        kept = _cycles(3 * collector.YOUNG)  # survives young collections: a large launch
+        probe = weakref.ref(kept[0])
+        assert collector.collection_count() > before
+        del kept
+        assert probe() is not None  # a cycle: refcounting alone does not free it
+    assert probe() is None  # collected on leaving, before the heap was unfrozen
+    assert gc.get_freeze_count() == 0
+
+
+def test_a_small_collecting_block_leaves_its_garbage_to_the_collector():
+    import weakref
+
+    gc.collect()  # a fresh young generation: the block below triggers no collection
+    with frozen_heap(collect=True):
+        node = _Node()
+        probe = weakref.ref(node)
+        del node
+    assert probe() is not None  # not worth a collection of its own
+    gc.collect()
+    assert probe() is None
+
+
+def test_a_non_collecting_block_does_not_collect_on_leaving():
+    import weakref
+
+    with frozen_heap():
+        kept = _cycles(3 * collector.YOUNG)
+        probe = weakref.ref(kept[0])
+        del kept
+    assert probe() is not None
+    gc.collect()
+    assert probe() is None
+
+
+def test_a_collecting_block_raises_the_middle_threshold_and_restores_it_after():
+    before = gc.get_threshold()
+    with frozen_heap(collect=True):
+        inside = gc.get_threshold()
+    assert inside == (max(before[0], collector.YOUNG), max(before[1], collector.MIDDLE),
+                      *before[2:])
+    assert gc.get_threshold() == before
+    with frozen_heap():
+        assert gc.get_threshold()[1] == before[1]  # only a collecting block does

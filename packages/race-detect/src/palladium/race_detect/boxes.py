@@ -56,7 +56,10 @@ def contains(outer: Box, inner: Box) -> bool:
 
 
 def overlaps(a: Box, b: Box) -> bool:
-    return all(lo1 < hi2 and lo2 < hi1 for (lo1, hi1), (lo2, hi2) in zip(a, b))
+    for (lo1, hi1), (lo2, hi2) in zip(a, b):  # noqa: SIM110 (a loop: ~2x faster than all())
+        if hi2 <= lo1 or hi1 <= lo2:
+            return False
+    return True
 
 
 def subtract(outer: Box, inner: Box) -> list[Box]:

@@ -235,11 +235,17 @@ class VectorClock:
         if n < len(mine):
             mine = mine[:n]
         slots = (theirs > mine).nonzero()[0]
-        if not len(slots):
+        k = len(slots)
+        if not k:
             return
-        self._own()[slots] = theirs[slots]
         their_names = other._names if other.__class__ is VectorClock else other.name_array  # type: ignore[union-attr]
-        self._own_names()[slots] = their_names[slots]
+        if k == 1:  # half of all joins (a core learning one DMA's end): no fancy indexing
+            slot = slots[0]
+            self._own()[slot] = theirs[slot]
+            self._own_names()[slot] = their_names[slot]
+        else:
+            self._own()[slots] = theirs[slots]
+            self._own_names()[slots] = their_names[slots]
         self._entries = self._snapshot = None
 
     def copy(self) -> VectorClock:

@@ -175,6 +175,22 @@ class RaceDetector:
         with self._lock:
             self._buffers.pop(key, None)
 
+    def free_buffers(self) -> None:
+        """Forget every buffer's shadow state (reports, actors and clocks stay): what a
+        simulator calls once its run is over, so that the state (an event per access
+        still named) is freed at once by reference counting, whatever holds the detector.
+
+        >>> det = RaceDetector()
+        >>> det.register_buffer("x", (4,), "x")
+        >>> det.write(det.new_actor("core 0"), "x", (0,), site="k.py:1")
+        >>> det.live_records()
+        1
+        >>> det.free_buffers(); det.live_records()
+        0
+        """
+        with self._lock:
+            self._buffers = {}
+
     def prepare(self, key: Hashable, region: Any = None) -> PreparedAccess:
         """``region`` of buffer ``key`` checked and normalised once, for ``read``/``write``.
 

@@ -44,6 +44,7 @@ from palladium.interpret.run.order_check import check_dma_order
 from palladium.interpret.run.single_threaded_blas import single_threaded_blas
 from palladium.interpret.state.process_state import STATE, reset
 from palladium.race_detect import RaceReport
+from palladium.shared_memory.collector import frozen_heap
 
 _ORIGINAL_RULE = jc.original_cpu_lowering(jc.PALLAS_CALL_P)
 
@@ -98,7 +99,9 @@ def _execute(kernel: PreparedKernel, params: InterpretParams, mesh: DeviceMesh,
             return compiled
         if views:
             device_args = [[np.array(a, copy=True) for a in args] for args in device_args]
-        with single_threaded_blas():
+        # The launches are dropped inside the frozen heap: a large one's cyclic garbage
+        # is collected there, without walking the whole jax heap (shared_memory.collector).
+        with frozen_heap(collect=True), single_threaded_blas():
             results = _attempt(kernel, params, mesh, device_args, partition=partition(),
                                number=number).results
             if params.dma_order_trials:
@@ -132,8 +135,10 @@ def _attempt(kernel: PreparedKernel, params: InterpretParams, mesh: DeviceMesh,
         return _Attempt(launch, launch.execute_devices(device_args))
     finally:
         detector = launch.sim.race_detector
-        if params.on_race == "collect" and detector is not None:
-            _RACES.extend(list(detector.reports))
+        if detector is not None:
+            if params.on_race == "collect":
+                _RACES.extend(list(detector.reports))
+            detector.free_buffers()  # freed now, not by the collection of the launch
 
 
 def _race_reports(kernel: PreparedKernel, params: InterpretParams, mesh: DeviceMesh,
@@ -146,6 +151,8 @@ def _race_reports(kernel: PreparedKernel, params: InterpretParams, mesh: DeviceM
     finally:
         detector = launch.sim.race_detector
         reports = list(detector.reports) if detector is not None else []
+        if detector is not None:
+            detector.free_buffers()
     return reports
 
 
