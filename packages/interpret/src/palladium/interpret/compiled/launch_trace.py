@@ -30,7 +30,7 @@ from palladium.interpret.compiled.launch_state import (
     write_view,
 )
 from palladium.interpret.errors import UnsupportedFeatureError
-from palladium.interpret.eval.jaxprs import any_equation
+from palladium.interpret.eval.jaxprs import any_equation, evaluate
 from palladium.interpret.eval.refs import split_transformed
 from palladium.interpret.eval.registry import RULES as RULES_OWN
 from palladium.interpret.eval.registry import rule_by_name
@@ -62,25 +62,14 @@ def _rule(*prims: Any) -> Callable[[Rule], Rule]:
     return register
 
 
-def _read(env: dict[Any, Any], atom: Any) -> Any:
-    return atom.val if isinstance(atom, jc.Literal) else env[atom]
-
-
 def run_jaxpr(jaxpr: Any, consts: Sequence[Any], args: Sequence[Any], st: LaunchState,
               grid: GridContext) -> list[Any]:
     """Evaluate ``jaxpr`` on traced values and handles, updating ``st``."""
-    if isinstance(jaxpr, jc.ClosedJaxpr):
-        consts = [*jaxpr.consts, *consts]
-        jaxpr = jaxpr.jaxpr
-    env: dict[Any, Any] = dict(zip(jaxpr.constvars, consts))
-    env.update(zip(jaxpr.invars, args))
-    for eqn in jaxpr.eqns:
-        invals = [_read(env, a) for a in eqn.invars]
+    def equation(eqn: Any, invals: list[Any]) -> list[Any]:
         rule = RULES.get(eqn.primitive)
-        outs = rule(eqn, invals, st, grid) if rule is not None else _bind(eqn, invals)
-        for v, o in zip(eqn.outvars, outs):
-            env[v] = o
-    return [_read(env, a) for a in jaxpr.outvars]
+        return rule(eqn, invals, st, grid) if rule is not None else _bind(eqn, invals)
+
+    return evaluate(jaxpr, consts, args, equation)
 
 
 def _bind(eqn: Any, invals: list[Any]) -> list[Any]:

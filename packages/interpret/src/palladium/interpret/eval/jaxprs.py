@@ -8,7 +8,7 @@ from typing import Any
 
 from palladium.interpret import _jax_compat as jc
 
-__all__ = ["any_equation", "jaxprs_in", "nested_jaxprs"]
+__all__ = ["any_equation", "evaluate", "jaxprs_in", "nested_jaxprs"]
 
 
 def jaxprs_in(value: Any) -> list[Any]:
@@ -32,3 +32,22 @@ def any_equation(jaxpr: Any, test: Callable[[Any], bool]) -> bool:
     """Whether ``test`` holds for an equation of ``jaxpr`` (closed or open) at any depth."""
     return any(test(eqn) or any(any_equation(j, test) for j in nested_jaxprs(eqn))
                for eqn in getattr(jaxpr, "jaxpr", jaxpr).eqns)
+
+
+def evaluate(jaxpr: Any, consts: Any, args: Any,
+             equation: Callable[[Any, list[Any]], list[Any]]) -> list[Any]:
+    """Walk ``jaxpr`` (closed or open) in order: ``equation(eqn, operand values)`` gives
+    each equation's results; the jaxpr's results. The one walk of the passes that trace
+    a jaxpr with values of their own (compiled segments, compiled launches)."""
+    if isinstance(jaxpr, jc.ClosedJaxpr):
+        consts = [*jaxpr.consts, *consts]
+        jaxpr = jaxpr.jaxpr
+    env: dict[Any, Any] = dict(zip(jaxpr.constvars, consts))
+    env.update(zip(jaxpr.invars, args))
+
+    def read(atom: Any) -> Any:
+        return atom.val if isinstance(atom, jc.Literal) else env[atom]
+
+    for eqn in jaxpr.eqns:
+        env.update(zip(eqn.outvars, equation(eqn, [read(a) for a in eqn.invars])))
+    return [read(a) for a in jaxpr.outvars]

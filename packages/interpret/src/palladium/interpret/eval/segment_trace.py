@@ -22,7 +22,7 @@ import numpy as np
 from jax import lax
 
 from palladium.interpret import _jax_compat as jc
-from palladium.interpret.eval.jaxprs import nested_jaxprs
+from palladium.interpret.eval.jaxprs import evaluate, nested_jaxprs
 
 __all__ = ["WHILE_LIMIT", "fusible", "is_ref", "segment_function"]
 
@@ -129,17 +129,7 @@ def _read(env: dict[Any, Any], atom: Any) -> Any:
 
 def _run(jaxpr: Any, consts: Sequence[Any], args: Sequence[Any], state: _State) -> list[Any]:
     """Evaluate ``jaxpr`` (refs given as handles: ints into ``state.values``)."""
-    if isinstance(jaxpr, jc.ClosedJaxpr):
-        consts = [*jaxpr.consts, *consts]
-        jaxpr = jaxpr.jaxpr
-    env: dict[Any, Any] = dict(zip(jaxpr.constvars, consts))
-    env.update(zip(jaxpr.invars, args))
-    for eqn in jaxpr.eqns:
-        invals = [_read(env, a) for a in eqn.invars]
-        outs = _eqn(eqn, invals, state)
-        for v, o in zip(eqn.outvars, outs):
-            env[v] = o
-    return [_read(env, a) for a in jaxpr.outvars]
+    return evaluate(jaxpr, consts, args, lambda eqn, invals: _eqn(eqn, invals, state))
 
 
 def _eqn(eqn: Any, invals: list[Any], state: _State) -> list[Any]:
