@@ -33,7 +33,6 @@ from typing import Any
 import jax
 import numpy as np
 
-from palladium.interpret import _jax_compat as jc
 from palladium.interpret.compiled.launch_function import launch_function
 from palladium.interpret.compiled.launch_state import FLAGS, TraceFacts
 from palladium.interpret.eval.segments import HOT_LAUNCH, work
@@ -41,6 +40,7 @@ from palladium.interpret.kernel.prepared_kernel import PreparedKernel
 from palladium.interpret.observe.observers import may_observe
 from palladium.interpret.params import InterpretParams
 from palladium.interpret.run.grid_loop import schedule
+from palladium.interpret.run.launch import launch_grid
 from palladium.interpret.state.process_state import STATE
 
 __all__ = ["MIN_EQUATIONS_PER_LAUNCH", "STATS", "compiled_launch", "worth_compiling"]
@@ -70,27 +70,7 @@ def _params_allow(params: InterpretParams) -> bool:
             and not params.logging_mode)
 
 
-class _Entry:
-    """One executable of a kernel (per grid and order): a future until compiled; its
-    result None when the kernel cannot be compiled whole."""
-
-    def __init__(self, future: concurrent.futures.Future[Any]) -> None:
-        self.future = future
-        self.flagged = 0  # launches that ran simulated after all
-
-
 _LOCK = threading.Lock()
-
-
-def _grid(kernel: PreparedKernel, dyn: list[Any]) -> tuple[int, ...] | None:
-    it = iter(dyn)
-    out = []
-    for g in kernel.grid_mapping.grid:
-        if isinstance(g, jc.DynamicGridDim) or g is None:
-            out.append(int(np.asarray(next(it))))
-        else:
-            out.append(int(g))
-    return tuple(out) if all(n >= 0 for n in out) else None
 
 
 def compiled_launch(kernel: PreparedKernel, params: InterpretParams, num_devices: int,
@@ -102,39 +82,39 @@ def compiled_launch(kernel: PreparedKernel, params: InterpretParams, num_devices
             or kernel.is_core_map or not _params_allow(params) or may_observe(params)):
         return None
     gm = kernel.grid_mapping
-    n_dyn, n_idx = gm.num_dynamic_grid_bounds, gm.num_index_operands
+    n_dyn = gm.num_dynamic_grid_bounds
     args = device_args[0]
-    grid = _grid(kernel, args[:n_dyn])
-    if grid is None:
-        return None
-    entries: dict[Any, _Entry] = kernel.programs.whole_launches
+    grid = launch_grid(kernel, args[:n_dyn])
+    if any(n < 0 for n in grid):
+        return None  # the simulated launch reports it
+    # per grid and order: the future executable (None: the kernel cannot be compiled whole)
+    futures: dict[Any, concurrent.futures.Future[Any]] = kernel.programs.whole_launches
     key = (grid, params.seed, params.uninitialized_memory)
     with _LOCK:
-        entry = entries.get(key)
-        if entry is None:
+        future = futures.get(key)
+        if future is None:
             points = schedule(kernel, grid, 1, tuple(gm.vmapped_dims), params.seed)[0]
             if not worth_compiling(kernel, len(points)):
-                entries[key] = entry = _Entry(concurrent.futures.Future())
-                entry.future.set_result(None)
+                futures[key] = future = concurrent.futures.Future()
+                future.set_result(None)
             else:
                 # (the shapes only: the operands may be views valid during this call)
                 specs = [jax.ShapeDtypeStruct(np.shape(a), np.asarray(a).dtype)
                          for a in args[n_dyn:]]
                 job = _compile_job(kernel, grid, points, tuple(gm.vmapped_dims),
                                    params.uninitialized_memory, specs)
-                entries[key] = entry = _Entry(STATE.segments.get_in_background(None, job))
+                futures[key] = future = STATE.segments.get_in_background(None, job)
     if number < HOT_LAUNCH:
         return None
     try:
-        exe = entry.future.result(_WAIT)
+        exe = future.result(_WAIT)
     except Exception:  # noqa: BLE001 - not modelled (or a timeout): simulated
         return None
     if exe is None:
         return None
-    outs, flag = exe(*args[n_dyn:n_dyn + n_idx], *args[n_dyn + n_idx:])
+    outs, flag = exe(*args[n_dyn:])  # the scalar prefetch operands, then the inputs
     flag = int(flag)
     if flag:
-        entry.flagged += 1
         STATS.update(text for bit, text in FLAGS.items() if flag & bit)
         return None
     STATS["compiled"] += 1

@@ -125,7 +125,7 @@ def launch_function(kernel: PreparedKernel, grid: tuple[int, ...], points: list[
         st = LaunchState(bufs, jnp.zeros((2, max(n_sems, 1)), jnp.int32), jnp.int32(0),
                          LaunchState.empty_table(), facts)
         if not points:
-            return _outputs(st), st.flag
+            return _outputs(st, hbm), st.flag
         visited = []
         for info in k.outputs:
             nb = math.prod(_blocks_per_dim(info))
@@ -144,10 +144,23 @@ def launch_function(kernel: PreparedKernel, grid: tuple[int, ...], points: list[
         def grid_ctx(point: Any) -> GridContext:
             return GridContext([point[d] for d in ids_of], counts)
 
-        def copy(st: LaunchState, src: int, sview: View, dst: int, dview: View) -> None:
-            st.check_access(src, sview, write=False)
-            st.check_access(dst, dview, write=True)
-            st.write(dst, write_view(st.bufs[dst], dview, read_view(st.bufs[src], sview)))
+        def copy_block(outer: LaunchState, j: int, index: list[Any], into_kernel: bool,
+                       when: Any) -> None:
+            """If ``when``: copy block ``index`` of operand ``j`` (inputs, then outputs)
+            HBM -> its kernel buffer (``into_kernel``) or back."""
+            def run(carry: Any) -> Any:
+                st = outer.child(carry)
+                view, ok = _block_view(infos[j], index)
+                st.raise_flag(FLAG_BLOCK, ~ok)
+                whole = View.whole(st.bufs[kernel_buf[j]].shape)
+                src, sview, dst, dview = ((hbm[j], view, kernel_buf[j], whole) if into_kernel
+                                          else (kernel_buf[j], whole, hbm[j], view))
+                st.check_access(src, sview, write=False)
+                st.check_access(dst, dview, write=True)
+                st.write(dst, write_view(st.bufs[dst], dview, read_view(st.bufs[src], sview)))
+                return st.carry()
+
+            outer.restore(lax.cond(when, run, lambda c: c, outer.carry()))
 
         def step(s: Any, c: Any) -> Any:
             carry, cur, prev, last, visited = c
@@ -157,16 +170,7 @@ def launch_function(kernel: PreparedKernel, grid: tuple[int, ...], points: list[
                 if info.in_hbm:
                     continue
                 changed = (s == 0) | jnp.any(jnp.stack(cur[i]) != jnp.stack(prev[i]))
-
-                def copy_in(carry: Any, i: int = i, info: BlockSpecInfo = info) -> Any:
-                    inner = st_.child(carry)
-                    view, ok = _block_view(info, cur[i])
-                    inner.raise_flag(FLAG_BLOCK, ~ok)
-                    copy(inner, hbm[i], view, kernel_buf[i],
-                         View.whole(inner.bufs[kernel_buf[i]].shape))
-                    return inner.carry()
-
-                st_.restore(lax.cond(changed, copy_in, lambda c: c, st_.carry()))
+                copy_block(st_, i, cur[i], True, changed)
             run_jaxpr(k.jaxpr, [], operands, st_, grid_ctx(point))
             is_last = s == len(points) - 1
             nxt = block_indices(jnp.asarray(table)[jnp.minimum(s + 1, len(points) - 1)], st_)
@@ -177,17 +181,7 @@ def launch_function(kernel: PreparedKernel, grid: tuple[int, ...], points: list[
                 if info.in_hbm:
                     continue
                 moved = is_last | jnp.any(jnp.stack(nxt[j]) != jnp.stack(b))
-
-                def copy_out(carry: Any, j: int = j, info: BlockSpecInfo = info,
-                             b: Any = b) -> Any:
-                    inner = st_.child(carry)
-                    view, ok = _block_view(info, b)
-                    inner.raise_flag(FLAG_BLOCK, ~ok)
-                    copy(inner, kernel_buf[j], View.whole(inner.bufs[kernel_buf[j]].shape),
-                         hbm[j], view)
-                    return inner.carry()
-
-                st_.restore(lax.cond(moved, copy_out, lambda c: c, st_.carry()))
+                copy_block(st_, j, b, False, moved)
                 if o in aliases:
                     continue
                 dims = _blocks_per_dim(info)
@@ -207,20 +201,15 @@ def launch_function(kernel: PreparedKernel, grid: tuple[int, ...], points: list[
         carry, *_ = lax.fori_loop(0, len(points), step, init)
         st.restore(carry)
         st.finish()
-        return _outputs(st), st.flag
+        return _outputs(st, hbm), st.flag
 
-    def _outputs(st: LaunchState) -> list[Any]:
+    def _outputs(st: LaunchState, hbm: list[int]) -> list[Any]:
+        """The outputs' arrays (``hbm``: each operand's HBM buffer, inputs first)."""
         out = []
         for o, (info, aval) in enumerate(zip(k.outputs, k.out_avals)):
-            value = st.bufs[hbm_of_output(o)]
+            value = st.bufs[hbm[n_in + o]]
             region = info.array_region(tuple(aval.shape))
             out.append(value[region].astype(aval.dtype).reshape(aval.shape))
         return out
-
-    def hbm_of_output(o: int) -> int:
-        # the HBM buffers are the scalars, then the inputs, then the outputs not aliased
-        if o in aliases:
-            return n_idx + aliases[o]
-        return n_idx + n_in + sum(1 for p in range(o) if p not in aliases)
 
     return f

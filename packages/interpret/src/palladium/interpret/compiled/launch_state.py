@@ -33,6 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from palladium.interpret import _jax_compat as jc
 from palladium.interpret.errors import UnsupportedFeatureError
 
 __all__ = ["DMA_SLOTS", "FLAGS", "Handle", "LaunchState", "SemHandle", "TraceFacts", "View"]
@@ -49,10 +50,10 @@ FLAGS = {FLAG_BOUNDS: "an access out of bounds", FLAG_CONFLICT: "an access to a 
 
 
 # The rows of the DMA table (``LaunchState.empty_table``).
-# A DMA is the bytes [start, end) of its semaphore's stream: ``sems[0]`` counts the bytes
-# issued on each semaphore, ``sems[1]`` the bytes waits took.
-_FIELDS = ("active", "sem", "start", "end", "dbuf", "dlo", "dhi", "sbuf", "slo", "shi")
-_ACTIVE, _SEM, _START, _END, _DBUF, _DLO, _DHI, _SBUF, _SLO, _SHI = range(len(_FIELDS))
+# A DMA is the bytes up to ``end`` of its semaphore's stream: ``sems[0]`` counts the
+# bytes issued on each semaphore, ``sems[1]`` the bytes waits took.
+_FIELDS = ("active", "sem", "end", "dbuf", "dlo", "dhi", "sbuf", "slo", "shi")
+_ACTIVE, _SEM, _END, _DBUF, _DLO, _DHI, _SBUF, _SLO, _SHI = range(len(_FIELDS))
 _MAX_BYTES = np.iinfo(np.int32).max
 
 
@@ -100,8 +101,6 @@ def _as_index(x: Any) -> Any:
 def apply_indexers(view: View, transforms: Any, ok: Any) -> tuple[View, Any]:
     """``view`` narrowed by a chain of ``NDIndexer`` transforms; ``ok`` and-ed with every
     index being in bounds."""
-    from palladium.interpret import _jax_compat as jc
-
     for t in transforms:
         if not isinstance(t, jc.NDIndexer):
             raise UnsupportedFeatureError(f"a compiled launch takes no {type(t).__name__}")
@@ -115,8 +114,8 @@ def apply_indexers(view: View, transforms: Any, ok: Any) -> tuple[View, Any]:
                 if not isinstance(i.size, int | np.integer) or not isinstance(i.stride, int | np.integer):
                     raise UnsupportedFeatureError("a slice of traced size or stride")
                 start, size, stride = _as_index(i.start), int(i.size), int(i.stride)
-                last = start + (size - 1) * stride if size else start - 1
-                ok = ok & (start >= 0) & (last < view.sizes[d]) if size else ok
+                if size:
+                    ok = ok & (start >= 0) & (start + (size - 1) * stride < view.sizes[d])
             else:
                 start, size, stride = _as_index(i), 1, 1
                 ok = ok & (start >= 0) & (start < view.sizes[d])
@@ -188,7 +187,7 @@ class LaunchState:
     bytes DMAs issued on it and the bytes waits took), ``flag`` and the DMA table
     (``dma``)."""
 
-    def __init__(self, bufs: list[Any], sems: Any, flag: Any, dma: dict[str, Any],
+    def __init__(self, bufs: list[Any], sems: Any, flag: Any, dma: Any,
                  facts: TraceFacts, fixed: list[Any] | None = None) -> None:
         self.bufs, self.sems, self.flag, self.dma = bufs, sems, flag, dma
         self.facts = facts
@@ -206,11 +205,11 @@ class LaunchState:
         self.bufs[buf] = value
 
     @staticmethod
-    def empty_table() -> dict[str, Any]:
+    def empty_table() -> Any:
         """The DMAs in flight: one int32 row per field (``_FIELDS``), one column per slot
         (one array: a DMA's start updates one column)."""
         rows = jnp.zeros((len(_FIELDS), DMA_SLOTS), jnp.int32)
-        return {"rows": rows.at[_DBUF].set(-1).at[_SBUF].set(-1)}
+        return rows.at[_DBUF].set(-1).at[_SBUF].set(-1)
 
     def carry(self) -> tuple[Any, ...]:
         """What loops and conditionals carry: the buffers something writes (None in the
@@ -227,7 +226,7 @@ class LaunchState:
 
     def child(self, carry: tuple[Any, ...]) -> LaunchState:
         bufs, sems, flag, dma = carry
-        return LaunchState(self._bufs_of(bufs), sems, flag, dict(dma), self.facts, self.fixed)
+        return LaunchState(self._bufs_of(bufs), sems, flag, dma, self.facts, self.fixed)
 
     def raise_flag(self, bit: int, cond: Any) -> None:
         self.flag = self.flag | jnp.where(cond, jnp.int32(bit), jnp.int32(0))
@@ -243,7 +242,7 @@ class LaunchState:
     def _overlaps(self, buf: int, lo: Any, hi: Any, write: bool) -> Any:
         if not self.facts.may_conflict(buf, write):
             return jnp.bool_(False)
-        t = self.dma["rows"]
+        t = self.dma
         hit = (t[_DBUF] == buf) & (t[_DLO] < hi) & (lo < t[_DHI])
         if write:
             hit = hit | ((t[_SBUF] == buf) & (t[_SLO] < hi) & (lo < t[_SHI]))
@@ -261,14 +260,14 @@ class LaunchState:
         # it reads what a DMA in flight writes, or writes what one reads or writes
         self.raise_flag(FLAG_CONFLICT, self._overlaps(sbuf, slo, shi, False)
                         | self._overlaps(dbuf, dlo, dhi, True))
-        rows = self.dma["rows"]
+        rows = self.dma
         free = rows[_ACTIVE] == 0
         slot = jnp.argmax(free)
         issued = self.sems[0, sem]
         self.raise_flag(FLAG_SLOTS, ~jnp.any(free) | (issued > _MAX_BYTES - nbytes))
-        fields = [1, sem, issued, issued + nbytes, dbuf, dlo, dhi, sbuf, slo, shi]
+        fields = [1, sem, issued + nbytes, dbuf, dlo, dhi, sbuf, slo, shi]
         column = jnp.stack([jnp.asarray(v, jnp.int32) for v in fields])
-        self.dma = {"rows": rows.at[:, slot].set(column)}
+        self.dma = rows.at[:, slot].set(column)
         self.sems = self.sems.at[0, sem].add(jnp.int32(nbytes))
 
     def wait_dma(self, sem: Any, nbytes: int) -> None:
@@ -279,15 +278,14 @@ class LaunchState:
         taken: a deadlock (no DMA of this core can ever signal it)."""
         issued, taken = self.sems[0, sem], self.sems[1, sem] + nbytes
         self.raise_flag(FLAG_DEADLOCK, issued < taken)
-        rows = self.dma["rows"]
+        rows = self.dma
         done = (rows[_SEM] == sem) & (rows[_END] <= taken)
-        rows = rows.at[_ACTIVE].set(jnp.where(done, 0, rows[_ACTIVE]))
+        self.dma = rows.at[_ACTIVE].set(jnp.where(done, 0, rows[_ACTIVE]))
         # a drained semaphore starts its stream again at 0 (no entry refers to it)
         drained = issued == taken
         self.sems = self.sems.at[:, sem].set(jnp.where(drained, 0, jnp.stack([issued, taken])))
-        self.dma = {"rows": rows}
 
     def finish(self) -> None:
         """The end of the launch: nothing may be left in flight or on a semaphore."""
-        self.raise_flag(FLAG_LEAK, jnp.any(self.dma["rows"][_ACTIVE] != 0)
+        self.raise_flag(FLAG_LEAK, jnp.any(self.dma[_ACTIVE] != 0)
                         | jnp.any(self.sems[0] != self.sems[1]))

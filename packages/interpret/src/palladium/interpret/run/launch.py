@@ -42,6 +42,13 @@ _OUT_OF_BOUNDS_HINT = (
 )
 
 
+def launch_grid(kernel: PreparedKernel, dyn: list[Any]) -> tuple[int, ...]:
+    """The grid of a launch of ``kernel`` whose dynamic grid bounds are ``dyn``."""
+    it = iter(dyn)
+    return tuple(int(np.asarray(next(it))) if isinstance(g, jc.DynamicGridDim) or g is None
+                 else int(g) for g in kernel.grid_mapping.grid)
+
+
 class Launch:
     """The state of one kernel launch, shared by the cores that run it."""
 
@@ -287,12 +294,7 @@ class Launch:
         return "\n".join(lines)
 
     def _grid(self, dyn: list[Any]) -> tuple[int, ...]:
-        dyn_iter = iter(dyn)
-        grid = tuple(
-            int(np.asarray(next(dyn_iter))) if isinstance(g, jc.DynamicGridDim) or g is None
-            else int(g)
-            for g in self.kernel.grid_mapping.grid
-        )
+        grid = launch_grid(self.kernel, dyn)
         for d, size in enumerate(grid):
             if size < 0:
                 raise KernelError(negative_grid_message(self.kernel, d, size, grid, dynamic=True))
