@@ -123,7 +123,7 @@ def launch_function(kernel: PreparedKernel, grid: tuple[int, ...], points: list[
             else:
                 raise UnsupportedFeatureError(f"scratch '{s.name}' in {space}")
         st = LaunchState(bufs, jnp.zeros((2, max(n_sems, 1)), jnp.int32), jnp.int32(0),
-                         LaunchState.empty_table(), facts)
+                         LaunchState.empty_table(), jnp.int32(0), facts)
         if not points:
             return _outputs(st, hbm), st.flag
         visited = []

@@ -18,9 +18,10 @@ it exactly as ever. The flags (``FLAG_*``):
 - a ``while`` loop past ``WHILE_LIMIT`` (the watchdog's), an output block revisited, a
   block index out of range.
 
-The DMAs in flight are a table of ``DMA_SLOTS`` columns; a region is kept as the interval
-of flat element offsets it spans in its buffer (a superset of its elements: a strided
-region can only raise a flag too many, never too few).
+The DMAs in flight are a ring of ``DMA_SLOTS`` columns: the n-th DMA of the launch takes
+column n mod ``DMA_SLOTS`` (a DMA still in flight there raises a flag). A region is kept
+as the interval of flat element offsets it spans in its buffer (a superset of its
+elements: a strided region can only raise a flag too many, never too few).
 """
 
 from __future__ import annotations
@@ -49,11 +50,12 @@ FLAGS = {FLAG_BOUNDS: "an access out of bounds", FLAG_CONFLICT: "an access to a 
          FLAG_REVISIT: "an output block revisited", FLAG_BLOCK: "a block index out of range"}
 
 
-# The rows of the DMA table (``LaunchState.empty_table``).
-# A DMA is the bytes up to ``end`` of its semaphore's stream: ``sems[0]`` counts the
-# bytes issued on each semaphore, ``sems[1]`` the bytes waits took.
-_FIELDS = ("active", "sem", "end", "dbuf", "dlo", "dhi", "sbuf", "slo", "shi")
-_ACTIVE, _SEM, _END, _DBUF, _DLO, _DHI, _SBUF, _SLO, _SHI = range(len(_FIELDS))
+# The rows of the DMA table (``LaunchState.empty_table``): a free column has -1 as its
+# semaphore and buffers (so no wait and no access matches it). A DMA is the bytes up to
+# ``end`` of its semaphore's stream: ``sems[0]`` counts the bytes issued on each
+# semaphore, ``sems[1]`` the bytes waits took.
+_FIELDS = ("sem", "end", "dbuf", "dlo", "dhi", "sbuf", "slo", "shi")
+_SEM, _END, _DBUF, _DLO, _DHI, _SBUF, _SLO, _SHI = range(len(_FIELDS))
 _MAX_BYTES = np.iinfo(np.int32).max
 
 
@@ -184,12 +186,13 @@ class TraceFacts:
 
 class LaunchState:
     """The traced state: ``bufs`` (one array per buffer), ``sems`` (per semaphore the
-    bytes DMAs issued on it and the bytes waits took), ``flag`` and the DMA table
-    (``dma``)."""
+    bytes DMAs issued on it and the bytes waits took), ``flag``, the DMA table (``dma``)
+    and how many DMAs the launch started (``started``: the ring's next column)."""
 
-    def __init__(self, bufs: list[Any], sems: Any, flag: Any, dma: Any,
+    def __init__(self, bufs: list[Any], sems: Any, flag: Any, dma: Any, started: Any,
                  facts: TraceFacts, fixed: list[Any] | None = None) -> None:
         self.bufs, self.sems, self.flag, self.dma = bufs, sems, flag, dma
+        self.started = started
         self.facts = facts
         # the buffers nothing writes, as they were at the start (shared by every child)
         self.fixed = list(bufs) if fixed is None else fixed
@@ -206,27 +209,28 @@ class LaunchState:
 
     @staticmethod
     def empty_table() -> Any:
-        """The DMAs in flight: one int32 row per field (``_FIELDS``), one column per slot
-        (one array: a DMA's start updates one column)."""
-        rows = jnp.zeros((len(_FIELDS), DMA_SLOTS), jnp.int32)
-        return rows.at[_DBUF].set(-1).at[_SBUF].set(-1)
+        """No DMA in flight: one int32 row per field (``_FIELDS``), one column per slot
+        (one array: a DMA's start updates one column), every column free."""
+        return jnp.full((len(_FIELDS), DMA_SLOTS), -1, jnp.int32)
 
     def carry(self) -> tuple[Any, ...]:
         """What loops and conditionals carry: the buffers something writes (None in the
-        place of the others), the semaphores, the flag and the DMA table."""
+        place of the others), the semaphores, the flag, the DMA table and its ring's
+        position."""
         bufs = [b if self._carried(i) else None for i, b in enumerate(self.bufs)]
-        return (bufs, self.sems, self.flag, self.dma)
+        return (bufs, self.sems, self.flag, self.dma, self.started)
 
     def _bufs_of(self, bufs: list[Any]) -> list[Any]:
         return [self.fixed[i] if b is None else b for i, b in enumerate(bufs)]
 
     def restore(self, carry: tuple[Any, ...]) -> None:
-        bufs, self.sems, self.flag, self.dma = carry
+        bufs, self.sems, self.flag, self.dma, self.started = carry
         self.bufs = self._bufs_of(bufs)
 
     def child(self, carry: tuple[Any, ...]) -> LaunchState:
-        bufs, sems, flag, dma = carry
-        return LaunchState(self._bufs_of(bufs), sems, flag, dma, self.facts, self.fixed)
+        bufs, sems, flag, dma, started = carry
+        return LaunchState(self._bufs_of(bufs), sems, flag, dma, started, self.facts,
+                           self.fixed)
 
     def raise_flag(self, bit: int, cond: Any) -> None:
         self.flag = self.flag | jnp.where(cond, jnp.int32(bit), jnp.int32(0))
@@ -246,7 +250,7 @@ class LaunchState:
         hit = (t[_DBUF] == buf) & (t[_DLO] < hi) & (lo < t[_DHI])
         if write:
             hit = hit | ((t[_SBUF] == buf) & (t[_SLO] < hi) & (lo < t[_SHI]))
-        return jnp.any(hit & (t[_ACTIVE] != 0))
+        return jnp.any(hit)  # (a free column's buffers are -1)
 
     def start_dma(self, src: tuple[int, View], dst: tuple[int, View], sem: Any,
                   nbytes: int) -> None:
@@ -261,13 +265,14 @@ class LaunchState:
         self.raise_flag(FLAG_CONFLICT, self._overlaps(sbuf, slo, shi, False)
                         | self._overlaps(dbuf, dlo, dhi, True))
         rows = self.dma
-        free = rows[_ACTIVE] == 0
-        slot = jnp.argmax(free)
+        slot = self.started % DMA_SLOTS
+        self.started = self.started + 1
         issued = self.sems[0, sem]
-        self.raise_flag(FLAG_SLOTS, ~jnp.any(free) | (issued > _MAX_BYTES - nbytes))
-        fields = [1, sem, issued + nbytes, dbuf, dlo, dhi, sbuf, slo, shi]
+        # the ring's column is still in flight, or the stream's count would overflow
+        self.raise_flag(FLAG_SLOTS, (rows[_SEM, slot] >= 0) | (issued > _MAX_BYTES - nbytes))
+        fields = [sem, issued + nbytes, dbuf, dlo, dhi, sbuf, slo, shi]
         column = jnp.stack([jnp.asarray(v, jnp.int32) for v in fields])
-        self.dma = rows.at[:, slot].set(column)
+        self.dma = lax.dynamic_update_slice(rows, column[:, None], (jnp.int32(0), slot))
         self.sems = self.sems.at[0, sem].add(jnp.int32(nbytes))
 
     def wait_dma(self, sem: Any, nbytes: int) -> None:
@@ -280,12 +285,12 @@ class LaunchState:
         self.raise_flag(FLAG_DEADLOCK, issued < taken)
         rows = self.dma
         done = (rows[_SEM] == sem) & (rows[_END] <= taken)
-        self.dma = rows.at[_ACTIVE].set(jnp.where(done, 0, rows[_ACTIVE]))
+        self.dma = jnp.where(done[None, :], jnp.int32(-1), rows)  # their columns free
         # a drained semaphore starts its stream again at 0 (no entry refers to it)
         drained = issued == taken
         self.sems = self.sems.at[:, sem].set(jnp.where(drained, 0, jnp.stack([issued, taken])))
 
     def finish(self) -> None:
         """The end of the launch: nothing may be left in flight or on a semaphore."""
-        self.raise_flag(FLAG_LEAK, jnp.any(self.dma[_ACTIVE] != 0)
+        self.raise_flag(FLAG_LEAK, jnp.any(self.dma[_SEM] >= 0)
                         | jnp.any(self.sems[0] != self.sems[1]))
