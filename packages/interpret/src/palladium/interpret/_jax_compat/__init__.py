@@ -7,6 +7,7 @@ jax upgrade a one-file change. Nothing here is jax's own TPU interpreter.
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import inspect
 from collections.abc import Callable, Sequence
@@ -326,6 +327,37 @@ def emit_cpu_host_callback(ctx: Any, callback: Callable[..., Any], operands: Seq
         ctx, callback, None, list(operands), ctx.avals_in, ctx.avals_out,
         has_side_effect=False, returns_token=False, sharding=sharding)
     return results
+
+
+def register_cpu_ffi_target(name: str, function_pointer: int) -> None:
+    """Register a C function pointer (an XLA FFI handler) as the CPU custom call
+    target ``name``."""
+    import jax.ffi
+
+    capsule = jax.ffi.pycapsule(ctypes.cast(function_pointer, ctypes.c_void_p))
+    jax.ffi.register_ffi_target(name, capsule, platform="cpu")
+
+
+def lower_ffi_call(ctx: Any, name: str, operands: Sequence[Any], **attrs: Any) -> Any:
+    """The results of a call of FFI target ``name`` (``attrs``: its attributes), placed
+    as jax places a host callback (under a manual ``shard_map``, once per device; else
+    on device 0)."""
+    import jax.ffi
+    from jax._src import callback as jax_callback
+
+    op = jax.ffi.build_ffi_lowering_function(name, has_side_effect=False)(
+        ctx, *operands, **attrs)
+    sharding = jax_callback._callback_op_sharding(
+        ctx.module_context.axis_context, None, ctx.avals_out)
+    if sharding is not None:
+        mlir.set_sharding(ctx.module_context, op, sharding)
+    return op.results
+
+
+def keep_with_executable(ctx: Any, obj: Any) -> None:
+    """Keep the callable ``obj`` as long as the executable compiled from ``ctx``'s module
+    (among its host callbacks, where jax keeps its own callbacks)."""
+    ctx.module_context.add_host_callback(obj)
 
 
 def callback_logger() -> Any:

@@ -7,9 +7,12 @@ done by XLA's CPU client on its thread pool and waited for. Under a multi-device
 rendezvous for each other, so the copies of the devices still arriving can starve and the
 launch deadlocks (8 devices, 256 KiB per device was enough). ``host_call`` lowers to the
 same XLA FFI host callback, but hands the function the operands as the handler received
-them: numpy views of the device's own buffers, taken on the device's own thread. They are
-valid only during the call, so they are copied before the function sees them (a launch's
-exception and its traceback may outlive the call).
+them, on the device's own thread (the handler's numpy copies), copied again before the
+function sees them (a launch's exception and its traceback may outlive the call).
+
+With ``views=True`` (a single device's launch) it lowers to palladium's own FFI handler
+(``ffi_callback``): the function gets read-only views of XLA's buffers, without the
+handler's copy, valid during the call only, and copies what it keeps.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from palladium.interpret import _jax_compat as jc
+from palladium.interpret.hook import ffi_callback
 
 HOST_CALL_P = jc.Primitive("palladium_host_call")
 HOST_CALL_P.multiple_results = True
@@ -45,6 +49,9 @@ def _abstract_eval(*avals: Any, fn: Any, out_avals: tuple[Any, ...], views: bool
 def _lowering(ctx: Any, *operands: Any, fn: Any, out_avals: tuple[Any, ...],
               views: bool) -> Any:
     del out_avals
+
+    if views and ffi_callback.available():
+        return ffi_callback.lower_ffi_callback(ctx, fn, operands)
 
     def callback(*given: np.ndarray) -> tuple[np.ndarray, ...]:
         if views:
