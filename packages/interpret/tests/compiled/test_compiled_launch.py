@@ -382,3 +382,80 @@ def test_a_misaligned_operand_is_copied_to_an_aligned_address():
     assert aligned is copy
     small = view[:2]
     assert compiled_launch._aligned(small) is small  # small ones: XLA's copy is cheap
+
+
+def _counted_loop_call():
+    """Each grid step adds rows while a count it reads from SMEM says so: a ``while``
+    whose test reads a ref (``limits[g]`` rows; a limit past the block reads out of
+    bounds in the body, the index ``g + 4`` in the test)."""
+    def kernel(limits_ref, x_ref, o_ref):
+        g = pl.program_id(0)
+
+        def more(c):
+            i, _ = c
+            return i < limits_ref[g + jnp.where(limits_ref[0] < 0, 4, 0)]
+
+        def add(c):
+            i, acc = c
+            return i + 1, acc + jnp.tanh(x_ref[pl.ds(i, 1), :])
+
+        _, acc = jax.lax.while_loop(more, add, (jnp.int32(0), jnp.zeros((1, C), jnp.float32)))
+        o_ref[...] = acc
+
+    spec = pltpu.PrefetchScalarGridSpec(
+        num_scalar_prefetch=1, grid=(4,), in_specs=[pl.BlockSpec((R, C), lambda g, n: (g, 0))],
+        out_specs=pl.BlockSpec((None, 1, C), lambda g, n: (g, 0, 0)))
+    return jax.jit(lambda limits, x: pl.pallas_call(
+        kernel, grid_spec=spec, out_shape=jax.ShapeDtypeStruct((4, 1, C), jnp.float32),
+        interpret=InterpretParams(random_seed=4))(limits, x))
+
+
+def test_a_loop_whose_test_reads_a_ref_runs_compiled_with_its_checks(always_worth):
+    """The test is evaluated as the simulator does (before the first iteration and after
+    each): with in-bounds counts the launch runs compiled; a test that reads out of
+    bounds raises a flag, and the simulator reports it."""
+    x = np.random.default_rng(11).standard_normal((4 * R, C)).astype(np.float32)
+    call = _counted_loop_call()
+    limits = np.array([3, 8, 0, 5], np.int32)
+    expected = np.stack([np.tanh(np.float64(x[g * R: g * R + n])).sum(axis=0, keepdims=True)
+                         for g, n in enumerate(limits)])
+    before = compiled_launch.STATS.copy()
+    for _ in range(3):
+        np.testing.assert_allclose(np.asarray(call(limits, x)), expected, rtol=1e-6, atol=1e-6)
+    assert compiled_launch.STATS["compiled"] - before["compiled"] == 1
+    bad = np.array([-1, 2, 2, 2], np.int32)  # the test reads limits[4]: out of bounds
+    with pytest.raises(OutOfBoundsError, match="limits_ref"), errors_as_raised():
+        np.asarray(call(bad, x))
+    assert (compiled_launch.STATS["an access out of bounds"]
+            == before["an access out of bounds"] + 1)
+
+
+def test_jax_ragged_paged_attention_runs_compiled_from_its_third_launch():
+    """jax's shipped ragged paged attention (loops whose test reads SMEM, a reshaped
+    ref, strided reads, masked stores), by the default rule: compiled from its third
+    launch, with the simulated launches' values and its reference's."""
+    from jax.experimental.pallas.ops.tpu.ragged_paged_attention import kernel as rpa
+
+    rng = np.random.default_rng(0)
+    q_lens, kv_lens = np.array([5, 1, 18]), np.array([40, 17, 90, 0])
+    q = jnp.asarray(rng.standard_normal((32, 8, 128)), jnp.float32)
+    kv = jnp.asarray(rng.standard_normal((64, 16, 4, 128)), jnp.float32)
+    pages = jnp.asarray(rng.permutation(64)[:32].reshape(4, 8), jnp.int32)
+    cu_q = jnp.asarray(np.concatenate([[0], np.cumsum(q_lens), [q_lens.sum()]]), jnp.int32)
+    args = (q, kv, jnp.asarray(kv_lens, jnp.int32), pages, cu_q, jnp.array([3], jnp.int32))
+
+    n = int(q_lens.sum())
+    kernel = functools.partial(rpa.ragged_paged_attention, num_kv_pages_per_block=4,
+                               num_queries_per_block=8)
+    call = jax.jit(kernel)
+    before = compiled_launch.STATS["compiled"]
+    with pi.force_tpu_interpret_mode(InterpretParams(compile_check="approximate")):
+        outs = [np.asarray(call(*args))[:n] for _ in range(3)]
+    assert compiled_launch.STATS["compiled"] - before == 1
+    reference = np.asarray(rpa.ref_ragged_paged_attention(*args))[:n]
+    for out in outs:
+        np.testing.assert_allclose(out, reference, rtol=1e-5, atol=1e-5)
+    # (jax's HLO interpreter fails on this kernel: its discharge of the masked stores
+    # raises "'TypedInt' object has no attribute 'shape'"; the simulated launches are the
+    # comparison)
+    np.testing.assert_allclose(outs[2], outs[0], rtol=1e-4, atol=5e-5)

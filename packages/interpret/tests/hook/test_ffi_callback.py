@@ -81,3 +81,17 @@ def test_the_calls_entry_goes_with_its_executable():
     jax.clear_caches()
     gc.collect()
     assert not any(c.fn is fn for c in ffi_callback._CALLS.values())
+
+
+@pytest.mark.parametrize("dtype", [jnp.int4, jnp.uint4])
+def test_packed_sub_byte_types_go_through_jaxs_callback(dtype):
+    """XLA packs int4/uint4 two to a byte: the handler, which maps whole-byte elements,
+    leaves such calls to jax's callback (which unpacks them)."""
+    assert not ffi_callback.supports([jax.ShapeDtypeStruct((4,), dtype)])
+    assert ffi_callback.supports([jax.ShapeDtypeStruct((4,), jnp.complex64),
+                                  jax.ShapeDtypeStruct((4,), jnp.bool_),
+                                  jax.ShapeDtypeStruct((4,), jnp.bfloat16)])
+    x = (jnp.arange(8 * 128) % 5).astype(dtype).reshape(8, 128)
+    out = _call(lambda v: [np.asarray(v)[::-1].copy()], jax.ShapeDtypeStruct(x.shape, dtype))(x)
+    np.testing.assert_array_equal(np.asarray(out[0]).astype(np.int32),
+                                  np.asarray(x)[::-1].astype(np.int32))

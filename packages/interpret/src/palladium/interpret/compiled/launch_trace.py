@@ -39,7 +39,8 @@ from palladium.interpret.eval.segment_trace import WHILE_LIMIT
 __all__ = ["GridContext", "run_jaxpr"]
 
 _CALLS = (jc.jit_p, jc.custom_jvp_call_p, jc.custom_vjp_call_p)
-_ACCESSES = (jc.get_p, jc.swap_p, jc.addupdate_p, jc.dma_start_p, jc.dma_wait_p)
+_ACCESSES = (jc.get_p, jc.swap_p, jc.addupdate_p, jc.load_p, jc.masked_swap_p,
+             jc.dma_start_p, jc.dma_wait_p)
 
 
 class GridContext:
@@ -84,21 +85,46 @@ def _bind(eqn: Any, invals: list[Any]) -> list[Any]:
 
 
 # --- ref accesses ------------------------------------------------------------------------
-def _access(value: Any, transforms: Sequence[Any], st: LaunchState) -> tuple[int, View]:
+def _access(value: Any, transforms: Sequence[Any], st: LaunchState,
+            reshaped: list[Any] | None = None) -> tuple[int, View]:
+    """The buffer and region an access reaches. With ``reshaped`` (a read), the chain may
+    reshape the ref: the region is the one before the first reshape (what the simulator
+    reads and checks), and the transforms from the reshape on are appended to
+    ``reshaped``, to apply to the value read."""
     ref, own = split_transformed(value)
     if not isinstance(ref, Handle):
         raise UnsupportedFeatureError("a compiled launch accesses buffers only")
-    view, ok = apply_indexers(View.whole(st.bufs[ref.buf].shape), (*own, *transforms),
-                              jnp.bool_(True))
+    chain = [*own, *transforms]
+    cut = next((i for i, t in enumerate(chain) if isinstance(t, jc.ReshapeTransform)),
+               len(chain))
+    if cut < len(chain):
+        if reshaped is None:
+            raise UnsupportedFeatureError("a compiled launch writes or copies no reshaped ref")
+        reshaped.extend(chain[cut:])
+    view, ok = apply_indexers(View.whole(st.bufs[ref.buf].shape), chain[:cut], jnp.bool_(True))
     st.raise_flag(FLAG_BOUNDS, ~ok)
     return ref.buf, view
 
 
+def _reshaped_value(value: Any, transforms: list[Any], st: LaunchState) -> Any:
+    """``value`` (a region read) through a reshaped ref's further transforms."""
+    for t in transforms:
+        if isinstance(t, jc.ReshapeTransform):
+            value = value.reshape(tuple(int(n) for n in t.shape))
+            continue
+        view, ok = apply_indexers(View.whole(value.shape), [t], jnp.bool_(True))
+        st.raise_flag(FLAG_BOUNDS, ~ok)
+        value = read_view(value, view)
+    return value
+
+
 @_rule(jc.get_p)
 def _get(eqn: Any, invals: list[Any], st: LaunchState, grid: GridContext) -> list[Any]:
-    buf, view = _access(invals[0], eqn.params["tree"].unflatten(invals[1:]), st)
+    reshaped: list[Any] = []
+    buf, view = _access(invals[0], eqn.params["tree"].unflatten(invals[1:]), st, reshaped)
     st.check_access(buf, view, write=False)
-    return [read_view(st.bufs[buf], view).astype(eqn.outvars[0].aval.dtype)]
+    value = _reshaped_value(read_view(st.bufs[buf], view), reshaped, st)
+    return [value.astype(eqn.outvars[0].aval.dtype)]
 
 
 @_rule(jc.swap_p, jc.addupdate_p)
@@ -111,6 +137,35 @@ def _put(eqn: Any, invals: list[Any], st: LaunchState, grid: GridContext) -> lis
         value = (old + value).astype(old.dtype)
     st.write(buf, write_view(st.bufs[buf], view, value))
     return [old] if eqn.primitive is jc.swap_p else []
+
+
+@_rule(jc.load_p, jc.masked_swap_p)
+def _masked(eqn: Any, invals: list[Any], st: LaunchState, grid: GridContext) -> list[Any]:
+    """``pltpu.load``/``pltpu.store`` (``pl.load``/``pl.store``): an access with an
+    optional mask. The region is checked whole (bounds and DMAs in flight), even where
+    masked off: a masked-off element out of bounds raises a flag, and the simulator,
+    which reads only the True elements, decides."""
+    ref, transforms, third, fourth = eqn.params["args_tree"].unflatten(invals)
+    if eqn.primitive is jc.load_p:
+        mask, other = third, fourth
+        if mask is not None and other is None:
+            raise UnsupportedFeatureError("a masked load without a fill value")
+        reshaped: list[Any] = []
+        buf, view = _access(ref, transforms, st, reshaped)
+        st.check_access(buf, view, write=False)
+        data = _reshaped_value(read_view(st.bufs[buf], view), reshaped, st)
+        if mask is not None:
+            data = jnp.where(mask, data, jnp.asarray(other, data.dtype))
+        return [data.astype(eqn.outvars[0].aval.dtype)]
+    value, mask = third, fourth
+    buf, view = _access(ref, transforms, st)
+    st.check_access(buf, view, write=True)
+    old = read_view(st.bufs[buf], view)
+    new = jnp.broadcast_to(jnp.asarray(value, old.dtype), old.shape)
+    if mask is not None:
+        new = jnp.where(mask, new, old)
+    st.write(buf, write_view(st.bufs[buf], view, new))
+    return [old]
 
 
 # --- grid ---------------------------------------------------------------------------------
@@ -216,31 +271,38 @@ def _cond(eqn: Any, invals: list[Any], st: LaunchState, grid: GridContext) -> li
 
 @_rule(jc.while_p)
 def _while(eqn: Any, invals: list[Any], st: LaunchState, grid: GridContext) -> list[Any]:
+    """The loop's test runs as often as the simulator runs it (before the first iteration
+    and after each): its value and the flags its reads raise (bounds, DMAs in flight) are
+    carried, so a test that reads refs keeps its checks. A test that writes, or starts
+    or waits for a DMA, is not modelled."""
     p = eqn.params
     nc, nb = p["cond_nconsts"], p["body_nconsts"]
     cconsts, bconsts, init = invals[:nc], invals[nc: nc + nb], invals[nc + nb:]
     if any(isinstance(v, Handle | SemHandle) for v in init):
         raise UnsupportedFeatureError("a loop that carries a ref")
-    if any_equation(p["cond_jaxpr"].jaxpr, lambda e: e.primitive in _ACCESSES):
-        # (its bounds checks would be lost with the test's state)
-        raise UnsupportedFeatureError("a loop whose test reads a ref")
+    if any_equation(p["cond_jaxpr"].jaxpr, lambda e: e.primitive in _ACCESSES
+                    and e.primitive is not jc.get_p):
+        raise UnsupportedFeatureError("a loop whose test writes a ref or moves data")
 
-    def test(carry: Any, values: Any) -> Any:
-        return run_jaxpr(p["cond_jaxpr"], [], [*cconsts, *values], st.child(carry), grid)[0]
+    def test(state: LaunchState, values: Any) -> Any:
+        return run_jaxpr(p["cond_jaxpr"], [], [*cconsts, *values], state, grid)[0]
 
     def keep_going(c: Any) -> Any:
-        n, carry, values = c
-        return test(carry, values) & (n < WHILE_LIMIT)
+        n, going, _, _ = c
+        return going & (n < WHILE_LIMIT)
 
     def body(c: Any) -> Any:
-        n, carry, values = c
+        n, _, carry, values = c
         inner = st.child(carry)
         values = run_jaxpr(p["body_jaxpr"], [], [*bconsts, *values], inner, grid)
-        return n + 1, inner.carry(), values
+        going = test(inner, values)  # (its reads' flags go into inner's)
+        return n + 1, going, inner.carry(), values
 
-    _, carry, values = lax.while_loop(keep_going, body, (jnp.int32(0), st.carry(), list(init)))
+    going = test(st, init)
+    _, going, carry, values = lax.while_loop(
+        keep_going, body, (jnp.int32(0), jnp.asarray(going, jnp.bool_), st.carry(), list(init)))
     st.restore(carry)
-    st.raise_flag(FLAG_LOOP, test(carry, values))  # stopped by the limit
+    st.raise_flag(FLAG_LOOP, going)  # stopped by the limit
     return list(values)
 
 

@@ -26,11 +26,12 @@ import traceback
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 
 from palladium.interpret import _jax_compat as jc
 
-__all__ = ["available", "lower_ffi_callback"]
+__all__ = ["available", "lower_ffi_callback", "supports"]
 
 TARGET = "palladium_host_call"
 _METADATA = 1  # XLA_FFI_Extension_Metadata
@@ -195,6 +196,26 @@ def available() -> bool:
             except Exception:  # noqa: BLE001 - not this jaxlib's API
                 _REGISTERED.append(False)
         return _REGISTERED[0]
+
+
+def _whole_bytes(dtype: Any) -> bool:
+    """Whether XLA stores ``dtype`` one element per ``itemsize`` bytes (not the packed
+    sub-byte types: int4, uint4, float4, ... hold two or more elements per byte)."""
+    dtype = np.dtype(dtype)
+    if dtype.kind in "bc":  # bool: one byte; complex: two whole floats
+        return True
+    try:
+        bits = (ml_dtypes.iinfo(dtype).bits if dtype.kind in "iu" or "int" in dtype.name
+                else ml_dtypes.finfo(dtype).bits)
+    except (TypeError, ValueError):
+        return dtype.kind in "biufc" and dtype.itemsize > 0
+    return bool(bits == 8 * dtype.itemsize)
+
+
+def supports(avals: Sequence[Any]) -> bool:
+    """Whether the handler can pass operands and results of these types (it reads and
+    writes whole-byte elements only; the others go through jax's callback)."""
+    return all(_whole_bytes(a.dtype) for a in avals)
 
 
 class _Release:

@@ -50,7 +50,7 @@ def _lowering(ctx: Any, *operands: Any, fn: Any, out_avals: tuple[Any, ...],
               views: bool) -> Any:
     del out_avals
 
-    if views and ffi_callback.available():
+    if views and ffi_callback.supports([*ctx.avals_in, *ctx.avals_out]) and ffi_callback.available():
         return ffi_callback.lower_ffi_callback(ctx, fn, operands)
 
     def callback(*given: np.ndarray) -> tuple[np.ndarray, ...]:

@@ -61,11 +61,13 @@ _hooks: dict[str, Callable[[BaseException], None]] = {}
 _deferred = threading.Event()  # a Ctrl-C seen inside a launch, to raise after it
 _retrips: list[weakref.ref] = []  # the weak reference that trips SIGINT again (below)
 
-# The frames "inside palladium's host callback": any of ``host_call.py`` and the launch
-# entry points of ``jax_hook.py``; jax's callback wrapper around them counts too.
+# The frames "inside palladium's host callback": any of ``host_call.py`` and
+# ``ffi_callback.py`` (palladium's FFI handler) and the launch entry points of
+# ``jax_hook.py``; jax's callback wrapper around them counts too.
 # (Named by path: the hook is a layer above this module.)
 _HOOK = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "hook")
 _HOST_CALL_FILE = os.path.join(_HOOK, "host_call.py")
+_HOST_CALL_FILES = (_HOST_CALL_FILE, os.path.join(_HOOK, "ffi_callback.py"))
 _ENTRY_POINTS = {(os.path.join(_HOOK, "jax_hook.py"), name)
                  for name in ("run", "run_device", "_join", "_execute", "_attempt")}
 
@@ -195,7 +197,7 @@ def _in_host_callback(frame: types.FrameType | None) -> bool:
             if frame is None:
                 return False
         code = frame.f_code
-        if code.co_filename == _HOST_CALL_FILE or (code.co_filename, code.co_name) in _ENTRY_POINTS:
+        if code.co_filename in _HOST_CALL_FILES or (code.co_filename, code.co_name) in _ENTRY_POINTS:
             return True
         if code.co_name == "_wrapped_callback":  # jax's wrapper: of our callback?
             inner = frame.f_locals.get("callback")
