@@ -16,6 +16,7 @@ from palladium.race_detect.prepared import PreparedAccess, prepare
 from palladium.race_detect.regions import check_mask
 from palladium.race_detect.report import RaceReport
 from palladium.race_detect.shadow import BufferShadow, Event
+from palladium.race_detect.slot_names import SlotNames
 
 
 class RaceDetector:
@@ -52,6 +53,8 @@ class RaceDetector:
         self._buffers: dict[Hashable, BufferShadow] = {}
         self._reports: list[RaceReport] = []
         self._serial = 0
+        # Who made each time of each slot: the names every clock of this detector shows.
+        self.slot_names = SlotNames(shared=True)
 
     # ----------------------------------------------------------------- actors
     def new_actor(self, name: str, parent: Actor | None = None) -> Actor:
@@ -68,7 +71,7 @@ class RaceDetector:
             else:
                 self._free.discard(slot)
                 self._free_mask[slot] = False
-            clock = VectorClock() if parent is None else parent.vector.copy()
+            clock = VectorClock(namer=self.slot_names) if parent is None else parent.vector.copy()
             clock.set(slot, int(self._final[slot]) + 1, name)
             actor = Actor(name, slot, clock)
             self._occupants[slot] = actor
@@ -142,7 +145,7 @@ class RaceDetector:
         with self._lock:
             snapshot = actor.vector.snapshot()
             if actor.finished:
-                return Clock.of_array(snapshot.array, snapshot.name_array, actor.slot)
+                return Clock.of_array(snapshot.array, snapshot.namer, actor.slot)
             _tick(actor)
             return snapshot
 
@@ -157,7 +160,7 @@ class RaceDetector:
         """All of ``actors`` join each other."""
         with self._lock:
             unique = list({id(a): a for a in actors}.values())
-            merged = VectorClock()
+            merged = VectorClock(namer=self.slot_names)
             for actor in unique:
                 merged.join(actor.vector)
             for actor in unique:
