@@ -148,6 +148,14 @@ class RaceDetector:
         with self._lock:
             return _release(actor)
 
+    def finish_release(self, actor: Actor) -> Clock:
+        """``finish`` then ``release`` in one call (a DMA completes and signals its
+        receive semaphore): the released clock holds the actor's final time and names
+        its slot."""
+        with self._lock:
+            self._finish(actor)
+            return _release(actor)
+
     def acquire(self, actor: Actor, clock: Clock) -> None:
         """Everything before the ``release`` that made ``clock`` happens-before ``actor``'s future."""
         with self._lock:
@@ -261,61 +269,45 @@ class RaceDetector:
         self, actor: Actor, key: Hashable, region: Any, site: object, mask: Any, is_write: bool
     ) -> None:
         with self._lock:
-            reports = self._record(actor, key, region, site, mask, is_write)
-        if reports:
-            self._deliver(reports)
-
-    def finish_release(self, actor: Actor) -> Clock:
-        """``finish`` then ``release`` in one call (a DMA completes and signals its
-        receive semaphore): the released clock holds the actor's final time and names
-        its slot."""
-        with self._lock:
-            self._finish(actor)
-            return _release(actor)
-
-    def _record(
-        self, actor: Actor, key: Hashable, region: Any, site: object, mask: Any, is_write: bool
-    ) -> list[RaceReport] | None:
-        """The access (the lock held): the reports it makes, to deliver after the lock."""
-        shadow = self._buffers.get(key)
-        if shadow is None:
-            shadow = self._shadow(key, "write" if is_write else "read", actor, site)
-        if actor.finished:
-            raise ActorError(
-                f"{actor.name!r} accessed {shadow.name!r} at {site} after it finished"
-            )
-        if region.__class__ is not PreparedAccess:
-            region = prepare(region, shadow.shape, shadow.name)
-        elif region.shape != shadow.shape:
-            raise RegionError(
-                f"buffer {shadow.name!r} of shape {shadow.shape}: {region!r} was "
-                f"prepared for another shape"
-            )
-        full, box, size = region.region, region.box, region.size
-        bool_mask = None if mask is None else check_mask(mask, full, shadow.shape, shadow.name)
-        clock = actor.vector
-        times = clock.array
-        slot = actor.slot
-        self._serial = serial = self._serial + 1
-        # The clock's entries are only needed if a report is made: the snapshot shares
-        # the clock's array (copied when the clock next changes) and is shared by the
-        # actor's accesses until then; Event.access turns it into entries.
-        event = Event(slot, int(times[slot]), serial, actor.name, is_write, shadow.name,
-                      full, site, clock.snapshot(), bool_mask is not None)
-        if bool_mask is None and box is not None and shadow.access_box(
-            box, size, event, times, is_write
-        ):
-            return None  # a uniform box and no race: the common case, O(1)
-        try:
-            races = shadow.access(event, times, is_write, full, bool_mask, box, size)
-        except IndexError as error:  # numpy's own bounds message, with our names
-            raise RegionError(f"buffer {shadow.name!r}: {error}") from error
-        if not races:
-            return None
-        access = event.access
-        reports = [RaceReport(earlier.access, access, element) for earlier, element in races]
-        self._reports.extend(reports)
-        return reports
+            shadow = self._buffers.get(key)
+            if shadow is None:
+                shadow = self._shadow(key, "write" if is_write else "read", actor, site)
+            if actor.finished:
+                raise ActorError(
+                    f"{actor.name!r} accessed {shadow.name!r} at {site} after it finished"
+                )
+            if region.__class__ is not PreparedAccess:
+                region = prepare(region, shadow.shape, shadow.name)
+            elif region.shape != shadow.shape:
+                raise RegionError(
+                    f"buffer {shadow.name!r} of shape {shadow.shape}: {region!r} was "
+                    f"prepared for another shape"
+                )
+            full, box, size = region.region, region.box, region.size
+            bool_mask = None if mask is None else check_mask(mask, full, shadow.shape, shadow.name)
+            clock = actor.vector
+            times = clock.array
+            slot = actor.slot
+            self._serial = serial = self._serial + 1
+            # The clock's entries are only needed if a report is made: the snapshot shares
+            # the clock's array (copied when the clock next changes) and is shared by the
+            # actor's accesses until then; Event.access turns it into entries.
+            event = Event(slot, int(times[slot]), serial, actor.name, is_write, shadow.name,
+                          full, site, clock.snapshot(), bool_mask is not None)
+            if bool_mask is None and box is not None and shadow.access_box(
+                box, size, event, times, is_write
+            ):
+                return  # a uniform box and no race: the common case, O(1)
+            try:
+                races = shadow.access(event, times, is_write, full, bool_mask, box, size)
+            except IndexError as error:  # numpy's own bounds message, with our names
+                raise RegionError(f"buffer {shadow.name!r}: {error}") from error
+            if not races:
+                return
+            access = event.access
+            reports = [RaceReport(earlier.access, access, element) for earlier, element in races]
+            self._reports.extend(reports)
+        self._deliver(reports)
 
     def live_records(self) -> int:
         """Write records plus read sets held by all buffers' shadow state (bounded by size)."""
