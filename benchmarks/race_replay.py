@@ -28,7 +28,7 @@ from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 _METHODS = ("new_actor", "finish", "join", "release", "acquire", "barrier",
-            "register_buffer", "free_buffer", "read", "write")
+            "register_buffer", "free_buffer", "read", "write", "finish_release", "acquire_all")
 
 
 def record(name: str, n: int, out: str) -> None:
@@ -60,6 +60,13 @@ def record(name: str, n: int, out: str) -> None:
                     entry += (args[0], None if parent is None else number(parent), number(result))
                 elif method in ("finish", "release"):
                     entry += (number(args[0]),) + ((number(result),) if method == "release" else ())
+                elif method == "finish_release":  # logged as its two parts
+                    log.append(("finish", number(self), number(args[0])))
+                    entry = ("release", number(self), number(args[0]), number(result))
+                elif method == "acquire_all":  # logged as one acquire per clock
+                    log.extend(("acquire", number(self), number(args[0]), number(c))
+                               for c in args[1])
+                    return result
                 elif method in ("join", "acquire"):
                     entry += (number(args[0]), number(args[1]))
                 elif method == "barrier":

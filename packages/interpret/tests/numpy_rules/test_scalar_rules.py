@@ -86,3 +86,30 @@ def test_an_operand_of_another_dtype_than_declared_goes_to_the_general_rule():
     seen = []
     fast = scalar_rule(eqn, lambda ev, e, invals: seen.append(invals) or ["general"])
     assert fast(_Ev(), eqn, [np.asarray(np.int64(3)), x]) == ["general"] and len(seen) == 1
+
+
+@settings(max_examples=60, deadline=None)
+@given(a=I32, b=I32)
+def test_int32_rem_matches_the_general_rule_and_bind(a, b):
+    eqn = _eqn(lax.rem, np.asarray(np.int32(a)), np.asarray(np.int32(b)))
+    for u, v in ((a, b), (a, 0), (np.iinfo(np.int32).min, -1), (-7, 3), (7, -3), (-7, -3)):
+        x, y = np.asarray(np.int32(u)), np.asarray(np.int32(v))
+        if v == 0:  # bind's own x % 0 is platform-defined: the general rule (XLA's x)
+            fast = scalar_rule(eqn, None)
+            assert fast is not None
+            (got,) = fast(_Ev(), eqn, [x, y])
+            (general,) = _compute_rule(eqn)(_Ev(), eqn, [x, y])
+            assert got.dtype == general.dtype and got == general == x
+        else:
+            _check(eqn, [x, y])
+
+
+def test_int32_rem_of_operands_of_another_dtype_runs_the_general_rule():
+    x = np.asarray(np.int32(7))
+    eqn = _eqn(lax.rem, x, x)
+    seen = []
+    fast = scalar_rule(eqn, lambda ev, e, invals: seen.append(invals) or ["general"])
+    assert fast(_Ev(), eqn, [np.asarray(np.int64(7)), np.asarray(np.int64(3))]) == ["general"]
+    assert len(seen) == 1
+    (got,) = fast(_Ev(), eqn, [np.asarray(np.int32(-7)), np.asarray(np.int32(3))])
+    assert got.dtype == np.int32 and got == -1

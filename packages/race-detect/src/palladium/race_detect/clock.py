@@ -1,22 +1,22 @@
 """Vector clocks: flat int64 arrays, one time per *slot*.
 
 Every actor owns one slot; its own entry is its current epoch, the other entries say how
-far into the other slots' histories it has seen. Each entry also carries the name of the
-actor that made that time, so a report can say "saw DMA #3 up to time 4" even after
-DMA #3's slot went to another DMA.
+far into the other slots' histories it has seen. Each entry is also shown with the name
+of the actor that made that time, so a report can say "saw DMA #3 up to time 4" even
+after DMA #3's slot went to another DMA: a slot's times name their actors (a slot is a
+chain of actors, each starting past its predecessor's final time), so the names are not
+kept per entry but looked up in a ``SlotNames`` (``slot_names.py``) when shown.
 
 An access made at epoch ``(slot, time)`` happens-before every later access whose clock
 has ``clock[slot] >= time`` (the FastTrack epoch test: O(1) instead of comparing whole
 clocks).
 
-The times are one numpy ``int64`` array per clock (``VectorClock.array``), the names
-one object array: a join is a few vectorised operations whatever the number of slots
-and of entries it takes. A snapshot copies nothing: it shares both arrays, and the
-clock copies one on its next change of it (copy on write), so the snapshots an actor's
-accesses take between two changes of its clock cost one array copy in all, made only
-if the clock changes again. The names change only when a join takes a newer time from
-another clock (or a slot gets a new actor), not when the owner ticks, so a tick copies
-the times only.
+The times are one numpy ``int64`` array per clock (``VectorClock.array``), and nothing
+else: a join is one vectorised maximum whatever the number of slots and of entries it
+takes, and a copy copies the array alone. A snapshot copies nothing: it shares the
+array, and the clock copies it on its next change (copy on write), so the snapshots an
+actor's accesses take between two changes of its clock cost one array copy in all, made
+only if the clock changes again.
 """
 
 from __future__ import annotations
@@ -26,16 +26,11 @@ from typing import Any
 
 import numpy as np
 
+from palladium.race_detect.slot_names import SlotNames
+
 Entries = tuple[tuple[str, int], ...]
 
 _INT = np.int64
-
-
-def _object_array(names: Sequence[str]) -> np.ndarray:
-    """``names`` as a one-dimensional object array."""
-    array = np.empty(len(names), object)
-    array[:] = list(names)
-    return array
 
 
 class Clock:
@@ -52,25 +47,24 @@ class Clock:
     new actor. It takes no part in equality.
     """
 
-    __slots__ = ("_array", "_name_array", "_names", "_times", "finished_slot")
+    __slots__ = ("_array", "_times", "finished_slot", "namer")
 
     def __init__(self, times: Sequence[int] = (), names: Sequence[str] = (),
                  finished_slot: int = -1) -> None:
         self._times: tuple[int, ...] | None = tuple(int(t) for t in times)
         self._array: np.ndarray | None = None
-        self._names: tuple[str, ...] | None = tuple(names)
-        self._name_array: np.ndarray | None = None
+        # The names of the times (``slot_names``): explicit ones, this clock's own.
+        self.namer = SlotNames.of(self._times, names)
         self.finished_slot = finished_slot
 
     @classmethod
-    def of_array(cls, array: np.ndarray, names: np.ndarray, finished_slot: int = -1) -> Clock:
-        """A snapshot over ``array`` and the object array ``names`` (neither copied:
-        nobody may change them afterwards)."""
+    def of_array(cls, array: np.ndarray, namer: SlotNames, finished_slot: int = -1) -> Clock:
+        """A snapshot over ``array`` (not copied: nobody may change it afterwards), whose
+        times ``namer`` names."""
         clock = cls.__new__(cls)
         clock._array = array
         clock._times = None
-        clock._name_array = names
-        clock._names = None
+        clock.namer = namer
         clock.finished_slot = finished_slot
         return clock
 
@@ -92,17 +86,7 @@ class Clock:
     @property
     def names(self) -> tuple[str, ...]:
         """Per slot, the name of the actor that made its time."""
-        if self._names is None:
-            assert self._name_array is not None
-            self._names = tuple(self._name_array.tolist())
-        return self._names
-
-    @property
-    def name_array(self) -> np.ndarray:
-        """The names as an object array (shared: never change it)."""
-        if self._name_array is None:
-            self._name_array = _object_array(self.names)
-        return self._name_array
+        return self.namer.names(self.times)
 
     def time(self, slot: int) -> int:
         """The time of ``slot`` (0 if this clock never heard of it)."""
@@ -127,7 +111,8 @@ class Clock:
 
     def entries(self) -> Entries:
         """The non-zero entries as ``(actor name, time)`` pairs, in slot order."""
-        return tuple((n, t) for t, n in zip(self.times, self.names) if t)
+        name = self.namer.name
+        return tuple((name(s, t), t) for s, t in enumerate(self.times) if t)
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Clock):
@@ -147,25 +132,24 @@ class Clock:
 class VectorClock:
     """A mutable vector clock, owned by one actor (see ``Clock`` for the snapshot).
 
-    ``array`` holds the times (int64, one per slot), ``_names`` the names (an object
-    array: a join copies the names it takes in one vectorised step, however many); both
-    may be shared with snapshots (``_shared``, ``_names_shared``): every change goes
-    through ``_own`` / ``_own_names`` first, which copy them then. ``times`` and
-    ``names`` are copies as lists.
+    ``array`` holds the times (int64, one per slot), ``namer`` their names (a
+    ``SlotNames``: the race detector's, shared by all its clocks, or this clock's own
+    when made from explicit ``names``). ``array`` may be shared with snapshots
+    (``_shared``): every change goes through ``_own`` first, which copies it then.
+    ``times`` and ``names`` are copies as lists.
     """
 
-    __slots__ = ("_entries", "_names", "_names_shared", "_shared", "_snapshot", "array")
+    __slots__ = ("_entries", "_shared", "_snapshot", "array", "namer")
 
-    def __init__(self, times: Sequence[int] | np.ndarray = (), names: Sequence[str] = ()) -> None:
+    def __init__(self, times: Sequence[int] | np.ndarray = (), names: Sequence[str] = (),
+                 namer: SlotNames | None = None) -> None:
         self.array: np.ndarray = np.array(times, dtype=_INT).reshape(-1)
-        names = list(names)
-        if len(names) < len(self.array):
-            names.extend([""] * (len(self.array) - len(names)))
-        self._names: np.ndarray = _object_array(names)
+        if namer is None:
+            namer = SlotNames.of(self.array.tolist(), names)
+        self.namer = namer
         self._entries: Entries | None = None
         self._snapshot: Clock | None = None
         self._shared = False  # a snapshot holds ``array``: copy it before changing it
-        self._names_shared = False  # the same for ``_names``
 
     def _own(self) -> np.ndarray:
         """``array``, copied first if a snapshot shares it: the one way to change it."""
@@ -173,13 +157,6 @@ class VectorClock:
             self.array = self.array.copy()
             self._shared = False
         return self.array
-
-    def _own_names(self) -> np.ndarray:
-        """``_names``, copied first if a snapshot shares it."""
-        if self._names_shared:
-            self._names = self._names.copy()
-            self._names_shared = False
-        return self._names
 
     @property
     def times(self) -> list[int]:
@@ -189,7 +166,7 @@ class VectorClock:
     @property
     def names(self) -> list[str]:
         """Per slot, the name of the actor that made its time (a copy)."""
-        return self._names.tolist()
+        return list(self.namer.names(self.array.tolist()))
 
     def time(self, slot: int) -> int:
         """The time of ``slot`` (0 if never heard of)."""
@@ -202,22 +179,16 @@ class VectorClock:
         return slot < len(array) and time <= array[slot]
 
     def _grow(self, n: int) -> None:
-        grow = n - len(self.array)
-        # New arrays: nothing shares them.
-        self.array = np.concatenate((self.array, np.zeros(grow, _INT)))
+        # A new array: nothing shares it.
+        self.array = np.concatenate((self.array, np.zeros(n - len(self.array), _INT)))
         self._shared = False
-        names = np.empty(n, object)
-        names[: len(self._names)] = self._names
-        names[len(self._names):] = ""
-        self._names = names
-        self._names_shared = False
 
     def set(self, slot: int, time: int, name: str) -> None:
         """Set one entry (a new actor taking ``slot`` starts at ``time``)."""
         if slot >= len(self.array):
             self._grow(slot + 1)
         self._own()[slot] = time
-        self._own_names()[slot] = name
+        self.namer.set(slot, time, name)
         self._entries = self._snapshot = None
 
     def increment(self, slot: int) -> None:
@@ -231,21 +202,19 @@ class VectorClock:
         n = len(theirs)
         if n > len(self.array):
             self._grow(n)
-        mine = self.array
+        namer = other.namer
+        if namer is not self.namer:  # names of another table: take those of the new times
+            mine = self.array[:n]
+            slots = (theirs > mine).nonzero()[0].tolist()
+            if not slots:
+                return
+            for slot in slots:
+                time = int(theirs[slot])
+                self.namer.set(slot, time, namer.name(slot, time))
+        mine = self._own()
         if n < len(mine):
             mine = mine[:n]
-        slots = (theirs > mine).nonzero()[0]
-        k = len(slots)
-        if not k:
-            return
-        their_names = other._names if other.__class__ is VectorClock else other.name_array  # type: ignore[union-attr]
-        if k == 1:  # half of all joins (a core learning one DMA's end): no fancy indexing
-            slot = slots[0]
-            self._own()[slot] = theirs[slot]
-            self._own_names()[slot] = their_names[slot]
-        else:
-            self._own()[slots] = theirs[slots]
-            self._own_names()[slots] = their_names[slots]
+        np.maximum(mine, theirs, out=mine)
         self._entries = self._snapshot = None
 
     def copy(self) -> VectorClock:
@@ -253,23 +222,24 @@ class VectorClock:
         vc = VectorClock.__new__(VectorClock)
         vc.array = self.array.copy()
         vc._shared = False
-        vc._names = self._names.copy()
-        vc._names_shared = False
+        namer = self.namer
+        vc.namer = namer if namer.shared else namer.copy()
         vc._entries = vc._snapshot = None
         return vc
 
     def snapshot(self) -> Clock:
         """The immutable snapshot of the current value (cached until the next change;
-        it shares the arrays, which the next change copies)."""
+        it shares the array, which the next change copies)."""
         snap = self._snapshot
         if snap is None:
-            snap = self._snapshot = Clock.of_array(self.array, self._names)
-            self._shared = self._names_shared = True
+            snap = self._snapshot = Clock.of_array(self.array, self.namer)
+            self._shared = True
         return snap
 
     def entries(self) -> Entries:
         """The non-zero entries as ``(actor name, time)`` pairs (cached until the next change)."""
         if self._entries is None:
+            name = self.namer.name
             self._entries = tuple(
-                (n, t) for t, n in zip(self.array.tolist(), self._names.tolist()) if t)
+                (name(s, t), t) for s, t in enumerate(self.array.tolist()) if t)
         return self._entries

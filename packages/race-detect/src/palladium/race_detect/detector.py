@@ -16,6 +16,7 @@ from palladium.race_detect.prepared import PreparedAccess, prepare
 from palladium.race_detect.regions import check_mask
 from palladium.race_detect.report import RaceReport
 from palladium.race_detect.shadow import BufferShadow, Event
+from palladium.race_detect.slot_names import SlotNames
 
 
 class RaceDetector:
@@ -52,6 +53,8 @@ class RaceDetector:
         self._buffers: dict[Hashable, BufferShadow] = {}
         self._reports: list[RaceReport] = []
         self._serial = 0
+        # Who made each time of each slot: the names every clock of this detector shows.
+        self.slot_names = SlotNames(shared=True)
 
     # ----------------------------------------------------------------- actors
     def new_actor(self, name: str, parent: Actor | None = None) -> Actor:
@@ -68,7 +71,7 @@ class RaceDetector:
             else:
                 self._free.discard(slot)
                 self._free_mask[slot] = False
-            clock = VectorClock() if parent is None else parent.vector.copy()
+            clock = VectorClock(namer=self.slot_names) if parent is None else parent.vector.copy()
             clock.set(slot, int(self._final[slot]) + 1, name)
             actor = Actor(name, slot, clock)
             self._occupants[slot] = actor
@@ -108,14 +111,17 @@ class RaceDetector:
     def finish(self, actor: Actor) -> None:
         """``actor`` ends (a DMA completed); its slot may then be reused."""
         with self._lock:
-            if actor.finished:
-                return
-            actor.finished = True
-            slot = actor.slot
-            self._final[slot] = actor.vector.time(slot)
-            if self._occupants[slot] is actor:
-                self._free.add(slot)
-                self._free_mask[slot] = True
+            self._finish(actor)
+
+    def _finish(self, actor: Actor) -> None:
+        if actor.finished:
+            return
+        actor.finished = True
+        slot = actor.slot
+        self._final[slot] = actor.vector.time(slot)
+        if self._occupants[slot] is actor:
+            self._free.add(slot)
+            self._free_mask[slot] = True
 
     @property
     def num_slots(self) -> int:
@@ -140,11 +146,15 @@ class RaceDetector:
         A finished actor does not tick: its snapshot holds its final time and names its
         slot (``Clock.finished_slot``), which the acquirer may then reuse."""
         with self._lock:
-            snapshot = actor.vector.snapshot()
-            if actor.finished:
-                return Clock.of_array(snapshot.array, snapshot.name_array, actor.slot)
-            _tick(actor)
-            return snapshot
+            return _release(actor)
+
+    def finish_release(self, actor: Actor) -> Clock:
+        """``finish`` then ``release`` in one call (a DMA completes and signals its
+        receive semaphore): the released clock holds the actor's final time and names
+        its slot."""
+        with self._lock:
+            self._finish(actor)
+            return _release(actor)
 
     def acquire(self, actor: Actor, clock: Clock) -> None:
         """Everything before the ``release`` that made ``clock`` happens-before ``actor``'s future."""
@@ -153,11 +163,20 @@ class RaceDetector:
             if clock.finished_slot >= 0:
                 actor.hint_reusable(clock.finished_slot)
 
+    def acquire_all(self, actor: Actor, clocks: Sequence[Clock]) -> None:
+        """``acquire`` of each of ``clocks`` in turn (what one semaphore wait observes)."""
+        with self._lock:
+            vector = actor.vector
+            for clock in clocks:
+                vector.join(clock)
+                if clock.finished_slot >= 0:
+                    actor.hint_reusable(clock.finished_slot)
+
     def barrier(self, actors: Sequence[Actor]) -> None:
         """All of ``actors`` join each other."""
         with self._lock:
             unique = list({id(a): a for a in actors}.values())
-            merged = VectorClock()
+            merged = VectorClock(namer=self.slot_names)
             for actor in unique:
                 merged.join(actor.vector)
             for actor in unique:
@@ -300,6 +319,14 @@ class RaceDetector:
         """Every race seen so far, whatever the policy (a copy)."""
         with self._lock:
             return list(self._reports)
+
+
+def _release(actor: Actor) -> Clock:
+    snapshot = actor.vector.snapshot()
+    if actor.finished:
+        return Clock.of_array(snapshot.array, snapshot.namer, actor.slot)
+    _tick(actor)
+    return snapshot
 
 
 def _tick(actor: Actor) -> None:

@@ -20,6 +20,8 @@ the proxy slot of the remote actor, at its time, with its whole clock.
 
 from __future__ import annotations
 
+import numpy as np
+
 from palladium.race_detect.actor import Actor
 from palladium.race_detect.clock import Clock, VectorClock
 from palladium.race_detect.detector import RaceDetector
@@ -48,11 +50,20 @@ class ClockExchange:
         )
 
     def imported(self, entries: Entries) -> Clock:
-        """The local clock of ``entries`` (from any process)."""
-        vc = VectorClock()
+        """The local clock of ``entries`` (from any process). The names of another
+        process's times go into the detector's ``slot_names`` (on their proxy slots);
+        this process's own times it names already."""
+        names = self.detector.slot_names
+        times: dict[int, int] = {}
         for process, slot, time, name in entries:
-            vc.set(self.slot(process, slot, name), time, name)
-        return vc.snapshot()
+            local = self.slot(process, slot, name)
+            if process != self.process:
+                names.set(local, time, name)
+            times[local] = time
+        array = np.zeros(max(times) + 1 if times else 0, np.int64)
+        for local, time in times.items():
+            array[local] = time
+        return Clock.of_array(array, names)
 
     def slot(self, process: int, slot: int, name: str = "") -> int:
         """The local slot of ``slot`` of ``process`` (a proxy slot for another's)."""
@@ -71,4 +82,4 @@ class ClockExchange:
         with their whole past: its accesses are checked as that actor's."""
         clock = self.imported(entries)
         local = self.slot(process, slot, name)
-        return Actor(name, local, VectorClock(clock.times, clock.names))
+        return Actor(name, local, VectorClock(clock.array, namer=clock.namer))

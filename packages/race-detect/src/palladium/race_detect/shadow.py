@@ -140,7 +140,7 @@ class BufferShadow:
         # of a box inside one (a block copy, a kernel's ``ref[...]``), costs O(1)
         # instead of a scan and a fill of the region. Initially the whole buffer is one
         # box holding pair 0 (never written, no reads).
-        full = tuple((0, int(n)) for n in shape)
+        full = self._full = tuple((0, int(n)) for n in shape)
         self._boxes: dict[Box, int] = {full: 0} if all(shape) else {}
         self._state_fresh = True  # _state is still all zeros where no box covers it
         self._writes = _Table(None)
@@ -376,20 +376,26 @@ class BufferShadow:
         """Do ``access`` of ``box`` (no mask) over the uniform boxes that tile it:
         True. False, having changed nothing, when they do not tile it or it races."""
         boxes = self._boxes
-        inside: list[Box] = []
-        covered = 0
-        for b in boxes:
-            if overlaps(b, box):
-                if not contains(box, b):
-                    return False
-                inside.append(b)
-                covered += box_size(b)
+        by_pair: dict[int, int] = {}  # the pairs of the boxes inside, and their elements
+        if box == self._full:  # the whole buffer (a block copy): every box is inside
+            inside = list(boxes)
+            for b, pair in boxes.items():
+                by_pair[pair] = by_pair.get(pair, 0) + box_size(b)
+            covered = sum(by_pair.values())
+        else:
+            inside = []
+            covered = 0
+            for b in boxes:
+                if overlaps(b, box):
+                    if not contains(box, b):
+                        return False
+                    inside.append(b)
+                    n = box_size(b)
+                    covered += n
+                    pair = boxes[b]
+                    by_pair[pair] = by_pair.get(pair, 0) + n
         if covered != size or len(inside) < 2:
             return False
-        by_pair: dict[int, int] = {}
-        for b in inside:
-            pair = boxes[b]
-            by_pair[pair] = by_pair.get(pair, 0) + box_size(b)
         pairs = sorted(by_pair)
         write_counts: dict[int, int] = {}
         read_counts: dict[int, int] = {}

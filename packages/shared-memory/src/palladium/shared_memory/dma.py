@@ -238,8 +238,7 @@ class Dma:
             # Finished first, so the release does not tick: the clock it hands to the
             # receive semaphore holds the DMA's final time, and a core that waited on it
             # can give the DMA's slot to its next DMA (RaceDetector._reusable_slot).
-            det.finish(self.actor)
-            clock = det.release(self.actor)
+            clock = det.finish_release(self.actor)
         self._done(clock)
 
     def _send(self, data: Any, det: Any) -> None:
@@ -253,8 +252,7 @@ class Dma:
         self.bits = None
         clock = None
         if det is not None:
-            det.finish(self.actor)
-            clock = det.release(self.actor)
+            clock = det.finish_release(self.actor)
         self.sent[:] = [data, bits, clock]
         self._done(clock)
 

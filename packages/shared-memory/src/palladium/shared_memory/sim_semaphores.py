@@ -80,9 +80,9 @@ class SemaphoreService:
             )
         clocks = sem.take(value)
         if self.det is not None:
-            actor = self.actor(core)
-            for clock in clocks:
-                self.det.acquire(actor, clock)
+            actor = self.actor(core)  # made on first use: in the same order as ever
+            if clocks:
+                self.det.acquire_all(actor, clocks)
         if self.links.obs is not None:
             self.links.obs.semaphore_wait_end(core, semaphore_info(sem), value)
 

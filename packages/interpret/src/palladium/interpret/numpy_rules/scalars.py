@@ -80,6 +80,8 @@ def _fast(eqn: Any) -> Callable[[list[Any]], Any] | None:
             return np.asarray(fn(invals[0], invals[1]))
 
         return binary
+    if prim is lax.rem_p and n_in == 2 and dtypes[0] == dtypes[1] == _I32:
+        return _int32_rem
     if prim is lax.not_p and n_in == 1:
         def invert(invals: list[Any]) -> Any:
             return np.asarray(np.invert(invals[0]))
@@ -101,3 +103,20 @@ def _fast(eqn: Any) -> Callable[[list[Any]], Any] | None:
 
         return select
     return None
+
+
+_OTHER = np.asarray(False)  # not int32: ``checked`` then runs the general rule
+
+
+def _int32_rem(invals: list[Any]) -> Any:
+    """``x % y`` of two int32 scalars in Python ints (a DMA's ring index, once per DMA):
+    C's sign of the dividend, ``x % 0 == x`` and ``MIN % -1 == 0`` as XLA (and the
+    general rule, ``elementwise._int_rem``) give them."""
+    x, y = invals
+    if getattr(x, "dtype", None) != _I32 or getattr(y, "dtype", None) != _I32:
+        return _OTHER
+    a, b = int(x), int(y)
+    if b:
+        r = abs(a) % abs(b)
+        a = -r if a < 0 else r
+    return np.asarray(a, _I32)
