@@ -244,13 +244,18 @@ class LaunchState:
         self.raise_flag(FLAG_CONFLICT, self._overlaps(buf, lo, hi, write))
 
     def _overlaps(self, buf: int, lo: Any, hi: Any, write: bool) -> Any:
-        if not self.facts.may_conflict(buf, write):
-            return jnp.bool_(False)
+        """Whether ``[lo, hi)`` of ``buf`` overlaps a region a DMA in flight writes (or,
+        for a write, reads); only the rows some DMA can match are compared."""
+        f = self.facts
+        dst = f.dma_dst is None or buf in f.dma_dst
+        src = write and (f.dma_src is None or buf in f.dma_src)
         t = self.dma
-        hit = (t[_DBUF] == buf) & (t[_DLO] < hi) & (lo < t[_DHI])
-        if write:
+        hit = jnp.bool_(False)
+        if dst:
+            hit = (t[_DBUF] == buf) & (t[_DLO] < hi) & (lo < t[_DHI])
+        if src:
             hit = hit | ((t[_SBUF] == buf) & (t[_SLO] < hi) & (lo < t[_SHI]))
-        return jnp.any(hit)  # (a free column's buffers are -1)
+        return jnp.any(hit) if dst or src else hit  # (a free column's buffers are -1)
 
     def start_dma(self, src: tuple[int, View], dst: tuple[int, View], sem: Any,
                   nbytes: int) -> None:
