@@ -66,11 +66,9 @@ def test_philox_kernel_matches_jax_interpreter():
     np.testing.assert_array_equal(bits, ref)
 
 
-def ragged_paged_attention_case():
-    """jax's shipped ragged paged attention (it uses jnp.sign and integer //) on three
-    sequences of mixed prefill and decode, and its reference."""
-    from jax.experimental.pallas.ops.tpu.ragged_paged_attention import kernel as rpa
-
+def ragged_paged_attention_inputs():
+    """jax's ragged paged attention's operands for three sequences of mixed prefill and
+    decode, and how many query rows they have (the rest of the output is padding)."""
     rng = np.random.default_rng(0)
     q_lens, kv_lens = np.array([5, 1, 18]), np.array([40, 17, 90, 0])
     q = jnp.asarray(rng.standard_normal((32, 8, 128)), jnp.float32)
@@ -78,8 +76,16 @@ def ragged_paged_attention_case():
     pages = jnp.asarray(rng.permutation(64)[:32].reshape(4, 8), jnp.int32)
     cu_q = jnp.asarray(np.concatenate([[0], np.cumsum(q_lens), [q_lens.sum()]]), jnp.int32)
     args = (q, kv, jnp.asarray(kv_lens, jnp.int32), pages, cu_q, jnp.array([3], jnp.int32))
+    return args, int(q_lens.sum())
+
+
+def ragged_paged_attention_case():
+    """jax's shipped ragged paged attention (it uses jnp.sign and integer //) on
+    ``ragged_paged_attention_inputs``, and its reference."""
+    from jax.experimental.pallas.ops.tpu.ragged_paged_attention import kernel as rpa
+
+    args, n = ragged_paged_attention_inputs()
     out = rpa.ragged_paged_attention(*args, num_kv_pages_per_block=4, num_queries_per_block=8)
-    n = int(q_lens.sum())
     return np.asarray(out)[:n], np.asarray(rpa.ref_ragged_paged_attention(*args))[:n]
 
 

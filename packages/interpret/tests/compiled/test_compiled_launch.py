@@ -435,16 +435,9 @@ def test_jax_ragged_paged_attention_runs_compiled_from_its_third_launch():
     ref, strided reads, masked stores), by the default rule: compiled from its third
     launch, with the simulated launches' values and its reference's."""
     from jax.experimental.pallas.ops.tpu.ragged_paged_attention import kernel as rpa
+    from test_jax_kernels import ragged_paged_attention_inputs
 
-    rng = np.random.default_rng(0)
-    q_lens, kv_lens = np.array([5, 1, 18]), np.array([40, 17, 90, 0])
-    q = jnp.asarray(rng.standard_normal((32, 8, 128)), jnp.float32)
-    kv = jnp.asarray(rng.standard_normal((64, 16, 4, 128)), jnp.float32)
-    pages = jnp.asarray(rng.permutation(64)[:32].reshape(4, 8), jnp.int32)
-    cu_q = jnp.asarray(np.concatenate([[0], np.cumsum(q_lens), [q_lens.sum()]]), jnp.int32)
-    args = (q, kv, jnp.asarray(kv_lens, jnp.int32), pages, cu_q, jnp.array([3], jnp.int32))
-
-    n = int(q_lens.sum())
+    args, n = ragged_paged_attention_inputs()
     kernel = functools.partial(rpa.ragged_paged_attention, num_kv_pages_per_block=4,
                                num_queries_per_block=8)
     call = jax.jit(kernel)
