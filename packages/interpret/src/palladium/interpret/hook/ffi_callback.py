@@ -229,7 +229,9 @@ class _Release:
         raise RuntimeError("not a callback")
 
     def __del__(self) -> None:
-        _CALLS.pop(self.key, None)
+        calls = globals().get("_CALLS")  # (None or gone at interpreter exit)
+        if calls is not None:
+            calls.pop(self.key, None)
 
 
 def lower_ffi_callback(ctx: Any, fn: Callable[..., Sequence[np.ndarray]],
