@@ -350,7 +350,10 @@ def lower_ffi_call(ctx: Any, name: str, operands: Sequence[Any], **attrs: Any) -
     sharding = jax_callback._callback_op_sharding(
         ctx.module_context.axis_context, None, ctx.avals_out)
     if sharding is not None:
-        mlir.set_sharding(ctx.module_context, op, sharding)
+        if len(inspect.signature(mlir.set_sharding).parameters) == 3:  # jax 0.10.2
+            mlir.set_sharding(ctx.module_context, op, sharding)
+        else:  # jax 0.10.0: (op, sharding)
+            mlir.set_sharding(op, sharding)  # type: ignore[call-arg]
     return op.results
 
 
