@@ -172,11 +172,12 @@ class TraceFacts:
     src_found: set[int] = dataclasses.field(default_factory=set)
     written_found: set[int] = dataclasses.field(default_factory=set)
 
-    def may_conflict(self, buf: int, write: bool) -> bool:
-        """Whether an access of ``buf`` can touch a DMA in flight."""
-        if self.dma_dst is None or self.dma_src is None:
-            return True
-        return buf in self.dma_dst or (write and buf in self.dma_src)
+    def conflicts(self, buf: int, write: bool) -> tuple[bool, bool]:
+        """Whether an access of ``buf`` can touch a region a DMA in flight writes, and
+        (a write) one a DMA in flight reads."""
+        dst = self.dma_dst is None or buf in self.dma_dst
+        src = write and (self.dma_src is None or buf in self.dma_src)
+        return dst, src
 
     def second(self) -> TraceFacts:
         """The facts for the second trace."""
@@ -238,7 +239,7 @@ class LaunchState:
     # --- conflicts with the DMAs in flight ----------------------------------------------
     def check_access(self, buf: int, view: View, write: bool) -> None:
         """A core access (or block copy) of ``view`` of buffer ``buf``."""
-        if not self.facts.may_conflict(buf, write):
+        if not any(self.facts.conflicts(buf, write)):
             return
         lo, hi = flat_span(self.bufs[buf].shape, view)
         self.raise_flag(FLAG_CONFLICT, self._overlaps(buf, lo, hi, write))
@@ -246,9 +247,7 @@ class LaunchState:
     def _overlaps(self, buf: int, lo: Any, hi: Any, write: bool) -> Any:
         """Whether ``[lo, hi)`` of ``buf`` overlaps a region a DMA in flight writes (or,
         for a write, reads); only the rows some DMA can match are compared."""
-        f = self.facts
-        dst = f.dma_dst is None or buf in f.dma_dst
-        src = write and (f.dma_src is None or buf in f.dma_src)
+        dst, src = self.facts.conflicts(buf, write)
         t = self.dma
         hit = jnp.bool_(False)
         if dst:
