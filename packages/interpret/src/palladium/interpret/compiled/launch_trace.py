@@ -118,25 +118,38 @@ def _reshaped_value(value: Any, transforms: list[Any], st: LaunchState) -> Any:
     return value
 
 
+def _load(ref: Any, transforms: Sequence[Any], st: LaunchState) -> Any:
+    """A read through ``ref`` and ``transforms`` (a reshaped ref included), checked."""
+    reshaped: list[Any] = []
+    buf, view = _access(ref, transforms, st, reshaped)
+    st.check_access(buf, view, write=False)
+    return _reshaped_value(read_view(st.bufs[buf], view), reshaped, st)
+
+
+def _update(ref: Any, transforms: Sequence[Any], st: LaunchState,
+            new: Callable[[Any], Any]) -> Any:
+    """Store ``new(old contents)`` through ``ref`` and ``transforms``, checked; the old
+    contents."""
+    buf, view = _access(ref, transforms, st)
+    st.check_access(buf, view, write=True)
+    old = read_view(st.bufs[buf], view)
+    st.write(buf, write_view(st.bufs[buf], view, new(old)))
+    return old
+
+
 @_rule(jc.get_p)
 def _get(eqn: Any, invals: list[Any], st: LaunchState, grid: GridContext) -> list[Any]:
-    reshaped: list[Any] = []
-    buf, view = _access(invals[0], eqn.params["tree"].unflatten(invals[1:]), st, reshaped)
-    st.check_access(buf, view, write=False)
-    value = _reshaped_value(read_view(st.bufs[buf], view), reshaped, st)
+    value = _load(invals[0], eqn.params["tree"].unflatten(invals[1:]), st)
     return [value.astype(eqn.outvars[0].aval.dtype)]
 
 
 @_rule(jc.swap_p, jc.addupdate_p)
 def _put(eqn: Any, invals: list[Any], st: LaunchState, grid: GridContext) -> list[Any]:
     ref, value, *idx = invals
-    buf, view = _access(ref, eqn.params["tree"].unflatten(idx), st)
-    st.check_access(buf, view, write=True)
-    old = read_view(st.bufs[buf], view)
-    if eqn.primitive is jc.addupdate_p:
-        value = (old + value).astype(old.dtype)
-    st.write(buf, write_view(st.bufs[buf], view, value))
-    return [old] if eqn.primitive is jc.swap_p else []
+    add = eqn.primitive is jc.addupdate_p
+    old = _update(ref, eqn.params["tree"].unflatten(idx), st,
+                  lambda old: (old + value).astype(old.dtype) if add else value)
+    return [] if add else [old]
 
 
 @_rule(jc.load_p, jc.masked_swap_p)
@@ -150,22 +163,13 @@ def _masked(eqn: Any, invals: list[Any], st: LaunchState, grid: GridContext) -> 
         mask, other = third, fourth
         if mask is not None and other is None:
             raise UnsupportedFeatureError("a masked load without a fill value")
-        reshaped: list[Any] = []
-        buf, view = _access(ref, transforms, st, reshaped)
-        st.check_access(buf, view, write=False)
-        data = _reshaped_value(read_view(st.bufs[buf], view), reshaped, st)
+        data = _load(ref, transforms, st)
         if mask is not None:
             data = jnp.where(mask, data, jnp.asarray(other, data.dtype))
         return [data.astype(eqn.outvars[0].aval.dtype)]
     value, mask = third, fourth
-    buf, view = _access(ref, transforms, st)
-    st.check_access(buf, view, write=True)
-    old = read_view(st.bufs[buf], view)
-    new = jnp.broadcast_to(jnp.asarray(value, old.dtype), old.shape)
-    if mask is not None:
-        new = jnp.where(mask, new, old)
-    st.write(buf, write_view(st.bufs[buf], view, new))
-    return [old]
+    return [_update(ref, transforms, st, lambda old: value if mask is None else
+                    jnp.where(mask, jnp.asarray(value, old.dtype), old))]
 
 
 # --- grid ---------------------------------------------------------------------------------
