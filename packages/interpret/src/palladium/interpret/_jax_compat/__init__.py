@@ -329,6 +329,14 @@ def emit_cpu_host_callback(ctx: Any, callback: Callable[..., Any], operands: Seq
     return results
 
 
+def itemsize_bits(dtype: Any) -> int:
+    """Bits per element of ``dtype`` as XLA stores it (4 for int4: packed two to a byte,
+    whatever numpy's ``itemsize`` says; 8 for bool)."""
+    from jax._src import dtypes
+
+    return int(dtypes.itemsize_bits(dtype))
+
+
 def register_cpu_ffi_target(name: str, function_pointer: int) -> None:
     """Register a C function pointer (an XLA FFI handler) as the CPU custom call
     target ``name``."""

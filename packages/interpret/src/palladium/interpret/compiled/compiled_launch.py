@@ -123,7 +123,9 @@ def compiled_launch(kernel: PreparedKernel, params: InterpretParams, num_devices
 
 
 #: XLA's CPU client reads an operand in place (no copy) when it is aligned to this many
-#: bytes; the host callback's views often are not (XLA places temporaries at 16 bytes).
+#: bytes. palladium's FFI handler hands over XLA's own (aligned) buffers; jax's callback,
+#: which serves where that handler does not (packed sub-byte types, another jaxlib),
+#: hands over numpy copies at 16-byte addresses.
 _ALIGNMENT = 64
 
 

@@ -26,7 +26,6 @@ import traceback
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import ml_dtypes
 import numpy as np
 
 from palladium.interpret import _jax_compat as jc
@@ -201,15 +200,7 @@ def available() -> bool:
 def _whole_bytes(dtype: Any) -> bool:
     """Whether XLA stores ``dtype`` one element per ``itemsize`` bytes (not the packed
     sub-byte types: int4, uint4, float4, ... hold two or more elements per byte)."""
-    dtype = np.dtype(dtype)
-    if dtype.kind in "bc":  # bool: one byte; complex: two whole floats
-        return True
-    try:
-        bits = (ml_dtypes.iinfo(dtype).bits if dtype.kind in "iu" or "int" in dtype.name
-                else ml_dtypes.finfo(dtype).bits)
-    except (TypeError, ValueError):
-        return dtype.kind in "biufc" and dtype.itemsize > 0
-    return bool(bits == 8 * dtype.itemsize)
+    return jc.itemsize_bits(dtype) == 8 * np.dtype(dtype).itemsize
 
 
 def supports(avals: Sequence[Any]) -> bool:
