@@ -5,6 +5,10 @@ deadlock, a leak, a revisit) runs simulated and reports exactly what the simulat
 reports."""
 
 import functools
+import os
+import subprocess
+import sys
+import textwrap
 
 import jax
 import jax.numpy as jnp
@@ -452,3 +456,59 @@ def test_jax_ragged_paged_attention_runs_compiled_from_its_third_launch():
     # raises "'TypedInt' object has no attribute 'shape'"; the simulated launches are the
     # comparison)
     np.testing.assert_allclose(outs[2], outs[0], rtol=1e-4, atol=5e-5)
+
+
+def test_a_new_process_loads_the_compiled_launch_from_disk(tmp_path):
+    """The whole launch's executable is kept on disk under ``launch_key``: a second
+    process runs its third launch compiled without tracing or compiling anything."""
+    script = textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {os.path.dirname(__file__)!r})
+        import numpy as np
+        import palladium.interpret as pi
+        from palladium.interpret.compiled import compiled_launch
+        from test_compiled_launch import CLEAN, _call, _inputs, _mode
+        compiled_launch.MIN_EQUATIONS_PER_LAUNCH = 0
+        call = _call(pi.InterpretParams())
+        outs = [np.asarray(call(_mode(CLEAN), *_inputs())) for _ in range(3)]
+        print(pi.STATE.segments.compiled, compiled_launch.STATS["compiled"], outs[2].tobytes().hex())
+    """)
+    env = {**os.environ, "PALLADIUM_CACHE_DIR": str(tmp_path), "JAX_PLATFORMS": "cpu"}
+    runs = [subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                           text=True, timeout=240) for _ in range(2)]
+    for r in runs:
+        assert r.returncode == 0, r.stderr
+    (first, ran_1, bits_1), (second, ran_2, bits_2) = (r.stdout.split() for r in runs)
+    assert (int(first) >= 1, second, ran_1, ran_2) == (True, "0", "1", "1")
+    assert bits_1 == bits_2
+
+
+def test_the_launch_key_names_what_the_executable_is_a_function_of(always_worth):
+    """Another grid order, another uninitialised value or another operand shape give
+    another key (the same kernel's key in a new process: the test above)."""
+    seen = []
+    original = compiled_launch.launch_key
+
+    def spy(*args):
+        seen.append((original(*args), args))
+        return seen[-1][0]
+
+    compiled_launch.launch_key = spy
+    try:
+        call = _call(InterpretParams(random_seed=11))  # a seed no other test uses
+        for _ in range(3):
+            call(_mode(CLEAN), *_inputs())
+    finally:
+        compiled_launch.launch_key = original
+    ((key, args),) = seen
+    assert key is not None and key.startswith("whole launch ")
+    assert original(*args) == key
+    kernel, grid, points, vmapped, fill, specs = args
+    variants = [
+        (kernel, grid, points[::-1], vmapped, fill, specs),
+        (kernel, grid, points, vmapped, "zero" if fill != "zero" else "nan", specs),
+        (kernel, grid, points, vmapped, fill,
+         [*specs[:-1], jax.ShapeDtypeStruct((PAGES + 1, R, C), jnp.float32)]),
+    ]
+    keys = {original(*v) for v in variants}
+    assert key not in keys and len(keys) == 3

@@ -34,6 +34,7 @@ import jax
 import numpy as np
 
 from palladium.interpret.compiled.launch_function import launch_function
+from palladium.interpret.compiled.launch_key import launch_key
 from palladium.interpret.compiled.launch_state import FLAGS, TraceFacts
 from palladium.interpret.eval.segments import HOT_LAUNCH, work
 from palladium.interpret.kernel.prepared_kernel import PreparedKernel
@@ -153,10 +154,16 @@ def _compile_job(kernel: PreparedKernel, grid: tuple[int, ...], points: list[tup
         fn = launch_function(kernel, grid, points, vmapped, fill, found.second())
         return jax.jit(fn).lower(*specs).compile()
 
-    def job() -> Any:
+    def built() -> Any:
         try:
             return build()
         except Exception:  # noqa: BLE001 - not modelled: the kernel stays simulated
             return None
+
+    def job() -> Any:
+        # kept across processes under what the executable is a function of (a kernel
+        # whose description the key cannot write down is traced and compiled each time)
+        key = launch_key(kernel, grid, points, vmapped, fill, specs)
+        return built() if key is None else STATE.segments.get(key, built)
 
     return job

@@ -2,8 +2,8 @@
 
 A segment's executable (``segments.py``) is keyed by the text of its equations (shapes,
 dtypes, parameters and literals included), the versions of jax, jaxlib and palladium,
-``XLA_FLAGS`` and the host CPU (an executable holds the host's instructions): in memory
-for the process (``STATE.segments``: a kernel traced again after ``jax.clear_caches()``
+a digest of palladium's source, ``XLA_FLAGS`` and the host CPU (an executable holds the
+host's instructions): in memory for the process (``STATE.segments``: a kernel traced again after ``jax.clear_caches()``
 finds its segments compiled) and on disk under ``$PALLADIUM_CACHE_DIR/segments``, else
 ``~/.cache/palladium/segments`` (a new process loads one in ~10 ms instead of compiling
 it in ~0.2-0.5 s). Whether a segment is compiled never depends on this cache, only how
@@ -56,7 +56,25 @@ def _environment() -> str:
     except OSError:
         pass
     return "\n".join([f"format={_FORMAT}", *versions, platform.machine(), cpu,
-                      os.environ.get("XLA_FLAGS", "")])
+                      os.environ.get("XLA_FLAGS", ""), _source_digest()])
+
+
+def _source_digest() -> str:
+    """A digest of palladium's installed source: an executable is a function of the code
+    that traced it (a compiled launch's of the whole interpreter), and a checkout whose
+    code changed keeps its version number."""
+    import palladium.race_detect
+    import palladium.shared_memory
+
+    folders = [Path(__file__).resolve().parents[1]]  # palladium/interpret
+    for package in (palladium.shared_memory, palladium.race_detect):
+        folders += [Path(f) for f in package.__path__]
+    h = hashlib.sha256()
+    for folder in folders:
+        for path in sorted(folder.rglob("*.py")):
+            h.update(str(path.relative_to(folder)).encode())
+            h.update(path.read_bytes())
+    return h.hexdigest()
 
 
 class SegmentExecutables:
