@@ -161,3 +161,32 @@ def test_interpret_params_hand_the_simulator_the_shared_options():
     assert params.simulation_options(3) == SimulationOptions(
         seed=7, out_of_bounds="uninitialized", uninitialized="zero", bounds="padded",
         dma_execution_mode="eager", tpu_generation=3, watchdog=300.0)
+
+
+def test_a_rule_registered_by_name_is_never_fused_into_a_compiled_segment():
+    """A primitive with a rule registered by name runs that rule, also inside a loop of
+    small operations that becomes a compiled segment (which would otherwise run the
+    primitive's own XLA lowering)."""
+    from jax.interpreters import mlir
+
+    from palladium.interpret.eval.registry import register_interpret_rule_by_name
+
+    halve_p = Primitive("palladium_test_by_name_halve")
+    halve_p.def_abstract_eval(lambda x: x)
+    halve_p.def_impl(lambda x: x * 5.0)
+    mlir.register_lowering(halve_p, mlir.lower_fun(lambda x: x * 5.0, multiple_results=False))
+    register_interpret_rule_by_name("palladium_test_by_name_halve", lambda x: x * 0.5)
+
+    def kernel(x_ref, o_ref):
+        def step(i, acc):
+            return halve_p.bind(acc) + 1.0
+
+        o_ref[...] = jax.lax.fori_loop(0, 300, step, x_ref[...])
+
+    x = jnp.full((8, 128), 4.0, jnp.float32)
+    out = pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+                         interpret=InterpretParams(check_lowering=False))(x)
+    expected = np.full((8, 128), 4.0, np.float32)
+    for _ in range(300):
+        expected = expected * np.float32(0.5) + np.float32(1.0)
+    np.testing.assert_array_equal(np.asarray(out), expected)

@@ -178,7 +178,10 @@ def used_vars(jaxpr: Any) -> frozenset[Any]:
 
 
 def _has_own_rule(prim: Any) -> bool:
-    return RULES.compiler(prim) is not None or RULES.get(prim) is not None
+    """Whether the interpreter runs ``prim`` by a rule of its own (registered for it or by
+    its name): never fused into a compiled segment, which would run its XLA lowering."""
+    return (RULES.compiler(prim) is not None or RULES.get(prim) is not None
+            or str(prim) in RULES.by_name)
 
 
 def _segment_step(jaxpr: Any, start: int, stop: int, races_ok: bool, hot: bool,
