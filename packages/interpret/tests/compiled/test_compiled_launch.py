@@ -512,3 +512,46 @@ def test_the_launch_key_names_what_the_executable_is_a_function_of(always_worth)
     ]
     keys = {original(*v) for v in variants}
     assert key not in keys and len(keys) == 3
+
+
+def _signalling_kernel(x_ref, o_ref, sem):
+    """Semaphore signals are not modelled by a compiled launch: it stays simulated."""
+    pltpu.semaphore_signal(sem, 1)
+    pltpu.semaphore_wait(sem, 1)
+    o_ref[...] = jnp.tanh(x_ref[...]) * 2.0
+
+
+def signalling_call():
+    return jax.jit(lambda x: pl.pallas_call(
+        _signalling_kernel, grid=(G,), out_shape=jax.ShapeDtypeStruct((G * R, C), jnp.float32),
+        in_specs=[pl.BlockSpec((R, C), lambda i: (i, 0))],
+        out_specs=pl.BlockSpec((R, C), lambda i: (i, 0)),
+        scratch_shapes=[pltpu.SemaphoreType.REGULAR],
+        interpret=InterpretParams())(x))
+
+
+def test_a_launch_that_cannot_be_compiled_is_not_traced_again_in_a_new_process(tmp_path):
+    """The disk cache keeps "nothing compiled" too: a later process does not trace the
+    unmodelled launch again (it stays simulated, with the same results)."""
+    script = textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {os.path.dirname(__file__)!r})
+        import numpy as np
+        from palladium.interpret.compiled import compiled_launch
+        from test_compiled_launch import G, R, C, signalling_call
+        compiled_launch.MIN_EQUATIONS_PER_LAUNCH = 0
+        traced = []
+        original = compiled_launch.launch_function
+        compiled_launch.launch_function = lambda *a: traced.append(1) or original(*a)
+        x = np.linspace(-2, 2, G * R * C, dtype=np.float32).reshape(G * R, C)
+        call = signalling_call()
+        outs = [np.asarray(call(x)) for _ in range(4)]
+        assert all(np.allclose(o, np.tanh(x) * 2.0, rtol=1e-6, atol=1e-6) for o in outs)
+        print(len(traced), compiled_launch.STATS["compiled"])
+    """)
+    env = {**os.environ, "PALLADIUM_CACHE_DIR": str(tmp_path), "JAX_PLATFORMS": "cpu"}
+    runs = [subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                           text=True, timeout=240) for _ in range(2)]
+    for r in runs:
+        assert r.returncode == 0, r.stderr
+    assert [r.stdout.split() for r in runs] == [["1", "0"], ["0", "0"]]

@@ -105,7 +105,9 @@ class SegmentExecutables:
                 self._memory.move_to_end(key)
                 return hit
         exe = _load(key)
-        if exe is None:
+        if exe is _NOTHING:  # compile_fn gave None for this key before
+            exe = None
+        elif exe is None:
             exe = compile_fn()
             self.compiled += 1
             _store(key, exe)
@@ -154,12 +156,22 @@ class SegmentExecutables:
                 future.set_exception(e)
 
 
+#: What a key whose ``compile_fn`` gave None (not compiled: e.g. a launch a compiled
+#: launch does not model) holds on disk, so that later processes do not try again.
+_NOTHING_BYTES = b"palladium: nothing compiled\n"
+_NOTHING = object()
+
+
 def _load(key: str) -> Any:
+    """The executable kept under ``key``, ``_NOTHING``, or None (not on disk)."""
     import jax
     from jax.experimental.serialize_executable import deserialize_and_load
 
     try:
-        payload, in_tree, out_tree = pickle.loads((segments_dir() / f"{key}.bin").read_bytes())
+        data = (segments_dir() / f"{key}.bin").read_bytes()
+        if data == _NOTHING_BYTES:
+            return _NOTHING
+        payload, in_tree, out_tree = pickle.loads(data)
         return deserialize_and_load(payload, in_tree, out_tree,
                                     execution_devices=jax.devices("cpu")[:1])
     except Exception:  # noqa: BLE001 - missing, stale or corrupt: compile it again
@@ -171,7 +183,7 @@ def _store(key: str, exe: Any) -> None:
 
     folder = segments_dir()
     try:
-        data = pickle.dumps(serialize(exe))
+        data = _NOTHING_BYTES if exe is None else pickle.dumps(serialize(exe))
         folder.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile("wb", dir=folder, suffix=".tmp", delete=False) as f:
             f.write(data)
