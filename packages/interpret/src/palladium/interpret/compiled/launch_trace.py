@@ -95,11 +95,31 @@ def _access(value: Any, transforms: Sequence[Any], st: LaunchState,
     if not isinstance(ref, Handle):
         raise UnsupportedFeatureError("a compiled launch accesses buffers only")
     chain = [*own, *transforms]
-    cut = next((i for i, t in enumerate(chain) if isinstance(t, jc.ReshapeTransform)),
-               len(chain))
+    # As the simulator (``eval.refs.resolve``): a bitcast to a type of the same width
+    # before any reshape or other bitcast reinterprets elements in place (the indexers
+    # after it still narrow the region); the region read is the one before the first
+    # reshape or other bitcast, whose transforms apply to the value read.
+    dtype = np.dtype(st.bufs[ref.buf].dtype)
+    lead: list[Any] = []
+    for i, t in enumerate(chain):
+        if isinstance(t, jc.ReshapeTransform):
+            break
+        if isinstance(t, jc.BitcastTransform):
+            if np.dtype(t.dtype).itemsize != dtype.itemsize:
+                break
+            dtype = np.dtype(t.dtype)
+            lead.append(i)
+    if lead:
+        if reshaped is None:
+            raise UnsupportedFeatureError("a compiled launch writes or copies no bitcast ref")
+        reshaped.append(dtype)  # the in-place cast, first
+        chain = [t for i, t in enumerate(chain) if i not in lead]
+    cut = next((i for i, t in enumerate(chain)
+                if isinstance(t, jc.ReshapeTransform | jc.BitcastTransform)), len(chain))
     if cut < len(chain):
         if reshaped is None:
-            raise UnsupportedFeatureError("a compiled launch writes or copies no reshaped ref")
+            raise UnsupportedFeatureError(
+                "a compiled launch writes or copies no reshaped or bitcast ref")
         reshaped.extend(chain[cut:])
     view, ok = apply_indexers(View.whole(st.bufs[ref.buf].shape), chain[:cut], jnp.bool_(True))
     st.raise_flag(FLAG_BOUNDS, ~ok)
@@ -107,15 +127,36 @@ def _access(value: Any, transforms: Sequence[Any], st: LaunchState,
 
 
 def _reshaped_value(value: Any, transforms: list[Any], st: LaunchState) -> Any:
-    """``value`` (a region read) through a reshaped ref's further transforms."""
+    """``value`` (a region read) through a reshaped or bitcast ref's further transforms
+    (a dtype: an in-place cast to a type of the same width)."""
     for t in transforms:
         if isinstance(t, jc.ReshapeTransform):
             value = value.reshape(tuple(int(n) for n in t.shape))
+            continue
+        if isinstance(t, np.dtype | jc.BitcastTransform):
+            value = _tpu_bitcast(value, np.dtype(getattr(t, "dtype", t)))
             continue
         view, ok = apply_indexers(View.whole(value.shape), [t], jnp.bool_(True))
         st.raise_flag(FLAG_BOUNDS, ~ok)
         value = read_view(value, view)
     return value
+
+
+def _tpu_bitcast(x: Any, dtype: np.dtype) -> Any:
+    """``eval.refs.tpu_bitcast`` traced: a change of bit width scales the second-minor
+    dimension (32 -> 16 bits: row ``i`` becomes rows ``2i, 2i+1``, low half first)."""
+    xb, yb = np.dtype(x.dtype).itemsize, dtype.itemsize
+    if xb == yb:
+        return lax.bitcast_convert_type(x, dtype)
+    if x.ndim < 2:
+        raise UnsupportedFeatureError("bitcast of a rank-1 ref with a bit width change")
+    *lead, n, m = x.shape
+    if xb < yb:
+        r = yb // xb
+        packed = x.reshape(*lead, n // r, r, m).swapaxes(-1, -2)
+        return lax.bitcast_convert_type(packed, dtype)
+    r = xb // yb
+    return lax.bitcast_convert_type(x, dtype).swapaxes(-1, -2).reshape(*lead, n * r, m)
 
 
 def _load(ref: Any, transforms: Sequence[Any], st: LaunchState) -> Any:
@@ -186,6 +227,11 @@ def _num_programs(eqn: Any, invals: list[Any], st: LaunchState, grid: GridContex
 @_rule(jc.multiple_of_p)
 def _multiple_of(eqn: Any, invals: list[Any], st: LaunchState, grid: GridContext) -> list[Any]:
     return [invals[0]]
+
+
+@_rule(jc.tpu_bitcast_p)
+def _bitcast(eqn: Any, invals: list[Any], st: LaunchState, grid: GridContext) -> list[Any]:
+    return [_tpu_bitcast(invals[0], np.dtype(eqn.outvars[0].aval.dtype))]
 
 
 # --- DMAs -----------------------------------------------------------------------------------
