@@ -21,6 +21,7 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import itertools
+import math
 import threading
 import traceback
 from collections.abc import Callable, Sequence
@@ -119,7 +120,7 @@ _LOCK = threading.Lock()
 
 def _view(item: int, shape: tuple[int, ...], dtype: np.dtype, writeable: bool) -> np.ndarray:
     buf = ctypes.cast(item, ctypes.POINTER(_Buffer)).contents
-    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    nbytes = math.prod(shape) * dtype.itemsize  # (Python ints: no overflow)
     if nbytes == 0:
         return np.zeros(shape, dtype)
     raw = (ctypes.c_char * nbytes).from_address(buf.data)
