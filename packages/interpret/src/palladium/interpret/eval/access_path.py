@@ -144,4 +144,4 @@ def base_refs(invals: list[Any]) -> list[Any]:
 
 def semaphore_at(invals: list[Any], where: tuple[int, int]) -> int:
     """The simulator id of the semaphore at ``where`` (a ``DmaPlan``'s position)."""
-    return int(invals[where[0]].ids.flat[where[1]])
+    return invals[where[0]].id_at(where[1])  # type: ignore[no-any-return]

@@ -114,9 +114,9 @@ class CoreEvaluator:
                 for s, o in zip(step.out_slots, outs):
                     env[s] = o
             return [env[i] for i in prog.out_slots]
-        for step in prog.steps:
-            outs = step.rule(self, step.eqn, [env[i] for i in step.in_slots])
-            for s, o in zip(step.out_slots, outs):
+        for rule, eqn, in_slots, out_slots in prog.flat:
+            outs = rule(self, eqn, [env[i] for i in in_slots])
+            for s, o in zip(out_slots, outs):
                 env[s] = o
         return [env[i] for i in prog.out_slots]
 
