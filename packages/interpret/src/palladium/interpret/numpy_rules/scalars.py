@@ -60,7 +60,8 @@ def scalar_rule(eqn: Any, general: Rule) -> Rule | None:
 
     def checked(ev: Any, eqn: Any, invals: list[Any]) -> list[Any]:
         out = rule(invals)
-        return [out] if out.dtype == out_dtype else general(ev, eqn, invals)
+        dtype = out.dtype
+        return [out] if dtype is out_dtype or dtype == out_dtype else general(ev, eqn, invals)
 
     return checked
 
