@@ -31,6 +31,7 @@ __all__ = ["MemoryMap", "hbm_name"]
 
 
 _HBM, _HOST = MemorySpace.HBM, MemorySpace.HOST
+_HBM_VALUE, _HOST_VALUE = _HBM.value, _HOST.value
 
 
 def _owner(space: Any, core: CoreId) -> Any:
@@ -38,7 +39,9 @@ def _owner(space: Any, core: CoreId) -> Any:
     device."""
     # Identity tests, not ``space.per_device``/``space.value`` (enum properties): a
     # remote DMA asks this once per DMA.
-    return (space._value_, core[0]) if space is _HBM or space is _HOST else core
+    if space is _HBM:
+        return (_HBM_VALUE, core[0])
+    return (_HOST_VALUE, core[0]) if space is _HOST else core
 
 
 def _core_label(core: CoreId) -> str:
