@@ -312,3 +312,36 @@ def test_a_wait_on_a_semaphore_whose_dmas_all_completed_is_a_deadlock():
     with pytest.raises(DeadlockError, match="copy_sems"):
         sim.run({(0, 0): body, (0, 1): other})
     assert sim2 == {"live": (2, 2), "after_send": (2, 0)}
+
+
+def test_completed_dmas_leave_the_queue_and_their_semaphores_and_in_flight_keeps_issue_order():
+    # 600 DMAs: every other one waited for at once, the others left in flight; completed
+    # ones are pruned as the queue grows (freed soon after they complete), and the ones
+    # in flight stay in the order they were issued.
+    n = 600
+    sim = Simulation(dma_execution_mode="on_wait")
+    src = sim.allocate(HBM, 0, 0, name="x", value=np.arange(n, dtype=np.float32))
+    dst = sim.allocate(VMEM, 0, 0, name="y", shape=(n,), dtype=np.float32)
+    sems = sim.allocate_semaphores(0, 0, kind=DMA, name="s", shape=(n,))
+    seen = {}
+
+    def body():
+        longest = 0
+        for i in range(n):
+            sim.dma_start(src, (slice(i, i + 1),), dst, (slice(i, i + 1),), core=(0, 0),
+                          dst_sem=sems[i])
+            if i % 2 == 0:
+                sim.dma_wait(sems[i], 4, core=(0, 0))
+            longest = max(longest, len(sim.dma_queue.pending))
+        seen["longest"] = longest
+        seen["in_flight"] = [d.dst_sem.id for d in sim.dma_queue.in_flight()]
+        seen["waited_pending"] = [sim.semaphores.get((0, 0), sems[i]).pending
+                                  for i in range(0, n, 2)]
+        for i in range(1, n, 2):
+            sim.dma_wait(sems[i], 4, core=(0, 0))
+
+    sim.run({(0, 0): body})
+    assert seen["in_flight"] == [int(sems[i]) for i in range(1, n, 2)]
+    assert seen["waited_pending"] == [()] * (n // 2)
+    assert seen["longest"] < n
+    np.testing.assert_array_equal(sim.read(dst, None, core=(0, 0)), np.arange(n))

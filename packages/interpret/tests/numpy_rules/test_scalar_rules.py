@@ -104,6 +104,17 @@ def test_int32_rem_matches_the_general_rule_and_bind(a, b):
             _check(eqn, [x, y])
 
 
+_MIN, _MAX = int(np.iinfo(np.int32).min), int(np.iinfo(np.int32).max)
+
+
+@pytest.mark.parametrize("fn", [lax.add, lax.sub, lax.mul])
+@pytest.mark.parametrize("a, b", [(_MAX, 1), (_MIN, -1), (_MIN, _MIN), (_MAX, _MAX), (_MIN, _MAX),
+                                  (_MAX, -1), (_MIN, 1), (-1, -1), (65536, 65536), (0, _MIN)])
+def test_int32_add_sub_mul_wrap_at_the_edges_as_the_general_rules_and_bind(fn, a, b):
+    x, y = np.asarray(np.int32(a)), np.asarray(np.int32(b))
+    _check(_eqn(fn, x, y), [x, y])
+
+
 def test_int32_rem_of_operands_of_another_dtype_runs_the_general_rule():
     x = np.asarray(np.int32(7))
     eqn = _eqn(lax.rem, x, x)

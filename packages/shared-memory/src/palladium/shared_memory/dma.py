@@ -36,6 +36,9 @@ class DmaView:
     convert: Callable[[np.ndarray], np.ndarray] | None = None
 
 
+_PLAIN = DmaView()  # a DMA of the regions' elements as they are
+
+
 def _report(event: Any, actor: Any, buf: Buffer, plan: AccessPlan, mask: Any, site: object,
             stored: bool) -> None:
     """Tell the race detector about the stored elements of ``plan`` (where ``mask``, of
@@ -103,7 +106,7 @@ class Dma:
         self.state = DmaState.STARTED
         self.queued = False
         self.data: np.ndarray | None = None
-        view = view or DmaView()
+        view = view or _PLAIN  # not a new DmaView per DMA
         self.src_mask = view.src_mask
         self.dst_mask = view.dst_mask
         self.convert = view.convert

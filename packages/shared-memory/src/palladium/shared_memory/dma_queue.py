@@ -20,15 +20,18 @@ from palladium.shared_memory.semaphores import Semaphore
 
 __all__ = ["DmaQueue"]
 
+_PRUNE_AT = 256  # the shortest pending list ``DmaQueue.add`` prunes
+
 
 class DmaQueue:
     """The pending DMAs of a launch (``on_wait`` mode), in issue order."""
 
-    __slots__ = ("det", "eager", "ids", "order", "pending", "rng", "root")
+    __slots__ = ("det", "eager", "ids", "order", "pending", "prune_at", "rng", "root")
 
     def __init__(self, *, eager: bool, order: str, rng: random.Random,
                  det: RaceDetector | None, root: Actor | None) -> None:
         self.pending: list[Dma] = []  # may still hold DMAs that completed (pruned lazily)
+        self.prune_at = _PRUNE_AT  # ``add`` prunes ``pending`` when it is this long
         self.ids = itertools.count()  # the next DMA's number
         self.eager = eager  # DMAs execute when started, never queue
         self.order = order  # "issue" or "random" (see the module docstring)
@@ -44,9 +47,16 @@ class DmaQueue:
         """``dma`` was started: execute it now (eager) or queue it until needed."""
         if self.eager:
             dma.execute(self.det)
-        else:
-            self.pending.append(dma)
-            dma.queue()
+            return
+        pending = self.pending
+        if len(pending) >= self.prune_at:
+            # Completed DMAs leave the list now and then (it keeps its order), so that
+            # they are freed soon after they complete, not all at the end of the run (a
+            # ring at 256 devices: 65,280 DMAs, each surviving the run's collections).
+            pending = self.pending = self.in_flight()
+            self.prune_at = max(2 * len(pending), _PRUNE_AT)
+        pending.append(dma)
+        dma.queue()
 
     def in_flight(self) -> list[Dma]:
         """The DMAs started and not yet complete, in issue order."""
@@ -67,6 +77,8 @@ class DmaQueue:
                 return
             if self.order != "random":
                 candidates[0].execute_for(sem, det)
+                if sem.count >= value:  # done: forget what no longer signals it
+                    sem.pending = [d for d in candidates if d.signals(sem)] or ()
                 continue
             self.pending = self.in_flight()
             waited = {d.id for d in candidates}

@@ -19,7 +19,8 @@ or a masked load) has no key, and its access resolves to a plan made for that on
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterable
+from itertools import chain, islice
 from typing import Any, Generic, NamedTuple, TypeVar
 
 import numpy as np
@@ -112,16 +113,16 @@ def operand_key(invals: list[Any], skip: int = -1, stop: int = -1) -> tuple[Hash
     operand: the access is resolved for its call alone). ``skip``: the position of an
     operand that is no part of the access (a store's value); ``stop``: the operands from
     there on are not either (a masked access's value, mask and fill). Runs on every
-    access: a loop of type tests, over ``invals`` itself (no list made to slice it)."""
+    access: a loop of type tests over ``invals`` itself, or over slices of it (iterators,
+    no list made) when some operands are not part of the access."""
+    items: Iterable[Any] = invals
+    if skip >= 0 or stop >= 0:
+        end = len(invals) if stop < 0 else stop
+        items = (chain(islice(invals, skip), islice(invals, skip + 1, end)) if 0 <= skip < end
+                 else islice(invals, end))
     key: list[Hashable] = []
     append = key.append
-    i = -1
-    for x in invals:
-        i += 1
-        if i == skip:
-            continue
-        if i == stop:
-            break
+    for x in items:
         t = type(x)
         if t is MemRef or t is SemaphoreRef:
             append(x.structure)
@@ -144,4 +145,4 @@ def base_refs(invals: list[Any]) -> list[Any]:
 
 def semaphore_at(invals: list[Any], where: tuple[int, int]) -> int:
     """The simulator id of the semaphore at ``where`` (a ``DmaPlan``'s position)."""
-    return int(invals[where[0]].ids.flat[where[1]])
+    return invals[where[0]].id_at(where[1])  # type: ignore[no-any-return]

@@ -32,6 +32,8 @@ from palladium.shared_memory import Simulation
 
 __all__ = ["CoreEvaluator", "Program", "ProgramCache", "Step", "compile_jaxpr"]
 
+_new_site = tuple.__new__
+
 
 @dataclasses.dataclass(eq=False)
 class CoreEvaluator:
@@ -114,9 +116,9 @@ class CoreEvaluator:
                 for s, o in zip(step.out_slots, outs):
                     env[s] = o
             return [env[i] for i in prog.out_slots]
-        for step in prog.steps:
-            outs = step.rule(self, step.eqn, [env[i] for i in step.in_slots])
-            for s, o in zip(step.out_slots, outs):
+        for rule, eqn, in_slots, out_slots in prog.flat:
+            outs = rule(self, eqn, [env[i] for i in in_slots])
+            for s, o in zip(out_slots, outs):
                 env[s] = o
         return [env[i] for i in prog.out_slots]
 
@@ -142,13 +144,16 @@ class CoreEvaluator:
             self._views, self._grid = views, outer
 
     def site(self, eqn: Equation | None = None, what: str | None = None) -> Site:
-        return Site(
-            kernel=self.launch.kernel_name,
-            core=self.core,
-            grid_point=self.grid_point,
-            source_info=None if eqn is None else self._inherited.get(id(eqn), eqn.source_info),
-            what=what,
-        )
+        # Every DMA start and wait makes one: the tuple built directly (Site's fields in
+        # order), not through the named tuple's keyword-parsing __new__.
+        return _new_site(Site, (
+            self.launch.kernel_name,
+            self.core,
+            self.grid_point,
+            None if eqn is None else self._inherited.get(id(eqn), eqn.source_info),
+            what,
+            None,  # out_of_bounds_headline
+        ))
 
     # -- the KernelContext a rule sees (its questions go to the launch) -------------------
     @property

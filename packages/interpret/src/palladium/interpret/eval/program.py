@@ -68,6 +68,15 @@ class Program:
     in_slots: tuple[int, ...]
     out_slots: tuple[int, ...]
     version: int
+    #: ``steps`` as (rule, equation, in slots, out slots) tuples: the evaluator's loop
+    #: unpacks one tuple per step instead of reading four attributes (every equation of
+    #: every core runs through it: four per DMA of a ring).
+    flat: tuple[tuple[Any, Any, tuple[int, ...], tuple[int, ...]], ...] = dataclasses.field(
+        init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "flat", tuple(
+            (st.rule, st.eqn, st.in_slots, st.out_slots) for st in self.steps))
 
 
 def _literal_value(atom: Any) -> Any:

@@ -51,9 +51,20 @@ class SemaphoreRef:
     name: str
     #: What a DMA's plan depends on of this ref: the shape of the semaphore array.
     structure: tuple[Any, ...] = dataclasses.field(init=False, repr=False)
+    #: ``ids`` flattened to Python ints, made on first use (``id_at``).
+    _flat: list[int] | None = dataclasses.field(init=False, repr=False, default=None)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "structure", ("s", self.ids.shape))
+
+    def id_at(self, position: int) -> int:
+        """The id at flat ``position`` of ``ids`` (a DMA's semaphore, once per DMA: a
+        list of ints made once instead of a numpy flat iterator and scalar per call)."""
+        flat = self._flat
+        if flat is None:
+            flat = self.ids.ravel().tolist()
+            object.__setattr__(self, "_flat", flat)
+        return flat[position]  # type: ignore[no-any-return]
 
     def index(self, transforms: Sequence[Any]) -> SemaphoreRef:
         ids = self.ids

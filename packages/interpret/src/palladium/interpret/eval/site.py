@@ -2,19 +2,19 @@
 
 from __future__ import annotations
 
-import dataclasses
 import os
-from typing import Any
+from typing import Any, NamedTuple
 
 from palladium.interpret import _jax_compat as jc
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class Site:
+class Site(NamedTuple):
     """The kernel, grid point, core and source line of one operation.
 
     Cheap to create (no formatting happens until ``str()``); the simulator and the race
-    detector embed it in their error messages.
+    detector embed it in their error messages. A named tuple rather than a frozen
+    dataclass: every DMA start and wait makes one, and a frozen dataclass's ``__init__``
+    (one ``object.__setattr__`` per field) cost ~3x a tuple's construction.
     """
 
     kernel: str

@@ -60,7 +60,8 @@ def scalar_rule(eqn: Any, general: Rule) -> Rule | None:
 
     def checked(ev: Any, eqn: Any, invals: list[Any]) -> list[Any]:
         out = rule(invals)
-        return [out] if out.dtype == out_dtype else general(ev, eqn, invals)
+        dtype = out.dtype
+        return [out] if dtype is out_dtype or dtype == out_dtype else general(ev, eqn, invals)
 
     return checked
 
@@ -73,8 +74,8 @@ def _fast(eqn: Any) -> Callable[[list[Any]], Any] | None:
     out_dtype = dtypes[-1]
     fn = _BINARY.get(prim)
     if fn is not None and n_in == 2 and dtypes[0] == dtypes[1]:
-        if prim in (lax.add_p, lax.sub_p, lax.mul_p) and dtypes[0] != _I32:
-            return None
+        if prim in (lax.add_p, lax.sub_p, lax.mul_p):
+            return _INT32_ARITHMETIC[prim] if dtypes[0] == _I32 else None
 
         def binary(invals: list[Any]) -> Any:
             return np.asarray(fn(invals[0], invals[1]))
@@ -106,6 +107,31 @@ def _fast(eqn: Any) -> Callable[[list[Any]], Any] | None:
 
 
 _OTHER = np.asarray(False)  # not int32: ``checked`` then runs the general rule
+_MIN32 = -(1 << 31)
+
+
+def _int32_arithmetic(op: Callable[[int, int], int]) -> Callable[[list[Any]], Any]:
+    """``op`` of two int32 scalars in Python ints, wrapped to int32 (two's complement,
+    as numpy and XLA): a DMA's ring index is a ``sub`` and an ``add`` per DMA, and one
+    numpy ufunc call on 0-d arrays costs ~2x this."""
+
+    def arithmetic(invals: list[Any]) -> Any:
+        x, y = invals
+        if getattr(x, "dtype", None) != _I32 or getattr(y, "dtype", None) != _I32:
+            return _OTHER
+        v = op(int(x), int(y))
+        if not _MIN32 <= v < -_MIN32:
+            v = ((v - _MIN32) & 0xFFFFFFFF) + _MIN32
+        return np.asarray(v, _I32)
+
+    return arithmetic
+
+
+_INT32_ARITHMETIC = {
+    lax.add_p: _int32_arithmetic(lambda a, b: a + b),
+    lax.sub_p: _int32_arithmetic(lambda a, b: a - b),
+    lax.mul_p: _int32_arithmetic(lambda a, b: a * b),
+}
 
 
 def _int32_rem(invals: list[Any]) -> Any:

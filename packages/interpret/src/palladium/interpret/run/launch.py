@@ -49,6 +49,27 @@ def launch_grid(kernel: PreparedKernel, dyn: list[Any]) -> tuple[int, ...]:
                  else int(g) for g in kernel.grid_mapping.grid)
 
 
+def _target_key(core_id: CoreId, device_id: Any, core_index: Any,
+                id_type: Any) -> tuple[Any, ...] | None:
+    """What ``Launch.remote_core`` answers from: the core, the id type and the integer
+    value of each part of ``device_id`` (a tuple, a list or one value; each a Python int
+    or an integer numpy scalar or 0-d array); None for anything else (a ``core_index``,
+    a ``{axis: index}`` dict, a float): then it is resolved on every call."""
+    if core_index is not None:
+        return None
+    parts = device_id if type(device_id) is tuple or type(device_id) is list else (device_id,)
+    key: list[Any] = [core_id, id(id_type)]
+    for p in parts:
+        t = type(p)
+        if t is int:
+            key.append(p)
+        elif (t is np.ndarray and not p.ndim or isinstance(p, np.integer)) and p.dtype.kind in "iu":
+            key.append(int(p))
+        else:
+            return None
+    return tuple(key)
+
+
 class Launch:
     """The state of one kernel launch, shared by the cores that run it."""
 
@@ -91,6 +112,7 @@ class Launch:
         self.vmapped_dims = tuple(gm.vmapped_dims)
         self.grid_names = tuple(gm.grid_names) if gm.grid_names is not None else ()
         self.grid: tuple[int, ...] = ()
+        self._targets: dict[tuple[Any, ...], CoreId] = {}  # remote_core's answers
 
     # --- what the evaluator may ask (eval.context.LaunchServices) -----------------------
     @property
@@ -136,6 +158,20 @@ class Launch:
                     where: Where) -> CoreId | None:
         if device_id is None and core_index is None:
             return None
+        # A ring's DMA names its peer the same way on every step: the answer for these
+        # integer values is kept for the launch (a failed resolution raises, never kept).
+        key = _target_key(core_id, device_id, core_index, id_type)
+        if key is not None:
+            known = self._targets.get(key)
+            if known is not None:
+                return known
+        target = self._remote_core(core_id, device_id, core_index, id_type, where)
+        if key is not None and target is not None:
+            self._targets[key] = target
+        return target
+
+    def _remote_core(self, core_id: CoreId, device_id: Any, core_index: Any, id_type: Any,
+                     where: Where) -> CoreId | None:
         device, core = core_id
         if device_id is not None:
             device, axis_core = self.mesh.resolve(

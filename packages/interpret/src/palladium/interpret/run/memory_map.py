@@ -30,10 +30,18 @@ from palladium.shared_memory import (
 __all__ = ["MemoryMap", "hbm_name"]
 
 
+_HBM, _HOST = MemorySpace.HBM, MemorySpace.HOST
+_HBM_VALUE, _HOST_VALUE = _HBM.value, _HOST.value
+
+
 def _owner(space: Any, core: CoreId) -> Any:
     """Who owns a buffer of ``space`` allocated on ``core``: the core, or for HBM its
     device."""
-    return (space.value, core[0]) if isinstance(space, MemorySpace) and space.per_device else core
+    # Identity tests, not ``space.per_device``/``space.value`` (enum properties): a
+    # remote DMA asks this once per DMA.
+    if space is _HBM:
+        return (_HBM_VALUE, core[0])
+    return (_HOST_VALUE, core[0]) if space is _HOST else core
 
 
 def _core_label(core: CoreId) -> str:
@@ -127,9 +135,10 @@ class MemoryMap:
 
     def peer_buffer(self, buf: BufferRef, target: CoreId) -> BufferRef:
         """The buffer on ``target`` that corresponds to ``buf`` (same allocation position)."""
-        if buf.space.per_device and target[0] == buf.device:
+        space = buf.space
+        if (space is _HBM or space is _HOST) and target[0] == buf.device:
             return buf
-        owner = _owner(buf.space, target)
+        owner = _owner(space, target)
         peers = self._allocated.get(owner, [])
         pos = self._position[buf.key]
         if pos < len(peers):
