@@ -28,7 +28,8 @@ from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 _METHODS = ("new_actor", "finish", "join", "release", "acquire", "barrier",
-            "register_buffer", "free_buffer", "read", "write", "finish_release", "acquire_all")
+            "register_buffer", "free_buffer", "read", "write", "finish_release", "acquire_all",
+            "read_release", "write_release")
 
 
 def record(name: str, n: int, out: str) -> None:
@@ -63,6 +64,15 @@ def record(name: str, n: int, out: str) -> None:
                 elif method == "finish_release":  # logged as its two parts
                     log.append(("finish", number(self), number(args[0])))
                     entry = ("release", number(self), number(args[0]), number(result))
+                elif method in ("read_release", "write_release"):  # logged as their parts
+                    actor, key = number(args[0]), number(args[1])
+                    region = kwargs.get("region", args[2] if len(args) > 2 else None)
+                    site = kwargs.get("site", args[3] if len(args) > 3 else None)
+                    log.append(("read" if method == "read_release" else "write",
+                                number(self), actor, key, region, str(site), None))
+                    if method == "write_release":
+                        log.append(("finish", number(self), actor))
+                    entry = ("release", number(self), actor, number(result))
                 elif method == "acquire_all":  # logged as one acquire per clock
                     log.extend(("acquire", number(self), number(args[0]), number(c))
                                for c in args[1])

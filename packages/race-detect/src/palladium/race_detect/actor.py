@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from palladium.race_detect.clock import Clock, VectorClock
+import numpy as np
+
+from palladium.race_detect.clock import Clock, VectorClock, with_entry
+from palladium.race_detect.slot_names import SlotNames
 
 REUSABLE_HINTS = 64
 
@@ -12,21 +15,80 @@ class Actor:
 
     ``name`` is the user-facing name ("device 0 core 1", "DMA #12 x->scratch_shapes[0]");
     ``slot`` is the vector-clock slot it occupies (slots of finished actors are reused).
+
+    A forked actor (``forked``) starts without a clock of its own: its clock is its
+    parent's snapshot ``base`` (shared, never changed) with its own slot at ``own``,
+    which is all a DMA ever needs (it never joins anything). ``vector`` builds the
+    mutable clock on first use; until then the detector reads ``base`` and ``own``.
     """
 
-    __slots__ = ("name", "slot", "finished", "vector", "reusable_slots")
+    __slots__ = ("_fork_clock", "_vector", "base", "finished", "name", "namer", "own",
+                 "reusable_slots", "slot")
 
     def __init__(self, name: str, slot: int, clock: VectorClock) -> None:
         self.name = name
         self.slot = slot
         self.finished = False
         # The mutable clock the detector advances (``clock()`` gives users a snapshot).
-        self.vector = clock
+        self._vector: VectorClock | None = clock
+        # Forked and without its own clock yet: the parent's times, and this slot's time.
+        self.base: np.ndarray | None = None
+        self.namer: SlotNames | None = None
+        self.own = 0
+        self._fork_clock: Clock | None = None  # the snapshot of base + own (cached)
         # Slots of finished actors whose final time this actor acquired, newest last (at
         # most ``REUSABLE_HINTS``: ``hint_reusable`` drops the oldest): where
         # ``RaceDetector.new_actor`` looks first for a slot to give its child. A list,
         # not a deque: one is made per DMA, and a list is made faster.
         self.reusable_slots: list[int] = []
+
+    @classmethod
+    def forked(cls, name: str, slot: int, base: np.ndarray, namer: SlotNames,
+               time: int) -> Actor:
+        """An actor at ``time`` of ``slot`` whose past is ``base`` (its parent's times,
+        shared: nobody may change them), without a clock of its own yet."""
+        actor = cls.__new__(cls)
+        actor.name = name
+        actor.slot = slot
+        actor.finished = False
+        actor._vector = None
+        actor.base = base
+        actor.namer = namer
+        actor.own = time
+        actor._fork_clock = None
+        actor.reusable_slots = []
+        return actor
+
+    @property
+    def vector(self) -> VectorClock:
+        """The actor's mutable clock (built from ``base`` on first use)."""
+        vector = self._vector
+        if vector is None:
+            assert self.base is not None and self.namer is not None
+            vector = VectorClock.__new__(VectorClock)
+            vector.array = with_entry(self.base, self.slot, self.own)
+            vector.namer = self.namer
+            vector._entries = vector._snapshot = None
+            vector._shared = False
+            self._vector = vector
+            self.base = self._fork_clock = None
+        return vector
+
+    def fork_clock(self) -> Clock:
+        """The snapshot of a forked actor without its own clock (``base`` + ``own``)."""
+        clock = self._fork_clock
+        if clock is None:
+            assert self.base is not None and self.namer is not None
+            clock = self._fork_clock = Clock.of_fork(self.base, self.namer, self.slot, self.own)
+        return clock
+
+    def tick(self) -> None:
+        """The actor's own time advances (its later accesses follow what it released)."""
+        if self._vector is None:
+            self.own += 1
+            self._fork_clock = None
+        else:
+            self._vector.increment(self.slot)
 
     def hint_reusable(self, slot: int) -> None:
         """``slot``'s finished actor happens-before this actor's future: a slot its next
@@ -38,12 +100,16 @@ class Actor:
 
     def clock(self) -> Clock:
         """A snapshot of the actor's vector clock."""
-        return self.vector.snapshot()
+        if self._vector is None:
+            return self.fork_clock()
+        return self._vector.snapshot()
 
     @property
     def time(self) -> int:
         """The actor's current epoch time (its own clock entry)."""
-        return self.vector.time(self.slot)
+        if self._vector is None:
+            return self.own
+        return self._vector.time(self.slot)
 
     def __repr__(self) -> str:
         state = ", finished" if self.finished else ""

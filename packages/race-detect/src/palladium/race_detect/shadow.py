@@ -244,11 +244,16 @@ class BufferShadow:
 
     # ----------------------------------------------------------------- uniform boxes
     def access_box(
-        self, box: Box, size: int, event: Event, times: Times, is_write: bool
+        self, box: Box, size: int, event: Event, times: Times, is_write: bool, own: int = -1
     ) -> bool:
         """Access ``box`` in O(1) if it is (inside) a uniform box and races with
         nothing: True. Otherwise change nothing and return False (the general path
-        then reports the race, or scans the region)."""
+        then reports the race, or scans the region).
+
+        ``own``: the accessing actor's slot, whose events all happen before the access
+        (its own, and its slot's earlier occupants', which its past holds): they are
+        not looked up in ``times``, which may then lack the actor's own entry (a forked
+        actor's parent's times)."""
         boxes = self._boxes
         outer = box
         pair = boxes.get(box)
@@ -269,16 +274,17 @@ class BufferShadow:
         if wid:
             last = self._writes.items[wid]
             slot = last.slot
-            if slot >= len(times) or last.time > times[slot]:  # not precedes(last, times)
-                return False
+            if slot != own and (slot >= len(times) or last.time > times[slot]):
+                return False  # not precedes(last, times)
         # The same table operations, in the same order, as the general path on a
         # region holding one pair: ids (and so reports) do not depend on the path.
         if is_write:
             if rid:
                 n = len(times)
                 for e in self._reads.items[rid]:
-                    if e.slot >= n or e.time > times[e.slot]:  # not precedes(e, times)
-                        return False
+                    slot = e.slot
+                    if slot != own and (slot >= n or e.time > times[slot]):
+                        return False  # not precedes(e, times)
             writes = self._writes
             if rid:
                 self._reads.release(rid, size)
@@ -292,7 +298,7 @@ class BufferShadow:
                     writes.release(wid, size)
                 new = writes.add(event, size) << 32
         elif rid:
-            new_rid = self._with_read(rid, event, times, size)
+            new_rid = self._with_read(rid, event, times, size, None, own)
             self._reads.release(rid, size)
             new = wid << 32 | new_rid
         else:  # no reads yet: the new read set is this read alone
@@ -347,13 +353,16 @@ class BufferShadow:
         times: Times,
         count: int,
         merged: dict[tuple[int, ...], int] | None = None,
+        own: int = -1,
     ) -> int:
         """The id of (read set ``rid`` minus reads before ``event``) plus ``event``; +count
         refs. ``merged``: the sets this access made so far, by their serials (an access
-        of one uniform box makes one set, and passes None)."""
+        of one uniform box makes one set, and passes None). ``own``: as for
+        ``access_box``."""
         n = len(times)
         # not precedes(e, times), inlined: this runs on every read
-        kept = [e for e in self._reads.items[rid] if e.slot >= n or e.time > times[e.slot]]
+        kept = [e for e in self._reads.items[rid]
+                if e.slot != own and (e.slot >= n or e.time > times[e.slot])]
         kept.append(event)  # serials grow in program order: the tuple stays sorted
         if merged is None:
             return self._reads.add(tuple(kept), count)
