@@ -121,8 +121,11 @@ def test_on_race_raise_stops_a_dma_call_at_the_racing_access():
                                         r"'DMA #1' of x\[0:2\] at r"):
         det.read_release(reader, "x", slice(0, 2), site="r")
     assert reader.time == 1  # raised at the read: not released (no tick)
+    third = det.new_actor("DMA #2", parent=core)
     with pytest.raises(DataRaceError, match=r"write by 'DMA #0' to x\[:\] at w and write by "
                                         r"'DMA #2' to x\[2:4\] at w2"):
-        det.write_release(det.new_actor("DMA #2", parent=core), "x", slice(2, 4), site="w2")
-    assert [a.finished for a in (writer, reader)] == [False, False]
+        det.write_release(third, "x", slice(2, 4), site="w2")
+    assert [a.finished for a in (writer, reader, third)] == [False, False, False]
+    released = det.release(third)  # raised at the write: not finished, an ordinary release
+    assert released.finished_slot == -1 and released.entries()[-1] == ("DMA #2", 1)
     assert det.num_slots == 4  # no slot was freed: nothing finished

@@ -83,9 +83,9 @@ class RaceDetector:
                 vector = parent.vector
                 self.slot_names.set(slot, time, name)
                 actor = Actor.forked(name, slot, vector.share(), vector.namer, time)
+                if not parent.finished:
+                    vector.increment(parent.slot)
             self._occupants[slot] = actor
-            if parent is not None and not parent.finished:
-                parent.vector.increment(parent.slot)
             return actor
 
     def _reusable_slot(self, parent: Actor | None) -> int | None:
@@ -184,10 +184,20 @@ class RaceDetector:
         completes and signals its receive semaphore): the clock released. Races are
         delivered between the two, as two calls would."""
         with self._lock:
-            reports = self._record(actor, key, region, site, None, True)
+            if actor._vector is None and not actor.finished and actor.base is not None:
+                # The clock the release hands over (the final time, the slot to reuse)
+                # serves the write's event too: one snapshot, not two.
+                actor._fork_clock = Clock.of_fork(actor.base, actor.namer, actor.slot,  # type: ignore[arg-type]
+                                                  actor.own, actor.slot)
+            try:
+                reports = self._record(actor, key, region, site, None, True)
+            except BaseException:
+                actor._fork_clock = None  # not finished: its next snapshot is an ordinary one
+                raise
             if not reports:
                 self._finish(actor)
                 return _release(actor)
+            actor._fork_clock = None  # the actor is not finished before the delivery
         self._deliver(reports)
         with self._lock:
             self._finish(actor)
@@ -379,7 +389,10 @@ def _release(actor: Actor) -> Clock:
     if actor._vector is None:  # a forked actor without its own clock: base + own
         if actor.finished:
             assert actor.base is not None and actor.namer is not None
-            return Clock.of_fork(actor.base, actor.namer, actor.slot, actor.own, actor.slot)
+            clock = actor._fork_clock  # write_release made it for the write's event
+            if clock is None or clock.finished_slot != actor.slot:
+                clock = Clock.of_fork(actor.base, actor.namer, actor.slot, actor.own, actor.slot)
+            return clock
         snapshot = actor.fork_clock()
         actor.tick()
         return snapshot
