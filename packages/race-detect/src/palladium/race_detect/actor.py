@@ -22,8 +22,8 @@ class Actor:
     mutable clock on first use; until then the detector reads ``base`` and ``own``.
     """
 
-    __slots__ = ("_fork_clock", "_vector", "base", "finished", "name", "namer", "own",
-                 "reusable_slots", "slot")
+    __slots__ = ("_fork_clock", "_vector", "base", "finished", "name", "namer", "origin",
+                 "own", "reusable_slots", "slot")
 
     def __init__(self, name: str, slot: int, clock: VectorClock) -> None:
         self.name = name
@@ -34,6 +34,7 @@ class Actor:
         # Forked and without its own clock yet: the parent's times, and this slot's time.
         self.base: np.ndarray | None = None
         self.namer: SlotNames | None = None
+        self.origin: VectorClock | None = None  # the parent's clock, ``base``'s source
         self.own = 0
         self._fork_clock: Clock | None = None  # the snapshot of base + own (cached)
         # Slots of finished actors whose final time this actor acquired, newest last (at
@@ -44,9 +45,10 @@ class Actor:
 
     @classmethod
     def forked(cls, name: str, slot: int, base: np.ndarray, namer: SlotNames,
-               time: int) -> Actor:
+               time: int, origin: VectorClock | None = None) -> Actor:
         """An actor at ``time`` of ``slot`` whose past is ``base`` (its parent's times,
-        shared: nobody may change them), without a clock of its own yet."""
+        shared from ``origin``, the parent's clock: nobody may change them), without a
+        clock of its own yet."""
         actor = cls.__new__(cls)
         actor.name = name
         actor.slot = slot
@@ -54,6 +56,7 @@ class Actor:
         actor._vector = None
         actor.base = base
         actor.namer = namer
+        actor.origin = origin
         actor.own = time
         actor._fork_clock = None
         actor.reusable_slots = []
@@ -71,7 +74,7 @@ class Actor:
             vector._entries = vector._snapshot = None
             vector._shared = False
             self._vector = vector
-            self.base = self._fork_clock = None
+            self.base = self._fork_clock = self.origin = None
         return vector
 
     def fork_clock(self) -> Clock:
@@ -79,7 +82,8 @@ class Actor:
         clock = self._fork_clock
         if clock is None:
             assert self.base is not None and self.namer is not None
-            clock = self._fork_clock = Clock.of_fork(self.base, self.namer, self.slot, self.own)
+            clock = self._fork_clock = Clock.of_fork(self.base, self.namer, self.slot, self.own,
+                                                     origin=self.origin)
         return clock
 
     def tick(self) -> None:

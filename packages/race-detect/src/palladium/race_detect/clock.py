@@ -56,7 +56,7 @@ class Clock:
         # The names of the times (``slot_names``): explicit ones, this clock's own.
         self.namer = SlotNames.of(self._times, names)
         self.finished_slot = finished_slot
-        self._fork: tuple[np.ndarray, int, int] | None = None
+        self._fork: tuple[np.ndarray, int, int, VectorClock | None] | None = None
 
     @classmethod
     def of_array(cls, array: np.ndarray, namer: SlotNames, finished_slot: int = -1) -> Clock:
@@ -72,11 +72,13 @@ class Clock:
 
     @classmethod
     def of_fork(cls, base: np.ndarray, namer: SlotNames, slot: int, time: int,
-                finished_slot: int = -1) -> Clock:
+                finished_slot: int = -1, origin: VectorClock | None = None) -> Clock:
         """``base`` (a snapshot's array: nobody may change it) with ``slot`` at ``time``
         (``time >= base[slot]``): the clock of a forked actor that never joined anything
         (a DMA), made without copying ``base``. Its array is built only if asked for;
-        ``VectorClock.join`` takes it as ``base`` plus one entry.
+        ``VectorClock.join`` takes it as ``base`` plus one entry. ``origin``: the clock
+        ``base`` was shared from (the parent's), which only grows: joined into it, only
+        the one entry can change anything.
 
         >>> Clock.of_fork(np.array([3, 0, 1]), SlotNames.of((3, 0, 1), ("a", "", "b")),
         ...               4, 2).times
@@ -87,7 +89,7 @@ class Clock:
         clock._times = None
         clock.namer = namer
         clock.finished_slot = finished_slot
-        clock._fork = (base, slot, time)
+        clock._fork = (base, slot, time, origin)
         return clock
 
     @property
@@ -102,7 +104,7 @@ class Clock:
         """The times as an int64 array (shared: never change it)."""
         if self._array is None:
             if self._fork is not None:
-                self._array = with_entry(*self._fork)
+                self._array = with_entry(*self._fork[:3])
             else:
                 self._array = np.array(self.times, dtype=_INT)
         return self._array
@@ -246,11 +248,22 @@ class VectorClock:
         np.maximum(mine, theirs, out=mine)
         self._entries = self._snapshot = None
 
-    def _join_fork(self, base: np.ndarray, slot: int, time: int) -> None:
-        """``join`` of ``Clock.of_fork(base, self.namer, slot, time)``: ``base``, then the
-        one entry (which is at least ``base``'s own)."""
+    def _join_fork(self, base: np.ndarray, slot: int, time: int,
+                   origin: VectorClock | None) -> None:
+        """``join`` of ``Clock.of_fork(base, self.namer, slot, time, origin=origin)``:
+        ``base``, then the one entry (which is at least ``base``'s own). When ``base``
+        was shared from this clock (a core observing its own DMA), it is already below
+        it everywhere: only the entry is joined."""
         n = len(base)
         mine = self.array
+        if origin is self:
+            if slot >= len(mine):
+                self._grow(slot + 1)
+            elif mine[slot] >= time:
+                return
+            self._own()[slot] = time
+            self._entries = self._snapshot = None
+            return
         if n == len(mine) and self._shared:  # one new array instead of a copy, then max
             mine = self.array = np.maximum(mine, base)
             self._shared = False

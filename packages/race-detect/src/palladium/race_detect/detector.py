@@ -82,7 +82,7 @@ class RaceDetector:
                 # if it ever needs one (``Actor.vector``): a DMA never does.
                 vector = parent.vector
                 self.slot_names.set(slot, time, name)
-                actor = Actor.forked(name, slot, vector.share(), vector.namer, time)
+                actor = Actor.forked(name, slot, vector.share(), vector.namer, time, vector)
                 if not parent.finished:
                     vector.increment(parent.slot)
             self._occupants[slot] = actor
@@ -188,7 +188,7 @@ class RaceDetector:
                 # The clock the release hands over (the final time, the slot to reuse)
                 # serves the write's event too: one snapshot, not two.
                 actor._fork_clock = Clock.of_fork(actor.base, actor.namer, actor.slot,  # type: ignore[arg-type]
-                                                  actor.own, actor.slot)
+                                                  actor.own, actor.slot, actor.origin)
             try:
                 reports = self._record(actor, key, region, site, None, True)
             except BaseException:
@@ -391,7 +391,8 @@ def _release(actor: Actor) -> Clock:
             assert actor.base is not None and actor.namer is not None
             clock = actor._fork_clock  # write_release made it for the write's event
             if clock is None or clock.finished_slot != actor.slot:
-                clock = Clock.of_fork(actor.base, actor.namer, actor.slot, actor.own, actor.slot)
+                clock = Clock.of_fork(actor.base, actor.namer, actor.slot, actor.own, actor.slot,
+                                      actor.origin)
             return clock
         snapshot = actor.fork_clock()
         actor.tick()
