@@ -357,13 +357,12 @@ class RaceDetector:
                           shadow.name, full, site, clock.snapshot(), bool_mask is not None)
         # The box path takes the actor's own slot apart (everything of it is in the
         # actor's past), so ``base`` serves as a forked actor's times there.
-        if bool_mask is None and box is not None and shadow.access_box(
-            box, size, event, times, is_write, slot
-        ):
+        tried = bool_mask is None and box is not None
+        if tried and shadow.access_box(box, size, event, times, is_write, slot):
             return None  # a uniform box and no race: the common case, O(1)
         times = actor.vector.array
         try:
-            races = shadow.access(event, times, is_write, full, bool_mask, box, size)
+            races = shadow.access(event, times, is_write, full, bool_mask, box, size, tried)
         except IndexError as error:  # numpy's own bounds message, with our names
             raise RegionError(f"buffer {shadow.name!r}: {error}") from error
         if not races:

@@ -166,18 +166,20 @@ class BufferShadow:
         mask: np.ndarray | None,
         box: Box | None = None,
         size: int = 0,
+        tried_box: bool = False,
     ) -> list[Race]:
         """Record ``event`` on ``buffer[region][mask]``; return the earlier events it races with.
 
         ``times`` is the accessing actor's clock. ``region`` is normalised (one index per
         dimension); ``box`` and ``size`` are its box as a ``PreparedAccess`` holds them
-        (computed here when not given).
+        (computed here when not given). ``tried_box``: ``access_box`` of this access
+        returned False already (it changed nothing), so it is not tried again.
         """
         if box is None:
             box = box_of(region, self.shape)
             size = box_size(box) if box is not None else 0
         if mask is None and box is not None and (
-            self.access_box(box, size, event, times, is_write)
+            (not tried_box and self.access_box(box, size, event, times, is_write))
             or self._access_union(box, size, event, times, is_write)
         ):
             return []
@@ -388,8 +390,12 @@ class BufferShadow:
         by_pair: dict[int, int] = {}  # the pairs of the boxes inside, and their elements
         if box == self._full:  # the whole buffer (a block copy): every box is inside
             inside = list(boxes)
+            get = by_pair.get
             for b, pair in boxes.items():
-                by_pair[pair] = by_pair.get(pair, 0) + box_size(b)
+                n = 1
+                for lo, hi in b:  # box_size(b), inlined
+                    n *= hi - lo
+                by_pair[pair] = get(pair, 0) + n
             covered = sum(by_pair.values())
         else:
             inside = []
@@ -414,9 +420,12 @@ class BufferShadow:
             write_counts[wid] = write_counts.get(wid, 0) + count
             read_counts[rid] = read_counts.get(rid, 0) + count
         writes, reads = self._writes, self._reads
+        items, n = writes.items, len(times)
         for wid in write_counts:
-            if wid and not precedes(writes.items[wid], times):
-                return False
+            if wid:
+                last = items[wid]  # not precedes(last, times), inlined
+                if last.slot >= n or last.time > times[last.slot]:
+                    return False
         if is_write:
             for rid in read_counts:
                 for earlier in reads.items[rid]:
