@@ -79,14 +79,14 @@ def test_a_forked_actor_shares_its_parents_times_until_it_needs_its_own():
     core = det.new_actor("core 0")
     core.vector.set(0, 5, "core 0")
     dma = det.new_actor("DMA #0", parent=core)
-    assert dma._vector is None and dma.base is not None
+    assert dma.own_vector is None and dma.base is not None
     assert dma.clock().entries() == (("core 0", 5), ("DMA #0", 1))
     assert core.vector.times == [6] and dma.base.tolist() == [5]  # the parent copied
     assert det.release(dma).entries() == (("core 0", 5), ("DMA #0", 1))
-    assert dma.time == 2 and dma._vector is None
+    assert dma.time == 2 and dma.own_vector is None
     other = det.new_actor("core 1")
     det.join(other, dma)  # any other use gives the DMA its own clock, the same times
-    assert dma._vector is not None and dma.vector.times == [5, 3]  # the join ticked it
+    assert dma.own_vector is not None and dma.vector.times == [5, 3]  # the join ticked it
     assert other.vector.entries() == (("core 0", 5), ("DMA #0", 2), ("core 1", 1))
 
 
@@ -129,3 +129,20 @@ def test_on_race_raise_stops_a_dma_call_at_the_racing_access():
     released = det.release(third)  # raised at the write: not finished, an ordinary release
     assert released.finished_slot == -1 and released.entries()[-1] == ("DMA #2", 1)
     assert det.num_slots == 4  # no slot was freed: nothing finished
+
+
+def test_a_core_observing_its_own_dmas_release_takes_only_the_dmas_entry():
+    det = RaceDetector(on_race="collect")
+    cores = [det.new_actor(f"core {i}") for i in range(3)]
+    core = cores[0]
+    dma = det.new_actor("DMA #0", parent=core)  # its base is core 0's clock at the fork
+    sent = det.release(dma)
+    det.acquire(core, det.release(cores[1]))  # core 0 moves on: core 1's entry, a tick
+    core.vector.increment(core.slot)
+    full = VectorClock(core.vector.array, namer=det.slot_names)
+    full.join(Clock.of_array(sent.array, det.slot_names))  # the whole join, as an array
+    det.acquire(core, sent)
+    assert core.vector.times == full.times == [3, 1, 0, 1]
+    other = cores[2]  # another core's join of the same clock takes the whole base
+    det.acquire(other, sent)
+    assert other.vector.times == [1, 0, 1, 1]

@@ -22,15 +22,16 @@ class Actor:
     mutable clock on first use; until then the detector reads ``base`` and ``own``.
     """
 
-    __slots__ = ("_fork_clock", "_vector", "base", "finished", "name", "namer", "origin",
-                 "own", "reusable_slots", "slot")
+    __slots__ = ("_fork_clock", "base", "finished", "name", "namer", "origin", "own",
+                 "own_vector", "reusable_slots", "slot")
 
     def __init__(self, name: str, slot: int, clock: VectorClock) -> None:
         self.name = name
         self.slot = slot
         self.finished = False
-        # The mutable clock the detector advances (``clock()`` gives users a snapshot).
-        self._vector: VectorClock | None = clock
+        # The mutable clock the detector advances (``clock()`` gives users a snapshot);
+        # None while a forked actor has no clock of its own (``vector`` builds it).
+        self.own_vector: VectorClock | None = clock
         # Forked and without its own clock yet: the parent's times, and this slot's time.
         self.base: np.ndarray | None = None
         self.namer: SlotNames | None = None
@@ -53,7 +54,7 @@ class Actor:
         actor.name = name
         actor.slot = slot
         actor.finished = False
-        actor._vector = None
+        actor.own_vector = None
         actor.base = base
         actor.namer = namer
         actor.origin = origin
@@ -65,15 +66,11 @@ class Actor:
     @property
     def vector(self) -> VectorClock:
         """The actor's mutable clock (built from ``base`` on first use)."""
-        vector = self._vector
+        vector = self.own_vector
         if vector is None:
             assert self.base is not None and self.namer is not None
-            vector = VectorClock.__new__(VectorClock)
-            vector.array = with_entry(self.base, self.slot, self.own)
-            vector.namer = self.namer
-            vector._entries = vector._snapshot = None
-            vector._shared = False
-            self._vector = vector
+            vector = VectorClock.owning(with_entry(self.base, self.slot, self.own), self.namer)
+            self.own_vector = vector
             self.base = self._fork_clock = self.origin = None
         return vector
 
@@ -86,13 +83,28 @@ class Actor:
                                                      origin=self.origin)
         return clock
 
+    def final_fork_clock(self) -> Clock:
+        """The release of a finished forked actor without its own clock: ``base`` +
+        ``own``, naming its slot (``Clock.finished_slot``). Kept as its snapshot until
+        ``drop_fork_clock``, so the last access's event can share it."""
+        clock = self._fork_clock
+        if clock is None or clock.finished_slot != self.slot:
+            assert self.base is not None and self.namer is not None
+            clock = self._fork_clock = Clock.of_fork(self.base, self.namer, self.slot, self.own,
+                                                     self.slot, self.origin)
+        return clock
+
+    def drop_fork_clock(self) -> None:
+        """Forget the cached snapshot (the next one is made afresh)."""
+        self._fork_clock = None
+
     def tick(self) -> None:
         """The actor's own time advances (its later accesses follow what it released)."""
-        if self._vector is None:
+        if self.own_vector is None:
             self.own += 1
             self._fork_clock = None
         else:
-            self._vector.increment(self.slot)
+            self.own_vector.increment(self.slot)
 
     def hint_reusable(self, slot: int) -> None:
         """``slot``'s finished actor happens-before this actor's future: a slot its next
@@ -104,16 +116,16 @@ class Actor:
 
     def clock(self) -> Clock:
         """A snapshot of the actor's vector clock."""
-        if self._vector is None:
+        if self.own_vector is None:
             return self.fork_clock()
-        return self._vector.snapshot()
+        return self.own_vector.snapshot()
 
     @property
     def time(self) -> int:
         """The actor's current epoch time (its own clock entry)."""
-        if self._vector is None:
+        if self.own_vector is None:
             return self.own
-        return self._vector.time(self.slot)
+        return self.own_vector.time(self.slot)
 
     def __repr__(self) -> str:
         state = ", finished" if self.finished else ""

@@ -179,6 +179,17 @@ class VectorClock:
         self._snapshot: Clock | None = None
         self._shared = False  # a snapshot holds ``array``: copy it before changing it
 
+    @classmethod
+    def owning(cls, array: np.ndarray, namer: SlotNames) -> VectorClock:
+        """A clock that owns ``array`` (not copied: nobody else may hold it), named by
+        ``namer``."""
+        vc = cls.__new__(cls)
+        vc.array = array
+        vc.namer = namer
+        vc._entries = vc._snapshot = None
+        vc._shared = False
+        return vc
+
     def _own(self) -> np.ndarray:
         """``array``, copied first if a snapshot shares it: the one way to change it."""
         if self._shared:

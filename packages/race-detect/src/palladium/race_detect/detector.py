@@ -184,20 +184,19 @@ class RaceDetector:
         completes and signals its receive semaphore): the clock released. Races are
         delivered between the two, as two calls would."""
         with self._lock:
-            if actor._vector is None and not actor.finished and actor.base is not None:
+            if actor.own_vector is None and not actor.finished:
                 # The clock the release hands over (the final time, the slot to reuse)
                 # serves the write's event too: one snapshot, not two.
-                actor._fork_clock = Clock.of_fork(actor.base, actor.namer, actor.slot,  # type: ignore[arg-type]
-                                                  actor.own, actor.slot, actor.origin)
+                actor.final_fork_clock()
             try:
                 reports = self._record(actor, key, region, site, None, True)
             except BaseException:
-                actor._fork_clock = None  # not finished: its next snapshot is an ordinary one
+                actor.drop_fork_clock()  # not finished: its next snapshot is an ordinary one
                 raise
             if not reports:
                 self._finish(actor)
                 return _release(actor)
-            actor._fork_clock = None  # the actor is not finished before the delivery
+            actor.drop_fork_clock()  # not finished before the delivery
         self._deliver(reports)
         with self._lock:
             self._finish(actor)
@@ -346,7 +345,7 @@ class RaceDetector:
         # The clock's entries are only needed if a report is made: the snapshot shares
         # the clock's array (copied when the clock next changes) and is shared by the
         # actor's accesses until then; Event.access turns it into entries.
-        clock = actor._vector
+        clock = actor.own_vector
         if clock is None:  # a forked actor without its own clock (a DMA): base + own
             times = actor.base
             event = Event(slot, actor.own, serial, actor.name, is_write, shadow.name,
@@ -385,18 +384,15 @@ class RaceDetector:
 
 
 def _release(actor: Actor) -> Clock:
-    if actor._vector is None:  # a forked actor without its own clock: base + own
+    if actor.own_vector is None:  # a forked actor without its own clock: base + own
         if actor.finished:
-            assert actor.base is not None and actor.namer is not None
-            clock = actor._fork_clock  # write_release made it for the write's event
-            if clock is None or clock.finished_slot != actor.slot:
-                clock = Clock.of_fork(actor.base, actor.namer, actor.slot, actor.own, actor.slot,
-                                      actor.origin)
+            clock = actor.final_fork_clock()  # write_release's, or made now
+            actor.drop_fork_clock()
             return clock
         snapshot = actor.fork_clock()
         actor.tick()
         return snapshot
-    snapshot = actor._vector.snapshot()
+    snapshot = actor.own_vector.snapshot()
     if actor.finished:
         return Clock.of_array(snapshot.array, snapshot.namer, actor.slot)
     _tick(actor)

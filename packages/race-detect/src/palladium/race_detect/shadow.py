@@ -172,8 +172,8 @@ class BufferShadow:
 
         ``times`` is the accessing actor's clock. ``region`` is normalised (one index per
         dimension); ``box`` and ``size`` are its box as a ``PreparedAccess`` holds them
-        (computed here when not given). ``tried_box``: ``access_box`` of this access
-        returned False already (it changed nothing), so it is not tried again.
+        (computed here when not given). ``tried_box``: ``access_box`` returned False
+        on it already (changing nothing): not tried again.
         """
         if box is None:
             box = box_of(region, self.shape)
@@ -252,10 +252,9 @@ class BufferShadow:
         nothing: True. Otherwise change nothing and return False (the general path
         then reports the race, or scans the region).
 
-        ``own``: the accessing actor's slot, whose events all happen before the access
-        (its own, and its slot's earlier occupants', which its past holds): they are
-        not looked up in ``times``, which may then lack the actor's own entry (a forked
-        actor's parent's times)."""
+        ``own``: the actor's slot, whose events all happen before the access (its own,
+        its slot's earlier occupants'): ``times`` may lack its entry (a forked actor's
+        parent's times)."""
         boxes = self._boxes
         outer = box
         pair = boxes.get(box)
@@ -274,10 +273,9 @@ class BufferShadow:
                 return False
         wid, rid = pair >> 32, pair & R_MASK
         if wid:
-            last = self._writes.items[wid]
-            slot = last.slot
-            if slot != own and (slot >= len(times) or last.time > times[slot]):
-                return False  # not precedes(last, times)
+            last = self._writes.items[wid]  # not precedes(last, times): False
+            if (slot := last.slot) != own and (slot >= len(times) or last.time > times[slot]):
+                return False
         # The same table operations, in the same order, as the general path on a
         # region holding one pair: ids (and so reports) do not depend on the path.
         if is_write:
@@ -359,8 +357,7 @@ class BufferShadow:
     ) -> int:
         """The id of (read set ``rid`` minus reads before ``event``) plus ``event``; +count
         refs. ``merged``: the sets this access made so far, by their serials (an access
-        of one uniform box makes one set, and passes None). ``own``: as for
-        ``access_box``."""
+        of one uniform box makes one set, and passes None); ``own``: see ``access_box``."""
         n = len(times)
         # not precedes(e, times), inlined: this runs on every read
         kept = [e for e in self._reads.items[rid]
@@ -390,12 +387,8 @@ class BufferShadow:
         by_pair: dict[int, int] = {}  # the pairs of the boxes inside, and their elements
         if box == self._full:  # the whole buffer (a block copy): every box is inside
             inside = list(boxes)
-            get = by_pair.get
             for b, pair in boxes.items():
-                n = 1
-                for lo, hi in b:  # box_size(b), inlined
-                    n *= hi - lo
-                by_pair[pair] = get(pair, 0) + n
+                by_pair[pair] = by_pair.get(pair, 0) + box_size(b)
             covered = sum(by_pair.values())
         else:
             inside = []
@@ -420,12 +413,9 @@ class BufferShadow:
             write_counts[wid] = write_counts.get(wid, 0) + count
             read_counts[rid] = read_counts.get(rid, 0) + count
         writes, reads = self._writes, self._reads
-        items, n = writes.items, len(times)
         for wid in write_counts:
-            if wid:
-                last = items[wid]  # not precedes(last, times), inlined
-                if last.slot >= n or last.time > times[last.slot]:
-                    return False
+            if wid and not precedes(writes.items[wid], times):
+                return False
         if is_write:
             for rid in read_counts:
                 for earlier in reads.items[rid]:
