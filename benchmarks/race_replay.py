@@ -12,6 +12,7 @@ every K-th acquire, which makes a race-free log report races.
     python benchmarks/race_replay.py                          # both kernels, 64 devices
     python benchmarks/race_replay.py --devices 16 --drop 97   # smaller, with races
     python benchmarks/race_replay.py --replay LOG.pkl         # an existing log
+    python benchmarks/race_replay.py --replay LOG.pkl --fused # a DMA's parts as one call each
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 _METHODS = ("new_actor", "finish", "join", "release", "acquire", "barrier",
-            "register_buffer", "free_buffer", "read", "write", "finish_release", "acquire_all")
+            "register_buffer", "free_buffer", "read", "write", "finish_release", "acquire_all",
+            "read_release", "write_release")
 
 
 def record(name: str, n: int, out: str) -> None:
@@ -63,6 +65,15 @@ def record(name: str, n: int, out: str) -> None:
                 elif method == "finish_release":  # logged as its two parts
                     log.append(("finish", number(self), number(args[0])))
                     entry = ("release", number(self), number(args[0]), number(result))
+                elif method in ("read_release", "write_release"):  # logged as their parts
+                    actor, key = number(args[0]), number(args[1])
+                    region = kwargs.get("region", args[2] if len(args) > 2 else None)
+                    site = kwargs.get("site", args[3] if len(args) > 3 else None)
+                    log.append(("read" if method == "read_release" else "write",
+                                number(self), actor, key, region, str(site), None))
+                    if method == "write_release":
+                        log.append(("finish", number(self), actor))
+                    entry = ("release", number(self), actor, number(result))
                 elif method == "acquire_all":  # logged as one acquire per clock
                     log.extend(("acquire", number(self), number(args[0]), number(c))
                                for c in args[1])
@@ -96,6 +107,31 @@ def record(name: str, n: int, out: str) -> None:
         pickle.dump(log, fh, protocol=5)
 
 
+def fused(log: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    """``log`` with each unmasked read then release of one actor as one ``read_release``
+    entry, and each unmasked write, finish, release as one ``write_release`` (how a DMA
+    makes them; ``record`` logs them as their parts)."""
+    out: list[tuple[Any, ...]] = []
+    i, n = 0, len(log)
+    while i < n:
+        entry = log[i]
+        method, d = entry[0], entry[1]
+        if method in ("read", "write") and entry[6] is None:
+            actor = entry[2]
+            if (method == "read" and i + 1 < n and log[i + 1][:3] == ("release", d, actor)):
+                out.append(("read_release", d, *entry[2:6], log[i + 1][3]))
+                i += 2
+                continue
+            if (method == "write" and i + 2 < n and log[i + 1] == ("finish", d, actor)
+                    and log[i + 2][:3] == ("release", d, actor)):
+                out.append(("write_release", d, *entry[2:6], log[i + 2][3]))
+                i += 3
+                continue
+        out.append(entry)
+        i += 1
+    return out
+
+
 def replay(log: list[tuple[Any, ...]], drop: int = 0) -> list[Any]:
     """Run ``log`` against fresh detectors (``on_race="collect"``); skip every ``drop``-th
     acquire. Returns the detectors."""
@@ -109,7 +145,10 @@ def replay(log: list[tuple[Any, ...]], drop: int = 0) -> list[Any]:
         det = detectors.get(d)
         if det is None:
             det = detectors[d] = RaceDetector(on_race="collect")
-        if method == "new_actor":
+        if method in ("read_release", "write_release"):
+            actor, key, region, site, clock = rest
+            clocks[clock] = getattr(det, method)(actors[actor], key, region, site)
+        elif method == "new_actor":
             name, parent, actor = rest
             actors[actor] = det.new_actor(name, parent=None if parent is None else actors[parent])
         elif method == "release":
@@ -142,11 +181,13 @@ def digest(detectors: list[Any]) -> tuple[int, str, list[int], list[int]]:
             [d.num_slots for d in detectors], [d.live_records() for d in detectors])
 
 
-def measure(path: str, repeats: int, drop: int) -> str:
+def measure(path: str, repeats: int, drop: int, fuse: bool = False) -> str:
     import gc
 
     with open(path, "rb") as fh:
         log = pickle.load(fh)
+    if fuse:
+        log = fused(log)
     times, summary = [], None
     for _ in range(repeats):
         gc.collect()
@@ -171,6 +212,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--devices", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--drop", type=int, default=0, help="skip every K-th acquire")
+    parser.add_argument("--fused", action="store_true",
+                        help="replay a DMA's parts as read_release / write_release")
     args = parser.parse_args(argv)
     if args.record:
         name, n, out = args.record
@@ -188,12 +231,13 @@ def main(argv: list[str]) -> int:
                             str(args.devices), out], env=env, check=True,
                            stdout=subprocess.DEVNULL)
             paths.append(out)
-    print(f"race detector replay (drop every {args.drop or 'no'} acquire), CPU seconds "
+    print(f"race detector replay (drop every {args.drop or 'no'} acquire"
+          f"{', fused' if args.fused else ''}), CPU seconds "
           f"min / median of {args.repeats}\n")
     print("| log | calls | replay | per call | reports | digest | slots | live records |")
     print("|---|---|---|---|---|---|---|---|")
     for path in paths:
-        print(measure(path, args.repeats, args.drop), flush=True)
+        print(measure(path, args.repeats, args.drop, args.fused), flush=True)
     return 0
 
 

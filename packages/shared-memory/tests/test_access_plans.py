@@ -73,13 +73,28 @@ def test_the_detector_receives_one_prepared_access_per_plan(monkeypatch):
     assert sim.race_detector.reports == []
 
 
+def _spy_releases(monkeypatch, det):
+    """Record the region argument of every ``read_release``/``write_release`` (a DMA's
+    access and release in one call) and every plain read/write the detector receives."""
+    seen = _spy(monkeypatch, det)
+    for name in ("read_release", "write_release"):
+        method = getattr(det, name)
+
+        def spy(actor, key, region=None, site=None, *, _method=method, _name=name):
+            seen.append((_name, region))
+            return _method(actor, key, region, site)
+
+        monkeypatch.setattr(det, name, spy)
+    return seen
+
+
 def test_dmas_hand_the_detector_their_plans_prepared_accesses(monkeypatch):
     sim = Simulation(detect_races=True, on_race="collect", dma_execution_mode="on_wait")
     x = sim.allocate(HBM, 0, 0, name="x", value=np.ones(SHAPE, np.float32))
     v = sim.allocate(VMEM, 0, 0, name="v", shape=SHAPE, dtype=np.float32)
     sem = sim.allocate_semaphores(0, 0, kind=SemaphoreKind.DMA, name="sem")
     src, dst = sim.plan(x, (slice(4, 8),)), sim.plan(v, (slice(0, 4),))
-    seen = _spy(monkeypatch, sim.race_detector)
+    seen = _spy_releases(monkeypatch, sim.race_detector)
 
     def body():
         for _ in range(2):
@@ -87,7 +102,10 @@ def test_dmas_hand_the_detector_their_plans_prepared_accesses(monkeypatch):
             sim.dma_wait(sem, 4 * 4 * 16, core=(0, 0))
 
     sim.run({(0, 0): body})
-    assert seen == [("read", src.prepared), ("write", dst.prepared)] * 2
+    # Each phase of a DMA is one call that hands over its plan's prepared access (not a
+    # region to prepare again) and releases the DMA's clock.
+    assert seen == [("read_release", src.prepared), ("write_release", dst.prepared)] * 2
+    assert all(isinstance(region, PreparedAccess) for _, region in seen)
     np.testing.assert_array_equal(sim.value(v)[:4], 1.0)
     assert sim.race_detector.reports == []
 

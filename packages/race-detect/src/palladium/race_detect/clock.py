@@ -47,7 +47,7 @@ class Clock:
     new actor. It takes no part in equality.
     """
 
-    __slots__ = ("_array", "_times", "finished_slot", "namer")
+    __slots__ = ("_array", "_fork", "_times", "finished_slot", "namer")
 
     def __init__(self, times: Sequence[int] = (), names: Sequence[str] = (),
                  finished_slot: int = -1) -> None:
@@ -56,6 +56,7 @@ class Clock:
         # The names of the times (``slot_names``): explicit ones, this clock's own.
         self.namer = SlotNames.of(self._times, names)
         self.finished_slot = finished_slot
+        self._fork: tuple[np.ndarray, int, int, VectorClock | None] | None = None
 
     @classmethod
     def of_array(cls, array: np.ndarray, namer: SlotNames, finished_slot: int = -1) -> Clock:
@@ -66,21 +67,46 @@ class Clock:
         clock._times = None
         clock.namer = namer
         clock.finished_slot = finished_slot
+        clock._fork = None
+        return clock
+
+    @classmethod
+    def of_fork(cls, base: np.ndarray, namer: SlotNames, slot: int, time: int,
+                finished_slot: int = -1, origin: VectorClock | None = None) -> Clock:
+        """``base`` (a snapshot's array: nobody may change it) with ``slot`` at ``time``
+        (``time >= base[slot]``): the clock of a forked actor that never joined anything
+        (a DMA), made without copying ``base``. Its array is built only if asked for;
+        ``VectorClock.join`` takes it as ``base`` plus one entry. ``origin``: the clock
+        ``base`` was shared from (the parent's), which only grows: joined into it, only
+        the one entry can change anything.
+
+        >>> Clock.of_fork(np.array([3, 0, 1]), SlotNames.of((3, 0, 1), ("a", "", "b")),
+        ...               4, 2).times
+        (3, 0, 1, 0, 2)
+        """
+        clock = cls.__new__(cls)
+        clock._array = None
+        clock._times = None
+        clock.namer = namer
+        clock.finished_slot = finished_slot
+        clock._fork = (base, slot, time, origin)
         return clock
 
     @property
     def times(self) -> tuple[int, ...]:
         """The times, one per slot."""
         if self._times is None:
-            assert self._array is not None
-            self._times = tuple(self._array.tolist())
+            self._times = tuple(self.array.tolist())
         return self._times
 
     @property
     def array(self) -> np.ndarray:
         """The times as an int64 array (shared: never change it)."""
         if self._array is None:
-            self._array = np.array(self.times, dtype=_INT)
+            if self._fork is not None:
+                self._array = with_entry(*self._fork[:3])
+            else:
+                self._array = np.array(self.times, dtype=_INT)
         return self._array
 
     @property
@@ -90,6 +116,8 @@ class Clock:
 
     def time(self, slot: int) -> int:
         """The time of ``slot`` (0 if this clock never heard of it)."""
+        if self._fork is not None and slot == self._fork[1]:
+            return self._fork[2]
         array = self.array
         return int(array[slot]) if slot < len(array) else 0
 
@@ -151,6 +179,17 @@ class VectorClock:
         self._snapshot: Clock | None = None
         self._shared = False  # a snapshot holds ``array``: copy it before changing it
 
+    @classmethod
+    def owning(cls, array: np.ndarray, namer: SlotNames) -> VectorClock:
+        """A clock that owns ``array`` (not copied: nobody else may hold it), named by
+        ``namer``."""
+        vc = cls.__new__(cls)
+        vc.array = array
+        vc.namer = namer
+        vc._entries = vc._snapshot = None
+        vc._shared = False
+        return vc
+
     def _own(self) -> np.ndarray:
         """``array``, copied first if a snapshot shares it: the one way to change it."""
         if self._shared:
@@ -198,6 +237,9 @@ class VectorClock:
 
     def join(self, other: VectorClock | Clock) -> None:
         """Take the element-wise maximum with ``other`` (an acquire)."""
+        if other.__class__ is Clock and other._fork is not None and other.namer is self.namer:
+            self._join_fork(*other._fork)  # type: ignore[union-attr]
+            return
         theirs = other.array
         n = len(theirs)
         if n > len(self.array):
@@ -216,6 +258,44 @@ class VectorClock:
             mine = mine[:n]
         np.maximum(mine, theirs, out=mine)
         self._entries = self._snapshot = None
+
+    def _join_fork(self, base: np.ndarray, slot: int, time: int,
+                   origin: VectorClock | None) -> None:
+        """``join`` of ``Clock.of_fork(base, self.namer, slot, time, origin=origin)``:
+        ``base``, then the one entry (which is at least ``base``'s own). When ``base``
+        was shared from this clock (a core observing its own DMA), it is already below
+        it everywhere: only the entry is joined."""
+        n = len(base)
+        mine = self.array
+        if origin is self:
+            if slot >= len(mine):
+                self._grow(slot + 1)
+            elif mine[slot] >= time:
+                return
+            self._own()[slot] = time
+            self._entries = self._snapshot = None
+            return
+        if n == len(mine) and self._shared:  # one new array instead of a copy, then max
+            mine = self.array = np.maximum(mine, base)
+            self._shared = False
+        else:
+            if max(n, slot + 1) > len(mine):
+                self._grow(max(n, slot + 1))
+            mine = self._own()
+            head = mine[:n] if n < len(mine) else mine
+            np.maximum(head, base, out=head)
+        if slot >= len(mine):
+            self._grow(slot + 1)
+            mine = self.array
+        if mine[slot] < time:
+            mine[slot] = time
+        self._entries = self._snapshot = None
+
+    def share(self) -> np.ndarray:
+        """The array, shared from now on (the next change copies it): what a forked
+        actor's clock starts from (``Clock.of_fork``)."""
+        self._shared = True
+        return self.array
 
     def copy(self) -> VectorClock:
         """An independent copy."""
@@ -243,3 +323,15 @@ class VectorClock:
             self._entries = tuple(
                 (name(s, t), t) for s, t in enumerate(self.array.tolist()) if t)
         return self._entries
+
+
+def with_entry(base: np.ndarray, slot: int, time: int) -> np.ndarray:
+    """A new array: ``base`` (grown with zeros to hold ``slot``) with ``slot`` at ``time``."""
+    n = len(base)
+    if slot < n:
+        array = base.copy()
+    else:
+        array = np.zeros(slot + 1, _INT)
+        array[:n] = base
+    array[slot] = time
+    return array

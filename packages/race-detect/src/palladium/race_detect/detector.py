@@ -71,12 +71,21 @@ class RaceDetector:
             else:
                 self._free.discard(slot)
                 self._free_mask[slot] = False
-            clock = VectorClock(namer=self.slot_names) if parent is None else parent.vector.copy()
-            clock.set(slot, int(self._final[slot]) + 1, name)
-            actor = Actor(name, slot, clock)
+            time = int(self._final[slot]) + 1
+            if parent is None:
+                clock = VectorClock(namer=self.slot_names)
+                clock.set(slot, time, name)
+                actor = Actor(name, slot, clock)
+            else:
+                # The child's clock is the parent's times (shared: the parent's tick
+                # below copies them) plus its own slot; it gets an array of its own only
+                # if it ever needs one (``Actor.vector``): a DMA never does.
+                vector = parent.vector
+                self.slot_names.set(slot, time, name)
+                actor = Actor.forked(name, slot, vector.share(), vector.namer, time, vector)
+                if not parent.finished:
+                    vector.increment(parent.slot)
             self._occupants[slot] = actor
-            if parent is not None and not parent.finished:
-                parent.vector.increment(parent.slot)
             return actor
 
     def _reusable_slot(self, parent: Actor | None) -> int | None:
@@ -118,7 +127,7 @@ class RaceDetector:
             return
         actor.finished = True
         slot = actor.slot
-        self._final[slot] = actor.vector.time(slot)
+        self._final[slot] = actor.time
         if self._occupants[slot] is actor:
             self._free.add(slot)
             self._free_mask[slot] = True
@@ -152,6 +161,43 @@ class RaceDetector:
         """``finish`` then ``release`` in one call (a DMA completes and signals its
         receive semaphore): the released clock holds the actor's final time and names
         its slot."""
+        with self._lock:
+            self._finish(actor)
+            return _release(actor)
+
+    def read_release(self, actor: Actor, key: Hashable, region: Any = None,
+                     site: object = None) -> Clock:
+        """``read`` then ``release`` in one call (a DMA reads its source and signals its
+        send semaphore): the clock released. Races are delivered between the two, as
+        two calls would."""
+        with self._lock:
+            reports = self._record(actor, key, region, site, None, False)
+            if not reports:
+                return _release(actor)
+        self._deliver(reports)
+        with self._lock:
+            return _release(actor)
+
+    def write_release(self, actor: Actor, key: Hashable, region: Any = None,
+                      site: object = None) -> Clock:
+        """``write`` then ``finish_release`` in one call (a DMA writes its destination,
+        completes and signals its receive semaphore): the clock released. Races are
+        delivered between the two, as two calls would."""
+        with self._lock:
+            if actor.own_vector is None and not actor.finished:
+                # The clock the release hands over (the final time, the slot to reuse)
+                # serves the write's event too: one snapshot, not two.
+                actor.final_fork_clock()
+            try:
+                reports = self._record(actor, key, region, site, None, True)
+            except BaseException:
+                actor.drop_fork_clock()  # not finished: its next snapshot is an ordinary one
+                raise
+            if not reports:
+                self._finish(actor)
+                return _release(actor)
+            actor.drop_fork_clock()  # not finished before the delivery
+        self._deliver(reports)
         with self._lock:
             self._finish(actor)
             return _release(actor)
@@ -269,45 +315,61 @@ class RaceDetector:
         self, actor: Actor, key: Hashable, region: Any, site: object, mask: Any, is_write: bool
     ) -> None:
         with self._lock:
-            shadow = self._buffers.get(key)
-            if shadow is None:
-                shadow = self._shadow(key, "write" if is_write else "read", actor, site)
-            if actor.finished:
-                raise ActorError(
-                    f"{actor.name!r} accessed {shadow.name!r} at {site} after it finished"
-                )
-            if region.__class__ is not PreparedAccess:
-                region = prepare(region, shadow.shape, shadow.name)
-            elif region.shape != shadow.shape:
-                raise RegionError(
-                    f"buffer {shadow.name!r} of shape {shadow.shape}: {region!r} was "
-                    f"prepared for another shape"
-                )
-            full, box, size = region.region, region.box, region.size
-            bool_mask = None if mask is None else check_mask(mask, full, shadow.shape, shadow.name)
-            clock = actor.vector
-            times = clock.array
-            slot = actor.slot
-            self._serial = serial = self._serial + 1
-            # The clock's entries are only needed if a report is made: the snapshot shares
-            # the clock's array (copied when the clock next changes) and is shared by the
-            # actor's accesses until then; Event.access turns it into entries.
-            event = Event(slot, int(times[slot]), serial, actor.name, is_write, shadow.name,
-                          full, site, clock.snapshot(), bool_mask is not None)
-            if bool_mask is None and box is not None and shadow.access_box(
-                box, size, event, times, is_write
-            ):
-                return  # a uniform box and no race: the common case, O(1)
-            try:
-                races = shadow.access(event, times, is_write, full, bool_mask, box, size)
-            except IndexError as error:  # numpy's own bounds message, with our names
-                raise RegionError(f"buffer {shadow.name!r}: {error}") from error
-            if not races:
+            reports = self._record(actor, key, region, site, mask, is_write)
+            if not reports:
                 return
-            access = event.access
-            reports = [RaceReport(earlier.access, access, element) for earlier, element in races]
-            self._reports.extend(reports)
         self._deliver(reports)
+
+    def _record(
+        self, actor: Actor, key: Hashable, region: Any, site: object, mask: Any, is_write: bool
+    ) -> list[RaceReport] | None:
+        """One access, under the lock: the reports it makes (kept), or None."""
+        shadow = self._buffers.get(key)
+        if shadow is None:
+            shadow = self._shadow(key, "write" if is_write else "read", actor, site)
+        if actor.finished:
+            raise ActorError(
+                f"{actor.name!r} accessed {shadow.name!r} at {site} after it finished"
+            )
+        if region.__class__ is not PreparedAccess:
+            region = prepare(region, shadow.shape, shadow.name)
+        elif region.shape != shadow.shape:
+            raise RegionError(
+                f"buffer {shadow.name!r} of shape {shadow.shape}: {region!r} was "
+                f"prepared for another shape"
+            )
+        full, box, size = region.region, region.box, region.size
+        bool_mask = None if mask is None else check_mask(mask, full, shadow.shape, shadow.name)
+        slot = actor.slot
+        self._serial = serial = self._serial + 1
+        # The clock's entries are only needed if a report is made: the snapshot shares
+        # the clock's array (copied when the clock next changes) and is shared by the
+        # actor's accesses until then; Event.access turns it into entries.
+        clock = actor.own_vector
+        if clock is None:  # a forked actor without its own clock (a DMA): base + own
+            times = actor.base
+            event = Event(slot, actor.own, serial, actor.name, is_write, shadow.name,
+                          full, site, actor.fork_clock(), bool_mask is not None)
+        else:
+            times = clock.array
+            event = Event(slot, int(times[slot]), serial, actor.name, is_write,
+                          shadow.name, full, site, clock.snapshot(), bool_mask is not None)
+        # The box path takes the actor's own slot apart (everything of it is in the
+        # actor's past), so ``base`` serves as a forked actor's times there.
+        tried = bool_mask is None and box is not None
+        if tried and shadow.access_box(box, size, event, times, is_write, slot):
+            return None  # a uniform box and no race: the common case, O(1)
+        times = actor.vector.array
+        try:
+            races = shadow.access(event, times, is_write, full, bool_mask, box, size, tried)
+        except IndexError as error:  # numpy's own bounds message, with our names
+            raise RegionError(f"buffer {shadow.name!r}: {error}") from error
+        if not races:
+            return None
+        access = event.access
+        reports = [RaceReport(earlier.access, access, element) for earlier, element in races]
+        self._reports.extend(reports)
+        return reports
 
     def live_records(self) -> int:
         """Write records plus read sets held by all buffers' shadow state (bounded by size)."""
@@ -322,7 +384,15 @@ class RaceDetector:
 
 
 def _release(actor: Actor) -> Clock:
-    snapshot = actor.vector.snapshot()
+    if actor.own_vector is None:  # a forked actor without its own clock: base + own
+        if actor.finished:
+            clock = actor.final_fork_clock()  # write_release's, or made now
+            actor.drop_fork_clock()
+            return clock
+        snapshot = actor.fork_clock()
+        actor.tick()
+        return snapshot
+    snapshot = actor.own_vector.snapshot()
     if actor.finished:
         return Clock.of_array(snapshot.array, snapshot.namer, actor.slot)
     _tick(actor)
@@ -333,4 +403,4 @@ def _tick(actor: Actor) -> None:
     # A finished actor does nothing more, so it needs no new epoch; keeping its time
     # fixed keeps the slot's final time valid for reuse.
     if not actor.finished:
-        actor.vector.increment(actor.slot)
+        actor.tick()

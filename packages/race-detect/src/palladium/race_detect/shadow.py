@@ -166,18 +166,20 @@ class BufferShadow:
         mask: np.ndarray | None,
         box: Box | None = None,
         size: int = 0,
+        tried_box: bool = False,
     ) -> list[Race]:
         """Record ``event`` on ``buffer[region][mask]``; return the earlier events it races with.
 
         ``times`` is the accessing actor's clock. ``region`` is normalised (one index per
         dimension); ``box`` and ``size`` are its box as a ``PreparedAccess`` holds them
-        (computed here when not given).
+        (computed here when not given). ``tried_box``: ``access_box`` returned False
+        on it already (changing nothing): not tried again.
         """
         if box is None:
             box = box_of(region, self.shape)
             size = box_size(box) if box is not None else 0
         if mask is None and box is not None and (
-            self.access_box(box, size, event, times, is_write)
+            (not tried_box and self.access_box(box, size, event, times, is_write))
             or self._access_union(box, size, event, times, is_write)
         ):
             return []
@@ -244,11 +246,15 @@ class BufferShadow:
 
     # ----------------------------------------------------------------- uniform boxes
     def access_box(
-        self, box: Box, size: int, event: Event, times: Times, is_write: bool
+        self, box: Box, size: int, event: Event, times: Times, is_write: bool, own: int = -1
     ) -> bool:
         """Access ``box`` in O(1) if it is (inside) a uniform box and races with
         nothing: True. Otherwise change nothing and return False (the general path
-        then reports the race, or scans the region)."""
+        then reports the race, or scans the region).
+
+        ``own``: the actor's slot, whose events all happen before the access (its own,
+        its slot's earlier occupants'): ``times`` may lack its entry (a forked actor's
+        parent's times)."""
         boxes = self._boxes
         outer = box
         pair = boxes.get(box)
@@ -267,9 +273,8 @@ class BufferShadow:
                 return False
         wid, rid = pair >> 32, pair & R_MASK
         if wid:
-            last = self._writes.items[wid]
-            slot = last.slot
-            if slot >= len(times) or last.time > times[slot]:  # not precedes(last, times)
+            last = self._writes.items[wid]  # not precedes(last, times): False
+            if (slot := last.slot) != own and (slot >= len(times) or last.time > times[slot]):
                 return False
         # The same table operations, in the same order, as the general path on a
         # region holding one pair: ids (and so reports) do not depend on the path.
@@ -277,8 +282,9 @@ class BufferShadow:
             if rid:
                 n = len(times)
                 for e in self._reads.items[rid]:
-                    if e.slot >= n or e.time > times[e.slot]:  # not precedes(e, times)
-                        return False
+                    slot = e.slot
+                    if slot != own and (slot >= n or e.time > times[slot]):
+                        return False  # not precedes(e, times)
             writes = self._writes
             if rid:
                 self._reads.release(rid, size)
@@ -292,7 +298,7 @@ class BufferShadow:
                     writes.release(wid, size)
                 new = writes.add(event, size) << 32
         elif rid:
-            new_rid = self._with_read(rid, event, times, size)
+            new_rid = self._with_read(rid, event, times, size, None, own)
             self._reads.release(rid, size)
             new = wid << 32 | new_rid
         else:  # no reads yet: the new read set is this read alone
@@ -347,13 +353,15 @@ class BufferShadow:
         times: Times,
         count: int,
         merged: dict[tuple[int, ...], int] | None = None,
+        own: int = -1,
     ) -> int:
         """The id of (read set ``rid`` minus reads before ``event``) plus ``event``; +count
         refs. ``merged``: the sets this access made so far, by their serials (an access
-        of one uniform box makes one set, and passes None)."""
+        of one uniform box makes one set, and passes None); ``own``: see ``access_box``."""
         n = len(times)
         # not precedes(e, times), inlined: this runs on every read
-        kept = [e for e in self._reads.items[rid] if e.slot >= n or e.time > times[e.slot]]
+        kept = [e for e in self._reads.items[rid]
+                if e.slot != own and (e.slot >= n or e.time > times[e.slot])]
         kept.append(event)  # serials grow in program order: the tuple stays sorted
         if merged is None:
             return self._reads.add(tuple(kept), count)

@@ -70,6 +70,21 @@ def report_write(det: Any, actor: Any, buf: Buffer, plan: AccessPlan, mask: Any,
     _report(det.write, actor, buf, plan, mask, site, stored)
 
 
+def _report_release(det: Any, method: str, actor: Any, buf: Buffer, plan: AccessPlan,
+                    mask: Any, site: object) -> Any:
+    """A DMA's access told to the race detector and its clock released in one call
+    (``det.read_release`` / ``det.write_release``: ``method``) when the access is one
+    unmasked event; otherwise ``report_read`` / ``report_write`` then the release."""
+    if mask is None and not buf.quiet:
+        race = plan.prepared or plan.race_access()
+        return getattr(det, method)(actor, buf.ref.key, race, site)
+    if method == "read_release":
+        _report(det.read, actor, buf, plan, mask, site, False)
+        return det.release(actor)
+    _report(det.write, actor, buf, plan, mask, site, False)
+    return det.finish_release(actor)
+
+
 class DmaState(enum.Enum):
     """Progress of a DMA: started, source read, destination written."""
 
@@ -152,17 +167,23 @@ class Dma:
         data = self.src.read(plan, False, "DMA read", self.core, self.site, self.src_mask)
         stored = self.src.written_bits(plan) if self.src.written is not None else None
         if det is not None and plan.index is not None:
-            report_read(det, self.actor, self.src, plan, self.src_mask, self.site)
-        self.read_from(data, stored, det)
+            clock = _report_release(det, "read_release", self.actor, self.src, plan,
+                                    self.src_mask, self.site)
+            self._end_read(data, stored, clock)
+        else:
+            self.read_from(data, stored, det)
 
     def read_from(self, data: np.ndarray, stored: np.ndarray | None, det: Any) -> None:
         """End the read phase with ``data``, the source region as read (by this process,
         or by the one that owns the source); ``stored``: the written-mask of its stored
         elements (None: not tracked). Signals the send semaphore with the bytes read."""
+        self._end_read(data, stored, det.release(self.actor) if det is not None else None)
+
+    def _end_read(self, data: np.ndarray, stored: np.ndarray | None, clock: Any) -> None:
+        """``read_from`` with the clock the read phase released (None: races off)."""
         self.data = data
         if stored is not None:
             self._read_bits(stored)
-        clock = det.release(self.actor) if det is not None else None
         self.state = DmaState.READ
         if self.src_sem is not None:
             if self.queued and self.src_sem is not self.dst_sem:
@@ -236,12 +257,15 @@ class Dma:
             self._write_bits(old_bits)
         clock = None
         if det is not None:
+            # Finished before the release, so the release does not tick: the clock it
+            # hands to the receive semaphore holds the DMA's final time, and a core that
+            # waited on it can give the DMA's slot to its next DMA
+            # (RaceDetector._reusable_slot).
             if plan.index is not None:
-                report_write(det, self.actor, self.dst, plan, self.dst_mask, self.site)
-            # Finished first, so the release does not tick: the clock it hands to the
-            # receive semaphore holds the DMA's final time, and a core that waited on it
-            # can give the DMA's slot to its next DMA (RaceDetector._reusable_slot).
-            clock = det.finish_release(self.actor)
+                clock = _report_release(det, "write_release", self.actor, self.dst, plan,
+                                        self.dst_mask, self.site)
+            else:
+                clock = det.finish_release(self.actor)
         self._done(clock)
 
     def _send(self, data: Any, det: Any) -> None:
