@@ -487,22 +487,22 @@ def test_the_launch_key_names_what_the_executable_is_a_function_of(always_worth)
     """Another grid order, another uninitialised value or another operand shape give
     another key (the same kernel's key in a new process: the test above)."""
     seen = []
-    original = compiled_launch.launch_key
+    original = compiled_launch._compile_job
 
-    def spy(*args):
-        seen.append((original(*args), args))
-        return seen[-1][0]
+    def spy(*args):  # (called when the launch's compile is queued, in the caller's thread)
+        seen.append((compiled_launch.launch_key(*args), args))
+        return original(*args)
 
-    compiled_launch.launch_key = spy
+    compiled_launch._compile_job = spy
     try:
         call = _call(InterpretParams(random_seed=11))  # a seed no other test uses
         for _ in range(3):
             call(_mode(CLEAN), *_inputs())
     finally:
-        compiled_launch.launch_key = original
+        compiled_launch._compile_job = original
     ((key, args),) = seen
     assert key is not None and key.startswith("whole launch ")
-    assert original(*args) == key
+    assert compiled_launch.launch_key(*args) == key
     kernel, grid, points, vmapped, fill, specs = args
     variants = [
         (kernel, grid, points[::-1], vmapped, fill, specs),
@@ -510,7 +510,7 @@ def test_the_launch_key_names_what_the_executable_is_a_function_of(always_worth)
         (kernel, grid, points, vmapped, fill,
          [*specs[:-1], jax.ShapeDtypeStruct((PAGES + 1, R, C), jnp.float32)]),
     ]
-    keys = {original(*v) for v in variants}
+    keys = {compiled_launch.launch_key(*v) for v in variants}
     assert key not in keys and len(keys) == 3
 
 
