@@ -3,8 +3,8 @@
 A segment's executable (``segments.py``) is keyed by the text of its equations (shapes,
 dtypes, parameters and literals included), the versions of jax, jaxlib and palladium,
 a digest of palladium's source, ``XLA_FLAGS`` and the host CPU (an executable holds the
-host's instructions): in memory for the process (``STATE.segments``: a kernel traced again after ``jax.clear_caches()``
-finds its segments compiled) and on disk under ``$PALLADIUM_CACHE_DIR/segments``, else
+host's instructions): in memory for the process (``STATE.segments``: a kernel traced
+again after ``jax.clear_caches()`` finds its segments compiled) and on disk under ``$PALLADIUM_CACHE_DIR/segments``, else
 ``~/.cache/palladium/segments`` (a new process loads one in ~10 ms instead of compiling
 it in ~0.2-0.5 s). Whether a segment is compiled never depends on this cache, only how
 long compiling takes: results are the same with a cold cache or a warm one.
