@@ -44,10 +44,11 @@ _ACCESSES = (jc.get_p, jc.swap_p, jc.addupdate_p, jc.load_p, jc.masked_swap_p,
 
 
 class GridContext:
-    """What ``pl.program_id`` and ``pl.num_programs`` answer at the traced grid point."""
+    """What ``pl.program_id`` and ``pl.num_programs`` answer at the traced grid point
+    (``ids[axis]``: the program id of grid axis ``axis``)."""
 
-    def __init__(self, ids: Sequence[Any], counts: Sequence[int]) -> None:
-        self.ids, self.counts = list(ids), list(counts)
+    def __init__(self, ids: Any, counts: Sequence[int]) -> None:
+        self.ids, self.counts = ids, list(counts)
 
 
 Rule = Callable[[Any, list[Any], LaunchState, GridContext], list[Any]]
