@@ -134,7 +134,7 @@ def _aligned(a: np.ndarray) -> np.ndarray:
     """``a``, or a copy of it at an ``_ALIGNMENT``-byte address: numpy's copy into a
     fresh buffer costs about half of the copy XLA's client makes of a misaligned
     operand (2 MiB: ~50 against ~110 us)."""
-    if a.ctypes.data % _ALIGNMENT == 0 or a.nbytes < 4096:
+    if a.nbytes < 4096 or a.ctypes.data % _ALIGNMENT == 0:
         return a
     raw = np.empty(a.nbytes + _ALIGNMENT, np.uint8)
     skip = -raw.ctypes.data % _ALIGNMENT

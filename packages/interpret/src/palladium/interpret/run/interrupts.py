@@ -35,6 +35,7 @@ runs on the main thread (``Scheduler.run`` then cancels and unwinds its cores it
 
 from __future__ import annotations
 
+import _signal  # (the C functions under ``signal``: no enum conversions per launch)
 import _thread
 import atexit
 import contextlib
@@ -130,21 +131,24 @@ def abandon_on_interrupt() -> bool:
     return signal.getsignal(signal.SIGINT) in (signal.default_int_handler, _deferring_handler)
 
 
+_SIGINT = int(signal.SIGINT)
+
+
 @contextlib.contextmanager
 def main_thread_launch() -> Iterator[None]:
     """Around a launch's host callback: on the main thread, with Python's default SIGINT
     handler, Ctrl-C cancels the launch and its ``KeyboardInterrupt`` is raised after the
     callback, in the caller's code (not inside the callback, where jax would wrap it)."""
     if (threading.current_thread() is not threading.main_thread()
-            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
+            or _signal.getsignal(_SIGINT) is not signal.default_int_handler):
         yield
         return
-    signal.signal(signal.SIGINT, _deferring_handler)
+    _signal.signal(_SIGINT, _deferring_handler)
     try:
         yield
     finally:
-        if not _deferred.is_set() and signal.getsignal(signal.SIGINT) is _deferring_handler:
-            signal.signal(signal.SIGINT, signal.default_int_handler)
+        if not _deferred.is_set() and _signal.getsignal(_SIGINT) is _deferring_handler:
+            _signal.signal(_SIGINT, signal.default_int_handler)
 
 
 def _deferring_handler(signum: int, frame: types.FrameType | None) -> None:
