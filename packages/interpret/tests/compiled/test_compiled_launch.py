@@ -489,7 +489,7 @@ def test_the_launch_key_names_what_the_executable_is_a_function_of(always_worth)
     seen = []
     original = compiled_launch._compile_job
 
-    def spy(*args):  # (called when the launch's compile is queued, in the caller's thread)
+    def spy(*args):  # (called when the launch's compile is queued, in the launch's thread)
         seen.append((compiled_launch.launch_key(*args), args))
         return original(*args)
 
@@ -497,7 +497,9 @@ def test_the_launch_key_names_what_the_executable_is_a_function_of(always_worth)
     try:
         call = _call(InterpretParams(random_seed=11))  # a seed no other test uses
         for _ in range(3):
-            call(_mode(CLEAN), *_inputs())
+            # (waited for: jax dispatches asynchronously, and a launch whose callback
+            # ran after the spy was removed would queue its compile unseen)
+            call(_mode(CLEAN), *_inputs()).block_until_ready()
     finally:
         compiled_launch._compile_job = original
     ((key, args),) = seen
