@@ -7,10 +7,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from palladium.shared_memory import (
+    ConfigError,
     MemorySpace,
     OutOfBoundsError,
     Simulation,
     SimulationError,
+    SimulationOptions,
     padded_shape,
     uninitialized_value,
 )
@@ -51,6 +53,52 @@ def test_allocate_with_value_copies():
     src[0, 0] = 100
     assert buf.shape == (2, 3) and buf.dtype == np.float32 and buf.name == "x"
     np.testing.assert_array_equal(sim.value(buf), np.arange(6, dtype=np.float32).reshape(2, 3))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, BF16, np.int8, np.uint8, np.bool_])
+@pytest.mark.parametrize("fill", [None, "zero"])
+def test_allocate_into_storage_fills_it_as_a_new_buffer(dtype, fill):
+    sim = Simulation(num_devices=2)
+    block = np.zeros((2, 3, 4), dtype) if fill is None else np.ones((2, 3, 4), dtype)
+    refs = [sim.allocate(MemorySpace.HBM, d, 0, name=f"o{d}", shape=(3, 4), dtype=dtype,
+                         fill=fill, storage=block[d, ...]) for d in range(2)]
+    fresh = sim.allocate(MemorySpace.HBM, 0, 0, name="f", shape=(3, 4), dtype=dtype, fill=fill)
+    for ref in refs:
+        assert sim.contents(ref).base is block  # the storage itself, no copy
+        np.testing.assert_array_equal(sim.value(ref), sim.value(fresh))  # bit for bit
+        assert sim.value(ref).tobytes() == sim.value(fresh).tobytes()
+    sim.write(refs[1], (slice(0, 1),), np.zeros((1, 4), dtype), core=(1, 0))
+    assert block[1, 0].tobytes() == np.zeros(4, dtype).tobytes()
+    assert block[0, 0].tobytes() == sim.value(fresh)[0].tobytes()
+
+
+def test_allocate_into_storage_of_another_shape_is_refused():
+    sim = Simulation()
+    with pytest.raises(ConfigError, match=r"^buffer 'o': storage is float32\[3\], not a "
+                                          r"writable C-contiguous float32\[4\]$"):
+        sim.allocate(MemorySpace.HBM, 0, 0, name="o", shape=(4,), dtype=np.float32,
+                     storage=np.empty(3, np.float32))
+    read_only = np.empty(4, np.float32)
+    read_only.flags.writeable = False
+    with pytest.raises(ConfigError, match=r"storage is a read-only float32\[4\]"):
+        sim.allocate(MemorySpace.HBM, 0, 0, name="o", shape=(4,), dtype=np.float32,
+                     storage=read_only)
+    with pytest.raises(ConfigError, match=r"storage is int32\[4\]"):
+        sim.allocate(MemorySpace.HBM, 0, 0, name="o", shape=(4,), dtype=np.float32,
+                     storage=np.empty(4, np.int32))
+    with pytest.raises(ConfigError, match=r"not a writable C-contiguous float32\[4\]"):
+        sim.allocate(MemorySpace.HBM, 0, 0, name="o", shape=(4,), dtype=np.float32,
+                     storage=np.empty(8, np.float32)[::2])
+
+
+def test_allocate_into_storage_without_data_leaves_it_alone():
+    # floats without data (keep_float_data=False) hold no array: the storage is unused
+    sim = Simulation(options=SimulationOptions(keep_float_data=False))
+    storage = np.zeros(4, np.float32)
+    ref = sim.allocate(MemorySpace.HBM, 0, 0, name="o", shape=(4,), dtype=np.float32,
+                       storage=storage)
+    assert sim.contents(ref).base is not storage
+    np.testing.assert_array_equal(storage, np.zeros(4, np.float32))
 
 
 @pytest.mark.parametrize(

@@ -10,6 +10,7 @@ from palladium.shared_memory import (
     SemaphoreKind,
     SemaphoreLeakError,
     Simulation,
+    SimulationError,
 )
 
 HBM, VMEM = MemorySpace.HBM, MemorySpace.VMEM
@@ -345,3 +346,16 @@ def test_completed_dmas_leave_the_queue_and_their_semaphores_and_in_flight_keeps
     assert seen["waited_pending"] == [()] * (n // 2)
     assert seen["longest"] < n
     np.testing.assert_array_equal(sim.read(dst, None, core=(0, 0)), np.arange(n))
+
+
+def test_a_cleared_table_forgets_every_semaphore_and_keeps_the_cores():
+    sim = Simulation(num_devices=2)
+    ids = sim.allocate_semaphores(1, 0, kind=DMA, name="s", shape=(3,))
+    sim.semaphore_signal(int(ids[1]), 2, core=(1, 0))
+    assert sim.semaphores.get((1, 0), int(ids[1])).count == 2
+    sim.semaphores.clear()
+    assert list(sim.semaphores) == []
+    assert sim.semaphores.check_core((1, 0)) == (1, 0)
+    with pytest.raises(SimulationError, match=rf"^device 1 core 0: semaphore id {int(ids[1])} "
+                                              r"was never allocated$"):
+        sim.semaphores.get((1, 0), int(ids[1]))

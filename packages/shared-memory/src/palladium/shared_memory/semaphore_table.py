@@ -91,6 +91,14 @@ class SemaphoreTable:
         for sem in sems:
             table.pop(sem.id, None)
 
+    def clear(self) -> None:
+        """Forget every semaphore of every core (the cores stay): for a client done with
+        a finished run, so that its semaphores are freed now by reference counting, not
+        by the cyclic collector with the rest of the run (130k at 256 devices, whose
+        collection took ~0.13 s more than freeing them)."""
+        for table in self.by_core.values():
+            table.clear()
+
     def of_cores(self, cores: Iterable[CoreId]) -> Iterator[Semaphore]:
         """Every semaphore of ``cores``."""
         for core in cores:

@@ -76,9 +76,16 @@ class BufferStore:
         fill: str | None = None,
         private: bool = False,
         read_only: bool = False,
+        storage: np.ndarray | None = None,
     ) -> BufferRef:
         """Allocate a buffer holding a copy of ``value`` (``read_only``: ``value`` itself,
         not writable through the buffer), else uninitialised memory.
+
+        ``storage`` (no ``value``): a writable C-contiguous array of ``shape`` and
+        ``dtype`` to hold the data instead of a new one, filled here as a new one would
+        be (unused where the buffer holds no data): a caller allocating many buffers of
+        one shape passes slices of one large array, whose memory the OS hands out in
+        huge pages, not one 4 KiB page fault at a time.
 
         HBM and host memory belong to the device (``core`` is ignored); VMEM and SMEM to
         one core. ``private`` (VMEM/SMEM): the caller knows that no DMA started by another
@@ -118,6 +125,15 @@ class BufferStore:
             shape = tuple(int(d) for d in shape)
             if shape and (stand_in or self.phantom_floats and is_float_dtype(dtype)):
                 data = np.broadcast_to(np.asarray(fill_value, dtype), shape)
+            elif storage is not None:
+                if (storage.shape != shape or storage.dtype != dtype
+                        or not storage.flags.writeable or not storage.flags.c_contiguous):
+                    raise ConfigError(
+                        f"buffer '{name}': storage is {'' if storage.flags.writeable else 'a read-only '}"
+                        f"{storage.dtype}{list(storage.shape)}, not a writable C-contiguous "
+                        f"{dtype}{list(shape)}")
+                np.copyto(storage, fill_value, casting="unsafe")  # as np.full fills
+                data = storage
             else:
                 data = np.full(shape, fill_value, dtype)
         bound = data.shape

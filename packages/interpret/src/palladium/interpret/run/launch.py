@@ -230,6 +230,8 @@ class Launch:
         points = schedule(k, self.grid, self.num_cores, self.vmapped_dims, self.params.seed)
         bodies = {}
         device_outputs = []
+        storage = {o: self.memory.output_storage(info, len(device_args))
+                   for o, info in enumerate(k.outputs) if o not in aliases}
         for device, args in enumerate(device_args):
             scalars, inputs = args[n_dyn : n_dyn + n_idx], args[n_dyn + n_idx :]
             hbm_inputs = [self.memory.hbm_operand(device, info, np.asarray(x),
@@ -240,7 +242,8 @@ class Launch:
                 if o in aliases:
                     hbm_outputs.append(hbm_inputs[aliases[o]])
                 else:
-                    hbm_outputs.append(self.memory.hbm_output(device, info))
+                    hbm_outputs.append(self.memory.hbm_output(device, info,
+                                                              storage[o][device]))
             device_outputs.append(hbm_outputs)
             for c in range(self.num_cores):
                 core = (device, c)
@@ -274,6 +277,9 @@ class Launch:
                 # np.ascontiguousarray makes a 0-d value 1-d: keep the output's shape.
                 outs.append(np.ascontiguousarray(value, dtype=aval.dtype).reshape(aval.shape))
             results.append(outs)
+        # The launch is over: its semaphores (one object each, 130k at 256 devices) are
+        # freed now, not by the collection of the dropped launch (jax_hook._execute).
+        self.sim.semaphores.clear()
         return results
 
     def _run(self, bodies: dict[CoreId, Any]) -> None:

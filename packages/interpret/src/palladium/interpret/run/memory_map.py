@@ -18,6 +18,7 @@ from palladium.interpret.eval.refs import MemRef, SemaphoreRef
 from palladium.interpret.kernel.blocks import BlockSpecInfo, memory_space_of
 from palladium.interpret.kernel.prepared_kernel import PreparedKernel
 from palladium.interpret.params import InterpretParams
+from palladium.interpret.run.output_blocks import output_storage
 from palladium.shared_memory import (
     BufferRef,
     MemorySpace,
@@ -93,11 +94,13 @@ class MemoryMap:
 
     def allocate(self, core: CoreId, space: Any, name: str, shape: Any, dtype: Any,
                  value: Any = None, where: Where | None = None,
-                 private: bool = False, read_only: bool = False) -> BufferRef:
+                 private: bool = False, read_only: bool = False,
+                 storage: np.ndarray | None = None) -> BufferRef:
         """A new buffer of ``core`` (HBM: of its device), remembered in allocation order;
         ``private``: no DMA of the kernel reaches it (``kernel.dma_reach``), so only its
         core accesses it (VMEM and SMEM only: HBM is the device's); ``read_only``: nothing
-        writes it during the launch (an input nothing writes)."""
+        writes it during the launch (an input nothing writes); ``storage``: the array to
+        hold a new buffer's data (``Simulation.allocate``)."""
         owner = _owner(space, core)
         lst = self._allocated.setdefault(owner, [])
         early = self._early.pop((owner, len(lst)), None) if self._early else None
@@ -110,7 +113,7 @@ class MemoryMap:
                 dtype=None if value is not None else np.dtype(dtype),
                 value=value,
                 private=private and isinstance(space, MemorySpace) and not space.per_device,
-                read_only=read_only,
+                read_only=read_only, storage=storage,
             )
         self._position[buf.key] = len(lst)
         lst.append(buf)
@@ -213,10 +216,17 @@ class MemoryMap:
         return self.allocate((device, 0), _home(info), hbm_name(info), None, None, value=x,
                              read_only=read_only)
 
-    def hbm_output(self, device: int, info: BlockSpecInfo) -> BufferRef:
-        """A fresh (uninitialised) HBM buffer for an output."""
+    def hbm_output(self, device: int, info: BlockSpecInfo,
+                   storage: np.ndarray | None = None) -> BufferRef:
+        """A fresh (uninitialised) HBM buffer for an output (``storage``: the array to
+        hold it, from ``output_storage``)."""
         return self.allocate((device, 0), _home(info), hbm_name(info), info.padded_shape,
-                             info.dtype)
+                             info.dtype, storage=storage)
+
+    def output_storage(self, info: BlockSpecInfo, count: int) -> list[np.ndarray]:
+        """``count`` arrays for the HBM buffers of output ``info`` (one per device): slices
+        of one block kept with the kernel for its next launch (``output_blocks``)."""
+        return output_storage(self.kernel, info.padded_shape, info.dtype, count)
 
     def core_operands(self, core: CoreId, scalars: list[Any], hbm_inputs: list[BufferRef],
                       hbm_outputs: list[BufferRef]) -> list[MemRef | SemaphoreRef]:
