@@ -10,7 +10,7 @@ Every grid point's block indices are computed before the loop, at once (the inde
 ``vmap``-ed over the grid order), and so are which blocks each step copies and the
 revisit check: the loop carries only the launch state. Carried from step to step, the
 indices cost XLA a copy per index and step (RG-LRU: 112 thunks, 62 of them copies,
-against 47 and 9).
+against 47 and 9; its executable ~20% faster).
 """
 
 from __future__ import annotations
@@ -162,8 +162,8 @@ def launch_function(kernel: PreparedKernel, grid: tuple[int, ...], points: list[
                 bufs.append(fill(shape, s.aval.dtype))
             else:
                 raise UnsupportedFeatureError(f"scratch '{s.name}' in {space}")
-        st = LaunchState(bufs, jnp.int32(0), LaunchState.empty_table(n_sems), jnp.int32(0),
-                         facts)
+        st = LaunchState(bufs, jnp.zeros((2, max(n_sems, 1)), jnp.int32), jnp.int32(0),
+                         LaunchState.empty_table(), jnp.int32(0), facts)
         if not points:
             return _outputs(st, hbm), st.flag
         for info in k.outputs:
@@ -180,14 +180,14 @@ def launch_function(kernel: PreparedKernel, grid: tuple[int, ...], points: list[
             """The block indices of every operand at grid point ``point``, as one vector,
             and the flags their index maps raised."""
             st_ = st.child(st.carry())
-            before = (list(st_.bufs), st_.dma)
+            before = (list(st_.bufs), st_.sems, st_.dma)
             out: list[Any] = []
             for info in infos:
                 ix = run_jaxpr(info.index_map, [], [*(point[d] for d in range(len(grid))),
                                                     *operands[:n_idx]], st_, grid_ctx(point))
                 out.extend(jnp.asarray(i, jnp.int32) for i in ix)
             if (any(a is not b for a, b in zip(before[0], st_.bufs))
-                    or before[1] is not st_.dma):
+                    or before[1] is not st_.sems or before[2] is not st_.dma):
                 raise UnsupportedFeatureError("an index map with effects")
             return (jnp.stack(out) if out else jnp.zeros((0,), jnp.int32)), st_.flag
 
