@@ -193,11 +193,7 @@ def launch_function(kernel: PreparedKernel, grid: tuple[int, ...], points: list[
 
         # Every grid point's block indices at once, before the loop (an index map is a
         # pure function of the grid point and the scalar operands, which it can only
-        # read): the loop carries no indices from step to step. A kernel that writes a
-        # scalar operand (which the simulator's index maps read as it is at each step)
-        # stays simulated.
-        if facts.carried is not None and any(h in facts.carried for h in range(n_idx)):
-            raise UnsupportedFeatureError("a kernel that writes its scalar prefetch operands")
+        # read): the loop carries no indices from step to step.
         points_table = jnp.asarray(table)
         idx, flags = jax.vmap(block_indices)(points_table)
         st.flag = st.flag | lax.reduce(flags, jnp.int32(0), lax.bitwise_or, (0,))
