@@ -93,3 +93,31 @@ def test_an_index_map_reading_out_of_bounds_on_a_compiled_launch_is_the_simulato
         simulated_only(bad, x).block_until_ready()
     assert "'sel_ref'" in str(later.value) and "grid point (1,)" in str(later.value)
     assert str(later.value) == str(simulated.value)
+
+
+def _rewriting_kernel(sel_ref, x_ref, o_ref):
+    # each step points the next step's input block at the block after its own
+    g = pl.program_id(0)
+    o_ref[...] = x_ref[...] + 1.0
+    sel_ref[g + 1] = (sel_ref[g] + 1) % G
+
+
+def test_a_kernel_writing_its_scalar_operands_stays_simulated(monkeypatch):
+    """The index maps read the scalar operands as they are at each grid step: a kernel
+    that writes them is not compiled with indices computed before the loop."""
+    monkeypatch.setattr(compiled_launch, "MIN_EQUATIONS_PER_LAUNCH", 0)
+    spec = pltpu.PrefetchScalarGridSpec(
+        num_scalar_prefetch=1, grid=(G,),
+        in_specs=[pl.BlockSpec((R, C), lambda g, sel: (sel[g], 0))],
+        out_specs=pl.BlockSpec((R, C), lambda g, sel: (g, 0)))
+    call = jax.jit(lambda sel, x: pl.pallas_call(
+        _rewriting_kernel, grid_spec=spec,
+        out_shape=jax.ShapeDtypeStruct((G * R, C), jnp.float32),
+        interpret=InterpretParams(random_seed=131))(sel, x))
+    sel = np.array([3] + [0] * G, np.int32)
+    x = np.arange(G * R * C, dtype=np.float32).reshape(G, R, C)
+    want = (x[(3 + np.arange(G)) % G] + 1.0).reshape(G * R, C)
+    before = compiled_launch.STATS["compiled"]
+    for _ in range(4):
+        np.testing.assert_array_equal(np.asarray(call(sel, x.reshape(G * R, C))), want)
+    assert compiled_launch.STATS["compiled"] == before

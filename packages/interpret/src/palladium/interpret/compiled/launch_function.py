@@ -82,6 +82,15 @@ class _Lazy:
         return self.fn(i)
 
 
+def _scalars_read(index_map: Any, n_grid: int) -> set[int]:
+    """The scalar operands (by position) ``index_map`` reads: its inputs after the grid
+    indices that an equation or its result uses."""
+    jaxpr = getattr(index_map, "jaxpr", index_map)
+    used = {id(v) for eqn in jaxpr.eqns for v in eqn.invars}
+    used |= {id(v) for v in jaxpr.outvars}
+    return {i for i, v in enumerate(jaxpr.invars[n_grid:]) if id(v) in used}
+
+
 def _differs(a: Any, b: Any, cols: list[slice]) -> Any:
     """Per row and operand (its columns ``cols``): whether rows of ``a`` and ``b`` differ."""
     if not cols:
@@ -193,7 +202,13 @@ def launch_function(kernel: PreparedKernel, grid: tuple[int, ...], points: list[
 
         # Every grid point's block indices at once, before the loop (an index map is a
         # pure function of the grid point and the scalar operands, which it can only
-        # read): the loop carries no indices from step to step.
+        # read): the loop carries no indices from step to step. A kernel that writes a
+        # scalar operand an index map reads (the simulator's index maps read it as it is
+        # at each step) stays simulated.
+        if facts.carried is not None and any(
+                h in facts.carried for info in infos
+                for h in _scalars_read(info.index_map, len(grid))):
+            raise UnsupportedFeatureError("an index map reading a scalar operand the kernel writes")
         points_table = jnp.asarray(table)
         idx, flags = jax.vmap(block_indices)(points_table)
         st.flag = st.flag | lax.reduce(flags, jnp.int32(0), lax.bitwise_or, (0,))
