@@ -6,6 +6,11 @@ jax's HLO interpreter, each in a fresh process.
     python benchmarks/first_call_parts.py -k gmm --cold --repeats 3
     python benchmarks/first_call_parts.py --one-process            # first calls only
 
+``--order hlo,pd,floor`` adds the floor: the same first call with every ``pallas_call``
+replaced by one that returns the sum of its operands' elements, broadcast to its output
+shapes (so nothing that computes the operands is dropped): what the kernel's own wrapper
+costs to trace, lower and compile, which every interpreter pays on a first call.
+
 ``--one-process``: the first calls of ``interpret_kernels.py`` alone (every kernel in one
 process, in its order; HLO's first call, then palladium's after ``jax.clear_caches()``),
 wall and process CPU time: an A/B of first calls in a minute.
@@ -111,6 +116,16 @@ def _worker(name: str, order: str, warmup: bool) -> dict:
                     "pd seg load": seg_load.seconds, "pd seg compile": seg_time[0],
                     "pd segs compiled": segs.compiled - before})
 
+    def floor() -> None:
+        from jax.experimental import pallas as pl
+
+        original = pl.pallas_call
+        pl.pallas_call = _free_pallas_call
+        try:
+            phases("floor", forced(True))
+        finally:
+            pl.pallas_call = original
+
     if warmup:  # as in interpret_kernels.py, where other kernels ran before
         small_fn, small_args = kernel_cases.matmul_case(256).make()
         for mode in (forced(True), forced(pi.InterpretParams())):
@@ -118,9 +133,24 @@ def _worker(name: str, order: str, warmup: bool) -> dict:
             with mode:
                 jax.block_until_ready(jax.jit(small_fn)(*small_args))
     for which in order.split(","):
-        {"hlo": hlo, "pd": palladium}[which]()
+        {"hlo": hlo, "pd": palladium, "floor": floor}[which]()
     out["libtpu"] = float(tpu_compiler.compiler_version() is not None)
     return out
+
+
+def _free_pallas_call(kernel, out_shape, **_):
+    """A ``pallas_call`` whose kernel costs next to nothing: its outputs are the sum of
+    every operand's elements, broadcast (so XLA keeps whatever computes the operands:
+    an unused operand's producers would be dropped, and an optimization barrier does not
+    stop that on XLA's CPU backend)."""
+    import jax
+    import jax.numpy as jnp
+
+    def call(*operands):
+        total = sum(jnp.sum(x.astype(jnp.float32)) for x in jax.tree.leaves(operands))
+        return jax.tree.map(lambda s: jnp.full(s.shape, total, s.dtype), out_shape)
+
+    return call
 
 
 def _one_process(names: list[str]) -> None:
@@ -193,12 +223,12 @@ def main(argv: list[str]) -> int:
         print(f"## {name} ({'cold' if opts.cold else 'warm'} cache, libtpu "
               f"{bool(med['libtpu'])}, median of {len(runs)}; load "
               f"{os.getloadavg()[0]:.1f}); ms, wall / CPU")
-        print("| phase | HLO | palladium |")
-        print("|---|---|---|")
+        print("| phase | HLO | palladium | floor (no kernel) |")
+        print("|---|---|---|---|")
         for phase in ("trace", "lower", "compile", "run", "total"):
             cells = [f"{med[f'{t} {phase}'] * 1e3:.0f} / {med[f'{t} {phase} cpu'] * 1e3:.0f}"
-                     if f"{t} {phase}" in med else "" for t in ("hlo", "pd")]
-            print(f"| {phase} | {cells[0]} | {cells[1]} |")
+                     if f"{t} {phase}" in med else "" for t in ("hlo", "pd", "floor")]
+            print(f"| {phase} | {' | '.join(cells)} |")
         print("palladium's parts (wall): " + ", ".join(
             f"{k[3:]} {med[k] * 1e3:.0f}" if "compiled" not in k else f"{k[3:]} {med[k]:.0f}"
             for k in keys if k.startswith("pd ") and not k.endswith("cpu")
