@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from palladium.interpret.compiled import index_math as im
 from palladium.interpret.compiled.launch_state import (
     FLAG_BLOCK,
     FLAG_REVISIT,
@@ -61,12 +62,14 @@ def _check_blocked(info: BlockSpecInfo) -> None:
 
 def _block_view(info: BlockSpecInfo, index: list[Any]) -> tuple[View, Any]:
     """The HBM region of block ``index`` and whether it lies in the padded array."""
-    starts, sizes, ok = [], [], jnp.bool_(True)
+    starts: list[Any] = []
+    sizes: list[int] = []
+    ok: Any = True
     for d, i, n in zip(info.dims, index, info.padded_shape):
         size = 1 if d.kind == "squeezed" else d.size
-        start = i * size if d.kind == "blocked" else i
-        ok = ok & (start >= 0) & (start + size <= n)
-        starts.append(jnp.asarray(start, jnp.int32))
+        start = im.mul(i, size) if d.kind == "blocked" else im.as_index(i)
+        ok = im.all_of(ok, im.negate(im.less(start, 0)), im.negate(im.less(n, im.add(start, size))))
+        starts.append(start)
         sizes.append(size)
     dropped = [d.kind == "squeezed" for d in info.dims]
     return View(starts, sizes, [1] * len(sizes), dropped), ok
@@ -234,7 +237,7 @@ def launch_function(kernel: PreparedKernel, grid: tuple[int, ...], points: list[
                 st = outer.child(carry)
                 index = [row[d] for d in range(cols[j].start, cols[j].stop)]
                 view, ok = _block_view(infos[j], index)
-                st.raise_flag(FLAG_BLOCK, ~ok)
+                st.raise_flag(FLAG_BLOCK, im.negate(ok))
                 whole = View.whole(st.bufs[kernel_buf[j]].shape)
                 src, sview, dst, dview = ((hbm[j], view, kernel_buf[j], whole) if into_kernel
                                           else (kernel_buf[j], whole, hbm[j], view))

@@ -35,6 +35,7 @@ import numpy as np
 from jax import lax
 
 from palladium.interpret import _jax_compat as jc
+from palladium.interpret.compiled import index_math as im
 from palladium.interpret.errors import UnsupportedFeatureError
 
 __all__ = ["DMA_SLOTS", "FLAGS", "Handle", "LaunchState", "SemHandle", "TraceFacts", "View"]
@@ -76,8 +77,9 @@ class SemHandle:
 
 @dataclasses.dataclass
 class View:
-    """A region of a buffer: per buffer dimension a start (traced), size and stride, and
-    whether an integer index dropped it."""
+    """A region of a buffer: per buffer dimension a start (a Python int while static, else
+    an int32 tracer: ``index_math``), size and stride, and whether an integer index
+    dropped it."""
 
     starts: list[Any]
     sizes: list[int]
@@ -87,7 +89,7 @@ class View:
     @classmethod
     def whole(cls, shape: tuple[int, ...]) -> View:
         n = len(shape)
-        return cls([jnp.int32(0)] * n, list(shape), [1] * n, [False] * n)
+        return cls([0] * n, list(shape), [1] * n, [False] * n)
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -97,12 +99,12 @@ class View:
 def _as_index(x: Any) -> Any:
     if getattr(x, "shape", ()) != ():
         raise UnsupportedFeatureError("a compiled launch takes scalar and slice indices only")
-    return jnp.asarray(x, jnp.int32)
+    return im.as_index(x)
 
 
-def apply_indexers(view: View, transforms: Any, ok: Any) -> tuple[View, Any]:
+def apply_indexers(view: View, transforms: Any, ok: Any = True) -> tuple[View, Any]:
     """``view`` narrowed by a chain of ``NDIndexer`` transforms; ``ok`` and-ed with every
-    index being in bounds."""
+    index being in bounds (a Python bool while static: ``index_math``)."""
     for t in transforms:
         if not isinstance(t, jc.NDIndexer):
             raise UnsupportedFeatureError(f"a compiled launch takes no {type(t).__name__}")
@@ -117,12 +119,13 @@ def apply_indexers(view: View, transforms: Any, ok: Any) -> tuple[View, Any]:
                     raise UnsupportedFeatureError("a slice of traced size or stride")
                 start, size, stride = _as_index(i.start), int(i.size), int(i.stride)
                 if size:
-                    ok = ok & (start >= 0) & (start + (size - 1) * stride < view.sizes[d])
+                    ok = im.all_of(ok, im.negate(im.less(start, 0)),
+                                   im.less(im.add(start, (size - 1) * stride), view.sizes[d]))
             else:
                 start, size, stride = _as_index(i), 1, 1
-                ok = ok & (start >= 0) & (start < view.sizes[d])
+                ok = im.all_of(ok, im.negate(im.less(start, 0)), im.less(start, view.sizes[d]))
                 dropped[d] = True
-            starts[d] = view.starts[d] + start * view.strides[d]
+            starts[d] = im.add(view.starts[d], im.mul(start, view.strides[d]))
             sizes[d] = size
             strides[d] = view.strides[d] * stride
         view = View(starts, sizes, strides, dropped)
@@ -147,14 +150,14 @@ def write_view(array: Any, view: View, value: Any) -> Any:
 def flat_span(shape: tuple[int, ...], view: View) -> tuple[Any, Any]:
     """[lo, hi): the flat element offsets ``view`` spans in a buffer of ``shape``."""
     step = [math.prod(shape[d + 1:]) for d in range(len(shape))]
-    lo = jnp.int32(0)
-    hi = jnp.int32(1)
+    lo: Any = 0
+    hi: Any = 1
     for start, size, stride, st in zip(view.starts, view.sizes, view.strides, step):
-        lo = lo + start * st
-        hi = hi + (start + max(size - 1, 0) * stride) * st
+        lo = im.add(lo, im.mul(start, st))
+        hi = im.add(hi, im.mul(im.add(start, max(size - 1, 0) * stride), st))
     if any(n == 0 for n in view.sizes):
         hi = lo
-    return lo, hi
+    return im.traced_index(lo), im.traced_index(hi)
 
 
 @dataclasses.dataclass
@@ -234,7 +237,11 @@ class LaunchState:
                            self.fixed)
 
     def raise_flag(self, bit: int, cond: Any) -> None:
-        self.flag = self.flag | jnp.where(cond, jnp.int32(bit), jnp.int32(0))
+        """Set flag ``bit`` where ``cond`` holds (a static False: nothing to trace)."""
+        if im.is_static(cond) and not cond:
+            return
+        self.flag = lax.bitwise_or(self.flag, lax.select(
+            im.traced_bool(cond), np.int32(bit), np.int32(0)))
 
     # --- conflicts with the DMAs in flight ----------------------------------------------
     def check_access(self, buf: int, view: View, write: bool) -> None:
@@ -249,12 +256,20 @@ class LaunchState:
         for a write, reads); only the rows some DMA can match are compared."""
         dst, src = self.facts.conflicts(buf, write)
         t = self.dma
-        hit = jnp.bool_(False)
-        if dst:
-            hit = (t[_DBUF] == buf) & (t[_DLO] < hi) & (lo < t[_DHI])
-        if src:
-            hit = hit | ((t[_SBUF] == buf) & (t[_SLO] < hi) & (lo < t[_SHI]))
-        return jnp.any(hit) if dst or src else hit  # (a free column's buffers are -1)
+
+        def hits(b: int, lo_row: int, hi_row: int) -> Any:
+            def row(r: int) -> Any:
+                return lax.index_in_dim(t, r, keepdims=False)
+            return lax.bitwise_and(lax.bitwise_and(lax.eq(row(b), np.int32(buf)),
+                                                   lax.lt(row(lo_row), hi)),
+                                   lax.lt(lo, row(hi_row)))
+
+        rows = ([hits(_DBUF, _DLO, _DHI)] if dst else []) + (
+            [hits(_SBUF, _SLO, _SHI)] if src else [])
+        if not rows:
+            return False
+        hit = rows[0] if len(rows) == 1 else lax.bitwise_or(*rows)
+        return lax.reduce_or(hit, (0,))  # (a free column's buffers are -1)
 
     def start_dma(self, src: tuple[int, View], dst: tuple[int, View], sem: Any,
                   nbytes: int) -> None:
@@ -266,8 +281,8 @@ class LaunchState:
         slo, shi = flat_span(self.bufs[sbuf].shape, sview)
         dlo, dhi = flat_span(self.bufs[dbuf].shape, dview)
         # it reads what a DMA in flight writes, or writes what one reads or writes
-        self.raise_flag(FLAG_CONFLICT, self._overlaps(sbuf, slo, shi, False)
-                        | self._overlaps(dbuf, dlo, dhi, True))
+        self.raise_flag(FLAG_CONFLICT, im.any_of(self._overlaps(sbuf, slo, shi, False),
+                                                 self._overlaps(dbuf, dlo, dhi, True)))
         rows = self.dma
         slot = self.started % DMA_SLOTS
         self.started = self.started + 1

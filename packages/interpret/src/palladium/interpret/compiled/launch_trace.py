@@ -18,6 +18,7 @@ import numpy as np
 from jax import lax
 
 from palladium.interpret import _jax_compat as jc
+from palladium.interpret.compiled import index_math as im
 from palladium.interpret.compiled.launch_state import (
     FLAG_BOUNDS,
     FLAG_LOOP,
@@ -122,8 +123,8 @@ def _access(value: Any, transforms: Sequence[Any], st: LaunchState,
             raise UnsupportedFeatureError(
                 "a compiled launch writes or copies no reshaped or bitcast ref")
         reshaped.extend(chain[cut:])
-    view, ok = apply_indexers(View.whole(st.bufs[ref.buf].shape), chain[:cut], jnp.bool_(True))
-    st.raise_flag(FLAG_BOUNDS, ~ok)
+    view, ok = apply_indexers(View.whole(st.bufs[ref.buf].shape), chain[:cut])
+    st.raise_flag(FLAG_BOUNDS, im.negate(ok))
     return ref.buf, view
 
 
@@ -137,8 +138,8 @@ def _reshaped_value(value: Any, transforms: list[Any], st: LaunchState) -> Any:
         if isinstance(t, np.dtype | jc.BitcastTransform):
             value = _tpu_bitcast(value, np.dtype(getattr(t, "dtype", t)))
             continue
-        view, ok = apply_indexers(View.whole(value.shape), [t], jnp.bool_(True))
-        st.raise_flag(FLAG_BOUNDS, ~ok)
+        view, ok = apply_indexers(View.whole(value.shape), [t])
+        st.raise_flag(FLAG_BOUNDS, im.negate(ok))
         value = read_view(value, view)
     return value
 
@@ -240,14 +241,14 @@ def _semaphore(value: Any, st: LaunchState) -> Any:
     ref, transforms = split_transformed(value)
     if not isinstance(ref, SemHandle):
         raise UnsupportedFeatureError("a compiled launch takes semaphore arrays only")
-    view, ok = apply_indexers(View.whole(ref.shape), transforms, jnp.bool_(True))
-    st.raise_flag(FLAG_BOUNDS, ~ok)
+    view, ok = apply_indexers(View.whole(ref.shape), transforms)
+    st.raise_flag(FLAG_BOUNDS, im.negate(ok))
     if view.shape != ():
         raise UnsupportedFeatureError("a DMA on an array of semaphores")
-    flat = jnp.int32(0)
+    flat: Any = 0
     for start, n in zip(view.starts, ref.shape):
-        flat = flat * n + start
-    return ref.base + flat
+        flat = im.add(im.mul(flat, n), start)
+    return im.traced_index(im.add(ref.base, flat))
 
 
 def _dma_parts(eqn: Any, invals: list[Any], st: LaunchState) -> tuple[Any, ...]:
