@@ -120,6 +120,7 @@ def memoised(memo: RaceMemo, ops: list[tuple[Any, ...]], tag: str,
     return result, det
 
 
+@pytest.mark.timeout(300)
 @settings(max_examples=300, deadline=None)
 @given(first=ops_strategy, second=ops_strategy, cut=st.integers(0, 40),
        on_race=st.sampled_from(["collect", "raise"]))
