@@ -27,7 +27,7 @@ from palladium.race_detect.prepared import PreparedAccess
 
 __all__ = ["END", "Opaque", "RaceMemo", "Remembered", "control_mask", "control_region", "replay"]
 
-MAX_CALLS = 1 << 21  # a log longer than this is not remembered (~0.2 KiB per call)
+MAX_CALLS = 1 << 20  # a longer log is not remembered (~110 bytes per call: <= ~110 MiB)
 MAX_KEYS = 2  # logs kept per memo (a kernel run at two sizes or with two seeds)
 
 
