@@ -132,10 +132,9 @@ class MemoDetector:
         assert len(objects) == self._tokens, (len(objects), self._tokens)
         self._inner, self._objects = inner, objects
         self._entry, self._expected, self._n = None, _NOTHING, 0
-        if self._recording:
-            self._log = log
-        else:
-            self._log, self._payloads = [], []
+        # Eager from now on: the names and sites are the detector's to keep (no replay
+        # will need them); the log only while the launch may be remembered.
+        self._log, self._payloads = (log if self._recording else []), []
         return inner
 
     def _step(self, entry: tuple[Any, ...], payload: Any) -> RaceDetector | None:
@@ -150,20 +149,20 @@ class MemoDetector:
                 return None
             inner = self._diverge()
         if self._recording:
-            self._keep(entry, payload)
+            self._keep(entry)
         return inner
 
-    def _keep(self, entry: tuple[Any, ...], payload: Any) -> None:
+    def _keep(self, entry: tuple[Any, ...]) -> None:
+        """Log an eager call (its name or site is not kept: nothing will replay it)."""
         log = self._log
         log.append(entry)
-        self._payloads.append(payload)
         if len(log) > self._max_calls:
             self._stop_recording()
 
     def _stop_recording(self) -> None:
         """This launch will not be remembered (too long, or a call failed)."""
         self._recording = False
-        self._log, self._payloads = [], []
+        self._log = []
 
     def _failed(self) -> None:
         self._clean = False
@@ -199,7 +198,7 @@ class MemoDetector:
                 return token
             inner = self._diverge()
         if self._recording:
-            self._keep(entry, name)
+            self._keep(entry)
         objects = self._objects
         try:
             actor = inner.new_actor(name, None if parent is None else objects[parent])
@@ -224,7 +223,7 @@ class MemoDetector:
                 return token
             inner = self._diverge()
         if self._recording:
-            self._keep(entry, site)
+            self._keep(entry)
         objects = self._objects
         try:
             clock = inner.read_release(objects[actor], key, region, site)
@@ -249,7 +248,7 @@ class MemoDetector:
                 return token
             inner = self._diverge()
         if self._recording:
-            self._keep(entry, site)
+            self._keep(entry)
         objects = self._objects
         try:
             clock = inner.write_release(objects[actor], key, region, site)
@@ -270,7 +269,7 @@ class MemoDetector:
                 return
             inner = self._diverge()
         if self._recording:
-            self._keep(entry, None)
+            self._keep(entry)
         objects = self._objects
         try:
             inner.acquire_all(objects[actor], [objects[c] for c in clocks])
@@ -358,7 +357,7 @@ class MemoDetector:
             self._expected, self._n = _NOTHING, 0
             return
         if self._recording:
-            self._keep((FREE_ALL,), None)
+            self._keep((FREE_ALL,))
         self._call(self._inner.free_buffers)
 
     def prepare(self, key: Hashable, region: Any = None) -> PreparedAccess:
