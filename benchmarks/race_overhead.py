@@ -4,6 +4,8 @@
     python benchmarks/race_overhead.py jax_all_gather 64 5 --inplace # + detector time per call
     python benchmarks/race_overhead.py jax_all_gather 64 5 --stub    # a DMA's calls do nothing
     python benchmarks/race_overhead.py jax_all_gather 64 5 --collect # on_race="collect"
+    python benchmarks/race_overhead.py jax_all_gather 64 5 --first   # no memo: every call
+                                                                      # detects (and records)
 
 Each call's CPU time is ``time.process_time`` of this process (the machine is shared:
 wall time is not a measure). ``--inplace`` wraps every public ``RaceDetector`` method with
@@ -35,6 +37,7 @@ def main(argv: list[str]) -> int:
     inplace = "--inplace" in argv
     stub = "--stub" in argv
     on_race = "collect" if "--collect" in argv else "raise"
+    first = "--first" in argv
     sys.path.insert(0, HERE)
     import numpy as np
     from _harness import collective
@@ -90,11 +93,21 @@ def main(argv: list[str]) -> int:
             collecting[0] += time.process_time() - collecting[1]
 
     gc.callbacks.append(on_gc)
+    if first:  # every launch is a kernel's first: nothing remembered, detected eagerly
+        with contextlib.suppress(ImportError):
+            from palladium.race_detect.memo import RaceMemo
+
+            RaceMemo.get = lambda self, key: None  # type: ignore[method-assign]
     fs, x = {}, None
     for key, params in (("off", pi.InterpretParams()),
                         ("on", pi.InterpretParams(detect_races=True, on_race=on_race))):
         fs[key], x, expected = collective(name, n, params, pi.force_tpu_interpret_mode)
-    correct = all(bool(np.array_equal(np.asarray(f(x)), expected)) for f in fs.values())
+    firsts = {}
+    correct = True
+    for key, f in fs.items():  # the first call (traces, compiles, no memo yet)
+        t0 = time.process_time()
+        correct = correct and bool(np.array_equal(np.asarray(f(x)), expected))
+        firsts[key] = round(time.process_time() - t0, 3)
     times: dict[str, list[float]] = {"off": [], "on": []}
     gcs: dict[str, list[float]] = {"off": [], "on": []}
     detector: list[float] = []
@@ -115,7 +128,8 @@ def main(argv: list[str]) -> int:
                 detector.append(sum(own.values()) + recorded)
                 items.append(dict(sorted(spent.items(), key=lambda kv: -kv[1])[:7]))
     out: dict[str, Any] = {
-        "kernel": name, "n": n, "correct": correct, "on_race": on_race,
+        "kernel": name, "n": n, "correct": correct, "on_race": on_race, "first": first,
+        "first_off": firsts["off"], "first_on": firsts["on"],
         "off": statistics.median(times["off"]), "on": statistics.median(times["on"]),
         "off_all": [round(t, 3) for t in times["off"]],
         "on_all": [round(t, 3) for t in times["on"]]}

@@ -13,6 +13,8 @@ every K-th acquire, which makes a race-free log report races.
     python benchmarks/race_replay.py --devices 16 --drop 97   # smaller, with races
     python benchmarks/race_replay.py --replay LOG.pkl         # an existing log
     python benchmarks/race_replay.py --replay LOG.pkl --fused # a DMA's parts as one call each
+    python benchmarks/race_replay.py --memo --drop 13         # into MemoDetectors that
+                                  # remember the log without drops first (then: the same digest)
 """
 
 from __future__ import annotations
@@ -39,8 +41,11 @@ def record(name: str, n: int, out: str) -> None:
     from _harness import collective
 
     import palladium.interpret as pi
+    from palladium.race_detect import RaceMemo
     from palladium.race_detect import detector as module
 
+    # Nothing remembered: every launch's calls reach the eager detector, to be logged.
+    RaceMemo.get = lambda self, key: None  # type: ignore[method-assign]
     log: list[tuple[Any, ...]] = []
     on = [False]
     numbers: dict[int, tuple[int, Any]] = {}  # id -> (number, the object, kept alive)
@@ -132,19 +137,26 @@ def fused(log: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
     return out
 
 
-def replay(log: list[tuple[Any, ...]], drop: int = 0) -> list[Any]:
+def replay(log: list[tuple[Any, ...]], drop: int = 0,
+           memos: dict[int, Any] | None = None) -> list[Any]:
     """Run ``log`` against fresh detectors (``on_race="collect"``); skip every ``drop``-th
-    acquire. Returns the detectors."""
-    from palladium.race_detect import RaceDetector
+    acquire. Returns the detectors. ``memos``: ``MemoDetector``s over these memos (one
+    per detector of the log, made on first use)."""
+    from palladium.race_detect import MemoDetector, RaceDetector, RaceMemo
 
-    detectors: dict[int, RaceDetector] = {}
+    def make(d: int) -> Any:
+        if memos is None:
+            return RaceDetector(on_race="collect")
+        return MemoDetector("collect", memos.setdefault(d, RaceMemo()))
+
+    detectors: dict[int, Any] = {}
     actors: dict[int, Any] = {}
     clocks: dict[int, Any] = {}
     acquires = 0
     for method, d, *rest in log:
         det = detectors.get(d)
         if det is None:
-            det = detectors[d] = RaceDetector(on_race="collect")
+            det = detectors[d] = make(d)
         if method in ("read_release", "write_release"):
             actor, key, region, site, clock = rest
             clocks[clock] = getattr(det, method)(actors[actor], key, region, site)
@@ -181,18 +193,23 @@ def digest(detectors: list[Any]) -> tuple[int, str, list[int], list[int]]:
             [d.num_slots for d in detectors], [d.live_records() for d in detectors])
 
 
-def measure(path: str, repeats: int, drop: int, fuse: bool = False) -> str:
+def measure(path: str, repeats: int, drop: int, fuse: bool = False, memo: bool = False) -> str:
     import gc
 
     with open(path, "rb") as fh:
         log = pickle.load(fh)
     if fuse:
         log = fused(log)
+    memos: dict[int, Any] | None = None
+    if memo:  # each detector's log without drops remembered (it is race-free)
+        memos = {}
+        for det in replay(log, 0, memos):
+            det.remember()
     times, summary = [], None
     for _ in range(repeats):
         gc.collect()
         t0 = time.process_time()
-        detectors = replay(log, drop)
+        detectors = replay(log, drop, memos)
         times.append(time.process_time() - t0)
         summary = summary or digest(detectors)
         del detectors
@@ -214,6 +231,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--drop", type=int, default=0, help="skip every K-th acquire")
     parser.add_argument("--fused", action="store_true",
                         help="replay a DMA's parts as read_release / write_release")
+    parser.add_argument("--memo", action="store_true",
+                        help="replay into MemoDetectors remembering the log without drops")
     args = parser.parse_args(argv)
     if args.record:
         name, n, out = args.record
@@ -232,12 +251,12 @@ def main(argv: list[str]) -> int:
                            stdout=subprocess.DEVNULL)
             paths.append(out)
     print(f"race detector replay (drop every {args.drop or 'no'} acquire"
-          f"{', fused' if args.fused else ''}), CPU seconds "
+          f"{', fused' if args.fused else ''}{', memo' if args.memo else ''}), CPU seconds "
           f"min / median of {args.repeats}\n")
     print("| log | calls | replay | per call | reports | digest | slots | live records |")
     print("|---|---|---|---|---|---|---|---|")
     for path in paths:
-        print(measure(path, args.repeats, args.drop, args.fused), flush=True)
+        print(measure(path, args.repeats, args.drop, args.fused, args.memo), flush=True)
     return 0
 
 

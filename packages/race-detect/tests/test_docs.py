@@ -6,10 +6,12 @@ from pathlib import Path
 
 import palladium.race_detect.clock
 import palladium.race_detect.detector
+import palladium.race_detect.memo
 
 
 def test_docstring_examples():
-    for module in (palladium.race_detect.clock, palladium.race_detect.detector):
+    for module in (palladium.race_detect.clock, palladium.race_detect.detector,
+                   palladium.race_detect.memo):
         result = doctest.testmod(module)
         assert result.attempted > 0 and result.failed == 0, module.__name__
 

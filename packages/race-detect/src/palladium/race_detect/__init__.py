@@ -7,6 +7,7 @@ checked FastTrack-style against per-element shadow state. See ``API.md``.
 
 from palladium.race_detect._version import __version__
 from palladium.race_detect.actor import Actor
+from palladium.race_detect.call_log import RaceMemo
 from palladium.race_detect.clock import Clock, VectorClock
 from palladium.race_detect.detector import RaceDetector
 from palladium.race_detect.errors import (
@@ -20,6 +21,7 @@ from palladium.race_detect.errors import (
     SimulationError,
     UnknownBufferError,
 )
+from palladium.race_detect.memo import MemoDetector
 from palladium.race_detect.policy import OnRace
 from palladium.race_detect.prepared import PreparedAccess, prepare
 from palladium.race_detect.remote import ClockExchange
@@ -33,11 +35,13 @@ __all__ = [
     "ClockExchange",
     "ConfigError",
     "DataRaceError",
+    "MemoDetector",
     "OnRace",
     "PalladiumError",
     "PreparedAccess",
     "RaceDetector",
     "RaceDetectorError",
+    "RaceMemo",
     "RaceReport",
     "RaceWarning",
     "RegionError",

@@ -37,6 +37,33 @@ class PreparedAccess:
     def __repr__(self) -> str:
         return f"PreparedAccess({format_region(self.region)} of shape {self.shape})"
 
+    def __eq__(self, other: object) -> bool:
+        # Equal when nothing can tell them apart, not even a report's repr: the same
+        # shape, the same indices of the same types (the memo's call logs compare
+        # accesses by this; the same object, the usual case, is equal without a call).
+        if other.__class__ is not PreparedAccess:
+            return NotImplemented
+        return (self.shape == other.shape  # type: ignore[attr-defined]
+                and _same(self.region, other.region))  # type: ignore[attr-defined]
+
+    def __hash__(self) -> int:
+        return hash((self.shape, self.box))
+
+
+def _same(a: Region, b: Region) -> bool:
+    """Whether two regions hold equal indices of the same types (slices: their parts)."""
+    if len(a) != len(b):
+        return False
+    for x, y in zip(a, b):
+        if x.__class__ is not y.__class__:
+            return False
+        if x.__class__ is slice:
+            if not _same((x.start, x.stop, x.step), (y.start, y.stop, y.step)):
+                return False
+        elif x != y:
+            return False
+    return True
+
 
 def prepare(region: Any, shape: tuple[int, ...], name: str = "buffer") -> PreparedAccess:
     """``region`` (see ``RaceDetector.read``) of a buffer of ``shape``, prepared once.

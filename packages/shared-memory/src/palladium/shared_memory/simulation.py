@@ -21,7 +21,7 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from palladium.race_detect import OnRace, RaceDetector
+from palladium.race_detect import OnRace, RaceDetector, RaceMemo
 from palladium.shared_memory.buffers import OUT_OF_BOUNDS_HINT
 from palladium.shared_memory.collector import frozen_heap
 from palladium.shared_memory.core_actors import CoreActors
@@ -122,6 +122,7 @@ class Simulation:
         uninitialized_reads: UninitializedReads = "off",
         uninitialized_hint: str = _UNINITIALIZED_HINT,
         partition: Partition | None = None,
+        race_memo: RaceMemo | None = None,
     ):
         # ``options`` (a SimulationOptions, as the interpreter passes) or the same
         # choices one keyword each.
@@ -169,7 +170,12 @@ class Simulation:
         # The collaborators: each owns one part of the launch's state.
         self.semaphores = SemaphoreTable(self._cores, num_devices, cores_per_device)
         self.kernel_barrier = KernelBarrier()
-        races = self.races = CoreActors(options.on_race) if options.detect_races else None
+        # ``race_memo``: the client's memo of race-free launches (one per kernel); a
+        # partitioned run exports its clocks as it makes them, so it detects eagerly.
+        memo = race_memo if partition is None else None
+        races = self.races = (CoreActors(options.on_race, memo,
+                                         (num_devices, cores_per_device, options))
+                              if options.detect_races else None)
         self._det = None if races is None else races.detector
         self.dma_queue = DmaQueue(
             eager=options.dma_execution_mode == "eager", order=options.dma_order, rng=self._rng,
@@ -394,6 +400,8 @@ class Simulation:
                 self.races.barrier(cores, with_root=True)
             if check_leaks:
                 self.check_semaphores()
+            if self.races is not None:
+                self.races.remember()  # a run without error: its log, if race-free
         except BaseException as e:
             if self._rounds is not None:
                 self._rounds.fail(e)

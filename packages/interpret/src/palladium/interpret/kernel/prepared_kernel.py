@@ -21,6 +21,7 @@ from palladium.interpret.kernel.dma_reach import (
     read_only_positions,
     ref_reach,
 )
+from palladium.race_detect import RaceMemo
 
 # Names that say nothing: a ``core_map`` body written as ``@pl.core_map(mesh) def _():``
 # (jax's documented style) or a lambda is reported under the function that wrote it.
@@ -98,6 +99,9 @@ class PreparedKernel:
     #: The inputs (indices into ``inputs``) nothing writes and no output aliases: their
     #: HBM buffers are read-only for the launch.
     read_only_inputs: frozenset[int] = frozenset()
+    #: The race detector's memo of the kernel's last race-free launch (its call log):
+    #: a launch that makes the same calls needs no detection (``race_detect.memo``).
+    race_memo: RaceMemo = dataclasses.field(default_factory=RaceMemo)
 
     def is_private(self, var: Any) -> bool:
         """Whether no DMA of the kernel reaches the ref bound to ``var``."""

@@ -102,6 +102,7 @@ class Launch:
             uninitialized_hint=_UNINITIALIZED_HINT,
             snapshot_bytes=params.failure_snapshot_bytes,
             partition=partition,
+            race_memo=kernel.race_memo,
         )
         # The devices this process runs (all of them unless split over processes).
         self.local_devices = (frozenset(range(self.num_devices)) if partition is None
