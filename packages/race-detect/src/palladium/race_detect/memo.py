@@ -184,7 +184,8 @@ class MemoDetector:
                                              inner.live_records()))
 
     # ------------------------------------------------------------------ actors, clocks
-    # (the four calls a DMA makes are written out: they are most of a launch's calls)
+    # (the calls a DMA makes match inline, without ``_step``: they are most of a
+    # launch's calls)
     def new_actor(self, name: str, parent: int | None = None) -> int:
         entry = (NEW, parent)
         inner = self._inner
@@ -210,32 +211,15 @@ class MemoDetector:
 
     def read_release(self, actor: int, key: Hashable, region: Any = None,
                      site: object = None) -> int:
-        entry = (READ_RELEASE, actor, key,
-                 region if region.__class__ is PreparedAccess else control_region(region))
-        inner = self._inner
-        if inner is None:
-            n = self._n
-            if self._expected[n] == entry:
-                self._n = n + 1
-                self._payloads.append(site)
-                token = self._tokens
-                self._tokens = token + 1
-                return token
-            inner = self._diverge()
-        if self._recording:
-            self._keep(entry)
-        objects = self._objects
-        try:
-            clock = inner.read_release(objects[actor], key, region, site)
-        except BaseException:
-            self._failed()
-            raise
-        objects.append(clock)
-        return len(objects) - 1
+        return self._release(READ_RELEASE, actor, key, region, site)
 
     def write_release(self, actor: int, key: Hashable, region: Any = None,
                       site: object = None) -> int:
-        entry = (WRITE_RELEASE, actor, key,
+        return self._release(WRITE_RELEASE, actor, key, region, site)
+
+    def _release(self, kind: int, actor: int, key: Hashable, region: Any,
+                 site: object) -> int:
+        entry = (kind, actor, key,
                  region if region.__class__ is PreparedAccess else control_region(region))
         inner = self._inner
         if inner is None:
@@ -249,9 +233,10 @@ class MemoDetector:
             inner = self._diverge()
         if self._recording:
             self._keep(entry)
+        method = inner.read_release if kind == READ_RELEASE else inner.write_release
         objects = self._objects
         try:
-            clock = inner.write_release(objects[actor], key, region, site)
+            clock = method(objects[actor], key, region, site)
         except BaseException:
             self._failed()
             raise
