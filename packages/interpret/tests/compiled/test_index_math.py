@@ -37,6 +37,7 @@ def test_arithmetic_and_comparison_as_int32(a, b, traced):
     assert _run(im.add, [a, b], traced) == a + b
     assert _run(im.mul, [a, b], traced) == a * b
     assert _run(im.less, [a, b], traced) == (a < b)
+    assert _run(im.at_most, [a, b], traced) == (a <= b)
 
 
 @settings(max_examples=60, deadline=None)

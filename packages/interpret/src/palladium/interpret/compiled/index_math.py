@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 from jax import lax
 
-__all__ = ["add", "all_of", "any_of", "as_index", "is_static", "less", "mul", "negate", "traced_bool",
-           "traced_index"]
+__all__ = ["add", "all_of", "any_of", "as_index", "at_most", "is_static", "less", "mul", "negate",
+           "traced_bool", "traced_index"]
 
 _I32 = np.dtype(np.int32)
 
@@ -69,6 +69,14 @@ def less(a: Any, b: Any) -> Any:
     if isinstance(a, int) and isinstance(b, int):
         return a < b
     return lax.lt(traced_index(a), traced_index(b))
+
+
+def at_most(a: Any, b: Any) -> Any:
+    """``a <= b``: a Python bool when both are static."""
+    a, b = as_index(a), as_index(b)
+    if isinstance(a, int) and isinstance(b, int):
+        return a <= b
+    return lax.le(traced_index(a), traced_index(b))
 
 
 def all_of(*conds: Any) -> Any:

@@ -68,7 +68,7 @@ def _block_view(info: BlockSpecInfo, index: list[Any]) -> tuple[View, Any]:
     for d, i, n in zip(info.dims, index, info.padded_shape):
         size = 1 if d.kind == "squeezed" else d.size
         start = im.mul(i, size) if d.kind == "blocked" else im.as_index(i)
-        ok = im.all_of(ok, im.negate(im.less(start, 0)), im.negate(im.less(n, im.add(start, size))))
+        ok = im.all_of(ok, im.at_most(0, start), im.at_most(im.add(start, size), n))
         starts.append(start)
         sizes.append(size)
     dropped = [d.kind == "squeezed" for d in info.dims]

@@ -119,11 +119,11 @@ def apply_indexers(view: View, transforms: Any, ok: Any = True) -> tuple[View, A
                     raise UnsupportedFeatureError("a slice of traced size or stride")
                 start, size, stride = _as_index(i.start), int(i.size), int(i.stride)
                 if size:
-                    ok = im.all_of(ok, im.negate(im.less(start, 0)),
+                    ok = im.all_of(ok, im.at_most(0, start),
                                    im.less(im.add(start, (size - 1) * stride), view.sizes[d]))
             else:
                 start, size, stride = _as_index(i), 1, 1
-                ok = im.all_of(ok, im.negate(im.less(start, 0)), im.less(start, view.sizes[d]))
+                ok = im.all_of(ok, im.at_most(0, start), im.less(start, view.sizes[d]))
                 dropped[d] = True
             starts[d] = im.add(view.starts[d], im.mul(start, view.strides[d]))
             sizes[d] = size
