@@ -1,5 +1,6 @@
 """Test set-up of palladium-shared-memory's own tests (they also run from the sdist alone):
-the shared test helpers of this package (``_scheduler_scenarios``) are made importable."""
+the shared test helpers of this package (``_scheduler_scenarios``, ``_race_scenarios``)
+are made importable."""
 
 import os
 import sys

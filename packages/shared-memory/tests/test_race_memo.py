@@ -2,31 +2,15 @@
 the calls of the last race-free run needs no detection; one that races is reported as
 by the eager detector, with the same message."""
 
-import numpy as np
 import pytest
+from _race_scenarios import dma_then_read
 
 from palladium.race_detect import MemoDetector, RaceDetector, RaceMemo
-from palladium.shared_memory import DataRaceError, MemorySpace, SemaphoreKind, Simulation
-
-HBM, VMEM = MemorySpace.HBM, MemorySpace.VMEM
+from palladium.shared_memory import DataRaceError
 
 
 def _run(memo, read_before_wait, mode="on_wait", on_race="raise"):
-    sim = Simulation(detect_races=True, dma_execution_mode=mode, on_race=on_race,
-                     race_memo=memo)
-    src = sim.allocate(HBM, 0, 0, name="x", value=np.arange(8, dtype=np.float32))
-    dst = sim.allocate(VMEM, 0, 0, name="x_vmem", shape=(8,), dtype=np.float32)
-    sem = sim.allocate_semaphores(0, 0, kind=SemaphoreKind.DMA, name="sem")
-
-    def body():
-        sim.dma_start(src, None, dst, None, core=(0, 0), dst_sem=sem, site="kernel.py:10")
-        if read_before_wait:
-            sim.read(dst, (slice(0, 4),), core=(0, 0), site="kernel.py:11")
-        sim.dma_wait(sem, 32, core=(0, 0), site="kernel.py:12")
-        sim.read(dst, None, core=(0, 0), site="kernel.py:13")
-
-    sim.run({(0, 0): body})
-    return sim
+    return dma_then_read(mode, read_before_wait, on_race, race_memo=memo)
 
 
 def _message(memo, mode):

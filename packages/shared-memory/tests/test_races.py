@@ -2,6 +2,7 @@
 
 import numpy as np
 import pytest
+from _race_scenarios import dma_then_read
 
 from palladium.shared_memory import (
     DataRaceError,
@@ -13,27 +14,10 @@ from palladium.shared_memory import (
 HBM, VMEM = MemorySpace.HBM, MemorySpace.VMEM
 
 
-def _dma_then_read(mode, read_before_wait, on_race="raise"):
-    sim = Simulation(detect_races=True, dma_execution_mode=mode, on_race=on_race)
-    src = sim.allocate(HBM, 0, 0, name="x", value=np.arange(8, dtype=np.float32))
-    dst = sim.allocate(VMEM, 0, 0, name="x_vmem", shape=(8,), dtype=np.float32)
-    sem = sim.allocate_semaphores(0, 0, kind=SemaphoreKind.DMA, name="sem")
-
-    def body():
-        sim.dma_start(src, None, dst, None, core=(0, 0), dst_sem=sem, site="kernel.py:10")
-        if read_before_wait:
-            sim.read(dst, (slice(0, 4),), core=(0, 0), site="kernel.py:11")
-        sim.dma_wait(sem, 32, core=(0, 0), site="kernel.py:12")
-        sim.read(dst, None, core=(0, 0), site="kernel.py:13")
-
-    sim.run({(0, 0): body})
-    return sim
-
-
 @pytest.mark.parametrize("mode", ["eager", "on_wait"])
 def test_dma_write_racing_with_read_before_wait_is_reported(mode):
     with pytest.raises(DataRaceError) as info:
-        _dma_then_read(mode, read_before_wait=True)
+        dma_then_read(mode, read_before_wait=True)
     text = str(info.value)
     assert "x_vmem" in text and "DMA #0 x->x_vmem" in text and "device 0 core 0" in text
     assert "kernel.py:11" in text
@@ -41,12 +25,12 @@ def test_dma_write_racing_with_read_before_wait_is_reported(mode):
 
 @pytest.mark.parametrize("mode", ["eager", "on_wait"])
 def test_wait_then_read_is_not_a_race(mode):
-    sim = _dma_then_read(mode, read_before_wait=False)
+    sim = dma_then_read(mode, read_before_wait=False)
     assert sim.race_detector is not None and sim.race_detector.reports == []
 
 
 def test_collect_policy_keeps_running():
-    sim = _dma_then_read("eager", read_before_wait=True, on_race="collect")
+    sim = dma_then_read("eager", read_before_wait=True, on_race="collect")
     reports = sim.race_detector.reports
     assert len(reports) >= 1
     assert {reports[0].first.kind, reports[0].second.kind} == {"read", "write"}
