@@ -5,6 +5,8 @@ diverges in the middle, or there is nothing remembered."""
 
 from __future__ import annotations
 
+import contextlib
+import inspect
 from typing import Any
 
 import numpy as np
@@ -287,3 +289,28 @@ def test_an_opaque_region_never_matches_but_is_detected_as_ever():
         det.write(core, "a", (np.int64(1),), site=f"{tag}.py:1")
         det.remember()
         assert not det.matched and det.live_records() == 1
+
+
+def _warned_at(det: Any, racy: bool) -> list[tuple[str, int]]:
+    """Two cores write one region, synced or not; where each RaceWarning points."""
+    det.register_buffer("a", SHAPE, "a")
+    one, two = det.new_actor("core 0"), det.new_actor("core 1")
+    region = prepare((slice(0, 4),), SHAPE)
+    with pytest.warns() if racy else contextlib.nullcontext() as caught:
+        det.write(one, "a", region, "k.py:1")
+        if not racy:
+            det.acquire(two, det.release(one))
+        line = inspect.currentframe().f_lineno + 1  # type: ignore[union-attr]
+        det.write(two, "a", region, "k.py:2")
+    return [(w.filename, w.lineno) for w in caught or []] + [("line", line)]
+
+
+def test_a_race_warning_points_at_the_detectors_caller_with_or_without_the_memo():
+    memo = RaceMemo()
+    det = MemoDetector("warn", memo)
+    _warned_at(det, racy=False)
+    det.remember()
+    eager_warnings = _warned_at(RaceDetector(on_race="warn"), racy=True)
+    memo_warnings = _warned_at(MemoDetector("warn", memo), racy=True)  # diverges: replays
+    (where, line), = [w for w in eager_warnings if w[0] == "line"]
+    assert eager_warnings == memo_warnings == [(__file__, line), ("line", line)]

@@ -121,3 +121,24 @@ def test_a_later_launch_that_races_collects_the_reports_of_the_eager_detector(
     g(RACY, X).block_until_ready()
     want = [_text(r) for r in collected_race_reports()]
     assert got == want and len(want) >= 1
+
+
+@pytest.mark.timeout(300)
+def test_order_trials_do_not_push_the_kernels_own_log_out_of_the_memo(launches):
+    """Each ``dma_order_trials`` re-run has its own seed, so its own memo key: with two
+    trials a launch makes three logs, and the next launch still finds all of them."""
+    f = jax.jit(pl.pallas_call(
+        _kernel,
+        out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32),
+        grid_spec=pltpu.PrefetchScalarGridSpec(
+            num_scalar_prefetch=1, grid=(1,),
+            in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
+            out_specs=pl.BlockSpec((8, 128), lambda i, flag: (0, 0)),
+            scratch_shapes=[pltpu.VMEM((8, 128), jnp.float32), pltpu.SemaphoreType.DMA],
+        ),
+        interpret=InterpretParams(detect_races=True, dma_order="random",
+                                  dma_order_trials=2),
+    ))
+    for _ in range(2):
+        np.testing.assert_array_equal(f(SAFE, X), X + 1.0)
+    assert launches == [False] * 3 + [True] * 3

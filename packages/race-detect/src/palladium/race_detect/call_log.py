@@ -100,6 +100,12 @@ class RaceMemo:
             while len(self._entries) > self.max_keys:
                 del self._entries[next(iter(self._entries))]
 
+    def reserve(self, keys: int) -> None:
+        """Keep at least ``keys`` logs from now on (a client whose every launch runs
+        under several keys, such as other seeds, must not push its own logs out)."""
+        with self._lock:
+            self.max_keys = max(self.max_keys, keys)
+
     def clear(self) -> None:
         """Forget every log."""
         with self._lock:

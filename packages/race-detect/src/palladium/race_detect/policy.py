@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import sys
 import warnings
 from collections.abc import Callable, Sequence
+from types import FrameType
 from typing import Literal, TypeAlias
 
 from palladium.race_detect.errors import ConfigError, DataRaceError, RaceWarning
@@ -18,9 +20,21 @@ def _raise(reports: Sequence[RaceReport]) -> None:
         raise DataRaceError(reports[0])
 
 
+def _outside_level() -> int:
+    """The ``stacklevel`` (from ``_warn``) of the first frame outside this package: the
+    code that called the detector, however many of its own frames lie between (a
+    ``MemoDetector`` replaying into a ``RaceDetector`` adds some)."""
+    frame: FrameType | None = sys._getframe(1)  # ``_warn``'s, level 1
+    level = 1
+    while frame is not None and frame.f_globals.get("__name__", "").startswith(__package__):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
 def _warn(reports: Sequence[RaceReport]) -> None:
+    level = _outside_level()
     for report in reports:
-        warnings.warn(str(report), RaceWarning, stacklevel=4)
+        warnings.warn(str(report), RaceWarning, stacklevel=level)
 
 
 def _collect(reports: Sequence[RaceReport]) -> None:

@@ -28,6 +28,7 @@ from palladium.interpret.run.devices import DeviceMesh
 from palladium.interpret.run.grid_loop import CoreRun, schedule
 from palladium.interpret.run.memory_map import MemoryMap
 from palladium.interpret.state.process_state import STATE
+from palladium.race_detect.call_log import MAX_KEYS
 from palladium.shared_memory import BufferRef, Partition, SemaphoreLeakError, Simulation
 
 _UNINITIALIZED_HINT = (
@@ -92,6 +93,9 @@ class Launch:
             math.prod(kernel.mesh.shape.values()) if kernel.is_core_map
             else params.num_cores_or_threads
         )
+        if params.dma_order_trials:
+            # each trial runs under its own seed, so its own memo key: room for them all
+            kernel.race_memo.reserve(MAX_KEYS * (1 + params.dma_order_trials))
         self.sim = Simulation(
             self.num_devices,
             self.num_cores,
