@@ -26,7 +26,11 @@ from palladium.interpret.eval.context import (
 )
 from palladium.interpret.eval.program import Program, ProgramCache, Step, compile_jaxpr
 from palladium.interpret.eval.site import Site
-from palladium.interpret.numpy_rules.common import ERRORS_IGNORED
+from palladium.interpret.numpy_rules.common import (
+    ERRORS_IGNORED,
+    HARDWARE_FLUSHES,
+    hardware_flushes,
+)
 from palladium.interpret.params import InterpretParams
 from palladium.shared_memory import Simulation
 
@@ -77,10 +81,13 @@ class CoreEvaluator:
         # outermost evaluation (nested control-flow bodies run inside it).
         self._quiet = True
         token = ERRORS_IGNORED.set(True)  # the rules need not set errstate themselves
+        # (whether IEEE arithmetic flushes subnormals here, as XLA's does: see the flag)
+        flushes = HARDWARE_FLUSHES.set(hardware_flushes())
         try:
             with np.errstate(all="ignore"):
                 return self._eval(jaxpr, consts, args)
         finally:
+            HARDWARE_FLUSHES.reset(flushes)
             ERRORS_IGNORED.reset(token)
             self._quiet = False
 

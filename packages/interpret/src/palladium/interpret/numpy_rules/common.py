@@ -126,6 +126,28 @@ def flush(x: np.ndarray) -> np.ndarray:
     return x
 
 
+# True while the evaluator runs a kernel body in a thread whose FP environment flushes
+# f32 subnormals as XLA CPU does (``hardware_flushes``): there IEEE arithmetic (add, sub,
+# mul, div, sums) reads a subnormal operand as a zero of its sign and writes a zero of
+# its sign for a subnormal result, exactly what ``f32`` and ``back`` do, so the rules of
+# those operations skip both (XLA runs a launch, and so the evaluator, in such a thread).
+HARDWARE_FLUSHES: ContextVar[bool] = ContextVar("palladium_hardware_flushes", default=False)
+_SUBNORMALS = np.array([0x00000001, 0x807FFFFF], np.uint32).view(np.float32)
+_TWO_TO_64 = np.float32(2.0**64)
+_SMALL = np.array([1e-30, -1e-30], np.float32)
+_SMALLER = np.float32(1e-10)
+
+
+def hardware_flushes() -> bool:
+    """Whether this thread reads f32 subnormals as zero (DAZ) and writes zero for
+    subnormal results (FTZ), from two probes: a subnormal times 2**64 (normal unless
+    read as zero) and 1e-30 times 1e-10 (subnormal unless flushed)."""
+    with np.errstate(all="ignore"):
+        read = np.multiply(_SUBNORMALS, _TWO_TO_64)
+        written = np.multiply(_SMALL, _SMALLER)
+    return not (_magnitude_bits(read).any() or _magnitude_bits(written).any())
+
+
 def f32(x: np.ndarray) -> np.ndarray:
     """The f32 value XLA computes with for a float input: widened, subnormals flushed."""
     if x.dtype != F32:

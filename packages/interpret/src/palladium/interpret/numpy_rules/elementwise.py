@@ -20,6 +20,7 @@ from palladium.interpret.numpy_rules.common import (
     F32,
     FLOATS,
     HALF,
+    HARDWARE_FLUSHES,
     INTS,
     MIXED,
     ONE,
@@ -49,13 +50,16 @@ def _elementwise(
     flushed_inputs: bool = False,
     exact_output: bool = False,
     subnormals_to_bind: bool = False,
+    ieee: bool = False,
 ) -> Rule:
     """An n-ary rule: floats in f32 with flushing, integers (and bools) with ``int_fn``.
 
     ``flushed_inputs``: the variant for f32 operands known to hold no subnormals (their
     flush is skipped); ``exact_output``: with those, ``float_fn`` returns one of its
     operands' values (max, min), so its result needs no flush either;
-    ``subnormals_to_bind``: a float operand holding a subnormal is left to ``bind``.
+    ``subnormals_to_bind``: a float operand holding a subnormal is left to ``bind``;
+    ``ieee``: ``float_fn`` is IEEE arithmetic alone, so where the FP environment flushes
+    as XLA does (``HARDWARE_FLUSHES``) f32 operands need neither flush.
     """
     widen = f32_flushed if flushed_inputs else f32
     narrow = back_flushed if flushed_inputs and exact_output else back
@@ -68,6 +72,9 @@ def _elementwise(
         if out_dtype is not None and dt != MIXED and np.dtype(out_dtype) != dt:
             xs = [x.astype(out_dtype) for x in xs]
             dt = np.dtype(out_dtype)
+        if ieee and dt == F32 and HARDWARE_FLUSHES.get():
+            with quiet():  # the FP environment flushes operands and result (see the flag)
+                return float_fn(*xs)  # type: ignore[misc]
         if dt in FLOATS and float_fn is not None:
             if subnormals_to_bind and any(
                 has_subnormal(x) for x in xs if not (flushed_inputs and x.dtype == F32)
@@ -216,16 +223,29 @@ def _div(x: Any, y: Any, widen: Callable[[np.ndarray], np.ndarray]) -> Any:
         return _int_div(x, y)
     if dt not in FLOATS:
         return NotImplemented
+    if dt == F32 and HARDWARE_FLUSHES.get():  # the FP environment flushes (see the flag)
+        widen = _same
+        flush_f32, back_f32 = _same, _same_of
+    else:
+        flush_f32, back_f32 = flush, back
     with quiet():
         fx, fy = widen(x), widen(y)
         if y.ndim == 0 and x.ndim > 0 and jc.xla_divides_by_scalar_reciprocal():
             # XLA rewrites a division by a broadcast scalar into a multiplication by its
             # reciprocal; for f16 the reciprocal is rounded to f16 first.
-            recip = flush(ONE / fy)
+            recip = flush_f32(ONE / fy)
             if dt == F16:
                 recip = recip.astype(F16).astype(F32)
-            return back(np.multiply(fx, recip), dt)
-        return back(np.divide(fx, fy), dt)
+            return back_f32(np.multiply(fx, recip), dt)
+        return back_f32(np.divide(fx, fy), dt)
+
+
+def _same(x: np.ndarray) -> np.ndarray:
+    return x
+
+
+def _same_of(r: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    return r
 
 
 register(lax.div_p)(_div_rule(flushed_inputs=False))
@@ -259,12 +279,16 @@ input unchanged rather than read it as zero (XLA's own code decides, not the FP
 environment): a subnormal operand is left to ``bind``, and their results may hold
 subnormals (so they are not in ``FLUSHING``)."""
 
+IEEE: frozenset[Primitive] = frozenset({lax.add_p, lax.sub_p, lax.mul_p, lax.square_p})
+"""Operations whose float function is IEEE arithmetic alone (see ``HARDWARE_FLUSHES``)."""
+
 for _prim, (_ffn, _ifn) in ARITH.items():
     _defer = _prim in PASS_THROUGH
-    register(_prim)(_elementwise(_ffn, _ifn, subnormals_to_bind=_defer))
+    register(_prim)(_elementwise(_ffn, _ifn, subnormals_to_bind=_defer, ieee=_prim in IEEE))
     register(_prim, table=PREFLUSHED_RULES)(
         _elementwise(_ffn, _ifn, flushed_inputs=True,
-                     exact_output=_prim in (lax.max_p, lax.min_p), subnormals_to_bind=_defer)
+                     exact_output=_prim in (lax.max_p, lax.min_p), subnormals_to_bind=_defer,
+                     ieee=_prim in IEEE)
     )
 
 _BITWISE: dict[Primitive, Any] = {

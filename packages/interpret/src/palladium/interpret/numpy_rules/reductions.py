@@ -13,6 +13,7 @@ from jax import lax
 from palladium.interpret.numpy_rules.common import (
     F32,
     FLOATS,
+    HARDWARE_FLUSHES,
     INTS,
     INTS_BOOL,
     PREFLUSHED_RULES,
@@ -69,6 +70,9 @@ def _reduce_arith(np_fn: Callable[..., np.ndarray], flushed_inputs: bool = False
         axes = tuple(axes)
         if x.dtype in INTS:
             return np_fn(x, axis=axes, dtype=x.dtype)
+        if x.dtype == F32 and HARDWARE_FLUSHES.get():  # IEEE sums: flushed (see the flag)
+            with quiet():
+                return np_fn(x, axis=axes, dtype=F32)
         if x.dtype in FLOATS:
             with quiet():
                 return back(np_fn(widen(x), axis=axes, dtype=F32), x.dtype)
