@@ -436,3 +436,6 @@ def coordinator_address() -> str:
     from jax._src import distributed
 
     return str(distributed.global_state.coordinator_address)
+
+
+from palladium.interpret._jax_compat.dma_tree import dma_placing_leaves  # noqa: E402,F401

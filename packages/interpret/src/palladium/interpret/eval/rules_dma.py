@@ -164,6 +164,11 @@ def _dma_start(eqn: Equation, used: frozenset[Any]) -> Rule:
 def _dma_wait(eqn: Equation, used: frozenset[Any]) -> Rule:
     cache: PlanCache[DmaWaitPlan] = PlanCache()
     tree = eqn.params["tree"]
+    # A wait needs its DMA's size and its semaphore, not where the DMA's regions lie: a
+    # kernel that copies pages from places its data picks (paged attention) waits with
+    # new slice starts each time. Its plans are kept by the other operands alone.
+    placing = jc.dma_placing_leaves(tree)
+    keep = ([i for i in range(tree.num_leaves) if i not in placing] if placing else None)
 
     def build(ev: KernelContext, invals: list[Any], cached: bool) -> DmaWaitPlan:
         src, _dst, sem, _src_sem, _device_id = jc.dma_operands(tree, invals)
@@ -174,6 +179,8 @@ def _dma_wait(eqn: Equation, used: frozenset[Any]) -> Rule:
 
     def run(ev: KernelContext, eqn: Equation, invals: list[Value]) -> list[Value]:
         key = operand_key(invals)
+        if key is not None and keep is not None:
+            key = tuple(key[i] for i in keep)
         plan = cache.get(key, build, ev, invals, key is not None)
         ops = invals if plan.operands is None else plan.operands
         ev.sim.dma_wait(semaphore_at(ops, plan.sem), plan.nbytes, core=ev.core,

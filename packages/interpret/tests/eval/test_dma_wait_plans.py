@@ -1,0 +1,117 @@
+"""A DMA wait's plan (its size and semaphore) is kept by the operands it depends on: a
+kernel copying pages from starts its data picks builds one plan per wait, not one per
+start, and waits exactly as before; where the leaves might size the region (or cannot
+be shown not to), every operand keys the plan, as before."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+from palladium.interpret import InterpretParams
+from palladium.interpret import _jax_compat as jc
+from palladium.interpret.eval import rules_dma
+
+PAGES, PAGE, LANES = 16, 8, 128
+
+
+def _gather(table_ref, x_hbm, o_ref, buf, sems):
+    """Copies the pages the table names, two in flight, and sums them into the output."""
+    def copy(i, slot):
+        return pltpu.make_async_copy(x_hbm.at[pl.ds(table_ref[i] * PAGE, PAGE)],
+                                     buf.at[slot], sems.at[slot])
+
+    copy(0, 0).start()
+    o_ref[...] = jnp.zeros_like(o_ref)
+
+    def body(i, carry):
+        slot = i % 2
+
+        @pl.when(i + 1 < table_ref.shape[0])
+        def _():
+            copy(i + 1, 1 - slot).start()
+
+        copy(i, slot).wait()
+        o_ref[...] += buf[slot]
+        return carry
+
+    jax.lax.fori_loop(0, table_ref.shape[0], body, 0)
+
+
+def _call(n):
+    return pl.pallas_call(
+        _gather,
+        out_shape=jax.ShapeDtypeStruct((PAGE, LANES), jnp.float32),
+        grid_spec=pltpu.PrefetchScalarGridSpec(
+            num_scalar_prefetch=1, grid=(1,),
+            in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
+            out_specs=pl.BlockSpec((PAGE, LANES), lambda i, t: (0, 0)),
+            scratch_shapes=[pltpu.VMEM((2, PAGE, LANES), jnp.float32),
+                            pltpu.SemaphoreType.DMA((2,))]),
+        interpret=InterpretParams(),
+    )
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("narrowed", [True, False])
+def test_waits_with_new_page_starts_reuse_their_plan(monkeypatch, narrowed):
+    built = []
+    nbytes = rules_dma.view_nbytes
+    monkeypatch.setattr(rules_dma, "view_nbytes",
+                        lambda *a: built.append(1) or nbytes(*a))
+    if not narrowed:  # every operand keys the plan, as before
+        monkeypatch.setattr(jc, "dma_placing_leaves", lambda tree: frozenset())
+    x = np.arange(PAGES * PAGE * LANES, dtype=np.float32).reshape(PAGES * PAGE, LANES)
+    table = np.array([5, 2, 9, 14, 0, 7, 3, 11], np.int32)
+    got = _call(len(table))(table, x)
+    want = x.reshape(PAGES, PAGE, LANES)[table].sum(0)
+    np.testing.assert_array_equal(np.asarray(got), want)
+    # one wait equation, eight starts, two semaphore slots: a plan per slot, where every
+    # start (and its slot) built its own before
+    assert len(built) == (2 if narrowed else len(table))
+
+
+def _tree(*indices):
+    """The operand tree of a DMA from ``x.at[indices]`` (``x`` of shape (4, 32, 128)) to
+    a VMEM buffer, traced as a kernel makes it."""
+    trees = []
+
+    def kernel(i_ref, x_hbm, o_ref, buf, sem):
+        i = i_ref[0]
+        built = [i if n == "i" else pl.ds(i, 8) if n == "start" else
+                 pl.ds(0, i) if n == "size" else n for n in indices]
+        pltpu.make_async_copy(x_hbm.at[tuple(built)], buf, sem).start()
+
+    call = pl.pallas_call(
+        kernel, out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32),
+        grid_spec=pltpu.PrefetchScalarGridSpec(
+            num_scalar_prefetch=1, grid=(1,), in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
+            out_specs=pl.BlockSpec((8, 128), lambda i, t: (0, 0)),
+            scratch_shapes=[pltpu.VMEM((8, 128), jnp.float32), pltpu.SemaphoreType.DMA]))
+    jaxpr = jax.make_jaxpr(call)(jnp.zeros((1,), jnp.int32), jnp.zeros((4, 32, 128)))
+
+    def find(j):
+        for e in j.eqns:
+            if e.primitive is jc.dma_start_p:
+                trees.append(e.params["tree"])
+            for v in e.params.values():
+                inner = getattr(v, "jaxpr", v)
+                if hasattr(inner, "eqns"):
+                    find(inner)
+
+    find(jaxpr.jaxpr)
+    (tree,) = trees
+    return tree
+
+
+def test_slice_starts_and_scalar_indices_only_place_a_region():
+    # operands: x, its two index leaves (the row, the slice's start), buf, sem
+    assert jc.dma_placing_leaves(_tree("i", "start", slice(None))) == {1, 2}
+    # (a constant row index is a leaf too: jax makes it an array)
+    assert jc.dma_placing_leaves(_tree(0, slice(0, 8), slice(None))) == {1}
+
+
+def test_a_slice_size_among_the_leaves_places_nothing():
+    assert jc.dma_placing_leaves(_tree(0, "size", slice(None))) == set()
