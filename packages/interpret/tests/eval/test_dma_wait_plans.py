@@ -10,7 +10,7 @@ import pytest
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from palladium.interpret import InterpretParams
+from palladium.interpret import InterpretParams, OutOfBoundsError, errors_as_raised
 from palladium.interpret import _jax_compat as jc
 from palladium.interpret.eval import rules_dma
 
@@ -115,3 +115,60 @@ def test_slice_starts_and_scalar_indices_only_place_a_region():
 
 def test_a_slice_size_among_the_leaves_places_nothing():
     assert jc.dma_placing_leaves(_tree(0, "size", slice(None))) == set()
+
+
+def _strided(table_ref, x_hbm, o_ref, buf, sem):
+    """Copies, per table entry (row, column start), a strided 2-d piece into a slot of a
+    3-d buffer: scalar indices and slices with static and dynamic starts on both sides,
+    the source through two indexers."""
+    for i in range(table_ref.shape[0] // 2):
+        row, col = table_ref[2 * i], table_ref[2 * i + 1]
+        copy = pltpu.make_async_copy(
+            x_hbm.at[row].at[pl.ds(col, 4, stride=2), pl.ds(0, LANES)],
+            buf.at[i % 2, pl.ds(2, 4), :], sem)
+        copy.start()
+        copy.wait()
+        o_ref[i] = buf[i % 2]
+
+
+def _strided_call(n):
+    return pl.pallas_call(
+        _strided,
+        out_shape=jax.ShapeDtypeStruct((n, 8, LANES), jnp.float32),
+        grid_spec=pltpu.PrefetchScalarGridSpec(
+            num_scalar_prefetch=1, grid=(1,),
+            in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
+            out_specs=pl.BlockSpec((n, 8, LANES), lambda i, t: (0, 0, 0)),
+            scratch_shapes=[pltpu.VMEM((2, 8, LANES), jnp.float32),
+                            pltpu.SemaphoreType.DMA]),
+        # (Mosaic rejects strided DMAs: the interpreter's copies are what is tested)
+        interpret=InterpretParams(check_lowering=False),
+    )
+
+
+@pytest.mark.timeout(300)
+def test_a_start_placed_from_a_kept_plan_copies_and_fails_as_a_fully_built_one(monkeypatch):
+    x = np.arange(4 * 24 * LANES, dtype=np.float32).reshape(4, 24, LANES)
+    table = np.array([1, 3, 0, 10, 3, 0, 2, 15, 1, 7], np.int32)  # (row, column start)
+    bad = table.copy()
+    bad[5] = 20  # the third copy reads columns 20, 22, 24, 26 of 24
+    regions = []
+    region = rules_dma._region
+    monkeypatch.setattr(rules_dma, "_region", lambda *a: regions.append(a) or region(*a))
+    placed = np.asarray(_strided_call(5)(table, x))
+    assert len(regions) == 2 * 5  # every start placed from a kept plan (both sides)
+    with pytest.raises(OutOfBoundsError) as placed_error, errors_as_raised():
+        _strided_call(5)(bad, x).block_until_ready()
+    monkeypatch.setattr(jc, "dma_index_layout", lambda tree: None)  # every plan built whole
+    regions.clear()
+    built = np.asarray(_strided_call(5)(table, x))
+    with pytest.raises(OutOfBoundsError) as built_error, errors_as_raised():
+        _strided_call(5)(bad, x).block_until_ready()
+    assert regions == []
+    np.testing.assert_array_equal(placed, built)
+    for i in range(5):  # each copy as numpy slices it
+        row, col = table[2 * i], table[2 * i + 1]
+        np.testing.assert_array_equal(placed[i, 2:6], x[row, col:col + 8:2])
+    assert str(placed_error.value) == str(built_error.value)
+    assert "Out-of-bounds read by a DMA" in str(placed_error.value)
+    assert "region [3, 20:27:2, 0:128]" in str(placed_error.value)

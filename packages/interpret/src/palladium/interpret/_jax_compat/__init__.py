@@ -438,4 +438,7 @@ def coordinator_address() -> str:
     return str(distributed.global_state.coordinator_address)
 
 
-from palladium.interpret._jax_compat.dma_tree import dma_placing_leaves  # noqa: E402,F401
+from palladium.interpret._jax_compat.dma_tree import (  # noqa: E402,F401
+    dma_index_layout,
+    dma_placing_leaves,
+)

@@ -85,7 +85,7 @@ class SemaphoreRef:
         return int(self.ids)
 
 
-def _as_int(x: Any, what: str) -> int:
+def as_int(x: Any, what: str) -> int:
     a = np.asarray(x)
     if a.shape != ():
         raise UnsupportedFeatureError(
@@ -96,11 +96,11 @@ def _as_int(x: Any, what: str) -> int:
 
 def _numpy_index(i: Any) -> int | slice:
     if isinstance(i, jc.Slice):
-        start = _as_int(i.start, "ref indexer")
-        size = _as_int(i.size, "ref indexer")
+        start = as_int(i.start, "ref indexer")
+        size = as_int(i.size, "ref indexer")
         stride = int(i.stride)
         return slice(start, start + (size - 1) * stride + 1 if size else start, stride)
-    return _as_int(i, "ref indexer")
+    return as_int(i, "ref indexer")
 
 
 # --- numpy ops applied after the region is read --------------------------------------

@@ -20,7 +20,7 @@ from palladium.interpret.eval.access_path import (
 from palladium.interpret.eval.context import Equation, KernelContext, Value
 from palladium.interpret.eval.dma_view import dma_view, view_nbytes
 from palladium.interpret.eval.memory import access_of
-from palladium.interpret.eval.refs import MemRef, SemaphoreRef, split_transformed
+from palladium.interpret.eval.refs import MemRef, SemaphoreRef, as_int, split_transformed
 from palladium.interpret.eval.registry import Rule, rule_compiler
 from palladium.shared_memory import MemorySpace
 
@@ -116,6 +116,39 @@ def _operands(invals: list[Any], cached: bool) -> list[Any]:
     return invals if cached else base_refs(invals)
 
 
+def _region(shape: tuple[int, ...], indexers: tuple[Any, ...],
+            invals: list[Any]) -> tuple[int | slice, ...]:
+    """The region indexers (``jc.dma_index_layout``'s) select of a buffer of ``shape``,
+    from the operands: the arithmetic of ``refs.resolve`` for indexers alone."""
+    dims: list[Any] = [[0, 1, n] for n in shape]
+    for entries in indexers:
+        it = iter(entries)
+        new: list[Any] = []
+        for d in dims:
+            if isinstance(d, int):
+                new.append(d)
+                continue
+            entry = next(it)
+            start, step, _ = d
+            if entry[0] == "index":
+                new.append(start + as_int(invals[entry[1]], "ref indexer") * step)
+                continue
+            _, at, first, size, stride = entry
+            if at is not None:
+                first = as_int(invals[at], "ref indexer")
+            stop = first + (size - 1) * stride + 1 if size else first
+            new.append([start + first * step, step * stride, len(range(first, stop, stride))])
+        dims = new
+    region: list[int | slice] = []
+    for d in dims:
+        if isinstance(d, int):
+            region.append(d)
+        else:
+            start, step, size = d
+            region.append(slice(start, start + (size - 1) * step + 1 if size else start, step))
+    return tuple(region)
+
+
 @rule_compiler(jc.dma_start_p)
 def _dma_start(eqn: Equation, used: frozenset[Any]) -> Rule:
     cache: PlanCache[DmaPlan] = PlanCache()
@@ -139,9 +172,35 @@ def _dma_start(eqn: Equation, used: frozenset[Any]) -> Rule:
             None if src_sem is None else _sem_position(ev, src_sem, eqn, ops), device_id,
             None if cached else ops)
 
+    # A DMA whose regions its data places (paged attention's pages) starts at new slice
+    # starts each time: its plan is the plan of the same DMA at other starts (kept by the
+    # other operands) with this call's regions, computed from the starts alone.
+    layout = jc.dma_index_layout(tree)
+    placing = jc.dma_placing_leaves(tree) if layout is not None else frozenset()
+    keep = [i for i in range(tree.num_leaves) if i not in placing] if placing else None
+    templates: PlanCache[DmaPlan] = PlanCache()
+
+    def placed(ev: KernelContext, invals: list[Any], key: tuple[Any, ...]) -> DmaPlan:
+        assert keep is not None and layout is not None
+        template = templates.get(tuple(key[i] for i in keep), build, ev, invals, True)
+        src_side, dst_side = layout
+        src_plan, dst_plan = template.src_plan, template.dst_plan
+        sim = ev.sim
+        if src_side is not None:
+            buffer = invals[template.src_at].buffer
+            src_plan = sim.plan(buffer, _region(tuple(buffer.shape), src_side, invals))
+        if dst_side is not None:
+            buffer = invals[template.dst_at].buffer
+            dst_plan = sim.plan(buffer, _region(tuple(buffer.shape), dst_side, invals))
+        return DmaPlan(template.src_at, src_plan, template.dst_at, dst_plan, template.view,
+                       template.dst_sem, template.src_sem, template.device_id)
+
     def run(ev: KernelContext, eqn: Equation, invals: list[Value]) -> list[Value]:
         key = operand_key(invals)
-        plan = cache.get(key, build, ev, invals, key is not None)
+        if key is not None and keep is not None:
+            plan = cache.get(key, placed, ev, invals, key)
+        else:
+            plan = cache.get(key, build, ev, invals, key is not None)
         ops = invals if plan.operands is None else plan.operands
         src_ref, dst_ref = ops[plan.src_at], ops[plan.dst_at]
         target = ev.remote_core(plan.device_id, None, id_type, eqn)
