@@ -35,7 +35,8 @@ def _kernel(flag_ref, x_hbm, o_ref, scratch, sem):
         copy.wait()
 
 
-def _call(on_race):
+def _call(on_race="raise", **params):
+    params = {"dma_execution_mode": "eager", **params}
     return jax.jit(pl.pallas_call(
         _kernel,
         out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32),
@@ -45,8 +46,7 @@ def _call(on_race):
             out_specs=pl.BlockSpec((8, 128), lambda i, flag: (0, 0)),
             scratch_shapes=[pltpu.VMEM((8, 128), jnp.float32), pltpu.SemaphoreType.DMA],
         ),
-        interpret=InterpretParams(detect_races=True, on_race=on_race,
-                                  dma_execution_mode="eager"),
+        interpret=InterpretParams(detect_races=True, on_race=on_race, **params),
     ))
 
 
@@ -127,18 +127,7 @@ def test_a_later_launch_that_races_collects_the_reports_of_the_eager_detector(
 def test_order_trials_do_not_push_the_kernels_own_log_out_of_the_memo(launches):
     """Each ``dma_order_trials`` re-run has its own seed, so its own memo key: with two
     trials a launch makes three logs, and the next launch still finds all of them."""
-    f = jax.jit(pl.pallas_call(
-        _kernel,
-        out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32),
-        grid_spec=pltpu.PrefetchScalarGridSpec(
-            num_scalar_prefetch=1, grid=(1,),
-            in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
-            out_specs=pl.BlockSpec((8, 128), lambda i, flag: (0, 0)),
-            scratch_shapes=[pltpu.VMEM((8, 128), jnp.float32), pltpu.SemaphoreType.DMA],
-        ),
-        interpret=InterpretParams(detect_races=True, dma_order="random",
-                                  dma_order_trials=2),
-    ))
+    f = _call(dma_order="random", dma_order_trials=2, dma_execution_mode="on_wait")
     for _ in range(2):
         np.testing.assert_array_equal(f(SAFE, X), X + 1.0)
     assert launches == [False] * 3 + [True] * 3

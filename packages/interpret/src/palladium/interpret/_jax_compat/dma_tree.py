@@ -21,47 +21,13 @@ def dma_placing_leaves(tree: Any) -> frozenset[int]:
     """The operands (flat positions) of a ``dma_start``/``dma_wait`` equation with tree
     ``tree`` that only place its source and destination regions: the dynamic slice starts
     and scalar indices of refs indexed by indexers alone, whose slices' sizes are static
-    (so the regions' shapes, the DMA's size, do not depend on them). Read from the
-    tree's structure; empty where it is not of that shape (nothing is shown)."""
-    if _SPLIT:
-        return frozenset()  # (another layout of operands: not read here)
-    try:
-        parts = tree.children()
-        if len(parts) != 5:
-            return frozenset()
-        out: set[int] = set()
-        offset = 0
-        for k, part in enumerate(parts):
-            if k < 2 and part.num_leaves > 1:
-                if not _indexers_only(part):
-                    return frozenset()
-                out.update(range(offset + 1, offset + part.num_leaves))
-            offset += part.num_leaves
-        return frozenset(out)
-    except Exception:  # noqa: BLE001 - another jax's trees: nothing shown
+    (so the regions' shapes, the DMA's size, do not depend on them); empty where
+    ``dma_index_layout`` shows nothing."""
+    layout = dma_index_layout(tree)
+    if layout is None:
         return frozenset()
-
-
-def _indexers_only(part: Any) -> bool:
-    """Whether ``part`` (a treedef) is a ref with a tuple of indexer transforms whose
-    leaves are slice starts and scalar indices only."""
-    data = part.node_data()
-    if data is None or data[0] is not state_types.TransformedRef:
-        return False
-    ref, transforms = part.children()
-    if ref.num_leaves != 1 or ref.node_data() is not None:
-        return False
-    for t in transforms.children():
-        t_data = t.node_data()
-        if t_data is None or t_data[0] is not indexing.NDIndexer or len(t_data[1]) != 3:
-            return False  # (a 2-tuple: the indexer's shape is one of the leaves)
-        for index in t_data[1][0].children():
-            i_data = index.node_data()
-            if i_data is None:
-                continue  # a leaf: a scalar index (an array index is never cached)
-            if i_data[0] is not indexing.Slice or i_data[1][1] is None:
-                return False  # a slice's size among the leaves, or something else
-    return True
+    return frozenset(entry[1] for side in layout if side is not None
+                     for entries in side for entry in entries if entry[1] is not None)
 
 
 def dma_index_layout(tree: Any) -> tuple[Any, Any] | None:

@@ -96,11 +96,14 @@ def as_int(x: Any, what: str) -> int:
 
 def _numpy_index(i: Any) -> int | slice:
     if isinstance(i, jc.Slice):
-        start = as_int(i.start, "ref indexer")
-        size = as_int(i.size, "ref indexer")
-        stride = int(i.stride)
-        return slice(start, start + (size - 1) * stride + 1 if size else start, stride)
+        return numpy_slice(as_int(i.start, "ref indexer"), as_int(i.size, "ref indexer"),
+                           int(i.stride))
     return as_int(i, "ref indexer")
+
+
+def numpy_slice(start: int, size: int, stride: int) -> slice:
+    """The numpy slice of a ``pl.ds(start, size, stride)``."""
+    return slice(start, start + (size - 1) * stride + 1 if size else start, stride)
 
 
 # --- numpy ops applied after the region is read --------------------------------------
@@ -214,20 +217,7 @@ def resolve(shape: tuple[int, ...], dtype: np.dtype, transforms: Sequence[Any], 
             kept = [d for d in dims if not isinstance(d, int)]
             if len(index) != len(kept):
                 raise UnsupportedFeatureError(f"ref '{name}': indexer rank mismatch")
-            it = iter(index)
-            new_dims: list[Any] = []
-            for d in dims:
-                if isinstance(d, int):
-                    new_dims.append(d)
-                    continue
-                i = next(it)
-                start, step, _ = d
-                if isinstance(i, int):
-                    new_dims.append(start + i * step)
-                else:
-                    size = len(range(i.start, i.stop, i.step))
-                    new_dims.append([start + i.start * step, step * i.step, size])
-            dims = new_dims
+            dims = indexed_dims(dims, index)
         elif isinstance(t, jc.ReshapeTransform):
             post.append(_Reshape(tuple(int(s) for s in t.shape)))
         elif isinstance(t, jc.TransposeTransform):
@@ -243,6 +233,33 @@ def resolve(shape: tuple[int, ...], dtype: np.dtype, transforms: Sequence[Any], 
             raise UnsupportedFeatureError(
                 f"ref '{name}': transform {type(t).__name__} is not supported by the interpreter"
             )
+    region, region_shape = dims_region(dims)
+    if lead_cast is not None and lead_cast != np.dtype(dtype):
+        post.insert(0, Bitcast(lead_cast))
+    return Access(region, region_shape, tuple(post))
+
+
+def indexed_dims(dims: list[Any], index: tuple[int | slice, ...]) -> list[Any]:
+    """``dims`` (per base dimension: an int, dropped, or [start, step, size]) narrowed by
+    one indexer's ``index`` (numpy ints and slices, one per dimension not dropped)."""
+    it = iter(index)
+    new_dims: list[Any] = []
+    for d in dims:
+        if isinstance(d, int):
+            new_dims.append(d)
+            continue
+        i = next(it)
+        start, step, _ = d
+        if isinstance(i, int):
+            new_dims.append(start + i * step)
+        else:
+            size = len(range(i.start, i.stop, i.step))
+            new_dims.append([start + i.start * step, step * i.step, size])
+    return new_dims
+
+
+def dims_region(dims: list[Any]) -> tuple[tuple[int | slice, ...], tuple[int, ...]]:
+    """The region ``dims`` select of their buffer, and its shape."""
     region: list[int | slice] = []
     region_shape: list[int] = []
     for d in dims:
@@ -253,9 +270,7 @@ def resolve(shape: tuple[int, ...], dtype: np.dtype, transforms: Sequence[Any], 
             stop = start + (size - 1) * step + 1 if size else start
             region.append(slice(start, stop, step))
             region_shape.append(size)
-    if lead_cast is not None and lead_cast != np.dtype(dtype):
-        post.insert(0, Bitcast(lead_cast))
-    return Access(tuple(region), tuple(region_shape), tuple(post))
+    return tuple(region), tuple(region_shape)
 
 
 class RefView:

@@ -20,7 +20,15 @@ from palladium.interpret.eval.access_path import (
 from palladium.interpret.eval.context import Equation, KernelContext, Value
 from palladium.interpret.eval.dma_view import dma_view, view_nbytes
 from palladium.interpret.eval.memory import access_of
-from palladium.interpret.eval.refs import MemRef, SemaphoreRef, as_int, split_transformed
+from palladium.interpret.eval.refs import (
+    MemRef,
+    SemaphoreRef,
+    as_int,
+    dims_region,
+    indexed_dims,
+    numpy_slice,
+    split_transformed,
+)
 from palladium.interpret.eval.registry import Rule, rule_compiler
 from palladium.shared_memory import MemorySpace
 
@@ -119,34 +127,20 @@ def _operands(invals: list[Any], cached: bool) -> list[Any]:
 def _region(shape: tuple[int, ...], indexers: tuple[Any, ...],
             invals: list[Any]) -> tuple[int | slice, ...]:
     """The region indexers (``jc.dma_index_layout``'s) select of a buffer of ``shape``,
-    from the operands: the arithmetic of ``refs.resolve`` for indexers alone."""
+    from the operands: what ``refs.resolve`` makes of them, without jax's objects."""
     dims: list[Any] = [[0, 1, n] for n in shape]
     for entries in indexers:
-        it = iter(entries)
-        new: list[Any] = []
-        for d in dims:
-            if isinstance(d, int):
-                new.append(d)
-                continue
-            entry = next(it)
-            start, step, _ = d
+        index: list[int | slice] = []
+        for entry in entries:
             if entry[0] == "index":
-                new.append(start + as_int(invals[entry[1]], "ref indexer") * step)
-                continue
-            _, at, first, size, stride = entry
-            if at is not None:
-                first = as_int(invals[at], "ref indexer")
-            stop = first + (size - 1) * stride + 1 if size else first
-            new.append([start + first * step, step * stride, len(range(first, stop, stride))])
-        dims = new
-    region: list[int | slice] = []
-    for d in dims:
-        if isinstance(d, int):
-            region.append(d)
-        else:
-            start, step, size = d
-            region.append(slice(start, start + (size - 1) * step + 1 if size else start, step))
-    return tuple(region)
+                index.append(as_int(invals[entry[1]], "ref indexer"))
+            else:
+                _, at, start, size, stride = entry
+                if at is not None:
+                    start = as_int(invals[at], "ref indexer")
+                index.append(numpy_slice(start, size, stride))
+        dims = indexed_dims(dims, tuple(index))
+    return dims_region(dims)[0]
 
 
 @rule_compiler(jc.dma_start_p)
