@@ -9,7 +9,6 @@ numpy scalars, and the ref objects of ``refs.py``.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 from typing import Any
 
@@ -37,6 +36,7 @@ from palladium.shared_memory import Simulation
 __all__ = ["CoreEvaluator", "Program", "ProgramCache", "Step", "compile_jaxpr"]
 
 _new_site = tuple.__new__
+_new_evaluator = object.__new__
 
 
 @dataclasses.dataclass(eq=False)
@@ -68,7 +68,8 @@ class CoreEvaluator:
 
     def at(self, grid_point: tuple[int, ...] | None) -> CoreEvaluator:
         """This core's context at ``grid_point`` (the same core state and launch)."""
-        ev = copy.copy(self)
+        ev = _new_evaluator(CoreEvaluator)  # copy.copy's __reduce_ex__ costs ~2 us more
+        ev.__dict__.update(self.__dict__)
         ev.grid_point = grid_point
         ev._quiet = False
         return ev

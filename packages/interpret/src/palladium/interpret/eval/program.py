@@ -32,6 +32,7 @@ from palladium.interpret.numpy_rules import (
     PRESERVING,
     has_subnormal_f32,
 )
+from palladium.interpret.numpy_rules.fast_paths import fast_path
 from palladium.interpret.numpy_rules.scalars import scalar_rule
 from palladium.shared_memory import is_float_dtype
 
@@ -49,6 +50,9 @@ class Step:
     in_slots: tuple[int, ...]
     out_slots: tuple[int, ...]
     segment: bool = False  # a compiled segment: its equations are observed one by one
+    # A call inlined into the program (``_inline``): the call's equation, shown to an
+    # observer of every equation as before, run by nothing (its body's steps follow).
+    observe_only: bool = False
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -76,7 +80,8 @@ class Program:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "flat", tuple(
-            (st.rule, st.eqn, st.in_slots, st.out_slots) for st in self.steps))
+            (st.rule, st.eqn, st.in_slots, st.out_slots) for st in self.steps
+            if not st.observe_only))
 
 
 def _literal_value(atom: Any) -> Any:
@@ -143,7 +148,20 @@ def _compute_rule(eqn: Any, operands_flushed: bool = False) -> Rule:
                 return list(out) if multiple else [out]
         return _bind(ev, eqn, invals)
 
-    return scalar_rule(eqn, rule) or rule
+    fast = fast_path(eqn, operands_flushed) if np_rule is not None else None
+    if fast is None:
+        return scalar_rule(eqn, rule) or rule
+
+    def fast_rule(ev: KernelContext, eqn: Equation, invals: list[Value]) -> list[Value]:
+        # (what ``rule`` decides before its numpy rule stays with ``rule``)
+        if not ((float_outs and ev.skip_floating_point_ops)
+                or (ordered_rule is not None and ev.deterministic_dot)):
+            out = fast(invals)
+            if out is not None:
+                return out
+        return rule(ev, eqn, invals)
+
+    return scalar_rule(eqn, rule) or fast_rule
 
 
 def resolve_rule(
@@ -177,6 +195,32 @@ def _flushed_outputs(eqn: Any, operands_flushed: bool) -> bool:
         return (eqn.params.get("accuracy") is None
                 and all(_dtype(a) == _F32 for a in eqn.invars))
     return prim in PRESERVING and operands_flushed
+
+
+def is_flushed_value(value: Any) -> bool:
+    """Whether a constant holds no f32 subnormal."""
+    value = np.asarray(value)
+    return value.dtype != _F32 or not has_subnormal_f32(value)
+
+
+def _observed_only(ev: KernelContext, eqn: Equation, invals: list[Value]) -> list[Value]:
+    return []  # never run: see ``Step.observe_only``
+
+
+def _inlined_body(eqn: Any, segments: bool) -> Any:
+    """The ClosedJaxpr of a call whose body is inlined into the calling program, or
+    None: the call's rule is the built-in one that evaluates its body on its operands
+    (``rules_control.py``), and, in a program with compiled segments, the body has no
+    segment of its own (inlined, its equations would run one by one instead)."""
+    if RULES.compiler(eqn.primitive) is not None:
+        return None
+    param = getattr(RULES.get(eqn.primitive), "inlined_body", None)
+    body = eqn.params.get(param) if param is not None else None
+    if body is None or not isinstance(body, jc.ClosedJaxpr):
+        return None
+    if segments and find_segments(body.jaxpr, _has_own_rule):
+        return None
+    return body
 
 
 def used_vars(jaxpr: Any) -> frozenset[Any]:
@@ -244,10 +288,47 @@ def compile_jaxpr(jaxpr: Any, *, segments: bool = True, races_ok: bool = False,
         if _dtype(atom) != _F32:
             return True  # only f32 operands are concerned
         if isinstance(atom, jc.Literal):
-            return not has_subnormal_f32(np.asarray(atom.val, _F32))
+            return is_flushed_value(atom.val)
         return atom in flushed
 
-    steps = []
+    def mark_flushed(var: Any, known: bool) -> None:
+        if known and _dtype(var) == _F32:
+            flushed.add(var)
+        else:
+            flushed.discard(var)  # (a body inlined twice: its variables are mapped again)
+
+    steps: list[Step] = []
+
+    def emit(eqn: Any, used: frozenset[Any]) -> None:
+        body = _inlined_body(eqn, segments)
+        if body is not None:  # a call: its body's steps, on the call's operands
+            steps.append(Step(_observed_only, eqn, (), (), observe_only=True))
+            inner = body.jaxpr
+            for v, c in zip(inner.constvars, body.consts):
+                template.append(c)
+                slots[v] = len(template) - 1
+                mark_flushed(v, is_flushed_value(c))
+            for v, a in zip(inner.invars, eqn.invars):
+                slots[v] = slot_of(a)
+                mark_flushed(v, is_flushed(a))
+            inner_used = used | used_vars(inner)
+            for e in inner.eqns:
+                emit(e, inner_used)
+            for v, r in zip(eqn.outvars, inner.outvars):
+                slots[v] = slot_of(r)
+                mark_flushed(v, is_flushed(r))
+            return
+        ins = tuple(slot_of(a) for a in eqn.invars)
+        outs = tuple(fresh(v) for v in eqn.outvars)
+        operands_flushed = all(is_flushed(a) for a in eqn.invars)
+        known = _flushed_outputs(eqn, operands_flushed)
+        for v in eqn.outvars:
+            mark_flushed(v, known)
+        step_rule = resolve_rule(eqn, used, operands_flushed)
+        if ref_views and eqn.primitive in VIEW_PRIMITIVES:
+            step_rule = ref_view_rule(eqn, step_rule, functools.partial(resolve_rule, used=used))
+        steps.append(Step(step_rule, eqn, ins, outs))
+
     starts = ({start: (stop, hot) for start, stop, hot in find_segments(jaxpr, _has_own_rule, runs)}
               if segments else {})
     skip_to = 0
@@ -258,15 +339,7 @@ def compile_jaxpr(jaxpr: Any, *, segments: bool = True, races_ok: bool = False,
             skip_to, hot = starts[i]
             steps.append(_segment_step(jaxpr, i, skip_to, races_ok, hot, slot_of, fresh))
             continue
-        ins = tuple(slot_of(a) for a in eqn.invars)
-        outs = tuple(fresh(v) for v in eqn.outvars)
-        operands_flushed = all(is_flushed(a) for a in eqn.invars)
-        if _flushed_outputs(eqn, operands_flushed):
-            flushed.update(v for v in eqn.outvars if _dtype(v) == _F32)
-        step_rule = resolve_rule(eqn, used, operands_flushed)
-        if ref_views and eqn.primitive in VIEW_PRIMITIVES:
-            step_rule = ref_view_rule(eqn, step_rule, functools.partial(resolve_rule, used=used))
-        steps.append(Step(step_rule, eqn, ins, outs))
+        emit(eqn, used)
     out_slots = tuple(slot_of(a) for a in jaxpr.outvars)
     return Program(jaxpr, tuple(steps), tuple(template), const_slots, in_slots, out_slots,
                    RULES.version)

@@ -9,15 +9,45 @@ import numpy as np
 
 from palladium.interpret import _jax_compat as jc
 from palladium.interpret.eval.context import Equation, KernelContext, Value
-from palladium.interpret.eval.registry import rule
+from palladium.interpret.eval.registry import Rule, rule, rule_compiler
 
 
-@rule(jc.cond_p)
-def _cond(ev: KernelContext, eqn: Equation, invals: list[Value]) -> list[Value]:
-    index, *args = invals
+def _passthrough(branch: Any) -> list[tuple[bool, Any]] | None:
+    """A branch without equations as its results read from its operands: per result
+    (True, operand index) or (False, literal value); None for a branch with equations."""
+    jaxpr = branch.jaxpr
+    if jaxpr.eqns or jaxpr.constvars:
+        return None
+    where = {v: i for i, v in enumerate(jaxpr.invars)}
+    out: list[tuple[bool, Any]] = []
+    for v in jaxpr.outvars:
+        if isinstance(v, jc.Literal):
+            out.append((False, np.asarray(v.val, dtype=getattr(v.aval, "dtype", None))))
+        elif v in where:
+            out.append((True, where[v]))
+        else:
+            return None
+    return out
+
+
+@rule_compiler(jc.cond_p)
+def _cond(eqn: Equation, used: frozenset[Any]) -> Rule:
     branches = eqn.params["branches"]
-    i = min(max(int(np.asarray(index)), 0), len(branches) - 1)  # lax.cond clamps
-    return ev.eval_closed(branches[i], args)
+    last = len(branches) - 1
+    # A branch that computes nothing (a ``pl.when`` not taken: most grid steps of a
+    # kernel that initialises or finalises at its first or last step) is answered
+    # without running an empty program.
+    direct = [_passthrough(b) for b in branches]
+
+    def run(ev: KernelContext, eqn: Equation, invals: list[Value]) -> list[Value]:
+        index, *args = invals
+        i = min(max(int(index), 0), last)  # lax.cond clamps
+        results = direct[i]
+        if results is not None:
+            return [args[x] if operand else x for operand, x in results]
+        return ev.eval_closed(branches[i], args)
+
+    return run
 
 
 @rule(jc.while_p)
@@ -67,6 +97,13 @@ def _jit(ev: KernelContext, eqn: Equation, invals: list[Value]) -> list[Value]:
 @rule(jc.custom_jvp_call_p, jc.custom_vjp_call_p, jex_prims.closed_call_p)
 def _call_jaxpr(ev: KernelContext, eqn: Equation, invals: list[Value]) -> list[Value]:
     return ev.eval_closed(eqn.params["call_jaxpr"], invals)
+
+
+# A call's body is evaluated on the call's operands and nothing else: ``program.py``
+# inlines it into the calling program (the parameter naming the ClosedJaxpr), unless a
+# plugin registered another rule for the primitive.
+_jit.inlined_body = "jaxpr"  # type: ignore[attr-defined]
+_call_jaxpr.inlined_body = "call_jaxpr"  # type: ignore[attr-defined]
 
 
 @rule(jex_prims.remat_p)
