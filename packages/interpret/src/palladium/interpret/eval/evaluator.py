@@ -115,18 +115,21 @@ class CoreEvaluator:
         for s, x in zip(prog.in_slots, args):
             env[s] = x
         obs = self._observers
-        if obs is not None:
-            core, compute = self.core, obs.compute
-            for step in prog.steps:
-                if not step.segment:  # a segment runs its equations one by one here
-                    compute(core, step.eqn)
-                outs = step.rule(self, step.eqn, [env[i] for i in step.in_slots])
-                for s, o in zip(step.out_slots, outs):
-                    env[s] = o
+        if obs is None:
+            for rule, eqn, operands, one, out, outs in prog.fast:
+                results = rule(self, eqn, [env[one]] if one is not None else list(operands(env)))
+                if out is not None:
+                    env[out] = results[0]
+                else:
+                    for s, o in zip(outs, results):
+                        env[s] = o
             return [env[i] for i in prog.out_slots]
-        for rule, eqn, in_slots, out_slots in prog.flat:
-            outs = rule(self, eqn, [env[i] for i in in_slots])
-            for s, o in zip(out_slots, outs):
+        core, compute = self.core, obs.compute
+        for step in prog.steps:
+            if not step.segment:  # a segment runs its equations one by one here
+                compute(core, step.eqn)
+            results = step.rule(self, step.eqn, [env[i] for i in step.in_slots])
+            for s, o in zip(step.out_slots, results):
                 env[s] = o
         return [env[i] for i in prog.out_slots]
 
