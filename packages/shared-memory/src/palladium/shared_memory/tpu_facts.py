@@ -80,10 +80,20 @@ _PACKED_BY_BITS = frozenset({"int4"})
 
 def packing(dtype: Any) -> int:
     """Elements of ``dtype`` per 32-bit word in a TPU tile (1 for 32 bits and wider)."""
+    try:
+        return _PACKING[dtype]
+    except (KeyError, TypeError):
+        pass
     dt = np.dtype(dtype)
-    if dt.name in _PACKED_BY_BITS:
-        return 8
-    return max(1, 4 // max(1, dt.itemsize))
+    n = 8 if dt.name in _PACKED_BY_BITS else max(1, 4 // max(1, dt.itemsize))
+    try:
+        _PACKING[dtype] = n  # (a dtype's name costs ~5 us: memory counts ask per value)
+    except TypeError:
+        pass
+    return n
+
+
+_PACKING: dict[Any, int] = {}
 
 
 def _min_tile_factor(generation: int) -> int:

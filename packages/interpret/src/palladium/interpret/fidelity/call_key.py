@@ -50,7 +50,26 @@ def call_key(params: Mapping[str, Any], avals_in: Sequence[Any], *extra: Any) ->
 
 
 def _aval_text(aval: Any) -> str:
+    # jax writes an aval out in ~25 us, and a kernel's jaxprs repeat a few avals: kept for
+    # the types whose equality covers every field their text shows (shaped arrays are
+    # interned by jax; a ref's aval is its memory space and its inner aval's)
+    if type(aval) not in _KEPT_TYPES:
+        return _write_aval(aval)
+    text = _AVAL_TEXTS.get(aval)
+    if text is None:
+        text = _write_aval(aval)
+        if len(_AVAL_TEXTS) >= 4096:
+            _AVAL_TEXTS.clear()
+        _AVAL_TEXTS[aval] = text
+    return text
+
+
+def _write_aval(aval: Any) -> str:
     return f"{aval}|{getattr(aval, 'weak_type', None)}|{type(aval).__name__}"
+
+
+_AVAL_TEXTS: dict[Any, str] = {}
+_KEPT_TYPES = frozenset({jc.ShapedArray, jc.AbstractRef})
 
 
 def _write(out: list[str], x: Any, depth: int, seen: dict[int, int]) -> None:
