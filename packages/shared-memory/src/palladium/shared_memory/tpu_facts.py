@@ -38,6 +38,7 @@ so callers pass ``generation`` (default :data:`GENERATION_DEFAULT`).
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import numpy as np
@@ -86,10 +87,8 @@ def packing(dtype: Any) -> int:
         pass
     dt = np.dtype(dtype)
     n = 8 if dt.name in _PACKED_BY_BITS else max(1, 4 // max(1, dt.itemsize))
-    try:
+    with contextlib.suppress(TypeError):  # (unhashable: not kept)
         _PACKING[dtype] = n  # (a dtype's name costs ~5 us: memory counts ask per value)
-    except TypeError:
-        pass
     return n
 
 
