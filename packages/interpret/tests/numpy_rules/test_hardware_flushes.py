@@ -122,4 +122,28 @@ def test_a_launch_gives_the_same_bits_with_the_hardware_path_and_without(monkeyp
     slow = call(x, y)
     for f, s in zip(fast, slow):
         np.testing.assert_array_equal(np.asarray(f).view(np.uint32), np.asarray(s).view(np.uint32))
-    assert len(probes) == 1  # one kernel body, one probe
+    assert len(probes) == 1  # one core's run, one probe
+
+
+def test_a_cores_run_probes_its_environment_once(monkeypatch):
+    """Probed once for a core's whole grid (the thread of one host callback), not per
+    grid step; the bits are those of the software flushes."""
+    from palladium.interpret.eval import evaluator
+
+    def kernel(x_ref, y_ref, o_ref):
+        o_ref[...] = x_ref[...] * y_ref[...] - x_ref[...]
+
+    x, y = _operands(9, (64, 128)), _operands(10, (64, 128))
+    call = pl.pallas_call(
+        kernel, grid=(8,), in_specs=[pl.BlockSpec((8, 128), lambda i: (i, 0))] * 2,
+        out_specs=pl.BlockSpec((8, 128), lambda i: (i, 0)),
+        out_shape=jax.ShapeDtypeStruct((64, 128), F32),
+        interpret=InterpretParams(check_lowering=False, compile_segments=False))
+    probes = []
+    probe = evaluator.hardware_flushes
+    monkeypatch.setattr(evaluator, "hardware_flushes", lambda: probes.append(probe()) or probes[-1])
+    fast = np.asarray(call(x, y))
+    assert len(probes) == 1
+    monkeypatch.setattr(evaluator, "hardware_flushes", lambda: False)
+    slow = np.asarray(call(x, y))
+    np.testing.assert_array_equal(fast.view(np.uint32), slow.view(np.uint32))

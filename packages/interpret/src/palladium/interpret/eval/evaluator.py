@@ -55,6 +55,10 @@ class CoreEvaluator:
     # may be the evaluation's own ((ids, counts), see ``eval_with_ref_views``).
     _views: bool = dataclasses.field(init=False, default=False, repr=False)
     _grid: Any = dataclasses.field(init=False, default=None, repr=False)
+    #: Whether the FP environment of the thread that runs this core flushes subnormals
+    #: as XLA's does (``HARDWARE_FLUSHES``), probed once for the core's whole run by
+    #: ``probe_environment`` (None: probed at each outermost evaluation).
+    flushes: bool | None = dataclasses.field(init=False, default=None, repr=False)
 
     def __post_init__(self) -> None:
         params = getattr(self.launch, "params", None)
@@ -83,7 +87,8 @@ class CoreEvaluator:
         self._quiet = True
         token = ERRORS_IGNORED.set(True)  # the rules need not set errstate themselves
         # (whether IEEE arithmetic flushes subnormals here, as XLA's does: see the flag)
-        flushes = HARDWARE_FLUSHES.set(hardware_flushes())
+        known = self.flushes
+        flushes = HARDWARE_FLUSHES.set(hardware_flushes() if known is None else known)
         try:
             with np.errstate(all="ignore"):
                 return self._eval(jaxpr, consts, args)
@@ -91,6 +96,12 @@ class CoreEvaluator:
             HARDWARE_FLUSHES.reset(flushes)
             ERRORS_IGNORED.reset(token)
             self._quiet = False
+
+    def probe_environment(self) -> None:
+        """Probe the FP environment once, for every evaluation this core makes from the
+        calling thread on (a core's grid runs on one thread, inside one host callback of
+        XLA's, whose environment does not change while it runs)."""
+        self.flushes = hardware_flushes()
 
     @property
     def observes_equations(self) -> bool:

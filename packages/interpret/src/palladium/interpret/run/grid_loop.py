@@ -166,6 +166,7 @@ class CoreRun:
                     out_of_bounds_headline=headline)
 
     def run(self) -> None:
+        self.ev.probe_environment()  # (once per core's run, not per grid step: ~4 us)
         self._run_grid()
         mxu = self.ev.state.mxu
         if mxu is not None and mxu.leftovers():
