@@ -140,3 +140,12 @@ def test_an_empty_branch_answers_from_its_operands():
         assert [np.asarray(o).tolist() for o in outs] == [np.asarray(w).tolist() for w in want]
         assert [np.asarray(o).dtype for o in outs] == [np.asarray(w).dtype for w in want]
         assert evaluated == ([] if branch == 0 else [branches[1]])
+
+
+def test_a_constant_is_read_in_its_variables_dtype():
+    """A literal or an inlined body's constant given as a Python scalar is an f32
+    subnormal where its variable is f32 (1e-40): its consumers must flush it."""
+    assert not program.is_flushed_value(1e-40, np.float32)
+    assert program.is_flushed_value(1e-30, np.float32)
+    assert program.is_flushed_value(np.asarray(1e-40, np.float64))  # not f32: not concerned
+    assert not program.is_flushed_value(np.full((2, 2), 1e-40, np.float32))

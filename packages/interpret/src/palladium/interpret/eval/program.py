@@ -217,9 +217,10 @@ def _flushed_outputs(eqn: Any, operands_flushed: bool) -> bool:
     return prim in PRESERVING and operands_flushed
 
 
-def is_flushed_value(value: Any) -> bool:
-    """Whether a constant holds no f32 subnormal."""
-    value = np.asarray(value)
+def is_flushed_value(value: Any, dtype: Any = None) -> bool:
+    """Whether a constant (of ``dtype``: a Python scalar's is its variable's) holds no
+    f32 subnormal."""
+    value = np.asarray(value, dtype)
     return value.dtype != _F32 or not has_subnormal_f32(value)
 
 
@@ -308,7 +309,7 @@ def compile_jaxpr(jaxpr: Any, *, segments: bool = True, races_ok: bool = False,
         if _dtype(atom) != _F32:
             return True  # only f32 operands are concerned
         if isinstance(atom, jc.Literal):
-            return is_flushed_value(atom.val)
+            return is_flushed_value(atom.val, _F32)
         return atom in flushed
 
     def mark_flushed(var: Any, known: bool) -> None:
@@ -327,7 +328,7 @@ def compile_jaxpr(jaxpr: Any, *, segments: bool = True, races_ok: bool = False,
             for v, c in zip(inner.constvars, body.consts):
                 template.append(c)
                 slots[v] = len(template) - 1
-                mark_flushed(v, is_flushed_value(c))
+                mark_flushed(v, is_flushed_value(c, _dtype(v)))
             for v, a in zip(inner.invars, eqn.invars):
                 slots[v] = slot_of(a)
                 mark_flushed(v, is_flushed(a))
