@@ -91,7 +91,7 @@ def test_a_calls_body_runs_inlined_and_is_observed_as_before():
     calls = [st.observe_only for st in prog.steps]
     assert calls == [k == "jit" for k in kinds]
     # the evaluator's loop runs only the bodies' steps
-    assert len(prog.flat) == len(kinds) - 2
+    assert len(prog.fast) == len(kinds) - 2
 
 
 def test_a_call_whose_body_has_a_compiled_segment_stays_a_call():

@@ -38,7 +38,7 @@ so callers pass ``generation`` (default :data:`GENERATION_DEFAULT`).
 
 from __future__ import annotations
 
-import contextlib
+import functools
 from typing import Any
 
 import numpy as np
@@ -82,17 +82,15 @@ _PACKED_BY_BITS = frozenset({"int4"})
 def packing(dtype: Any) -> int:
     """Elements of ``dtype`` per 32-bit word in a TPU tile (1 for 32 bits and wider)."""
     try:
-        return _PACKING[dtype]
-    except (KeyError, TypeError):
-        pass
+        return _packing(dtype)  # (a dtype's name costs ~5 us: memory counts ask per value)
+    except TypeError:  # an unhashable dtype-like: not kept
+        return _packing.__wrapped__(dtype)
+
+
+@functools.lru_cache(maxsize=256)
+def _packing(dtype: Any) -> int:
     dt = np.dtype(dtype)
-    n = 8 if dt.name in _PACKED_BY_BITS else max(1, 4 // max(1, dt.itemsize))
-    with contextlib.suppress(TypeError):  # (unhashable: not kept)
-        _PACKING[dtype] = n  # (a dtype's name costs ~5 us: memory counts ask per value)
-    return n
-
-
-_PACKING: dict[Any, int] = {}
+    return 8 if dt.name in _PACKED_BY_BITS else max(1, 4 // max(1, dt.itemsize))
 
 
 def _min_tile_factor(generation: int) -> int:

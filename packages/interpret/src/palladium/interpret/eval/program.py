@@ -51,7 +51,7 @@ class Step:
     in_slots: tuple[int, ...]
     out_slots: tuple[int, ...]
     segment: bool = False  # a compiled segment: its equations are observed one by one
-    # A call inlined into the program (``_inline``): the call's equation, shown to an
+    # A call inlined into the program (``_inlined_body``): the call's equation, shown to an
     # observer of every equation as before, run by nothing (its body's steps follow).
     observe_only: bool = False
 
@@ -73,31 +73,25 @@ class Program:
     in_slots: tuple[int, ...]
     out_slots: tuple[int, ...]
     version: int
-    #: ``steps`` as (rule, equation, in slots, out slots) tuples: the evaluator's loop
-    #: unpacks one tuple per step instead of reading four attributes (every equation of
-    #: every core runs through it: four per DMA of a ring).
-    flat: tuple[tuple[Any, Any, tuple[int, ...], tuple[int, ...]], ...] = dataclasses.field(
-        init=False, repr=False, compare=False)
-
-    #: ``flat`` as the evaluator's loop reads it: (rule, equation, operands, the one
-    #: operand's slot, the one result's slot, the result slots), where the operands are
-    #: an ``operator.itemgetter`` of two or more slots (or a function of none) and the
-    #: one operand's / result's slot is None unless there is exactly one: the operand
-    #: list built in C, not by a list comprehension (a function call before Python 3.12).
+    #: The steps the evaluator's loop runs (those not ``observe_only``), each as one tuple
+    #: it unpacks instead of reading a Step's attributes (every equation of every core
+    #: runs through it): (rule, equation, operands, the one operand's slot, the one
+    #: result's slot, the result slots), where the operands are an
+    #: ``operator.itemgetter`` of two or more slots (or a function of none) and the one
+    #: operand's / result's slot is None unless there is exactly one: the operand list
+    #: built in C, not by a list comprehension (a function call before Python 3.12).
     #: 0.38 -> 0.14 us per step of the loop.
     fast: tuple[tuple[Any, Any, Any, int | None, int | None, tuple[int, ...]], ...] = (
         dataclasses.field(init=False, repr=False, compare=False))
 
     def __post_init__(self) -> None:
-        flat = tuple((st.rule, st.eqn, st.in_slots, st.out_slots) for st in self.steps
-                     if not st.observe_only)
-        object.__setattr__(self, "flat", flat)
         object.__setattr__(self, "fast", tuple(
-            (rule, eqn,
+            (st.rule, st.eqn,
              operator.itemgetter(*ins) if len(ins) > 1 else None if ins else _no_operands,
              ins[0] if len(ins) == 1 else None,
              outs[0] if len(outs) == 1 else None, outs)
-            for rule, eqn, ins, outs in flat))
+            for st in self.steps if not st.observe_only
+            for ins, outs in [(st.in_slots, st.out_slots)]))
 
 
 def _no_operands(env: list[Any]) -> tuple[()]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import hashlib
 import threading
 from collections.abc import Mapping, Sequence
@@ -53,22 +54,14 @@ def _aval_text(aval: Any) -> str:
     # jax writes an aval out in ~25 us, and a kernel's jaxprs repeat a few avals: kept for
     # the types whose equality covers every field their text shows (shaped arrays are
     # interned by jax; a ref's aval is its memory space and its inner aval's)
-    if type(aval) not in _KEPT_TYPES:
-        return _write_aval(aval)
-    text = _AVAL_TEXTS.get(aval)
-    if text is None:
-        text = _write_aval(aval)
-        if len(_AVAL_TEXTS) >= 4096:
-            _AVAL_TEXTS.clear()
-        _AVAL_TEXTS[aval] = text
-    return text
+    return _kept_aval_text(aval) if type(aval) in _KEPT_TYPES else _write_aval(aval)
 
 
 def _write_aval(aval: Any) -> str:
     return f"{aval}|{getattr(aval, 'weak_type', None)}|{type(aval).__name__}"
 
 
-_AVAL_TEXTS: dict[Any, str] = {}
+_kept_aval_text = functools.lru_cache(maxsize=4096)(_write_aval)
 _KEPT_TYPES = frozenset({jc.ShapedArray, jc.AbstractRef})
 
 

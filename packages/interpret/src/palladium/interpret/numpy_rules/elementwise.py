@@ -279,6 +279,10 @@ input unchanged rather than read it as zero (XLA's own code decides, not the FP
 environment): a subnormal operand is left to ``bind``, and their results may hold
 subnormals (so they are not in ``FLUSHING``)."""
 
+EXACT_OUTPUT: frozenset[Primitive] = frozenset({lax.max_p, lax.min_p})
+"""Functions whose float result is one of their operands' values (no flush of it needed
+when the operands hold no subnormals)."""
+
 IEEE: frozenset[Primitive] = frozenset({lax.add_p, lax.sub_p, lax.mul_p, lax.square_p})
 """Operations whose float function is IEEE arithmetic alone (see ``HARDWARE_FLUSHES``)."""
 
@@ -287,7 +291,7 @@ for _prim, (_ffn, _ifn) in ARITH.items():
     register(_prim)(_elementwise(_ffn, _ifn, subnormals_to_bind=_defer, ieee=_prim in IEEE))
     register(_prim, table=PREFLUSHED_RULES)(
         _elementwise(_ffn, _ifn, flushed_inputs=True,
-                     exact_output=_prim in (lax.max_p, lax.min_p), subnormals_to_bind=_defer,
+                     exact_output=_prim in EXACT_OUTPUT, subnormals_to_bind=_defer,
                      ieee=_prim in IEEE)
     )
 

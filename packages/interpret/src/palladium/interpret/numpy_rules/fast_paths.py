@@ -35,7 +35,7 @@ from palladium.interpret.numpy_rules.common import (
     f32,
     f32_flushed,
 )
-from palladium.interpret.numpy_rules.elementwise import ARITH, IEEE, PASS_THROUGH
+from palladium.interpret.numpy_rules.elementwise import ARITH, EXACT_OUTPUT, IEEE, PASS_THROUGH
 
 __all__ = ["FAST_PATHS", "FastPath", "fast_path"]
 
@@ -64,17 +64,7 @@ def _ieee_binary(eqn: Any, operands_flushed: bool) -> FastPath | None:
     ``_elementwise``'s ``ieee`` branch, ``float_fn(*xs)``."""
     if not _avals_f32(eqn) or not _shape(eqn.outvars[0]) or _any_param(eqn):
         return None
-    fn = _IEEE_BINARY[eqn.primitive]
-    flushes = HARDWARE_FLUSHES.get
-
-    def run(invals: list[Any]) -> list[Any] | None:
-        a, b = invals
-        if (type(a) is _ND and type(b) is _ND and a.dtype is F32 and b.dtype is F32
-                and flushes() and ERRORS_IGNORED.get()):
-            return [fn(a, b)]
-        return None
-
-    return run
+    return _where_flushing(_IEEE_BINARY[eqn.primitive])
 
 
 def _div(eqn: Any, operands_flushed: bool) -> FastPath | None:
@@ -83,13 +73,18 @@ def _div(eqn: Any, operands_flushed: bool) -> FastPath | None:
     reciprocal rewrite there)."""
     if not _avals_f32(eqn) or not _shape(eqn.invars[1]) or _any_param(eqn):
         return None
+    return _where_flushing(np.divide)
+
+
+def _where_flushing(fn: Callable[[Any, Any], Any]) -> FastPath:
+    """``fn`` of two f32 arrays, run as it is where the FP environment flushes."""
     flushes = HARDWARE_FLUSHES.get
 
     def run(invals: list[Any]) -> list[Any] | None:
         a, b = invals
         if (type(a) is _ND and type(b) is _ND and a.dtype is F32 and b.dtype is F32
                 and flushes() and ERRORS_IGNORED.get()):
-            return [np.divide(a, b)]
+            return [fn(a, b)]
         return None
 
     return run
@@ -106,7 +101,7 @@ def _float_elementwise(eqn: Any, operands_flushed: bool) -> FastPath | None:
         return None
     fn = ARITH[prim][0]
     widen = f32_flushed if operands_flushed else f32
-    exact = operands_flushed and prim in (lax.max_p, lax.min_p)
+    exact = operands_flushed and prim in EXACT_OUTPUT
     narrow = back_flushed if exact else back
 
     def run(invals: list[Any]) -> list[Any] | None:
