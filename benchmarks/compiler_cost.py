@@ -37,7 +37,8 @@ def _first_call(fn, args, check: str, cache: str) -> tuple[float, float]:
     if cache in ("compiled", "disk"):
         tpu_compiler.clear_memory_cache()
     if cache in ("compiled", "cold"):
-        shutil.rmtree(tpu_compiler.cache_dir(), ignore_errors=True)
+        shutil.rmtree(tpu_compiler.VERDICTS.folder, ignore_errors=True)
+        shutil.rmtree(tpu_compiler.ACCEPTED_CALLS.folder, ignore_errors=True)
         tpu_compiler.clear_memory_cache()
     if cache == "cold":
         COMPILER_PROCESS.close()  # the compiler's process starts again

@@ -381,6 +381,34 @@ def sockets_scenario() -> None:
         RESULT["launches"].append([type(t).__name__, t.round, sorted(map(list, ports.items()))])
 
 
+def _scan_kernel(x_ref, o_ref):
+    """A loop of small operations: compiled as one segment on its first launch (and
+    kept in palladium's disk cache)."""
+    def step(t, h):
+        h = 0.5 * h + jax.numpy.tanh(x_ref[pl.ds(t, 1), :])
+        o_ref[pl.ds(t, 1), :] = h
+        return h
+
+    jax.lax.fori_loop(0, x_ref.shape[0], step, jax.numpy.zeros((1, x_ref.shape[1]),
+                                                               jax.numpy.float32))
+
+
+def _scan(x):
+    return pl.pallas_call(_scan_kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+                          interpret=PARAMS)(x)
+
+
+def warm_cache_scenario() -> None:
+    """A kernel with a compiled segment, on this process's own device and split over
+    the processes (run twice with one cache folder: the second run loads the segment's
+    executable from disk)."""
+    x = np.linspace(-2, 2, DEVICES * 64 * 128, dtype=np.float32).reshape(DEVICES * 64, 128)
+    local = jax.local_devices()[0]
+    record("local", lambda: jax.jit(_scan)(jax.device_put(x[:64], local)))
+    record("split", lambda: shard_mapped(_scan)(global_array(x)))
+    RESULT["compiled"] = pi.STATE.segments.compiled
+
+
 def main() -> None:
     {
         "collectives": collectives_scenario,
@@ -394,6 +422,7 @@ def main() -> None:
         "killed_mid_frame": killed_mid_frame_scenario,
         "failing": failing_scenario,
         "sockets": sockets_scenario,
+        "warm_cache": warm_cache_scenario,
     }[SCENARIO]()
     with open(os.path.join(OUT, f"{PROCESS}.json"), "w") as f:
         json.dump(RESULT, f)

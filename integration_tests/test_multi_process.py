@@ -244,3 +244,37 @@ def test_race_across_processes_is_found_where_the_remote_write_lands(tmp_path, p
             if sender // per != p:  # the remote DMA comes from another process
                 assert f"write by 'x_ref->o_ref (process {sender // per})'" in report
                 assert f"device {sender} core 0 (_multi_process_worker.py:" in report
+
+
+def _scan_reference(x: np.ndarray) -> np.ndarray:
+    h, out = np.zeros(x.shape[1]), np.empty_like(x)
+    for t in range(x.shape[0]):
+        h = 0.5 * h + np.tanh(np.float64(x[t]))
+        out[t] = h
+    return out
+
+
+@pytest.mark.timeout(300)
+def test_a_second_run_with_a_warm_disk_cache_runs_on_every_process(tmp_path, monkeypatch):
+    """Issue 42 item 8: executables from the disk cache were loaded onto
+    ``jax.devices("cpu")[0]`` (process 0's device), so every process but 0 failed in
+    the second run of a program. They load onto the process's own device."""
+    monkeypatch.setenv("PALLADIUM_CACHE_DIR", str(tmp_path / "cache"))
+    x = np.linspace(-2, 2, 8 * 64 * 128, dtype=np.float32).reshape(8 * 64, 128)
+    runs = []
+    for run in ("cold", "warm"):
+        (tmp_path / run).mkdir()
+        runs.append(_run("warm_cache", 2, 8, str(tmp_path / run), timeout=200))
+    (cold_0, cold_1), (warm_0, warm_1) = runs
+    assert [r["compiled"] for r in (cold_0, cold_1, warm_0, warm_1)] == [1, 1, 0, 0]
+    for results in runs:
+        for r in results:
+            assert not r["errors"], r["errors"]
+        ((_, path),) = results[1]["outputs"]["local"]
+        np.testing.assert_allclose(np.load(path), _scan_reference(x[:64]), rtol=1e-5,
+                                   atol=1e-5)
+        per_device = [_scan_reference(part) for part in np.split(x, 8)]
+        np.testing.assert_allclose(_assembled(results, "split"), np.concatenate(per_device),
+                                   rtol=1e-5, atol=1e-5)
+    for name in ("local", "split"):
+        np.testing.assert_array_equal(_assembled(runs[0], name), _assembled(runs[1], name))

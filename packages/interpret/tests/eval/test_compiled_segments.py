@@ -109,7 +109,7 @@ def test_a_new_process_loads_the_compiled_segment_from_disk(tmp_path):
     (first, total_1), (second, total_2) = (r.stdout.split() for r in runs)
     assert (first, second) == ("1", "0")
     assert total_1 == total_2
-    assert list((tmp_path / "segments").glob("*.bin"))
+    assert list((tmp_path / "executables").glob("*.entry"))
 
 
 def _oob_kernel(n_ref, x_ref, o_ref):

@@ -58,6 +58,7 @@ from palladium.interpret.params import InterpretParams, LoggingMode
 from palladium.interpret.perf import LaunchRecord, Timeline, timeline
 from palladium.interpret.rule_plugins import InterpretRuleWarning, load_entry_point_rules
 from palladium.interpret.state import process_state
+from palladium.interpret.state.disk_cache import CacheInfo, cache_clear, cache_info
 from palladium.interpret.state.process_state import STATE
 from palladium.interpret.tune import (
     Prediction,
@@ -75,6 +76,7 @@ STATE.mark_imported()  # what process_state.reset() goes back to
 
 __all__ = [
     "CHIPS",
+    "CacheInfo",
     "ChipFacts",
     "ConfigError",
     "DataRaceError",
@@ -110,6 +112,8 @@ __all__ = [
     "UninitializedReadWarning",
     "WatchdogError",
     "__version__",
+    "cache_clear",
+    "cache_info",
     "chip_facts",
     "collect_race_reports",
     "collected_race_reports",

@@ -4,10 +4,16 @@ A segment's executable (``segments.py``) is keyed by the text of its equations (
 dtypes, parameters and literals included), the versions of jax, jaxlib and palladium,
 a digest of palladium's source, ``XLA_FLAGS`` and the host CPU (an executable holds the
 host's instructions): in memory for the process (``STATE.segments``: a kernel traced
-again after ``jax.clear_caches()`` finds its segments compiled) and on disk under ``$PALLADIUM_CACHE_DIR/segments``, else
-``~/.cache/palladium/segments`` (a new process loads one in ~10 ms instead of compiling
-it in ~0.2-0.5 s). Whether a segment is compiled never depends on this cache, only how
-long compiling takes: results are the same with a cold cache or a warm one.
+again after ``jax.clear_caches()`` finds its segments compiled) and in palladium's
+disk cache (``state.disk_cache``, folder ``executables``: a new process loads one in
+~10 ms instead of compiling it in ~0.2-0.5 s). Whether a segment is compiled never
+depends on this cache, only how long compiling takes: results are the same with a cold
+cache or a warm one.
+
+On disk an executable is jax's serialized form (``serialize_executable``, a pickle), in
+an entry signed with the user's cache secret: it is unpickled only after its signature
+and key verified, and loaded onto this process's own first CPU device (under
+``jax.distributed``, ``jax.devices("cpu")[0]`` is process 0's).
 """
 
 from __future__ import annotations
@@ -22,23 +28,19 @@ import os
 import pickle
 import platform
 import queue
-import tempfile
 import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from palladium.interpret.state.cache_root import cache_root
+from palladium.interpret.state.disk_cache import DiskCache
 
-__all__ = ["SegmentExecutables", "segments_dir"]
+__all__ = ["EXECUTABLES", "SegmentExecutables"]
 
 _MEMORY_LIMIT = 1024
-_DISK_LIMIT = 4096  # files; the oldest go first
-_FORMAT = 1
-
-
-def segments_dir() -> Path:
-    return cache_root() / "segments"
+_FORMAT = 2
+#: Compiled segments' and whole launches' executables on disk.
+EXECUTABLES = DiskCache("executables")
 
 
 @functools.cache
@@ -57,6 +59,14 @@ def _environment() -> str:
         pass
     return "\n".join([f"format={_FORMAT}", *versions, platform.machine(), cpu,
                       os.environ.get("XLA_FLAGS", ""), _source_digest()])
+
+
+def _local_device() -> Any:
+    """The device this process's executables run on: its own first CPU device (under
+    ``jax.distributed``, ``jax.devices("cpu")[0]`` is process 0's)."""
+    import jax
+
+    return jax.local_devices(backend="cpu")[0]
 
 
 def _source_digest() -> str:
@@ -98,7 +108,10 @@ class SegmentExecutables:
     def get(self, text: str, compile_fn: Callable[[], Any]) -> Any:
         """The executable of the segment whose key text is ``text``: kept, loaded from
         disk, or ``compile_fn()`` (then kept and written to disk)."""
-        key = hashlib.sha256(f"{_environment()}\n{text}".encode()).hexdigest()
+        # (an executable names the device it was compiled for: under jax.distributed
+        # each process's first CPU device is another, and needs its own)
+        key = hashlib.sha256(
+            f"{_environment()}\ndevice={_local_device().id}\n{text}".encode()).hexdigest()
         with self._lock:
             hit = self._memory.get(key)
             if hit is not None:
@@ -164,34 +177,26 @@ _NOTHING = object()
 
 def _load(key: str) -> Any:
     """The executable kept under ``key``, ``_NOTHING``, or None (not on disk)."""
-    import jax
     from jax.experimental.serialize_executable import deserialize_and_load
 
+    data = EXECUTABLES.get(key)  # (verified: what this user's palladium wrote, for key)
+    if data is None:
+        return None
+    if data == _NOTHING_BYTES:
+        return _NOTHING
     try:
-        data = (segments_dir() / f"{key}.bin").read_bytes()
-        if data == _NOTHING_BYTES:
-            return _NOTHING
         payload, in_tree, out_tree = pickle.loads(data)
         return deserialize_and_load(payload, in_tree, out_tree,
-                                    execution_devices=jax.devices("cpu")[:1])
-    except Exception:  # noqa: BLE001 - missing, stale or corrupt: compile it again
+                                    execution_devices=[_local_device()])
+    except Exception:  # noqa: BLE001 - stale (another jaxlib's): compile it again
         return None
 
 
 def _store(key: str, exe: Any) -> None:
     from jax.experimental.serialize_executable import serialize
 
-    folder = segments_dir()
     try:
         data = _NOTHING_BYTES if exe is None else pickle.dumps(serialize(exe))
-        folder.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile("wb", dir=folder, suffix=".tmp", delete=False) as f:
-            f.write(data)
-        os.replace(f.name, folder / f"{key}.bin")
-        files = list(folder.glob("*.bin"))
-        if len(files) > _DISK_LIMIT:
-            files.sort(key=lambda p: p.stat().st_mtime)
-            for old in files[: len(files) - _DISK_LIMIT]:
-                old.unlink(missing_ok=True)
-    except Exception:  # noqa: BLE001 - a cache that cannot be written only costs time
-        pass
+    except Exception:  # noqa: BLE001 - not serializable: kept in memory only
+        return
+    EXECUTABLES.put(key, data)

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from palladium.interpret import _jax_compat as jc
-from palladium.interpret.state.cache_root import cache_root
+from palladium.interpret.state.disk_cache import DiskCache
 
 __all__ = ["KeySet", "call_key"]
 
@@ -136,11 +136,12 @@ def _jaxpr(out: list[str], jaxpr: Any, depth: int, seen: dict[int, int]) -> None
 
 
 class KeySet:
-    """Keys known in this process and, as empty files under ``cache_root()/name``,
-    across processes."""
+    """Keys known in this process and, as empty entries of palladium's disk cache
+    (folder ``name``), across processes."""
 
     def __init__(self, name: str) -> None:
         self.name = name
+        self._disk = DiskCache(name)
         self._known: set[str] = set()
         self._lock = threading.Lock()
 
@@ -148,7 +149,7 @@ class KeySet:
         with self._lock:
             if key in self._known:
                 return True
-        if not (cache_root() / self.name / key).is_file():
+        if key not in self._disk:
             return False
         with self._lock:
             self._known.add(key)
@@ -157,12 +158,7 @@ class KeySet:
     def add(self, key: str) -> None:
         with self._lock:
             self._known.add(key)
-        folder = cache_root() / self.name
-        try:
-            folder.mkdir(parents=True, exist_ok=True)
-            (folder / key).touch()
-        except OSError:
-            pass  # a cache that cannot be written only costs time
+        self._disk.put(key, b"")
 
     def clear(self) -> None:
         """Forget the keys known in this process (the disk keeps its own)."""

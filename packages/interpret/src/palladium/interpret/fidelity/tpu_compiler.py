@@ -10,16 +10,15 @@ a mesh of the topology's devices of the launch's mesh shape) is bound again with
 lowered program in a process of its own (``compiler_process``: it aborts its process on
 some kernels).
 
-A verdict is cached in memory and on disk (``$PALLADIUM_CACHE_DIR``, else
-``$XDG_CACHE_HOME/palladium`` or ``~/.cache/palladium``; one small JSON file per kernel),
-keyed by the lowered TPU module (MLIR bytecode, with its source locations), the chip, the topology
+A verdict is cached in memory and in palladium's disk cache (``state.disk_cache``,
+folder ``tpu-compiler``; one small JSON entry per kernel), keyed by the lowered TPU module (MLIR bytecode, with its source locations), the chip, the topology
 and the versions of libtpu, jax and jaxlib: another libtpu or jax, or a kernel moved to
 other lines, misses.
 
 What the compiler knows on acceptance is kept: the scoped VMEM the kernel uses (from the
 compiled ``tpu_custom_call``'s ``used_scoped_memory_configs``). An accepted verdict is
 also kept under the call's key (``call_key``: its parameters and operand types, in
-``calls/``), which costs no TPU lowering to make: a known kernel's check then takes a
+folder ``tpu-compiler-calls``), which costs no TPU lowering to make: a known kernel's check then takes a
 few milliseconds instead of a Mosaic lowering, and a process whose kernels are all known
 never loads libtpu's topology.
 """
@@ -40,7 +39,6 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import jax
@@ -51,7 +49,7 @@ from palladium.interpret._version import __version__ as palladium_version
 from palladium.interpret.fidelity.call_key import call_key
 from palladium.interpret.fidelity.compiler_process import COMPILER_PROCESS, PRESTART_VARIABLE
 from palladium.interpret.fidelity.compiler_protocol import describe_failure
-from palladium.interpret.state.cache_root import cache_root
+from palladium.interpret.state.disk_cache import DiskCache
 
 __all__ = [
     "INSTALL_COMMAND",
@@ -204,9 +202,9 @@ _CALLS: dict[str, Verdict] = {}
 _MEMORY_LOCK = threading.Lock()
 
 
-def cache_dir() -> Path:
-    """Where verdicts are kept across processes."""
-    return cache_root() / "tpu-compiler"
+#: Verdicts across processes, by the lowered module's key and (accepted ones) by the call's.
+VERDICTS = DiskCache("tpu-compiler")
+ACCEPTED_CALLS = DiskCache("tpu-compiler-calls")
 
 
 def clear_memory_cache() -> None:
@@ -266,12 +264,8 @@ def _known_or_compiled(bind: Callable[..., Any], avals_in: Sequence[Any], *, chi
         with _MEMORY_LOCK:
             _CALLS[by_call] = verdict
         if use_disk:
-            _write_disk(by_call, verdict, folder=_calls_dir())
+            _write_disk(by_call, verdict, ACCEPTED_CALLS)
     return verdict
-
-
-def _calls_dir() -> Path:
-    return cache_dir() / "calls"
 
 
 def _accepted_call(key: str, use_disk: bool) -> Verdict | None:
@@ -279,7 +273,7 @@ def _accepted_call(key: str, use_disk: bool) -> Verdict | None:
         known = _CALLS.get(key)
     if known is not None:
         return dataclasses.replace(known, source="memory")
-    found = _read_disk(key, folder=_calls_dir()) if use_disk else None
+    found = _read_disk(key, ACCEPTED_CALLS) if use_disk else None
     if found is None or not found.accepted:
         return None
     with _MEMORY_LOCK:
@@ -396,24 +390,20 @@ def _jaxlib_version() -> str:
         return "unknown"
 
 
-def _read_disk(key: str, folder: Path | None = None) -> Verdict | None:
+def _read_disk(key: str, cache: DiskCache = VERDICTS) -> Verdict | None:
+    found = cache.get(key)
+    if found is None:
+        return None
     try:
-        data = json.loads(((folder or cache_dir()) / f"{key}.json").read_text())
+        data = json.loads(found)
         return Verdict(kind=data["kind"], message=data["message"], checker=data["checker"],
                        topology=data["topology"], seconds=0.0, vmem_bytes=data["vmem_bytes"],
                        source="disk")
-    except (OSError, ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError):
         return None
 
 
-def _write_disk(key: str, verdict: Verdict, folder: Path | None = None) -> None:
+def _write_disk(key: str, verdict: Verdict, cache: DiskCache = VERDICTS) -> None:
     data = {"kind": verdict.kind, "message": verdict.message, "checker": verdict.checker,
             "topology": verdict.topology, "vmem_bytes": verdict.vmem_bytes}
-    folder = folder or cache_dir()
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile("w", dir=folder, suffix=".tmp", delete=False) as f:
-            json.dump(data, f)
-        os.replace(f.name, folder / f"{key}.json")
-    except OSError:
-        pass  # a cache that cannot be written only costs time
+    cache.put(key, json.dumps(data).encode())
