@@ -49,7 +49,7 @@ def test_an_accepted_call_is_not_lowered_for_the_tpu_again(monkeypatch, fresh_ve
     jax.clear_caches()
     _double(jnp.float32)(x)
     assert seen == ["compiled"]
-    assert len(list((fresh_verdict_cache / "tpu-compiler" / "calls").glob("*.json"))) == 1
+    assert len(list((fresh_verdict_cache / "tpu-compiler-calls").glob("*.entry"))) == 1
 
 
 @pytest.mark.timeout(300)
@@ -63,4 +63,4 @@ def test_a_rejected_call_is_lowered_and_reported_every_time(monkeypatch, fresh_v
         messages.append(str(info.value))
     assert seen == ["compiled", "memory"]
     assert messages[0] == messages[1] and "got 'i8'" in messages[0]
-    assert not (fresh_verdict_cache / "tpu-compiler" / "calls").exists()
+    assert not (fresh_verdict_cache / "tpu-compiler-calls").exists()

@@ -369,7 +369,7 @@ def test_verdicts_are_cached_on_disk_across_processes(fresh_verdict_cache):
         return re.search(r"SOURCES \[(.*)\]", done.stdout).group(1)
 
     assert child() == "'compiled'"
-    assert len(list((fresh_verdict_cache / "tpu-compiler").glob("*.json"))) == 1
+    assert len(list((fresh_verdict_cache / "tpu-compiler").glob("*.entry"))) == 1
     assert child() == "'disk'"  # the second process reads the first one's verdict
 
 

@@ -35,7 +35,10 @@ class CompilerProcess:
     """The process libtpu compiles in (``compiler_worker``): started on the first compile,
     kept for the next ones, started again after it died."""
 
-    def __init__(self) -> None:
+    def __init__(self, command: list[str] | None = None) -> None:
+        # (a test gives another worker: one that dies mid-compile)
+        self._command = command or [sys.executable, "-m",
+                                    "palladium.interpret.fidelity.compiler_worker"]
         self._proc: subprocess.Popen[bytes] | None = None
         self._stderr: Any = None
         self._lock = threading.Lock()
@@ -73,8 +76,7 @@ class CompilerProcess:
             self._stderr.close()
         self._stderr = tempfile.TemporaryFile()  # noqa: SIM115  (kept with the process)
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "palladium.interpret.fidelity.compiler_worker"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr, env=env)
+            self._command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr, env=env)
         return self._proc
 
     def _failure(self, proc: subprocess.Popen[bytes],
@@ -85,10 +87,12 @@ class CompilerProcess:
         if proc.poll() is None:  # no reply in time: end it
             proc.kill()
             proc.wait()
+            _close_pipes(proc)
             self._proc = None
             return ("timeout", f"the TPU compiler did not finish within {COMPILE_TIMEOUT:.0f} "
                     "s", None)
         code = proc.returncode
+        _close_pipes(proc)
         self._proc = None
         said = _last_words(self._stderr)
         how = (f"signal {signal.Signals(-code).name}" if code < 0 else f"exit status {code}")
@@ -97,10 +101,24 @@ class CompilerProcess:
 
     def close(self) -> None:
         with self._lock:
-            if self._proc is not None and self._proc.poll() is None:
-                self._proc.kill()
-                self._proc.wait()
+            if self._proc is not None:
+                if self._proc.poll() is None:
+                    self._proc.kill()
+                    self._proc.wait()
+                _close_pipes(self._proc)
             self._proc = None
+            if self._stderr is not None:
+                self._stderr.close()
+                self._stderr = None
+
+
+def _close_pipes(proc: subprocess.Popen[bytes]) -> None:
+    """Close our ends of a finished process's pipes (else each is a ``ResourceWarning:
+    unclosed file`` when the ``Popen`` is collected)."""
+    for pipe in (proc.stdin, proc.stdout):
+        if pipe is not None:
+            with contextlib.suppress(OSError):  # (a broken pipe's unflushed bytes)
+                pipe.close()
 
 
 def _last_words(stderr: Any) -> str:
