@@ -5,7 +5,10 @@ step per iteration) spends its simulated launch in per-equation and per-DMA over
 not in arithmetic. From its ``HOT_LAUNCH``-th launch in the process on, such a kernel's
 launch runs as one executable (``launch_function.py``): compiled in the background
 during the launch before, kept per kernel, grid and order. Its results are XLA's bits,
-as a compiled segment's.
+as a compiled segment's. A hot launch whose compile the shared background thread has
+not reached yet (it compiles one kernel at a time, for every thread of the process)
+compiles it itself at once (``segment_cache.BackgroundCompile``): it never waits behind
+other kernels' compiles, and its tier never depends on the machine's load.
 
 The simulator stays the oracle. A launch whose flags say it could differ from the
 simulated one (``launch_state.FLAGS``: an access out of bounds, an access to a DMA in
@@ -19,14 +22,14 @@ meets something unmodelled (``UnsupportedFeatureError`` while tracing: semaphore
 signals, remote DMAs, the MXU, prints, ...). ``compile_segments="static"`` or ``False``
 keeps every launch simulated.
 
-Which kernels are compiled whole is static (``worth_compiling``): never by timing, so a
-given launch's bits never depend on the machine's load or on a cache.
+Which kernels are compiled whole is static (``worth_compiling``), and which launch is the
+first compiled one is its number (``HOT_LAUNCH``): never timing, so a given launch's bits
+never depend on the machine's load, on other threads' compiles or on a cache.
 """
 
 from __future__ import annotations
 
 import collections
-import concurrent.futures
 import threading
 from typing import Any
 
@@ -36,6 +39,7 @@ import numpy as np
 from palladium.interpret.compiled.launch_function import launch_function
 from palladium.interpret.compiled.launch_key import launch_key
 from palladium.interpret.compiled.launch_state import FLAGS, TraceFacts
+from palladium.interpret.eval.segment_cache import BackgroundCompile
 from palladium.interpret.eval.segments import HOT_LAUNCH, work
 from palladium.interpret.kernel.prepared_kernel import PreparedKernel
 from palladium.interpret.observe.observers import may_observe
@@ -49,7 +53,6 @@ __all__ = ["MIN_EQUATIONS_PER_LAUNCH", "STATS", "compiled_launch", "worth_compil
 #: The least equations a launch evaluates (body work times grid points) for its kernel to
 #: be compiled whole: below it the simulated launch costs about what a compiled one does.
 MIN_EQUATIONS_PER_LAUNCH = 500
-_WAIT = 60.0  # seconds a hot launch waits for its background compile
 #: Launches of the process that ran compiled ("compiled") and that ran simulated after
 #: their flags were raised (by the flag's text, ``launch_state.FLAGS``).
 STATS: collections.Counter[str] = collections.Counter()
@@ -88,16 +91,15 @@ def compiled_launch(kernel: PreparedKernel, params: InterpretParams, num_devices
     grid = launch_grid(kernel, args[:n_dyn])
     if any(n < 0 for n in grid):
         return None  # the simulated launch reports it
-    # per grid and order: the future executable (None: the kernel cannot be compiled whole)
-    futures: dict[Any, concurrent.futures.Future[Any]] = kernel.programs.whole_launches
+    # per grid and order: the executable's compile (None: the kernel cannot be compiled whole)
+    futures: dict[Any, BackgroundCompile] = kernel.programs.whole_launches
     key = (grid, params.seed, params.uninitialized_memory)
     with _LOCK:
         future = futures.get(key)
         if future is None:
             points = schedule(kernel, grid, 1, tuple(gm.vmapped_dims), params.seed)[0]
             if not worth_compiling(kernel, len(points)):
-                futures[key] = future = concurrent.futures.Future()
-                future.set_result(None)
+                futures[key] = future = BackgroundCompile.finished(None)
             else:
                 # (the shapes only: the operands may be views valid during this call)
                 specs = [jax.ShapeDtypeStruct(np.shape(a), np.asarray(a).dtype)
@@ -108,8 +110,8 @@ def compiled_launch(kernel: PreparedKernel, params: InterpretParams, num_devices
     if number < HOT_LAUNCH:
         return None
     try:
-        exe = future.result(_WAIT)
-    except Exception:  # noqa: BLE001 - not modelled (or a timeout): simulated
+        exe = future.result()  # (compiled here if the background thread has not begun it)
+    except Exception:  # noqa: BLE001 - not modelled: simulated
         return None
     if exe is None:
         return None

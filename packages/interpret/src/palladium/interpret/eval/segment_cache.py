@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import atexit
 import collections
-import concurrent.futures
 import functools
 import hashlib
 import importlib.metadata
@@ -35,7 +34,7 @@ from typing import Any
 
 from palladium.interpret.state.disk_cache import DiskCache
 
-__all__ = ["EXECUTABLES", "SegmentExecutables"]
+__all__ = ["EXECUTABLES", "RUNNING_WAIT", "BackgroundCompile", "SegmentExecutables"]
 
 _MEMORY_LIMIT = 1024
 _FORMAT = 2
@@ -132,11 +131,13 @@ class SegmentExecutables:
 
 
     def get_in_background(self, text: str | None, compile_fn: Callable[[], Any]
-                          ) -> concurrent.futures.Future[Any]:
-        """``get(text, compile_fn)`` on the background compiler's thread (one daemon
-        thread, started on first use: one compile at a time beside the launches); its
-        future. ``text`` None: ``compile_fn()`` there, kept by the caller only."""
-        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+                          ) -> BackgroundCompile:
+        """``get(text, compile_fn)`` for the background compiler's thread (one daemon
+        thread, started on first use: one compile at a time beside the launches); the
+        job, whose ``result()`` runs it in the caller's thread if the background thread
+        has not started it yet. ``text`` None: ``compile_fn()``, kept by the caller only."""
+        job = BackgroundCompile(
+            compile_fn if text is None else functools.partial(self.get, text, compile_fn))
         with self._lock:
             if self._jobs is None:
                 self._jobs = queue.SimpleQueue()
@@ -144,8 +145,8 @@ class SegmentExecutables:
                                           daemon=True, name="palladium-segment-compiler")
                 worker.start()
                 atexit.register(self._stop, self._jobs, worker)
-            self._jobs.put((future, text, compile_fn))
-        return future
+            self._jobs.put(job)
+        return job
 
     def _stop(self, jobs: queue.SimpleQueue[Any], worker: threading.Thread) -> None:
         """At exit: drop the compiles not started, let the running one finish (XLA must
@@ -159,14 +160,67 @@ class SegmentExecutables:
             job = jobs.get()
             if job is None:
                 return
-            future, text, compile_fn = job
-            if self._stopping or not future.set_running_or_notify_cancel():
-                future.cancel()
-                continue
-            try:
-                future.set_result(compile_fn() if text is None else self.get(text, compile_fn))
-            except BaseException as e:  # noqa: BLE001 - the waiter gets it
-                future.set_exception(e)
+            if not self._stopping:
+                job.run()
+
+
+#: Seconds a caller waits for a compile the background thread is running before it
+#: compiles the same executable itself (a compile takes ~0.1-2 s; this bounds a compile
+#: that never ends, e.g. one waiting for a lock the caller holds).
+RUNNING_WAIT = 60.0
+
+
+class BackgroundCompile:
+    """A compile queued for the background thread, run by whoever needs it first.
+
+    A hot launch (or segment) that finds its compile still queued behind others' runs
+    it at once in its own thread, instead of waiting for the shared thread to reach it:
+    it never waits for another kernel's compile, and whether it runs compiled never
+    depends on the machine's load (with 10 threads and one shared compiler, third
+    calls waited up to 60 s and then ran simulated). A compile already running is
+    waited for (it is this call's own), at most ``RUNNING_WAIT`` seconds, after which
+    the caller compiles the same executable itself.
+    """
+
+    def __init__(self, fn: Callable[[], Any]) -> None:
+        self._fn = fn
+        self._lock = threading.Lock()
+        self._claimed = False
+        self._done = threading.Event()
+        self._value: Any = None
+        self._error: BaseException | None = None
+
+    @classmethod
+    def finished(cls, value: Any) -> BackgroundCompile:
+        """A job whose result is ``value`` (nothing to compile)."""
+        job = cls(lambda: value)
+        job.run()
+        return job
+
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def run(self) -> None:
+        """Run the compile here, unless someone else has started it."""
+        with self._lock:
+            if self._claimed:
+                return
+            self._claimed = True
+        try:
+            self._value = self._fn()
+        except BaseException as e:  # noqa: BLE001 - whoever asks for the result gets it
+            self._error = e
+        finally:
+            self._done.set()
+
+    def result(self) -> Any:
+        """The compile's result (or its exception): run here if not started yet."""
+        self.run()
+        if not self._done.wait(RUNNING_WAIT):
+            return self._fn()
+        if self._error is not None:
+            raise self._error
+        return self._value
 
 
 #: What a key whose ``compile_fn`` gave None (not compiled: e.g. a launch a compiled

@@ -32,7 +32,6 @@ call the same bits), ``compile_segments=False`` turns the compiled path off.
 
 from __future__ import annotations
 
-import concurrent.futures
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -67,7 +66,8 @@ MIN_WORK_PER_LAUNCH = 30_000
 #: for the first call (under both thresholds above) runs equation by equation in the
 #: kernel's first ``HOT_LAUNCH - 1`` launches of the process and compiled from launch
 #: ``HOT_LAUNCH`` on: compiled in the background during launch ``HOT_LAUNCH - 1`` (or
-#: loaded from the disk cache), waited for at launch ``HOT_LAUNCH`` if not done yet. A
+#: loaded from the disk cache); at launch ``HOT_LAUNCH`` a compile the background thread
+#: has not started yet runs in the launch's thread (``segment_cache.BackgroundCompile``). A
 #: kernel called once or twice pays nothing; one called in a loop runs XLA's code. The
 #: switch is at a fixed launch, never at a time: a given call's results do not depend on
 #: timing or on the cache (those of launches before and after the switch may differ in
@@ -76,8 +76,6 @@ HOT_MIN_WORK = 8
 HOT_LAUNCH = 3
 #: Iterations assumed of a ``while`` loop (a ``fori_loop`` with traced bounds).
 WHILE_GUESS = 8
-#: Seconds a hot segment's launch waits for its background compile before compiling it.
-_BACKGROUND_WAIT = 60.0
 _SPACES = (MemorySpace.VMEM, MemorySpace.SMEM)
 
 
@@ -164,12 +162,8 @@ class Segment:
             if log not in self._compiled and not self._failed:
                 pending = self._pending.pop(log, None)
                 try:
-                    try:
-                        # (a compile that never ends, e.g. waiting for a lock this thread
-                        # holds, is compiled here instead: the same executable)
-                        exe = None if pending is None else pending.result(_BACKGROUND_WAIT)
-                    except concurrent.futures.TimeoutError:
-                        exe = None
+                    # (a background compile not started yet runs here, now)
+                    exe = None if pending is None else pending.result()
                     self._compiled[log] = exe or STATE.segments.get(*self._job(log))
                 except Exception:  # noqa: BLE001 - no CPU lowering: the one-equation path
                     self._failed = True
