@@ -409,6 +409,41 @@ def warm_cache_scenario() -> None:
     RESULT["compiled"] = pi.STATE.segments.compiled
 
 
+def dies_early_scenario() -> None:
+    """Process 1 is killed before its first launch (palladium imported: its heartbeat
+    runs); process 0 launches."""
+    if PROCESS == 1:
+        time.sleep(1.0)
+        os.kill(os.getpid(), signal.SIGKILL)
+    x = np.asarray(collectives.inputs("right_permute", DEVICES))
+    f = shard_mapped(functools.partial(collectives.right_permute, n=DEVICES, interpret=PARAMS))
+    record("first", lambda: f(global_array(x)))
+
+
+def _permute(seed: int):
+    params = pi.InterpretParams(rendezvous_timeout=30.0, random_seed=seed)
+    return shard_mapped(functools.partial(collectives.right_permute, n=DEVICES,
+                                          interpret=params))
+
+
+def mismatch_scenario() -> None:
+    """A launch agreed on, then process 1 launches the same kernel with another
+    random_seed, then another kernel of the same name ('kernel'), then a kernel of
+    another name than process 0's."""
+    x = np.asarray(collectives.inputs("right_permute", DEVICES))
+    record("agreed", lambda: _permute(0)(global_array(x)))
+    record("seed", lambda: _permute(PROCESS)(global_array(x)))
+    xs = np.asarray(collectives.inputs("all_gather", DEVICES))
+    gather = shard_mapped(functools.partial(collectives.all_gather, n=DEVICES, interpret=PARAMS))
+    if PROCESS == 0:
+        record("same_name", lambda: _permute(0)(global_array(x)))
+        record("other_name", lambda: _permute(0)(global_array(x)))
+    else:
+        record("same_name", lambda: gather(global_array(xs)))
+        xf = np.linspace(-2, 2, DEVICES * 64 * 128, dtype=np.float32).reshape(-1, 128)
+        record("other_name", lambda: shard_mapped(_scan)(global_array(xf)))
+
+
 def main() -> None:
     {
         "collectives": collectives_scenario,
@@ -423,6 +458,8 @@ def main() -> None:
         "failing": failing_scenario,
         "sockets": sockets_scenario,
         "warm_cache": warm_cache_scenario,
+        "dies_early": dies_early_scenario,
+        "mismatch": mismatch_scenario,
     }[SCENARIO]()
     with open(os.path.join(OUT, f"{PROCESS}.json"), "w") as f:
         json.dump(RESULT, f)
@@ -434,7 +471,7 @@ def main() -> None:
         client.key_value_set(f"test/done/{PROCESS}", "1")
         if PROCESS == 0:
             for q in range(1, PROCESSES):
-                if not (SCENARIO in ("killed", "killed_mid_frame") and q == 1):
+                if not (SCENARIO in ("killed", "killed_mid_frame", "dies_early") and q == 1):
                     client.blocking_key_value_get(f"test/done/{q}", 60_000)
             # Let the service answer the last set before it goes: a process whose RPC
             # fails on a vanished coordinator is aborted by jax's client.

@@ -278,3 +278,45 @@ def test_a_second_run_with_a_warm_disk_cache_runs_on_every_process(tmp_path, mon
                                    rtol=1e-5, atol=1e-5)
     for name in ("local", "split"):
         np.testing.assert_array_equal(_assembled(runs[0], name), _assembled(runs[1], name))
+
+
+@pytest.mark.timeout(200)
+def test_a_process_that_dies_before_its_first_launch_is_noticed_within_seconds(tmp_path):
+    """Issue 42 item 12: it was noticed only after rendezvous_timeout (30 s here, 120 s
+    by default): its heartbeat runs from palladium's import on."""
+    results = _run("dies_early", 2, 4, str(tmp_path), timeout=150, expect_killed=(1,))
+    message = _error(results[0], "first", "PeerProcessError")
+    assert "process 1 of 2 stopped responding (no heartbeat for" in message
+    assert "it died or was killed while process 0 waited for it to reach this launch" in message
+    assert results[0]["seconds"]["first"] < 10.0
+
+
+@pytest.mark.timeout(200)
+def test_processes_launching_other_seeds_or_kernels_is_a_named_error(tmp_path):
+    """Issue 42 item 12: another random_seed or another kernel of the same name ran
+    (silently, or into a DeadlockError), a kernel of another name was a
+    RendezvousTimeoutError after the timeout; each is a ProcessMismatchError on every
+    process naming what each launches."""
+    results = _run("mismatch", 2, 4, str(tmp_path), timeout=150)
+    advice = ("Every process of a jax.distributed run must run the same kernels, on "
+              "operands of the same types, with the same InterpretParams(random_seed=...), "
+              "in the same order.")
+    for p, r in enumerate(results):
+        assert r is not None
+        assert "agreed" in r["outputs"]
+        seed = _error(r, "seed", "ProcessMismatchError")
+        assert seed.startswith("kernel 'kernel' on 4 devices over 2 processes: the processes "
+                               f"launch different kernels: process {p} launches kernel "
+                               "'kernel' (call key ")
+        assert f"with random_seed={p}, process {1 - p} of 2 waits here with kernel " in seed
+        assert seed.endswith(f"with random_seed={1 - p}. {advice}")
+        same_name = _error(r, "same_name", "ProcessMismatchError")
+        keys = [part.split(")")[0] for part in same_name.split("(call key ")[1:]]
+        assert len(keys) == 2 and keys[0] != keys[1]
+        assert same_name.endswith(advice)
+        other = _error(r, "other_name", "ProcessMismatchError")
+        mine, theirs = ("kernel", "_scan_kernel") if p == 0 else ("_scan_kernel", "kernel")
+        assert f"process {p} launches kernel '{mine}' (call key " in other
+        assert f"process {1 - p} of 2 waits at another launch with kernel '{theirs}' (call " \
+               "key " in other
+        assert r["seconds"]["other_name"] < 15.0

@@ -39,6 +39,7 @@ __all__ = [
     "OutOfBoundsError",
     "PalladiumError",
     "PeerProcessError",
+    "ProcessMismatchError",
     "RendezvousTimeoutError",
     "RevisitError",
     "SemaphoreLeakError",
@@ -103,6 +104,15 @@ class RendezvousTimeoutError(SimulationError):
 
     The devices of a launch under ``shard_map`` are simulated together; each device's
     host callback waits for the others (``InterpretParams.rendezvous_timeout``).
+    """
+
+
+class ProcessMismatchError(KernelError):
+    """The processes of a ``jax.distributed`` run reached different launches: another
+    kernel, the same kernel with other operands, or another ``random_seed``.
+
+    A launch split over processes is one simulation: every process must run the same
+    kernels, with the same ``InterpretParams(random_seed=...)``, in the same order.
     """
 
 

@@ -31,6 +31,7 @@ from palladium.interpret.errors import (
     SimulationError,
 )
 from palladium.interpret.fidelity import tpu_compiler
+from palladium.interpret.fidelity.call_key import call_key
 from palladium.interpret.fidelity.checks import check_compiles_and_fits
 from palladium.interpret.hook import multi_process
 from palladium.interpret.hook.host_call import host_call
@@ -163,14 +164,25 @@ class _LaunchSite:
     belongs to launch k, so (site, k) keys the rendezvous where the devices meet.
     """
 
-    def __init__(self, kernel: PreparedKernel, params: InterpretParams, mesh: DeviceMesh):
+    def __init__(self, kernel: PreparedKernel, params: InterpretParams, mesh: DeviceMesh,
+                 call: Callable[[], str | None] = lambda: None):
         self.kernel = kernel
         self.params = params
         self.mesh = mesh
         self._lock = threading.Lock()
         self._launches = [0] * max(mesh.num_devices, 1)
+        # (a process of a jax.distributed run beats from its first kernel on: one that
+        # dies before its first launch is noticed by the others' heartbeat checks)
+        STATE.processes.start_heartbeat()
         # A jax.distributed run of 2+ processes: this process simulates its devices only.
         self.layout = STATE.processes.current() if mesh.num_devices > 1 else None
+        # what the processes compare when they meet: the kernel, its operands, its seed
+        self.what = ""
+        if self.layout is not None:
+            digest = call()
+            self.what = (f"kernel '{kernel.name}' "
+                         + (f"(call key {digest[:12]}) " if digest else "")
+                         + f"with random_seed={params.random_seed}")
 
     def run(self, *views: Any) -> list[np.ndarray]:
         """One device's launch; ``views`` of the operands, valid during the call only (a
@@ -241,7 +253,8 @@ class _LaunchSite:
         name, n = self.kernel.name, self.mesh.num_devices
         split = multi_process.SplitLaunch(
             self.layout, name, block, self.params.rendezvous_timeout,
-            f"kernel '{name}' on {n} devices over {self.layout.num_processes} processes")
+            f"kernel '{name}' on {n} devices over {self.layout.num_processes} processes",
+            self.what)
         device_args = [local_args[d - block.start] if d in block else local_args[0]
                        for d in range(n)]
         results = _execute(self.kernel, self.params, self.mesh, device_args, split)
@@ -272,7 +285,9 @@ def _pallas_call_lowering(ctx: Any, *in_nodes: Any, interpret: Any, **params: An
                  mesh_axes=mesh_axes, call=params)
     out_shapes = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in ctx.avals_out]
     mesh = DeviceMesh.from_axis_env(mesh_axes)
-    site = _LaunchSite(kernel, interpret, mesh)
+    avals_in = ctx.avals_in
+    site = _LaunchSite(kernel, interpret, mesh,
+                       lambda: call_key(params, avals_in, "split launch", mesh.axis_sizes))
 
     def impl(*args: Any) -> Any:
         if mesh.num_devices <= 1:
@@ -312,6 +327,7 @@ def install() -> None:
         logger.addFilter(_FAILURE_FILTER)
     jc.register_lowering(jc.PALLAS_CALL_P, _pallas_call_lowering, platform="cpu")
     tpu_compiler.prestart()  # where libtpu is installed: the TPU compiler's process
+    STATE.processes.start_heartbeat()  # (imported after jax.distributed.initialize)
     # core_map lowers through jax's mpmd fallback, which calls the pallas_call lowering
     # function directly rather than through the registry.
     jc.route_direct_pallas_call_lowering(_pallas_call_lowering)

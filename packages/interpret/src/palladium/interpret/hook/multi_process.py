@@ -15,25 +15,40 @@ The mesh must list the devices in ``jax.devices()`` order (``jax.make_mesh`` ove
 devices does): process p then simulates the contiguous block of mesh positions
 ``[p*D/P, (p+1)*D/P)``.
 
-Liveness: each process sets a heartbeat key every ``HEARTBEAT_INTERVAL`` seconds while
-it takes part in a launch; a process waiting for another's round gives up with
-``PeerProcessError`` when that process posted a failure, or its heartbeat stood still
-for ``PEER_TIMEOUT`` seconds, or its connection closed (it died or was killed), or the
-coordination service is gone. A process that never reaches the launch at all is a ``RendezvousTimeoutError``
-after ``InterpretParams.rendezvous_timeout`` on the others.
+Liveness: each process sets a heartbeat key every ``HEARTBEAT_INTERVAL`` seconds from
+the moment palladium sees ``jax.distributed`` (its import, or the first kernel it
+lowers); a process waiting for another to reach a launch, or for its round, gives up
+with ``PeerProcessError`` when that process posted a failure, or its heartbeat stood
+still for ``PEER_TIMEOUT`` seconds (also one that died before its first launch), or its
+connection closed (it died or was killed), or the coordination service is gone. A
+process alive that never reaches the launch is a ``RendezvousTimeoutError`` after
+``InterpretParams.rendezvous_timeout`` on the others.
+
+Agreement: a process reaching a split launch posts what it launches (the kernel's name,
+a digest of its ``pallas_call`` parameters and operand types, its ``random_seed``); a
+process that finds another launching something else here, or waiting for
+``MISMATCH_WAIT`` seconds at another launch while it waits at this one, raises
+``ProcessMismatchError`` naming both (every process must run the same kernels with the
+same seed in the same order).
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
+import json
 import os
 import threading
 import time
 from typing import Any
 
 from palladium.interpret import _jax_compat as jc
-from palladium.interpret.errors import KernelError, PeerProcessError, RendezvousTimeoutError
+from palladium.interpret.errors import (
+    KernelError,
+    PeerProcessError,
+    ProcessMismatchError,
+    RendezvousTimeoutError,
+)
 from palladium.interpret.hook.peer_links import (
     ABORT,
     ROUND,
@@ -47,12 +62,18 @@ __all__ = ["KvTransport", "ProcessLayout", "ProcessLayouts", "SocketTransport", 
 
 HEARTBEAT_INTERVAL = 0.25  # seconds between a process's heartbeats
 PEER_TIMEOUT = 3.0  # a heartbeat standing still this long: the process is gone
+#: Seconds another process may wait at another launch while this one waits at its own
+#: before they are taken for processes running different programs (each waits for the
+#: other forever otherwise; a process whose threads launch concurrently may wait at
+#: several launches at once, which is not a mismatch while this one waits at one of them).
+MISMATCH_WAIT = 5.0
 _POLL_MS = 100  # a blocking get's (or a socket wait's) slice while waiting for a peer
 STORE_CHECK = 0.5  # seconds between a socket wait's questions to the store (failed? alive?)
 ABORT_FLUSH = 1.0  # seconds a failing process spends handing its error to the sockets
 TRANSPORT_ENV = "PALLADIUM_PROCESS_TRANSPORT"  # "sockets" (default) or "kv"
 
 _PREFIX = "palladium"
+_MISMATCH = b"palladium: launches something else: "  # (a failure key's value)
 
 
 class ProcessLayout:
@@ -73,6 +94,25 @@ class ProcessLayout:
         # keys every process has read, deleted by the heartbeat thread (off the rounds'
         # critical path: a round is then one set and one get per other process)
         self._spent: collections.deque[str] = collections.deque()
+        # the launches this process's threads wait at now (launch key -> what it runs)
+        self._waiting: dict[str, str] = {}
+
+    def waiting(self, launch: str, what: str | None) -> None:
+        """Publish that this process waits at ``launch`` (running ``what``), or no
+        longer does (``what`` None)."""
+        with self._lock:
+            if what is None:
+                self._waiting.pop(launch, None)
+            else:
+                self._waiting[launch] = what
+            text = json.dumps(self._waiting)
+        with contextlib.suppress(Exception):
+            self.client.key_value_set_bytes(f"{_PREFIX}/waiting/{self.process}",
+                                            text.encode(), allow_overwrite=True)
+
+    def waits_at(self, launch: str) -> bool:
+        with self._lock:
+            return launch in self._waiting
 
     def block(self, num_devices: int, kernel_name: str) -> range:
         """The mesh positions this process simulates."""
@@ -179,6 +219,16 @@ class ProcessLayouts:
                 self._layout = ProcessLayout(client, jax.process_index(), count, sockets)
             return self._layout
 
+    def start_heartbeat(self) -> None:
+        """Start this process's heartbeat if it is part of a ``jax.distributed`` run of 2+
+        processes (at import and when a kernel is lowered: a process that dies before
+        its first launch is then seen by the others within ``PEER_TIMEOUT``)."""
+        if jc.distributed_client() is None:
+            return
+        layout = self.current()
+        if layout is not None:
+            layout.start_heartbeat()
+
 
 class SplitLaunch:
     """The launches of one split ``pallas_call``: the launch itself, and with
@@ -186,17 +236,18 @@ class SplitLaunch:
     everywhere) and the processes' agreement on whether any found a difference."""
 
     def __init__(self, where: ProcessLayout, kernel_name: str, block: range,
-                 timeout: float, describe: str) -> None:
+                 timeout: float, describe: str, what: str = "") -> None:
         self.where = where
         self.kernel_name = kernel_name
         self.block = block
         self.timeout = timeout
         self.describe = describe
+        self.what = what or f"kernel '{kernel_name}'"  # (the same on every process)
 
     def partition(self) -> Partition:
         """A new launch of every process (they meet first)."""
         transport = self._transport(self.kernel_name)
-        transport.meet(self.timeout)
+        transport.meet(self.timeout, self.what)
         return Partition(frozenset(self.block), transport)
 
     def agree(self, found: bool) -> bool:
@@ -223,17 +274,33 @@ class KvTransport:
         self.round = 0
         self.seconds = 0.0  # spent in exchanges (the benchmark's cost per message)
         self._beats: dict[int, tuple[bytes | None, float]] = {}
+        self._meeting: str | None = None  # what this process launches, while it meets
+        self._elsewhere: dict[int, tuple[bytes, float]] = {}  # a peer waiting elsewhere
         where.start_heartbeat()
 
-    def meet(self, timeout: float) -> None:
-        """Every process reached this launch (else ``RendezvousTimeoutError`` after
-        ``timeout`` seconds naming the missing ones)."""
-        self._set(f"{self.launch}/ready/{self.process}", b"1")
+    def meet(self, timeout: float, what: str = "") -> None:
+        """Every process reached this launch and launches the same ``what`` here (else
+        ``RendezvousTimeoutError`` after ``timeout`` seconds naming the missing ones,
+        ``ProcessMismatchError`` naming what each launches)."""
+        what = what or self.launch
+        self._meeting = what
+        self.where.waiting(self.launch, what)
+        try:
+            self._meet(timeout, what)
+        finally:
+            self._meeting = None
+            self.where.waiting(self.launch, None)
+
+    def _meet(self, timeout: float, what: str) -> None:
+        self._set(f"{self.launch}/ready/{self.process}", what.encode())
         deadline = time.monotonic() + timeout
         for q in range(self.num_processes):
             if q == self.process:
                 continue
-            if self._wait(f"{self.launch}/ready/{q}", q, deadline) is None:
+            theirs = self._wait(f"{self.launch}/ready/{q}", q, deadline)
+            if theirs is not None and theirs.decode(errors="replace") != what:
+                raise self._mismatch(q, what, theirs.decode(errors="replace"), "here")
+            if theirs is None:
                 missing = [
                     r
                     for r in range(self.num_processes)
@@ -293,11 +360,52 @@ class KvTransport:
                 return None
 
     def _check_peer(self, peer: int) -> None:
-        """``PeerProcessError`` if ``peer`` posted a failure or stopped beating."""
+        """``PeerProcessError`` if ``peer`` posted a failure or stopped beating;
+        ``ProcessMismatchError`` if, while this process meets, it waits elsewhere (or
+        found that this process does)."""
         failed = self._try(f"{self.launch}/failed/{peer}")
         if failed is not None:
+            if failed.startswith(_MISMATCH) and self._meeting is not None:
+                theirs = failed[len(_MISMATCH):].decode(errors="replace")
+                raise self._mismatch(peer, self._meeting, theirs, "at another launch")
             raise self._failed(peer, failed.decode(errors="replace"))
         self._check_alive(peer)
+        if self._meeting is not None:
+            self._check_elsewhere(peer, self._meeting)
+
+    def _check_elsewhere(self, peer: int, what: str) -> None:
+        """``ProcessMismatchError`` if ``peer`` has waited at launches none of which this
+        process waits at, for ``MISMATCH_WAIT`` seconds (the same ones all along); the
+        peer learns it from its launches' failure keys."""
+        now = time.monotonic()
+        posted = self._try(f"{_PREFIX}/waiting/{peer}")
+        try:
+            theirs: dict[str, str] = json.loads(posted) if posted else {}
+        except ValueError:
+            theirs = {}
+        if not theirs or self.launch in theirs or any(
+                self.where.waits_at(launch) for launch in theirs):
+            self._elsewhere.pop(peer, None)
+            return
+        assert posted is not None
+        seen, since = self._elsewhere.get(peer, (None, now))
+        if seen != posted:
+            self._elsewhere[peer] = (posted, now)
+            return
+        if now - since >= MISMATCH_WAIT:
+            for launch in theirs:
+                self._set(f"{launch}/failed/{self.process}", _MISMATCH + what.encode())
+            raise self._mismatch(peer, what, " and ".join(sorted(set(theirs.values()))),
+                                 "at another launch")
+
+    def _mismatch(self, peer: int, ours: str, theirs: str, where: str) -> ProcessMismatchError:
+        return ProcessMismatchError(
+            f"{self.describe}: the processes launch different kernels: process "
+            f"{self.process} launches {ours}, process {peer} of {self.num_processes} waits "
+            f"{where} with {theirs}. Every process of a jax.distributed run must run the "
+            f"same kernels, on operands of the same types, with the same "
+            f"InterpretParams(random_seed=...), in the same order."
+        )
 
     def _failed(self, peer: int, error: str) -> PeerProcessError:
         return PeerProcessError(
@@ -315,10 +423,12 @@ class KvTransport:
             self._beats[peer] = (beat, now)
             return
         if now - since > PEER_TIMEOUT:
+            waited = ("for it to reach this launch" if self._meeting is not None
+                      else f"for its round {self.round - 1}")
             raise PeerProcessError(
                 f"{self.describe}: process {peer} of {self.num_processes} stopped "
                 f"responding (no heartbeat for {now - since:.1f} s): it died or was killed "
-                f"while process {self.process} waited for its round {self.round - 1}"
+                f"while process {self.process} waited {waited}"
             )
 
     def _try(self, key: str) -> bytes | None:
@@ -342,9 +452,9 @@ class SocketTransport(KvTransport):
         super().__init__(where, launch, describe)
         self._peers = [q for q in range(self.num_processes) if q != self.process]
 
-    def meet(self, timeout: float) -> None:
+    def meet(self, timeout: float, what: str = "") -> None:
         self.where.listen()  # published before this process says it is ready
-        super().meet(timeout)
+        super().meet(timeout, what)
         try:  # (every process met: the connections are made in a moment)
             self.where.connect(time.monotonic() + timeout)
         except LinkSetupError as e:
