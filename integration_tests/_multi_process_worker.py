@@ -366,9 +366,9 @@ def sockets_scenario() -> None:
     used: list = []
     meet = multi_process.KvTransport.meet
 
-    def keep(self, timeout):
+    def keep(self, timeout, what=""):
         used.append(self)
-        return meet(self, timeout)
+        return meet(self, timeout, what)
 
     multi_process.KvTransport.meet = keep  # type: ignore[method-assign]
     RESULT["launches"] = []
