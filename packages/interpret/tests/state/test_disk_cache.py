@@ -265,6 +265,10 @@ def test_the_palladium_cache_command(root):
                              timeout=60)
     assert cleared.stdout.strip() == f"removed 1 files from {root}"
     assert DiskCache("things").get("a") is None
+    bad = subprocess.run([*run, "info"], env={**env, "PALLADIUM_CACHE_SIZE": "lots"},
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2
+    assert bad.stderr.startswith("palladium-cache: PALLADIUM_CACHE_SIZE='lots': expected")
     from importlib.metadata import entry_points
 
     (script,) = entry_points(group="console_scripts", name="palladium-cache")

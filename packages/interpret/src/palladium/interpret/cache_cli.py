@@ -14,6 +14,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from palladium.interpret.errors import ConfigError
 from palladium.interpret.state.disk_cache import cache_clear, cache_info, cache_root
 
 __all__ = ["main"]
@@ -25,13 +26,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("command", choices=("info", "clear", "path"), nargs="?",
                         default="info")
     args = parser.parse_args(argv)
-    if args.command == "path":
-        print(cache_root())
-    elif args.command == "clear":
-        removed = cache_clear()
-        print(f"removed {removed} files from {cache_root()}")
-    else:
-        print(cache_info())
+    try:
+        if args.command == "path":
+            print(cache_root())
+        elif args.command == "clear":
+            removed = cache_clear()
+            print(f"removed {removed} files from {cache_root()}")
+        else:
+            print(cache_info())
+    except ConfigError as e:  # (a size it cannot read)
+        print(f"palladium-cache: {e}", file=sys.stderr)
+        return 2
     return 0
 
 

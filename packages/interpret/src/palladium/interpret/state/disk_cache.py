@@ -161,7 +161,7 @@ class _Secret:
 
     @staticmethod
     def _create(root: Path, path: Path) -> bytes | None:
-        root.mkdir(parents=True, exist_ok=True)
+        root.mkdir(mode=0o700, parents=True, exist_ok=True)  # (made here: this user's only)
         key = os.urandom(32)
         fd, tmp = tempfile.mkstemp(dir=root, prefix=".secret-", suffix=".tmp")
         try:
