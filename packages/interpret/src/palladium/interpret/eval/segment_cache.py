@@ -183,7 +183,7 @@ class BackgroundCompile:
     """
 
     def __init__(self, fn: Callable[[], Any]) -> None:
-        self._fn = fn
+        self._fn: Callable[[], Any] | None = fn
         self._lock = threading.Lock()
         self._claimed = False
         self._done = threading.Event()
@@ -206,18 +206,23 @@ class BackgroundCompile:
             if self._claimed:
                 return
             self._claimed = True
+        fn = self._fn
         try:
-            self._value = self._fn()
+            assert fn is not None
+            self._value = fn()
         except BaseException as e:  # noqa: BLE001 - whoever asks for the result gets it
             self._error = e
         finally:
             self._done.set()
+            self._fn = None  # (what it compiled from: a launch's grid points, ...)
 
     def result(self) -> Any:
         """The compile's result (or its exception): run here if not started yet."""
+        fn = self._fn
         self.run()
         if not self._done.wait(RUNNING_WAIT):
-            return self._fn()
+            assert fn is not None  # (not done yet: not dropped)
+            return fn()
         if self._error is not None:
             raise self._error
         return self._value

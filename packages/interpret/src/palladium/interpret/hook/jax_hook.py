@@ -182,7 +182,7 @@ class _LaunchSite:
             digest = call()
             self.what = (f"kernel '{kernel.name}' "
                          + (f"(call key {digest[:12]}) " if digest else "")
-                         + f"with random_seed={params.random_seed}")
+                         + f"with random_seed={params.seed}")
 
     def run(self, *views: Any) -> list[np.ndarray]:
         """One device's launch; ``views`` of the operands, valid during the call only (a
