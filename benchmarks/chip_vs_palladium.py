@@ -84,6 +84,11 @@ def cases(rng):
     b = rng.standard_normal((1024, 512)).astype(f32)
     yield "jax matmul f32", functools.partial(jax_matmul.matmul, block_shape=(256, 256),
                                               block_k=256), (a, b)
+    yield "matmul f32 precision=HIGHEST", blocked(
+        lambda a_ref, b_ref, o_ref: o_ref.__setitem__(..., jnp.dot(
+            a_ref[...], b_ref[...], precision=jax.lax.Precision.HIGHEST,
+            preferred_element_type=jnp.float32)),
+        (512, 512), block=(512, 512), n_in=2), (a[:, :512], b[:512])
     yield "jax matmul bf16", functools.partial(jax_matmul.matmul, block_shape=(256, 256),
                                                block_k=256), (
         a.astype(jnp.bfloat16), b.astype(jnp.bfloat16))
@@ -94,6 +99,17 @@ def cases(rng):
             fa.flash_attention, causal=causal, block_sizes=sizes), (q, k, v)
     yield "flash attention bf16", functools.partial(fa.flash_attention, block_sizes=sizes), tuple(
         t.astype(jnp.bfloat16) for t in (q, k, v))
+
+
+def _bf16(t):
+    return np.asarray(np.asarray(t, np.float32).astype(jnp.bfloat16), np.float64)
+
+
+#: What we think the chip computes where it differs from f32 arithmetic: an f32 dot at
+#: the default precision as one MXU pass over operands rounded to bfloat16.
+MODELS = {
+    "jax matmul f32": lambda a, b: _bf16(a) @ _bf16(b),
+}
 
 
 def compare(chip, ours):
@@ -121,6 +137,10 @@ def main() -> None:
             with pi.force_tpu_interpret_mode(pi.InterpretParams()):
                 ours = np.asarray(jax.jit(fn)(*xs))
             rows.append({"kernel": name, **compare(chip, ours)})
+            if name in MODELS:
+                model = MODELS[name](*xs)
+                rows[-1]["chip_vs_model"] = compare(chip, model)["max_diff_rel_to_scale"]
+                rows[-1]["palladium_vs_model"] = compare(ours, model)["max_diff_rel_to_scale"]
         except Exception as e:
             rows.append({"kernel": name, "error": f"{type(e).__name__}: {str(e)[:400]}"})
         print(json.dumps(rows[-1]), flush=True)
