@@ -209,13 +209,22 @@ def timed(name, fn, *args):
 
 
 def compare(rows, case, make_ours, make_jax, args, reference, tol=1e-6):
-    try:
-        t_ours, out_ours = timed(f"{case}_palladium", make_ours, *args)
-        t_jax, out_jax = timed(f"{case}_jax", make_jax, *args)
-    except Exception as e:  # a case that does not compile is a result too
-        rows.append({"case": case, "error": f"{type(e).__name__}: {str(e)[:400]}"})
+    timings = {}
+    for impl, make in (("palladium", make_ours), ("jax", make_jax)):
+        try:
+            timings[impl] = timed(f"{case}_{impl}", make, *args)
+        except Exception as e:  # a kernel that does not compile is a result too
+            timings[impl] = f"{type(e).__name__}: {str(e)[:400]}"
+    if any(isinstance(t, str) for t in timings.values()):
+        rows.append({"case": case, **{f"{impl}_error": t for impl, t in timings.items()
+                                      if isinstance(t, str)}})
+        if not isinstance(timings["palladium"], str):
+            t_ours, out_ours = timings["palladium"]
+            rows[-1].update(palladium_us=t_ours * 1e6,
+                            ok=bool(np.allclose(out_ours, reference, rtol=tol)))
         print(json.dumps(rows[-1]), flush=True)
         return
+    (t_ours, out_ours), (t_jax, out_jax) = timings["palladium"], timings["jax"]
     err = float(np.max(np.abs(out_ours - reference)) / max(1.0, np.max(np.abs(reference))))
     rows.append({"case": case, "palladium_us": t_ours * 1e6, "jax_us": t_jax * 1e6,
                  "ratio": t_ours / t_jax, "equal_to_jax": bool(np.array_equal(out_ours, out_jax)),
