@@ -14,6 +14,8 @@ from jax.experimental.pallas import tpu as pltpu
 import palladium.interpret as pi
 from palladium.race_detect import DataRaceError
 
+pytest_plugins = ["pytester"]
+
 ANY = pl.BlockSpec(memory_space=pl.ANY)
 
 
@@ -139,3 +141,55 @@ def test_palladium_params_placed_on_a_tpu_are_refused_not_silently_run_by_jax():
     traced = jax.jit(lambda a, b: matmul(a, b, interpret=pi.InterpretParams())).trace(x, y)
     with pytest.raises(pi.ConfigError, match="simulates TPU kernels on the CPU device"):
         traced.lower(lowering_platforms=("tpu",))
+
+
+PLUGIN_SUITE = '''
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+pytest_plugins = ["pytester"]
+
+ANY = pl.BlockSpec(memory_space=pl.ANY)
+X = np.arange(32 * 128, dtype=np.float32).reshape(32, 128)
+
+
+def body(x, o):
+    o[...] = x[...] * 2.0
+
+
+def pipelined(x_hbm, o_hbm):
+    spec = pl.BlockSpec((8, 128), lambda i: (i, 0))
+    pltpu.emit_pipeline(body, grid=(4,), in_specs=[spec], out_specs=[spec])(x_hbm, o_hbm)
+
+
+def racing(x_hbm, o_hbm, sem):
+    copy = pltpu.make_async_copy(x_hbm, o_hbm, sem)
+    copy.start()
+    pipelined(x_hbm, o_hbm)
+    copy.wait()
+
+
+def call(kernel, **kw):
+    return pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct(X.shape, jnp.float32),
+                          in_specs=[ANY], out_specs=ANY, interpret=True, **kw)
+
+
+def test_clean():
+    np.testing.assert_array_equal(call(pipelined)(X), X * 2)
+
+
+def test_racing():
+    call(racing, scratch_shapes=[pltpu.SemaphoreType.DMA])(X)
+'''
+
+
+@pytest.mark.timeout(240)
+def test_pytest_plugin_runs_jax_pipeline_kernels(pytester):
+    pytester.makepyfile(test_jax_pipelines=PLUGIN_SUITE)
+    result = pytester.runpytest_subprocess("-rA", "-p", "no:randomly", "--palladium",
+                                           "--palladium-races", "test_jax_pipelines.py")
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(["*_ test_racing _*", "*DataRaceError: data race on 'o_hbm*"])
