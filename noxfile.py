@@ -261,14 +261,15 @@ def tpu(session: nox.Session) -> None:
     ``tpu``-marked tests: against numpy and jax's own emit_pipeline), then its whole suite
     (the interpreters on the CPU device), with palladium-pipeline installed alone as TPU
     users install it; then palladium.interpret beside the chip. The machine's own jax and
-    libtpu are used (the venv sees its site-packages)."""
+    libtpu are used (the venv sees its site-packages; ``python -m pytest`` so that a pytest
+    found there runs with the venv's palladium)."""
     session.install("-e", "packages/pipeline", *TEST_DEPS)
     session.run("python", "-c", "import jax, sys; sys.exit(jax.default_backend() != 'tpu' "
-                "and 'nox -s tpu needs a TPU as jax\'s default backend')")
-    session.run("pytest", "-q", "-p", "no:xdist", "-m", "tpu", "packages/pipeline/tests")
-    session.run("pytest", "-q", "-p", "no:xdist", "packages/pipeline/tests")
+                "and 'nox -s tpu needs a TPU as the default backend of jax')")
+    session.run("python", "-m", "pytest", "-q", "-p", "no:xdist", "-m", "tpu", "packages/pipeline/tests")
+    session.run("python", "-m", "pytest", "-q", "-p", "no:xdist", "packages/pipeline/tests")
     _install_all(session)
-    session.run("pytest", "-q", "-p", "no:xdist",
+    session.run("python", "-m", "pytest", "-q", "-p", "no:xdist",
                 "integration_tests/test_jax_emit_pipeline_on_cpu.py", *session.posargs)
 
 

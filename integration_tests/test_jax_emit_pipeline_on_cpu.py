@@ -187,8 +187,11 @@ def test_racing():
 
 
 @pytest.mark.timeout(240)
-def test_pytest_plugin_runs_jax_pipeline_kernels(pytester):
+def test_pytest_plugin_runs_jax_pipeline_kernels(pytester, monkeypatch):
     pytester.makepyfile(test_jax_pipelines=PLUGIN_SUITE)
+    # One process at a time can hold a TPU (this one may, under `nox -s tpu`): the
+    # subprocess simulates on the CPU anyway.
+    monkeypatch.setenv("JAX_PLATFORMS", "cpu")
     result = pytester.runpytest_subprocess("-rA", "-p", "no:randomly", "--palladium",
                                            "--palladium-races", "test_jax_pipelines.py")
     result.assert_outcomes(passed=1, failed=1)
