@@ -2,7 +2,7 @@
 
 Each case is one kernel written once with the emitter as a parameter; both versions are
 compiled by Mosaic and timed on the chip by device time from the jax profiler's trace
-(``_device_time.device_time``: median of 20 calls), and their outputs compared with each
+(``palladium.interpret.measure``: median of 20 calls), and their outputs compared with each
 other and with a numpy reference. Then the features jax 0.10.2's emitter lacks, each in a
 kernel where it should win, against the best way to write that kernel with jax's emitter.
 
@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import os
 import platform
 import sys
 
@@ -28,10 +27,8 @@ import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-sys.path.insert(0, os.path.dirname(__file__))
-from _device_time import device_time  # noqa: E402
-
-import palladium.pipeline as pp  # noqa: E402
+import palladium.pipeline as pp
+from palladium.interpret import measure
 
 ANY = pl.BlockSpec(memory_space=pl.ANY)
 JAX = (pltpu.emit_pipeline, pl.Buffered)
@@ -199,13 +196,9 @@ def ragged_jax(shape, block):
 # --- the runs -----------------------------------------------------------------------
 
 def timed(name, fn, *args):
-    def call(*a):
-        return fn(*a)
-
-    call.__name__ = call.__qualname__ = name  # the module's name in the trace
-    jitted = jax.jit(call)
-    out = np.asarray(jax.block_until_ready(jitted(*args)))
-    return device_time(jitted, *args), out
+    """``fn``'s output and its device time on the chip (``name``: for the log)."""
+    out = np.asarray(jax.block_until_ready(jax.jit(fn)(*args)))
+    return measure(fn, *args).seconds, out
 
 
 def compare(rows, case, make_ours, make_jax, args, reference, tol=1e-6):
