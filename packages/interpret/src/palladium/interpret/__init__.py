@@ -62,10 +62,12 @@ from palladium.interpret.state import process_state
 from palladium.interpret.state.disk_cache import CacheInfo, cache_clear, cache_info
 from palladium.interpret.state.process_state import STATE
 from palladium.interpret.tune import (
+    Measurement,
     Prediction,
     SweepResult,
     SweepRow,
     cost_estimate,
+    measure,
     predict,
     sweep,
 )
@@ -94,6 +96,7 @@ __all__ = [
     "OutOfBoundsError",
     "PalladiumError",
     "PeerProcessError",
+    "Measurement",
     "ProcessMismatchError",
     "Prediction",
     "RendezvousTimeoutError",
@@ -123,6 +126,7 @@ __all__ = [
     "errors_as_raised",
     "force_tpu_interpret_mode",
     "load_entry_point_rules",
+    "measure",
     "predict",
     "process_state",
     "register_interpret_rule",
