@@ -1,0 +1,53 @@
+"""jax's Python-level seams around a ``pallas_call``'s caller: the ``pl.pallas_call``
+function itself and jax's traceback filtering."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+
+def wrap_pallas_call(wrap: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
+    """Make ``jax.experimental.pallas.pallas_call`` (``pl.pallas_call``, looked up when
+    called) ``wrap(jax's pallas_call)``; once (a second call changes nothing)."""
+    import jax.experimental.pallas as pl_module
+
+    if getattr(pl_module.pallas_call, "_palladium_wrapped", False):
+        return
+    wrapped = wrap(pl_module.pallas_call)
+    wrapped._palladium_wrapped = True  # type: ignore[attr-defined]
+    pl_module.pallas_call = wrapped  # type: ignore[assignment]
+
+
+def api_boundary(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` as one of jax's API boundaries: an exception leaving it has the frames of
+    jax's files and of the files passed to ``hide_frames_of`` dropped from its traceback
+    (``JAX_TRACEBACK_FILTERING=off`` keeps them)."""
+    from jax._src import traceback_util
+
+    return traceback_util.api_boundary(fn)
+
+
+def hide_frames_of(path: str) -> None:
+    """Treat the files under ``path`` as jax treats its own: left out of the tracebacks
+    jax filters and never taken for the user's frame of an equation."""
+    from jax._src import traceback_util
+
+    if path not in traceback_util._exclude_paths:
+        traceback_util.register_exclusion(path)
+
+
+def forget_failed_runtime_tokens(reported: Callable[[str], bool]) -> None:
+    """Drop the runtime tokens jax keeps per device (the last computation with host
+    callbacks) whose computation failed with an error ``reported(text)`` says the caller
+    was already given: jax's exit barriers would raise each of them again (twice: its
+    ``clean_up`` and ``wait_for_tokens``). Other tokens are left for them."""
+    from jax._src import dispatch
+
+    tokens = dispatch.runtime_tokens.output_runtime_tokens
+    for device, token in list(tokens.items()):
+        try:
+            token.block_until_ready()
+        except Exception as error:  # noqa: BLE001 - any failure of that computation
+            if reported(str(error)):
+                tokens.pop(device, None)
