@@ -7,16 +7,17 @@ from collections.abc import Callable
 from typing import Any
 
 
-def wrap_pallas_call(wrap: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
+def wrap_pallas_call(wrap: Callable[[Callable[..., Any]], Callable[..., Any]]) -> bool:
     """Make ``jax.experimental.pallas.pallas_call`` (``pl.pallas_call``, looked up when
-    called) ``wrap(jax's pallas_call)``; once (a second call changes nothing)."""
+    called) ``wrap(jax's pallas_call)``, once: whether this call wrapped it."""
     import jax.experimental.pallas as pl_module
 
     if getattr(pl_module.pallas_call, "_palladium_wrapped", False):
-        return
+        return False
     wrapped = wrap(pl_module.pallas_call)
     wrapped._palladium_wrapped = True  # type: ignore[attr-defined]
     pl_module.pallas_call = wrapped  # type: ignore[assignment]
+    return True
 
 
 def api_boundary(fn: Callable[..., Any]) -> Callable[..., Any]:

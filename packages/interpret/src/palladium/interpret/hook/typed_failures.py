@@ -84,14 +84,9 @@ def install() -> None:
     when it is made); palladium's frames are left out of jax-filtered tracebacks; a
     failed launch is not raised again by jax's exit barriers."""
     call_site.hide_frames_of(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    call_site.wrap_pallas_call(_pallas_call_of)
-    if not _AT_EXIT:
+    if call_site.wrap_pallas_call(_pallas_call_of):  # (the first install only)
         # Registered after jax's own exit barriers, so run before them (atexit is LIFO).
         atexit.register(call_site.forget_failed_runtime_tokens, _was_raised)
-        _AT_EXIT.append(True)
-
-
-_AT_EXIT: list[bool] = []
 
 
 def _was_raised(text: str) -> bool:
