@@ -1,8 +1,10 @@
-"""jax's Python-level seams around a ``pallas_call``'s caller: the ``pl.pallas_call``
-function itself and jax's traceback filtering."""
+"""jax's Python-level seams around a ``pallas_call``'s caller and the user's code: the
+``pl.pallas_call`` function itself, jax's traceback filtering, its exit barriers, where
+a function a jaxpr was traced from lives."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -52,3 +54,14 @@ def forget_failed_runtime_tokens(reported: Callable[[str], bool]) -> None:
         except Exception as error:  # noqa: BLE001 - any failure of that computation
             if reported(str(error)):
                 tokens.pop(device, None)
+
+
+def function_location(closed_jaxpr: Any) -> str | None:
+    """"name at file.py:line" of the Python function a jaxpr was traced from (an index
+    map's), or None where jax did not record it."""
+    info = getattr(getattr(closed_jaxpr, "jaxpr", None), "debug_info", None)
+    text = getattr(info, "func_src_info", None)
+    if not text or " at " not in text:
+        return None
+    name, _, where = text.rpartition(" at ")
+    return f"{name} at {os.path.basename(where)}"
