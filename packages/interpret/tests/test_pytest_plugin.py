@@ -12,6 +12,8 @@ import pytest
 
 import palladium.interpret as pi
 
+pytestmark = pytest.mark.serial  # pytest runs of its own, one under xdist: not beside a parallel run
+
 pytest_plugins = ["pytester"]
 
 KERNELS = '''

@@ -11,6 +11,8 @@ import pytest
 
 from palladium.shared_memory import MemorySpace, SemaphoreKind, Simulation, WatchdogError
 
+pytestmark = pytest.mark.serial  # watchdog and progress deadlines: not beside a parallel run
+
 HBM, VMEM = MemorySpace.HBM, MemorySpace.VMEM
 
 

@@ -5,11 +5,11 @@ A launch runs inside an XLA host callback, so jax raises its failure as
 text: palladium's type and why it is not raised as such first, the failure id last).
 The one Python frame between the caller and that error which palladium can own is the
 function ``pl.pallas_call`` returns: wrapped here, it re-raises the recorded exception
-itself, so a kernel called on its own (eagerly, or ``jax.jit(call)``, whose first call
-traces it) raises ``DeadlockError``, ``OutOfBoundsError``, ``DataRaceError``, ... that a
-plain ``except`` catches. A kernel called from inside the user's own ``jax.jit`` fails
-in jax's dispatch of that function, past any frame of palladium's: there the text says
-why and how (``errors_as_raised``).
+itself, so a kernel called on its own (eagerly, also under ``jax.vmap`` or ``jax.grad``
+applied eagerly) raises ``DeadlockError``, ``OutOfBoundsError``, ``DataRaceError``, ...
+that a plain ``except`` catches. A kernel called from inside the user's own ``jax.jit``
+(``jax.jit(call)`` too) fails in jax's dispatch of that function, past any frame of
+palladium's: there the text says why and how (``errors_as_raised``).
 
 The traceback of the re-raised exception is the caller's frames only: palladium's own
 files are filtered from tracebacks as jax filters its own (``JAX_TRACEBACK_FILTERING=off``
