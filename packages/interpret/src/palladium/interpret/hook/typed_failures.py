@@ -14,8 +14,9 @@ palladium's: there the text says why and how (``errors_as_raised``).
 The traceback of the re-raised exception is the caller's frames only: palladium's own
 files are filtered from tracebacks as jax filters its own (``JAX_TRACEBACK_FILTERING=off``
 shows them; where in palladium the launch failed stays readable as
-``exc.launch_traceback``). Measured on an out-of-bounds index map called eagerly: 53
-lines of stderr (the message twice, 27 frames of palladium and jax) before, 6 after.
+``exc.launch_traceback``). Measured on stderr of a script calling a broken kernel
+eagerly, before -> after: an out-of-bounds index map 53 -> 7 lines (before: the message
+twice among 27 frames of palladium and jax), a deadlock 61 -> 7, a race 79 -> 9.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from typing import Any
 
 import jax
 
+from palladium.interpret import _jax_compat as jc
 from palladium.interpret._jax_compat import call_site
 from palladium.interpret.params import InterpretParams
 from palladium.interpret.state.process_state import STATE
@@ -61,8 +63,6 @@ def raising_typed_failures(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _under_palladium(interpret: Any) -> bool:
-    from palladium.interpret import _jax_compat as jc
-
     return (isinstance(interpret, InterpretParams)
             or isinstance(jc.tpu_interpret_mode_config().value, InterpretParams))
 
