@@ -3,7 +3,7 @@ the chip itself, to check the approximation's "uncertain" margin (issue 44 item 
 
     OUT=/tmp/out python benchmarks/chip/tune_matmul_verdicts.py [--size 2048]
 
-On a TPU VM (jax[tpu]); needs only jax and examples/timeline.py (the guide's kernel).
+On a TPU VM (jax[tpu]); needs only jax (the guide's kernel is copied here).
 Writes $OUT/tune_matmul_verdicts.json: per (bm, bk, bn), "accepted" or the first line of
 the compiler's error, with the chip, jax and libtpu versions. Compare with
 `python examples/tune_matmul.py --size 2048 --chips v5e` on a CPU without libtpu: the
@@ -17,15 +17,42 @@ import argparse
 import importlib.metadata
 import json
 import os
-import sys
 import time
 
 import jax
 import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "..", "examples"))
-from timeline import matmul  # noqa: E402  (the guide's kernel, as tune_matmul sweeps it)
+
+def matmul(x, y, *, bm, bk, bn):
+    """examples/timeline.py's kernel (the Pallas TPU matmul guide's), as
+    examples/tune_matmul.py sweeps it (two buffers per input), copied so that this script
+    needs jax alone."""
+    def kernel(x_ref, y_ref, z_ref, acc_ref):
+        @pl.when(pl.program_id(2) == 0)
+        def _():
+            acc_ref[...] = jnp.zeros_like(acc_ref)
+
+        acc_ref[...] += jnp.dot(x_ref[...], y_ref[...], preferred_element_type=jnp.float32)
+
+        @pl.when(pl.program_id(2) == pl.num_programs(2) - 1)
+        def _():
+            z_ref[...] = acc_ref[...].astype(z_ref.dtype)
+
+    (m, k), (_, n) = x.shape, y.shape
+    mode = pl.Buffered(2)
+    return pl.pallas_call(
+        kernel,
+        out_shape=jax.ShapeDtypeStruct((m, n), x.dtype),
+        grid=(m // bm, n // bn, k // bk),
+        in_specs=[pl.BlockSpec((bm, bk), lambda i, j, kk: (i, kk), pipeline_mode=mode),
+                  pl.BlockSpec((bk, bn), lambda i, j, kk: (kk, j), pipeline_mode=mode)],
+        out_specs=pl.BlockSpec((bm, bn), lambda i, j, kk: (i, j)),
+        scratch_shapes=[pltpu.VMEM((bm, bn), jnp.float32)],
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel", "parallel", "arbitrary")),
+    )(x, y)
 
 
 def configs(size: int) -> list[tuple[int, int, int]]:
@@ -36,7 +63,7 @@ def configs(size: int) -> list[tuple[int, int, int]]:
 
 def verdict(size: int, bm: int, bk: int, bn: int) -> str:
     x = jax.ShapeDtypeStruct((size, size), jnp.bfloat16)
-    fn = jax.jit(lambda a, b: matmul(a, b, bm=bm, bk=bk, bn=bn, buffers=2, interpret=False))
+    fn = jax.jit(lambda a, b: matmul(a, b, bm=bm, bk=bk, bn=bn))
     try:
         fn.lower(x, x).compile()
     except Exception as e:  # noqa: BLE001 - the compiler's rejection, whatever its type
