@@ -1,7 +1,8 @@
 """Developer sessions for the palladium monorepo.
 
     nox -s demo          run examples/demo.py
-    nox -s lint tests    what CI runs (see .ci/run)
+    nox -s quick         the inner loop: a representative subset (about a minute of tests)
+    nox -s lint tests    what CI runs (see .ci/run): every test, in parallel (-n auto)
     nox -s compiler      the TPU compiler's verdicts (installs libtpu)
     nox -s matrix        wheel installs on Python 3.11-3.13 x every supported jax, sdists
     nox -s dists         build the wheels and sdists (.nox/dist), twine check --strict
@@ -43,11 +44,23 @@ def _install_all(session: nox.Session, *extra: str) -> None:
 
 @nox.session
 def tests(session: nox.Session) -> None:
-    """Every package's tests and the integration tests, on the current Python."""
+    """Every package's tests and the integration tests, on the current Python: over every
+    core (pytest-xdist, ``-n auto``), then the tests marked ``serial`` alone (processes
+    with heartbeats and deadlines, signals, the pytest plugin's own xdist runs)."""
     _install_all(session)
-    session.run(
-        "pytest", "-q", *[f"{p}/tests" for p in ALL], "integration_tests", *session.posargs
-    )
+    paths = [*[f"{p}/tests" for p in ALL], "integration_tests"]
+    session.run("pytest", "-q", "-n", "auto", "-m", "not serial", *paths, *session.posargs)
+    session.run("pytest", "-q", "-m", "serial", *paths, *session.posargs,
+                success_codes=[0, 5])  # 5: posargs selected none of them
+
+
+@nox.session
+def quick(session: nox.Session) -> None:
+    """The inner loop: the jax-free packages' tests, one representative file per area of
+    interpret and pipeline (``SUBSET``), the README's examples and the architecture
+    checks. About a minute of tests on the 2-core machine (measured: 50 s serial)."""
+    _install_all(session)
+    session.run("pytest", "-q", *QUICK, *session.posargs)
 
 
 def _works(exe: str) -> bool:
@@ -96,6 +109,13 @@ SUBSET = {
     ],
     "integration": ["integration_tests/test_readme.py"],
 }
+QUICK = [
+    *[f"{p}/tests" for p in JAX_FREE],
+    *SUBSET["interpret"],
+    *SUBSET["pipeline"],
+    *SUBSET["integration"],
+    "integration_tests/test_architecture.py",
+]
 MAIN_PYTHON = "3.12"
 DIST = ROOT / ".nox" / "dist"
 _BUILT: list[Path] = []  # the dists built by this nox run (built once, used by every session)

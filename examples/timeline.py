@@ -4,11 +4,15 @@ TPU v5e, with one and with two input buffers, summarised and drawn.
     python examples/timeline.py [out.png]    writes docs/timeline.png by default
 
 The picture (one row per core and DMA engine) shows the double-buffered run hiding its
-block fetches behind the MXU work while the single-buffered one waits for each.
+block fetches behind the MXU work while the single-buffered one waits for each. Drawing
+needs matplotlib (``pip install 'palladium-interpret[timeline]'``); without it the
+example says so before it simulates anything and writes the Chrome trace (``out.json``,
+for https://ui.perfetto.dev) instead.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 
@@ -48,7 +52,19 @@ def matmul(x, y, *, bm, bk, bn, buffers, interpret):
     )(x, y)
 
 
-def main(path: str) -> None:
+def have_matplotlib() -> bool:
+    return importlib.util.find_spec("matplotlib") is not None
+
+
+def main(path: str, plot: bool | None = None) -> str:
+    """Simulate both runs and draw them to ``path`` (``plot``), else save their Chrome
+    trace next to it (``.json``); returns the file written."""
+    if plot is None:
+        plot = have_matplotlib()
+    if not plot:
+        path = os.path.splitext(path)[0] + ".json"
+        print("matplotlib is not installed (pip install 'palladium-interpret[timeline]' "
+              f"draws the picture): writing the Chrome trace {path} instead")
     x = jnp.ones((512, 2048), jnp.bfloat16)
     y = jnp.ones((2048, 512), jnp.bfloat16)
     params = pi.InterpretParams(chip="v5e", skip_floating_point_ops=True)
@@ -60,10 +76,14 @@ def main(path: str) -> None:
     print(one.summary())
     print()
     print(two.summary())
-    tl.plot(path, title=f"matmul 512x2048x512 bf16 on TPU v5e: Buffered(1) "
-                        f"{one.predicted_seconds * 1e6:.1f} us, then Buffered(2) "
-                        f"{two.predicted_seconds * 1e6:.1f} us")
+    if plot:
+        tl.plot(path, title=f"matmul 512x2048x512 bf16 on TPU v5e: Buffered(1) "
+                            f"{one.predicted_seconds * 1e6:.1f} us, then Buffered(2) "
+                            f"{two.predicted_seconds * 1e6:.1f} us")
+    else:
+        tl.save(path)
     print(f"\nwrote {path}")
+    return path
 
 
 if __name__ == "__main__":

@@ -67,24 +67,30 @@ def main(argv: list[str]) -> None:
     for chip in args.chips:
         result = pi.sweep(make_call, configs(args.size), operand, operand, chip=chip,
                           processes=args.processes)
+        doubtful = [row for row in result.ranked if row.uncertain]
         print(f"### {args.size}^3 bf16 matmul on TPU {chip}: {len(result.ranked)} of "
               f"{len(result.rows)} configurations compile "
               f"({result.ranked[0].prediction.checker if result.ranked else '-'}), "
               f"swept in {result.wall_seconds:.1f} s")
+        if doubtful:  # ranked after the sure ones: the compiler may reject them
+            print(f"{len(doubtful)} of them uncertain (VMEM within 10% of the limit), ranked "
+                  f"last: pip install 'palladium-interpret[compiler]' for the TPU "
+                  f"compiler's verdict")
         print()
-        print("| rank | bm, bk, bn | predicted | bound | exposed DMA | VMEM | published (v5e) |")
-        print("|---|---|---|---|---|---|---|")
+        print("| rank | bm, bk, bn | verdict | predicted | bound | exposed DMA | VMEM | "
+              "published (v5e) |")
+        print("|---|---|---|---|---|---|---|---|")
         for rank, row in enumerate(result.ranked[: args.top], 1):
             p = row.prediction
             c = row.config
             pub = PUBLISHED_V5E.get((args.size, c["bm"], c["bk"], c["bn"])) if chip == "v5e" \
                 else None
-            print(f"| {rank} | {c['bm']}, {c['bk']}, {c['bn']} | "
+            print(f"| {rank} | {c['bm']}, {c['bk']}, {c['bn']} | {row.verdict} | "
                   f"{p.predicted_seconds * 1e3:.3f} ms | {p.bound} | "
                   f"{p.exposed_dma_seconds * 1e6:.1f} us | {p.vmem_bytes / 2**20:.1f} MiB | "
                   f"{'' if pub is None else f'{pub * 1e3:.3f} ms'} |")
         for row in result.rejected:
-            print(f"| - | {row.label} | rejected: {row.error} | | | | |")
+            print(f"| - | {row.label} | {row.verdict}: {row.error} | | | | | |")
         print()
         for what, path in (("csv", args.csv), ("json", args.json), ("plot", args.plot)):
             if path:

@@ -20,6 +20,8 @@ import sys
 import numpy as np
 import pytest
 
+pytestmark = pytest.mark.serial  # processes with heartbeats and deadlines: not beside a parallel run
+
 WORKER = os.path.join(os.path.dirname(__file__), "_multi_process_worker.py")
 COLLECTIVES = ("right_permute", "all_gather", "all_reduce", "reduce_scatter", "jax_all_gather")
 

@@ -14,6 +14,8 @@ import numpy as np
 import pytest
 from test_multi_process import _assembled, _collectives, _error, _run
 
+pytestmark = pytest.mark.serial  # processes with heartbeats and deadlines: not beside a parallel run
+
 
 @pytest.mark.timeout(400)
 @pytest.mark.parametrize(("processes", "devices"), [(2, 8), (4, 8)])

@@ -1,4 +1,5 @@
-"""Every ```python block of README.md runs, in order, in one namespace per section."""
+"""Every ```python block of README.md runs, in order, in one namespace per section (a
+``##`` or ``###`` heading starts one)."""
 
 import importlib.util
 import re
@@ -11,7 +12,7 @@ README = Path(__file__).resolve().parent.parent / "README.md"
 
 def _sections():
     text = README.read_text()
-    sections = re.split(r"^### ", text, flags=re.M)[1:]
+    sections = re.split(r"^#{2,3} ", text, flags=re.M)[1:]
     for section in sections:
         title = section.splitlines()[0].strip()
         blocks = re.findall(r"```python\n(.*?)```", section, flags=re.S)

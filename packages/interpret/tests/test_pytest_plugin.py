@@ -12,6 +12,8 @@ import pytest
 
 import palladium.interpret as pi
 
+pytestmark = pytest.mark.serial  # pytest runs of its own, one under xdist: not beside a parallel run
+
 pytest_plugins = ["pytester"]
 
 KERNELS = '''
@@ -314,3 +316,69 @@ def test_a_test_records_only_its_own_threads_launches(suite):
     assert outcomes(result) == {"test_background.py::test_starts_a_background_launcher": "passed",
                                 "test_background.py::test_records_only_its_own": "passed"}, \
         result.stdout.str()
+
+
+@pytest.mark.timeout(300)
+def test_a_race_is_reported_briefly_with_its_vector_clocks_only_on_v(suite):
+    racy = inspect_lines("racy_kernel")
+    brief = suite.runpytest_subprocess("-rA", "-p", "no:randomly", "test_suite.py::test_racy",
+                                       "--palladium-races")
+    text = failure(brief, "test_racy")
+    assert (f"palladium.race_detect.errors.DataRaceError: data race on 'buf (VMEM, device 0 "
+            f"core 0)' at element (0, 0): read (kernels.py:{racy['o_ref[...] = buf']}) and "
+            f"write (kernels.py:{racy['copy.start()']}) are not ordered\n") in text, text
+    assert ("  no semaphore wait, barrier or join orders them (pytest -v shows their vector "
+            "clocks)\n") in text
+    assert "vector clocks {" not in text
+    assert "For simplicity, JAX has removed" not in text  # pytest shows its own traceback
+    # the short summary: the class name, not palladium.race_detect.errors.DataRaceErro...
+    summary = [line for line in brief.stdout.lines if line.startswith("FAILED ")]
+    assert len(summary) == 1 and summary[0].startswith(
+        "FAILED test_suite.py::test_racy - DataRaceError: data race on"), summary
+    detailed = suite.runpytest_subprocess("-v", "-p", "no:randomly", "test_suite.py::test_racy",
+                                          "--palladium-races")
+    assert "orders them (vector clocks {kernel launch: " in failure(detailed, "test_racy")
+
+
+def inspect_lines(function: str) -> dict[str, int]:
+    """Line numbers in KERNELS (kernels.py) of the lines of ``function``, by their text."""
+    lines = KERNELS.strip("\n").splitlines()  # as pytester writes it
+    start = next(i for i, line in enumerate(lines) if line.startswith(f"def {function}("))
+    found = {}
+    for i in range(start, len(lines)):
+        for text in ("o_ref[...] = buf", "copy.start()"):
+            if text in lines[i] and text not in found:
+                found[text] = i + 1
+    return found
+
+
+NO_INTERPRET = '''
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+
+def kernel(x_ref, o_ref):
+    o_ref[...] = x_ref[...] + 1.0
+
+
+def test_tpu_kernel():
+    pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32))(
+        jnp.zeros((8, 128), jnp.float32))
+'''
+
+
+@pytest.mark.timeout(300)
+def test_a_tpu_kernel_without_palladium_fails_with_a_hint_at_the_flag(pytester):
+    pytester.makepyfile(test_tpu=NO_INTERPRET)
+    plain = pytester.runpytest_subprocess("-rA", "-p", "no:randomly")
+    assert outcomes(plain) == {"test_tpu.py::test_tpu_kernel": "failed"}
+    [summary] = [line for line in plain.stdout.lines if line.startswith("FAILED ")]
+    assert summary.startswith(
+        "FAILED test_tpu.py::test_tpu_kernel - ValueError (try pytest --palladium): "), summary
+    text = plain.stdout.str()
+    assert "Only interpret mode is supported on CPU backend." in text
+    assert re.search(r"-+ palladium -+\npytest --palladium runs Pallas TPU kernels on this "
+                     r"CPU under palladium", text), text
+    under = pytester.runpytest_subprocess("-rA", "-p", "no:randomly", "--palladium")
+    assert outcomes(under) == {"test_tpu.py::test_tpu_kernel": "passed"}

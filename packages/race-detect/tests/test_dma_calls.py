@@ -58,16 +58,22 @@ def test_read_release_and_write_release_are_their_parts_and_a_forked_clock_its_a
     assert fused == apart == own
     messages = fused[0]
     assert len(messages) == 2
-    assert messages[0] == (
-        "data race on 'y' at element (0, 0): write by 'DMA #2' to y[0:2, :] at DMA #2 write "
-        "and read by 'DMA #3' of y[0:2, :] at DMA #3 read are not ordered by any semaphore "
-        "wait, barrier or join (clocks {kernel launch: 3, core 0: 4, core 1: 1, DMA #2: 6} "
-        "and {kernel launch: 3, core 0: 1, core 1: 2, DMA #3: 1})")
-    assert messages[1] == (
-        "data race on 'y' at element (6, 0): write by 'DMA #4' to y[6:7, :] at DMA #4 write "
-        "and write by 'DMA #5' to y[6:7, :] at DMA #5 write are not ordered by any "
-        "semaphore wait, barrier or join (clocks {kernel launch: 3, core 0: 5, core 1: 1, "
-        "DMA #1: 4, DMA #4: 2} and {kernel launch: 3, core 0: 1, core 1: 3, DMA #5: 4})")
+    assert messages[0].splitlines() == [
+        "data race on 'y' at element (0, 0): write (DMA #2 write) and read (DMA #3 read) "
+        "are not ordered",
+        "  write by 'DMA #2' to y[0:2, :] at DMA #2 write",
+        "  read by 'DMA #3' of y[0:2, :] at DMA #3 read",
+        "  no semaphore wait, barrier or join orders them (vector clocks {kernel launch: 3, "
+        "core 0: 4, core 1: 1, DMA #2: 6} and {kernel launch: 3, core 0: 1, core 1: 2, "
+        "DMA #3: 1})"]
+    assert messages[1].splitlines() == [
+        "data race on 'y' at element (6, 0): write (DMA #4 write) and write (DMA #5 write) "
+        "are not ordered",
+        "  write by 'DMA #4' to y[6:7, :] at DMA #4 write",
+        "  write by 'DMA #5' to y[6:7, :] at DMA #5 write",
+        "  no semaphore wait, barrier or join orders them (vector clocks {kernel launch: 3, "
+        "core 0: 5, core 1: 1, DMA #1: 4, DMA #4: 2} and {kernel launch: 3, core 0: 1, "
+        "core 1: 3, DMA #5: 4})"]
     # DMA #0's write of x[2:6] follows its own read of x[0:4] (no race); DMAs #1 and #2
     # took #0's slot, #5 took #3's (their cores had waited for them): 6 slots for the
     # launch, 2 cores and 6 DMAs. DMA #2 read at 5 and wrote at 6.
@@ -117,13 +123,13 @@ def test_on_race_raise_stops_a_dma_call_at_the_racing_access():
     writer = det.new_actor("DMA #0", parent=core)
     det.write(writer, "x", site="w")  # core 0 never waits for it
     reader = det.new_actor("DMA #1", parent=core)
-    with pytest.raises(DataRaceError, match=r"write by 'DMA #0' to x\[:\] at w and read by "
-                                        r"'DMA #1' of x\[0:2\] at r"):
+    with pytest.raises(DataRaceError, match=r"write by 'DMA #0' to x\[:\] at w\n  read by "
+                                        r"'DMA #1' of x\[0:2\] at r\n"):
         det.read_release(reader, "x", slice(0, 2), site="r")
     assert reader.time == 1  # raised at the read: not released (no tick)
     third = det.new_actor("DMA #2", parent=core)
-    with pytest.raises(DataRaceError, match=r"write by 'DMA #0' to x\[:\] at w and write by "
-                                        r"'DMA #2' to x\[2:4\] at w2"):
+    with pytest.raises(DataRaceError, match=r"write by 'DMA #0' to x\[:\] at w\n  write by "
+                                        r"'DMA #2' to x\[2:4\] at w2\n"):
         det.write_release(third, "x", slice(2, 4), site="w2")
     assert [a.finished for a in (writer, reader, third)] == [False, False, False]
     released = det.release(third)  # raised at the write: not finished, an ordinary release

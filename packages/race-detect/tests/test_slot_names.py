@@ -54,10 +54,12 @@ def test_a_report_names_each_clock_entry_by_the_actor_that_made_it_across_slot_r
     (report,) = det.reports
     assert report.first.clock == (("core 0", 4), ("DMA #3", 4))
     assert report.second.clock == (("core 0", 5), ("DMA #2", 3))
-    assert str(report) == (
-        "data race on 'x' at element (4,): write by 'DMA #3' to x[4:8] at w3 and read by "
-        "'core 0' of x[:] at r are not ordered by any semaphore wait, barrier or join "
-        "(clocks {core 0: 4, DMA #3: 4} and {core 0: 5, DMA #2: 3})")
+    assert str(report).splitlines() == [
+        "data race on 'x' at element (4,): write (w3) and read (r) are not ordered",
+        "  write by 'DMA #3' to x[4:8] at w3",
+        "  read by 'core 0' of x[:] at r",
+        "  no semaphore wait, barrier or join orders them (vector clocks {core 0: 4, "
+        "DMA #3: 4} and {core 0: 5, DMA #2: 3})"]
 
 
 def test_finish_release_is_finish_then_release_and_acquire_all_is_each_acquire():

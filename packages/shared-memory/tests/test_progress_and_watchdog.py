@@ -11,6 +11,8 @@ import pytest
 
 from palladium.shared_memory import MemorySpace, SemaphoreKind, Simulation, WatchdogError
 
+pytestmark = pytest.mark.serial  # watchdog and progress deadlines: not beside a parallel run
+
 HBM, VMEM = MemorySpace.HBM, MemorySpace.VMEM
 
 
@@ -71,7 +73,8 @@ def test_watchdog_names_every_core():
         "each core:",
         "  device 0 core 0 is looping at loop.py:7",
         "  device 0 core 1 is blocked: waits on semaphore 'done' (id 1) for 1, count 0 at "
-        "wait.py:9",
+        "wait.py:9; nothing ever signalled 'done' (no semaphore_signal, remote signal or DMA "
+        "reached it)",
         "  device 0 core 2 finished",
         "Raise the budget.",
     ]

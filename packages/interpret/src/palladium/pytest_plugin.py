@@ -14,7 +14,11 @@ nothing (and imports nothing beyond pytest) unless asked:
 argument, and kernels with ``interpret=True``) in palladium's interpret mode, through
 ``palladium.interpret.set_tpu_interpret_mode``. A test whose kernel races, deadlocks,
 leaks a semaphore or goes out of bounds fails with palladium's typed exception and its
-full report (``errors_as_raised``), not jax's ``JaxRuntimeError``.
+full report (``errors_as_raised``), not jax's ``JaxRuntimeError``. The short summary
+names it by its class (``FAILED test_x.py::test_y - DataRaceError: data race on ...``);
+a race report says what raced and where (both lines), its vector clocks only with
+``pytest -v``. Without ``--palladium``, a test failing with jax's "Only interpret mode
+is supported on CPU backend." is told that the flag exists.
 
 Per test, the marker ``@pytest.mark.palladium(**InterpretParams fields)`` runs the test
 under palladium (with or without ``--palladium``) with those fields over the options'.
@@ -33,6 +37,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import re
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -281,13 +286,80 @@ class _Plugin:
     def pytest_runtest_call(self, item: pytest.Item) -> Any:
         __tracebackhide__ = True
         with self._under_palladium(item, "call"):
-            return (yield)
+            try:
+                return (yield)
+            except Exception as e:
+                if _palladium_error(e):
+                    _without_jax_note(e)
+                    if item.config.get_verbosity() < 1:
+                        _without_clocks(e)
+                raise
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+        report = yield
+        if call.excinfo is not None and report.failed:
+            _shorten_crash_line(report, call.excinfo.value, self.fields is None)
+        return report
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_teardown(self, item: pytest.Item, nextitem: Any) -> Any:
         __tracebackhide__ = True
         with self._under_palladium(item, "teardown"):
             return (yield)
+
+
+# jax's error for a TPU kernel run on a CPU without an interpret mode: the plugin is
+# installed, so it says how to run the kernel under palladium.
+_NO_INTERPRET_MODE = "Only interpret mode is supported on CPU backend."
+_PALLADIUM_HINT = ("pytest --palladium runs Pallas TPU kernels on this CPU under palladium "
+                   "(races, deadlocks, out-of-bounds checks); @pytest.mark.palladium runs "
+                   "one test so")
+
+
+def _palladium_error(exc: BaseException) -> bool:
+    """Whether ``exc`` is one of palladium's (without importing palladium)."""
+    errors = sys.modules.get("palladium.race_detect.errors")
+    return errors is not None and isinstance(exc, errors.PalladiumError)
+
+
+def _without_jax_note(exc: BaseException) -> None:
+    """Drop jax's note that it filtered the traceback: pytest shows its own."""
+    notes = getattr(exc, "__notes__", None)
+    if notes:
+        notes[:] = [n for n in notes if "JAX has removed its internal frames" not in n]
+
+
+def _without_clocks(exc: BaseException) -> None:
+    """A race report's last line without its vector clocks (``pytest -v`` keeps them):
+    what raced and where (both lines) stays."""
+    report = sys.modules.get("palladium.race_detect.report")
+    errors = sys.modules.get("palladium.race_detect.errors")
+    if report is None or errors is None or not isinstance(exc, errors.DataRaceError):
+        return
+    text = str(exc)
+    head, sep, _ = text.rpartition(f"  {report.CLOCKS_PREFIX} (vector clocks ")
+    if sep and len(exc.args) == 1:
+        exc.args = (f"{head}  {report.CLOCKS_PREFIX} (pytest -v shows their vector clocks)",)
+
+
+def _shorten_crash_line(report: pytest.TestReport, exc: BaseException,
+                        without_palladium: bool) -> None:
+    """The line pytest's short summary shows: a palladium error by its class name alone
+    (``DataRaceError: data race on ...``, not ``palladium.race_detect.errors.DataRa...``)
+    and the first line of its message; jax's refusal of a TPU kernel on a CPU, with the
+    flag that runs it under palladium."""
+    crash = getattr(report.longrepr, "reprcrash", None)
+    if crash is None:
+        return
+    first = str(exc).split("\n", 1)[0]
+    if _palladium_error(exc):
+        crash.message = f"{type(exc).__name__}: {first}"
+    elif without_palladium and _NO_INTERPRET_MODE in str(exc):
+        crash.message = f"{type(exc).__name__} (try pytest --palladium): {first}"
+        add = getattr(report.longrepr, "addsection", None)
+        if add is not None:
+            add("palladium", _PALLADIUM_HINT + ".")
 
 
 @pytest.fixture

@@ -172,7 +172,8 @@ def test_a_flagged_launch_runs_simulated_and_reports_what_the_simulator_does(
     with pytest.raises(error) as simulated, errors_as_raised():
         simulated_only(_mode(mode), *_inputs(4)).block_until_ready()
     # the same report (a race's vector clocks aside: they count launches)
-    assert str(later.value).split(" (clocks")[0] == str(simulated.value).split(" (clocks")[0]
+    assert (str(later.value).split(" (vector clocks")[0]
+            == str(simulated.value).split(" (vector clocks")[0])
 
 
 def test_an_index_out_of_bounds_on_a_compiled_launch_is_the_simulators_error(always_worth):

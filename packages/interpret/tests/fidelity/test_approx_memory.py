@@ -128,10 +128,15 @@ def test_v6e_keeps_60_kib_of_its_vmem():
     assert ("more than the core's VMEM capacity of 128.00 MiB less the 61440 bytes the TPU "
             "compiler keeps (134156288 bytes for the kernel) (vmem_limit_bytes=134217728 is "
             "more than there is)") in str(info.value)
-    assert str(info.value).endswith(
+    text, doubt = str(info.value).rsplit("\n", 1)
+    assert text.endswith(
         "Even the core's whole VMEM (128.00 MiB less the 61440 bytes the TPU compiler keeps "
         "(134156288 bytes for the kernel)) is too small: use smaller blocks or fewer buffers "
         "(pipeline_mode=pl.Buffered(1)).\n" + APPROXIMATION_NOTE)
+    # 4 KiB over: within 10% of the limit, the approximation's verdict is uncertain
+    assert doubt == f"This verdict is {info.value.uncertain}."
+    assert doubt.startswith("This verdict is uncertain: palladium's approximation counts "
+                            "127.95 MiB of 127.94 MiB VMEM, within 10% of the limit")
     # v5e keeps none of its 128 MiB.
     out = _live_scratch(pltpu.VMEM((rows, 128), jnp.float32), "v5e", vmem_limit=128 * MiB)
     np.testing.assert_array_equal(out, X)

@@ -257,10 +257,14 @@ def test_outside_errors_as_raised_the_wrapper_says_how_to_get_the_typed_exceptio
     ``DeadlockError`` unless the caller asks: the message names the type and says how."""
     with pytest.raises(jax.errors.JaxRuntimeError) as info:
         _run(_two_device_deadlock, 2, _iota((16, 128)))
+    text = str(info.value)
     assert re.search(
-        r"DeadlockError: deadlock: every core is blocked.*\n\[palladium failure #\d+: a "
-        r"palladium\.interpret\.DeadlockError; use palladium\.interpret\.errors_as_raised\(\) "
-        r"to get the typed exception\]", str(info.value), re.S), str(info.value)
+        r"DeadlockError: palladium\.interpret\.DeadlockError \(a kernel's failure inside "
+        r"jax\.jit reaches Python as jax's JaxRuntimeError; see the last line\): deadlock: "
+        r"every core is blocked.*\n\[palladium failure #\d+: palladium\.interpret\."
+        r"errors_as_raised\(\) around the jitted call raises the palladium\.interpret\."
+        r"DeadlockError itself\]$", text, re.S), text
+    assert "scheduler.py" not in text and text.count("every core is blocked") == 1
     with pytest.raises(DeadlockError, match=r"^deadlock: every core is blocked") as typed, \
             errors_as_raised():
         _run(_two_device_deadlock, 2, _iota((16, 128)))

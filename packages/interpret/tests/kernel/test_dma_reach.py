@@ -112,7 +112,8 @@ def test_a_race_on_a_reached_ref_is_found_wherever_the_dma_is(how):
     name = "tmp" if how == "run_scoped" else "land"
     text = str(info.value)
     assert text.startswith(f"data race on '{name} (VMEM, device 0 core 0)' at element (0, 0): "
-                           f"read by 'device 0 core 0' of {name} (VMEM, device 0 core 0)")
+                           f"read (test_dma_reach.py:")
+    assert f"\n  read by 'device 0 core 0' of {name} (VMEM, device 0 core 0)" in text
     assert f"write by 'x_hbm->{name}' to {name} (VMEM, device 0 core 0)" in text
 
 

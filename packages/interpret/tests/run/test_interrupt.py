@@ -12,6 +12,8 @@ import time
 
 import pytest
 
+pytestmark = pytest.mark.serial  # signals and deadlines: not beside a parallel run
+
 # What every interrupted child shares: the recorder that prints "running" once the first
 # grid point runs (the cores are in the kernel), its params, a launch over n devices.
 _PREAMBLE = textwrap.dedent("""

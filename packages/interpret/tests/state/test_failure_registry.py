@@ -57,9 +57,10 @@ def test_failures_with_the_same_text_are_told_apart_by_id():
     wrappers = []
     for tag in ("first", "second"):
         with pytest.raises(jax.errors.JaxRuntimeError) as info:
-            np.asarray(_failing_recorder_call(tag)(x))
+            np.asarray(jax.jit(_failing_recorder_call(tag))(x))  # JaxRuntimeError in jit
         wrappers.append(info.value)
-    assert all("_Tagged: recorder refused" in str(w) for w in wrappers)
+    assert all("_Tagged (a kernel's failure inside jax.jit" in str(w) for w in wrappers)
+    assert all("): recorder refused\n" in str(w) for w in wrappers)
     assert all("[palladium failure #" in str(w) for w in wrappers)
     # Claim the older one first: text matching would have picked the newer.
     for wrapper, tag in zip(wrappers, ("first", "second")):
@@ -155,6 +156,8 @@ def test_registry_is_bounded():
     ids = [log.record(e) for e in errors]
     assert len(log) == 3
     assert log.claim(f"... [palladium failure #{ids[0]}]") is None  # forgotten
-    assert str(errors[4]).startswith("e4\n[palladium failure #")  # what jax shows
+    assert str(errors[4]).startswith(  # what jax shows
+        "ValueError (a kernel's failure inside jax.jit reaches Python as jax's "
+        "JaxRuntimeError; see the last line): e4\n[palladium failure #")
     got = log.claim(f"x {errors[4]}")
     assert type(got) is ValueError and str(got) == "e4" and got is not errors[4]

@@ -52,8 +52,24 @@ class RaceReport:
     def __str__(self) -> str:
         at = "" if self.element is None else f" at element {self.element}"
         return (
-            f"data race on {self.second.buffer!r}{at}: {self.first.describe()} and "
-            f"{self.second.describe()} are not ordered by any semaphore wait, barrier "
-            f"or join (clocks {_format_clock(self.first.clock)} and "
+            f"data race on {self.second.buffer!r}{at}: {_kind_and_line(self.first)} and "
+            f"{_kind_and_line(self.second)} are not ordered\n"
+            f"  {self.first.describe()}\n"
+            f"  {self.second.describe()}\n"
+            f"  {CLOCKS_PREFIX} (vector clocks {_format_clock(self.first.clock)} and "
             f"{_format_clock(self.second.clock)})"
         )
+
+
+# The last line of a report starts so: what orders accesses, then the two clocks (a
+# report shown briefly, as pytest's plugin does without -v, keeps this part only).
+CLOCKS_PREFIX = "no semaphore wait, barrier or join orders them"
+
+
+def _kind_and_line(access: Access) -> str:
+    """``read (kernel.py:41)``: the access's kind and its source line where the site
+    knows one (interpret's sites: ``source_line``; a plain text site: itself)."""
+    line = getattr(access.site, "source_line", None)
+    if line is None and isinstance(access.site, str):
+        line = access.site
+    return f"{access.kind} ({line})" if line else access.kind

@@ -293,6 +293,12 @@ class Buffer:
             f"{describe_region(region)} (result shape {plan.shape}) exceeds {shape}"
             f"{at_site(site)}."
         )
-        if hint:
+        # A site may know the likely bug better (a block copy: its index map), for
+        # writes too; the simulation's hint (how to read past the end) is for reads.
+        site_hint = getattr(site, "out_of_bounds_hint", None)
+        own = str(site_hint) if site_hint is not None else ""
+        if own:
+            text += " " + own
+        elif hint:
             text += " " + self.oob_hint
         return OutOfBoundsError(text)

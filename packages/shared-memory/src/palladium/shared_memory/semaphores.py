@@ -41,7 +41,8 @@ class Semaphore(WaitPoint):
     that live as long as it, and every list is one more object for the collector.
     """
 
-    __slots__ = ("clocks", "core", "count", "id", "index", "kind", "live", "name", "pending")
+    __slots__ = ("clocks", "core", "count", "id", "index", "kind", "live", "name", "pending",
+                 "signalled")
 
     def __init__(self, core: Any, sem_id: int, kind: SemaphoreKind, name: str, index: tuple[int, ...]) -> None:
         super().__init__()
@@ -54,6 +55,7 @@ class Semaphore(WaitPoint):
         self.clocks: list | tuple = ()
         self.pending: list | tuple = ()
         self.live = 0
+        self.signalled = False  # ever, by anyone (a DMA landing included)
 
     @property
     def label(self) -> str:
@@ -70,6 +72,7 @@ class Semaphore(WaitPoint):
     def signal(self, inc: int, clock: Any) -> None:
         """Add ``inc``; ``clock`` (or None) is the signaller's released clock."""
         self.count += inc
+        self.signalled = True
         if clock is not None:
             if self.clocks:
                 self.clocks.append(clock)  # type: ignore[union-attr]
@@ -77,6 +80,12 @@ class Semaphore(WaitPoint):
                 self.clocks = [clock]
         if self.waiting:
             self.changed()
+
+    @property
+    def never_reached(self) -> bool:
+        """Whether nothing ever signalled this semaphore and no DMA was ever started
+        on it (``pending`` stays the empty tuple until one is)."""
+        return not self.signalled and type(self.pending) is tuple
 
     def take(self, value: int) -> list | tuple:
         """Subtract ``value``; return the clocks a wait observes (and forget them)."""

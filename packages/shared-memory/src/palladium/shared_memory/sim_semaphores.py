@@ -88,10 +88,16 @@ class SemaphoreService:
 
     def _describe_wait(self, sem: Semaphore, value: int, site: object) -> str:
         kind = "" if sem.kind is SemaphoreKind.REGULAR else f"{sem.kind.value} "
-        return (
-            f"waits on {kind}semaphore {sem.label} (id {sem.id}) for {value}{sem.unit}, "
-            f"count {sem.count}{sem.unit}{at_site(site)}"
-        )
+        text = (f"waits on {kind}semaphore {sem.label} (id {sem.id}) for {value}{sem.unit}, "
+                f"count {sem.count}{sem.unit}{at_site(site)}")
+        if sem.never_reached:  # the likely bug: a wait without its start or its signal
+            if sem.kind is SemaphoreKind.DMA:
+                text += (f"; no DMA was ever started on {sem.label} and nothing signalled "
+                         f"it: start the copy (.start()) before its .wait()")
+            else:
+                text += (f"; nothing ever signalled {sem.label} (no semaphore_signal, "
+                         f"remote signal or DMA reached it)")
+        return text
 
     def semaphore_read(self, sem_id: Any, *, core: CoreId, site: object = None) -> int:
         """The current count of ``sem_id`` on ``core`` (a scheduling point: pending DMAs

@@ -175,6 +175,7 @@ class CoreEvaluator:
             None if eqn is None else self._inherited.get(id(eqn), eqn.source_info),
             what,
             None,  # out_of_bounds_headline
+            None,  # out_of_bounds_hint
         ))
 
     # -- the KernelContext a rule sees (its questions go to the launch) -------------------

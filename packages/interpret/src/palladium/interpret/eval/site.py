@@ -22,9 +22,12 @@ class Site(NamedTuple):
     grid_point: tuple[int, ...] | None = None
     source_info: Any = None
     what: str | None = None
-    # How an out-of-bounds error at this site names the condition (jax's wording for a
-    # block copy); None: the simulator's own "Out-of-bounds read of ...".
-    out_of_bounds_headline: str | None = None
+    # How an out-of-bounds error at this site names the condition (a block copy: the
+    # index map's answer and jax's wording; formatted by str()); None: the simulator's
+    # own "Out-of-bounds read of ...".
+    out_of_bounds_headline: object | None = None
+    # What such an error suggests (formatted by str()); None: the simulation's hint.
+    out_of_bounds_hint: object | None = None
 
     @property
     def source_line(self) -> str | None:

@@ -155,7 +155,7 @@ def _report(kernel: PreparedKernel, chip: str, exc: Exception) -> None:
     if not_ours is None and (line is not None or verification
                              or str(exc).startswith(_BLOCK_CHECKS)):
         at = f" at {line} ({primitive})" if line else _operand(kernel, message)
-        raise TpuLoweringError(
+        error = TpuLoweringError(
             f"{where} does not lower for TPU {chip}{at}: jax's Mosaic lowering says:\n"
             f"{message}\n"
             "A TPU rejects this kernel at compile time. Change the kernel as Mosaic asks "
@@ -163,7 +163,11 @@ def _report(kernel: PreparedKernel, chip: str, exc: Exception) -> None:
             "array's, operations Mosaic lowers, supported dtypes); "
             "InterpretParams(check_lowering=False) skips this check."
             + print_hint(primitive) + "\n" + approximation_note(chip)
-        ) from exc
+        )
+        # Mosaic's message is in the text; its exception (with ~25 frames of jax's
+        # lowering) stays readable as .mosaic_error instead of printed as the cause.
+        error.mosaic_error = exc  # type: ignore[attr-defined]
+        raise error from None
     reason = not_ours or "the failure is outside the kernel's equations and block specs"
     warnings.warn(
         f"{where}: the TPU lowering check for TPU {chip} could not decide ({reason}); "

@@ -46,6 +46,7 @@ from palladium.interpret import _jax_compat as jc
 from palladium.interpret.chip import CHIP_GENERATIONS, CompilerFacts, chip_facts, compiler_facts
 from palladium.interpret.errors import TpuResourceError
 from palladium.interpret.eval.jaxprs import jaxprs_in
+from palladium.interpret.fidelity.confidence import uncertainty
 from palladium.interpret.fidelity.lowering_check import approximation_note
 from palladium.interpret.kernel.blocks import BlockSpecInfo, memory_space_of
 from palladium.interpret.kernel.prepared_kernel import PreparedKernel
@@ -123,6 +124,15 @@ class MemoryUse:
     #: includes Mosaic's internal scratch and may leave out buffers it proved dead), when
     #: the compiler accepted it.
     compiler_vmem_bytes: int | None = None
+
+    @property
+    def uncertain(self) -> str | None:
+        """Why the approximation's verdict on this count may not be the TPU compiler's
+        (``uncertainty``); None when the compiler decided or the count is clear of the
+        limit."""
+        if self.checker != "approximation":
+            return None
+        return uncertainty(self.vmem.peak_bytes, self.vmem.limit_bytes)
 
     def summary(self) -> str:
         """``VMEM 6.00 MiB of 16.00 MiB, SMEM 8 bytes of 1.00 MiB per core (v5e)``."""
@@ -355,10 +365,15 @@ def _intermediates_peak(jaxpr: Any, generation: _Layout, memo: dict[int, int]) -
 
 
 def check_fits(kernel: PreparedKernel, use: MemoryUse) -> None:
-    """Raise ``TpuResourceError`` if ``use`` exceeds the VMEM limit or SMEM capacity."""
+    """Raise ``TpuResourceError`` if ``use`` exceeds the VMEM limit or SMEM capacity
+    (``.uncertain``: why the approximation may be wrong, or None)."""
     for space in (use.vmem, use.smem):
         if space.over:
-            raise TpuResourceError(_over_message(kernel, use.chip, space))
+            doubt = use.uncertain if space is use.vmem else None
+            text = _over_message(kernel, use.chip, space)
+            error = TpuResourceError(text if doubt is None else f"{text}\nThis verdict is {doubt}.")
+            error.uncertain = doubt  # type: ignore[attr-defined]
+            raise error
 
 
 def _kept(space: SpaceUse) -> str:

@@ -13,7 +13,8 @@ One handler serves every call: the lowering passes the call's key as the ``index
 attribute, and the key's entry (the function, its result types) lives as long as the
 executable: a sentinel kept in the module's host callbacks removes it when jax drops
 the executable. A failing function's exception becomes the FFI error's message (its
-type, message and traceback as text; no frame is kept).
+type, message and traceback as text; no frame is kept); a kernel's failure recorded in
+the failure log, its message alone (which names its type: ``state.failures``).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from palladium.interpret import _jax_compat as jc
+from palladium.interpret.state.failures import is_recorded
 
 __all__ = ["available", "lower_ffi_callback", "supports"]
 
@@ -170,9 +172,13 @@ def _handle(pointer: Any) -> int | None:
         _run(frame)
         return None
     except BaseException as error:  # noqa: BLE001 - every failure becomes the FFI's error
-        # what failed first, then where (the traceback as text: no frame is kept)
-        text = ("".join(traceback.format_exception_only(error)).rstrip() + "\n\n"
-                + "".join(traceback.format_exception(error)))
+        if is_recorded(error):
+            # A kernel's failure (failures.FailureLog): its text already names its type
+            # and says how to get it typed; the traceback is palladium's frames only.
+            text = str(error)
+        else:  # what failed first, then where (the traceback as text: no frame is kept)
+            text = ("".join(traceback.format_exception_only(error)).rstrip() + "\n\n"
+                    + "".join(traceback.format_exception(error)))
         del error
         args = _ErrorCreateArgs(ctypes.sizeof(_ErrorCreateArgs), None,
                                 text.encode("utf-8", "replace"), _INTERNAL)

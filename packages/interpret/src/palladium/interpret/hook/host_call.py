@@ -24,6 +24,7 @@ import numpy as np
 
 from palladium.interpret import _jax_compat as jc
 from palladium.interpret.hook import ffi_callback
+from palladium.interpret.state.failures import is_recorded
 
 HOST_CALL_P = jc.Primitive("palladium_host_call")
 HOST_CALL_P.multiple_results = True
@@ -54,9 +55,17 @@ def _lowering(ctx: Any, *operands: Any, fn: Any, out_avals: tuple[Any, ...],
         return ffi_callback.lower_ffi_callback(ctx, fn, operands)
 
     def callback(*given: np.ndarray) -> tuple[np.ndarray, ...]:
-        if views:
-            return tuple(fn(*given))
-        return tuple(fn(*[np.array(v, copy=True) for v in given]))
+        try:
+            if views:
+                return tuple(fn(*given))
+            return tuple(fn(*[np.array(v, copy=True) for v in given]))
+        except Exception as error:
+            if not is_recorded(error):
+                raise
+            # A kernel's failure: its text names its type and how to get it typed; the
+            # frames of palladium's simulation would come before it in jax's error.
+            failure = error
+        raise failure.with_traceback(None)
 
     return jc.emit_cpu_host_callback(ctx, callback, operands)
 

@@ -34,7 +34,7 @@ from palladium.interpret.errors import (
 from palladium.interpret.fidelity import tpu_compiler
 from palladium.interpret.fidelity.call_key import call_key
 from palladium.interpret.fidelity.checks import check_compiles_and_fits
-from palladium.interpret.hook import multi_process
+from palladium.interpret.hook import multi_process, typed_failures
 from palladium.interpret.hook.host_call import host_call
 from palladium.interpret.kernel.jaxpr_checks import check_prepared_kernel
 from palladium.interpret.kernel.prepared_kernel import PreparedKernel
@@ -365,6 +365,7 @@ def install() -> None:
     # core_map lowers through jax's mpmd fallback, which calls the pallas_call lowering
     # function directly rather than through the registry.
     jc.route_direct_pallas_call_lowering(_pallas_call_lowering)
+    typed_failures.install()  # pl.pallas_call's functions raise palladium's types
 
 
 def _traced_chip() -> tuple[str, int]:
@@ -426,16 +427,18 @@ def reset_tpu_interpret_mode_state() -> None:
 def errors_as_raised() -> Iterator[None]:
     """Re-raise the kernel's own exception instead of jax's ``JaxRuntimeError`` wrapper.
 
-    A kernel that fails inside a jitted (or eager) ``pallas_call`` surfaces as
-    ``jax.errors.JaxRuntimeError`` whose message contains palladium's (a plain
-    ``ValueError`` when jit's C++ fast path ran the call: a warm call). Within this
-    context the original typed exception (``OutOfBoundsError``, ``RevisitError``,
-    ``RendezvousTimeoutError``, ...) is raised instead, chained from the wrapper. It is
-    found by the failure id its message carries (``[palladium failure #N: ...]``); its
-    traceback keeps file and line of each frame, not their locals (see ``failures``)::
+    A ``pallas_call``'s function called on its own raises palladium's exception already
+    (``hook.typed_failures``). A kernel that fails inside the caller's own ``jax.jit``
+    (or ``shard_map``, ``jax.jit(call)``) surfaces from jax's dispatch as
+    ``jax.errors.JaxRuntimeError`` whose message is palladium's (its first line names
+    the type). Within this context the original typed exception (``OutOfBoundsError``,
+    ``RevisitError``, ``RendezvousTimeoutError``, ...) is raised instead, chained from
+    the wrapper. It is found by the failure id its message carries (``[palladium failure
+    #N: ...]``); its traceback keeps file and line of each frame, not their locals (see
+    ``failures``)::
 
         with errors_as_raised():
-            kernel(x)          # raises palladium.interpret.OutOfBoundsError
+            step(x)            # a jitted step calling the kernel: OutOfBoundsError
     """
     try:
         yield

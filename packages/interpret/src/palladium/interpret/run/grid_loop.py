@@ -16,15 +16,16 @@ import numpy as np
 from palladium.interpret.errors import (
     KernelError,
     RevisitError,
-    jax_block_index_phrase,
     jax_revisit_phrase,
 )
 from palladium.interpret.eval.context import CoreId
 from palladium.interpret.eval.evaluator import CoreEvaluator
 from palladium.interpret.eval.site import Site
+from palladium.interpret.kernel.blocks import BlockSpecInfo
 from palladium.interpret.kernel.grid_blocks import GridBlocks
 from palladium.interpret.kernel.jaxpr_checks import is_parallel
 from palladium.interpret.kernel.prepared_kernel import PreparedKernel
+from palladium.interpret.run.block_messages import BlockIndexHeadline, BlockIndexHint
 from palladium.interpret.run.grid_order import parallel_orders
 from palladium.shared_memory import AccessPlan, BlockCopy
 
@@ -160,10 +161,18 @@ class CoreRun:
             out.append(tuple(int(np.asarray(i)) for i in idx))
         return out
 
-    def _site(self, point: tuple[int, ...], what: str, headline: str | None = None) -> Site:
+    def _site(self, point: tuple[int, ...], what: str) -> Site:
+        return Site(kernel=self.launch.kernel_name, core=self.core, grid_point=point, what=what,
+                    source_info=self.launch.kernel.launch_location)
+
+    def _copy_site(self, point: tuple[int, ...], what: str, info: BlockSpecInfo,
+                   block: tuple[int, ...], kind: str) -> Site:
+        """A block copy's site: its out-of-bounds error names the index map's answer
+        against the valid blocks and suggests fixing it (``block_messages``)."""
         return Site(kernel=self.launch.kernel_name, core=self.core, grid_point=point, what=what,
                     source_info=self.launch.kernel.launch_location,
-                    out_of_bounds_headline=headline)
+                    out_of_bounds_headline=BlockIndexHeadline(info, block, kind, point),
+                    out_of_bounds_hint=BlockIndexHint(info, block))
 
     def run(self) -> None:
         self.ev.probe_environment()  # (once per core's run, not per grid step: ~4 us)
@@ -205,9 +214,8 @@ class CoreRun:
             for i, info in enumerate(k.inputs):
                 if info.in_hbm or (prev is not None and prev[i] == cur[i]):
                     continue
-                site = self._site(point, f"copy of block {cur[i]} of input '{info.name}' into "
-                                         f"{info.space.name}",
-                                  jax_block_index_phrase(cur[i], "input", info.name, point))
+                site = self._copy_site(point, f"copy of block {cur[i]} of input '{info.name}' "
+                                              f"into {info.space.name}", info, cur[i], "input")
                 hbm, vmem = self._copy_plans(i, cur[i])
                 data = sim.copy(self.hbm_inputs[i], hbm, self.input_refs[i].buffer, vmem,
                                 core=self.core, site=site)
@@ -223,8 +231,8 @@ class CoreRun:
                     continue
                 b = cur[n_in + o]
                 if nxt is None or nxt[n_in + o] != b:
-                    site = self._site(point, f"copy of block {b} of output '{info.name}' to HBM",
-                                      jax_block_index_phrase(b, "output", info.name, point))
+                    site = self._copy_site(point, f"copy of block {b} of output '{info.name}' "
+                                                  "to HBM", info, b, "output")
                     hbm, vmem = self._copy_plans(n_in + o, b)
                     data = sim.copy(self.output_refs[o].buffer, vmem, self.hbm_outputs[o], hbm,
                                     core=self.core, site=site)

@@ -1,12 +1,15 @@
 """The failure registry behind ``errors_as_raised``: launch exceptions by failure id.
 
-A kernel failing inside a host callback reaches the caller as jax's
-``JaxRuntimeError``, whose message is the text of the callback's exception. At the
-callback boundary each exception is given a failure id, carried in its message
-(``[palladium failure #N: a palladium.interpret.DeadlockError; use
-palladium.interpret.errors_as_raised() to get the typed exception]``), and kept here so ``errors_as_raised`` can re-raise that very
-exception, found by id, not by matching message text. The same exception raised by
-every device of a multi-device launch keeps one id.
+A kernel failing inside a host callback reaches jax as the callback's error, which jax
+raises as its ``JaxRuntimeError`` carrying the exception's text only. At the callback
+boundary each exception is given a failure id and its text is reworded for that wrapper:
+the first line names palladium's type and why jax's is raised instead, the last line
+carries the id (``[palladium failure #N: palladium.interpret.errors_as_raised() around the
+jitted call raises the palladium.interpret.DeadlockError itself]``). The exception is
+kept here so that a caller (``errors_as_raised``, a kernel called eagerly:
+``hook.jax_hook``, the pytest plugin) can re-raise that very exception, found by id, not
+by matching message text. The same exception raised by every device of a multi-device
+launch keeps one id.
 
 What is kept is only what re-raising needs: a copy of the exception (type, message,
 attributes such as a ``DataRaceError``'s report, chained causes) without its traceback,
@@ -30,12 +33,15 @@ import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-__all__ = ["FailureLog"]
+__all__ = ["FailureLog", "is_recorded"]
 
-# What jax's JaxRuntimeError shows of the exception ends with this line: the id, and for
-# the reader the type and how to catch it as such (jaxlib keeps only the text).
-_TAG = ("[palladium failure #{}: a {}; use palladium.interpret.errors_as_raised() to get "
-        "the typed exception]")
+# What jax's JaxRuntimeError shows of the exception: its first line says which palladium
+# type it is and why it is not raised as that type (jaxlib keeps only a host callback's
+# text), its last line the failure id and how to get the typed exception.
+_WHY = ("{} (a kernel's failure inside jax.jit reaches Python as jax's JaxRuntimeError; "
+        "see the last line): ")
+_TAG = ("[palladium failure #{}: palladium.interpret.errors_as_raised() around the jitted "
+        "call raises the {} itself]")
 _TAG_RE = re.compile(r"\[palladium failure #(\d+)[:\]]")
 _ID_ATTR = "_palladium_failure_id"
 
@@ -106,7 +112,8 @@ class FailureLog:
             except AttributeError:
                 return fid  # an exception type without a __dict__: cannot be claimed
             self._entries[fid] = (kept, kept.args)
-            exc.args = _tagged(exc.args, _TAG.format(fid, _type_name(exc)))
+            name = _type_name(exc)
+            exc.args = _tagged(exc.args, _WHY.format(name), _TAG.format(fid, name))
             while len(self._entries) > self._capacity:
                 old, old_args = self._entries.popitem(last=False)[1]
                 old.args = old_args
@@ -114,6 +121,11 @@ class FailureLog:
                 # The entry that just left the newest ones: its snapshot's arrays go.
                 _drop_contents(list(self._entries.values())[-1 - self._with_contents][0])
         return fid
+
+    @staticmethod
+    def carries_id(message: str) -> bool:
+        """Whether ``message`` carries a failure id (a kernel's failure, as jax shows it)."""
+        return _TAG_RE.search(message) is not None
 
     def claim(self, message: str) -> BaseException | None:
         """The recorded exception whose failure id ``message`` carries (the last one
@@ -137,6 +149,8 @@ def _type_name(exc: BaseException) -> str:
     if cls.__module__.startswith("palladium."):
         return f"palladium.interpret.{cls.__name__}"
     return cls.__name__
+
+
 def _drop_contents(exc: BaseException) -> None:
     """Replace ``exc.snapshot`` by the same snapshot without its buffers' contents."""
     snapshot = getattr(exc, "snapshot", None)
@@ -145,8 +159,15 @@ def _drop_contents(exc: BaseException) -> None:
             exc.snapshot = snapshot.without_contents()  # type: ignore[attr-defined]
 
 
-def _tagged(args: tuple, tag: str) -> tuple:
-    """``args`` with ``tag`` on the line after the message (the text jax shows)."""
+def _tagged(args: tuple, why: str, tag: str) -> tuple:
+    """``args`` with ``why`` before the message and ``tag`` on the line after it (the
+    text jax shows)."""
     if len(args) == 1 and isinstance(args[0], str):
-        return (f"{args[0]}\n{tag}",)
-    return (*args, tag)
+        return (f"{why}{args[0]}\n{tag}",)
+    return (why, *args, tag)
+
+
+def is_recorded(exc: BaseException) -> bool:
+    """Whether ``exc`` is a recorded failure: its text (``str(exc)``) names its type and
+    says how to get it typed, so a host callback reports that text alone."""
+    return getattr(exc, _ID_ATTR, None) is not None

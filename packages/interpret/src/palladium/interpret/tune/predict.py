@@ -51,6 +51,9 @@ class Prediction:
     first line of the compiler's or the approximation's error, ``error`` its type) and the
     timing fields are None. Times are seconds on the simulated chip, summed over the
     launches the call made (``launches`` holds their :class:`LaunchRecord`).
+    ``uncertain``: why the verdict may not be the TPU compiler's (the approximation's
+    VMEM count near the limit, or values it cannot size: ``fidelity.confidence``), with
+    the one line that gets the compiler's; None for a sure verdict.
     """
 
     chip: str
@@ -75,6 +78,7 @@ class Prediction:
     smem_limit_bytes: int | None = None
     compiler_vmem_bytes: int | None = None
     grid_steps: int | None = None
+    uncertain: str | None = None
     wall_seconds: float = 0.0  # what the prediction cost on this CPU
     launches: tuple[LaunchRecord, ...] = dataclasses.field(default=(), repr=False, compare=False)
 
@@ -91,10 +95,11 @@ class Prediction:
 
     def summary(self) -> str:
         """One paragraph: the verdict, then time, bound and memory."""
+        doubt = "" if self.uncertain is None else f"\n  {self.uncertain}"
         if not self.compiles:
-            return f"TPU {self.chip}: does not compile ({self.checker}): {self.reason}"
+            return f"TPU {self.chip}: does not compile ({self.checker}): {self.reason}{doubt}"
         lines = [
-            f"TPU {self.chip}: compiles ({self.checker})",
+            f"TPU {self.chip}: compiles ({self.checker})" + doubt,
             f"  predicted time   {self.predicted_seconds * 1e6:,.2f} us  "  # type: ignore[operator]
             f"(bound: {self.bound}, busiest unit {self.compute_unit}, exposed DMA {self.exposed_dma_seconds * 1e6:,.2f} us)",  # type: ignore[operator]
             f"  VMEM             {_mib(self.vmem_bytes)} of {_mib(self.vmem_limit_bytes)}",
@@ -216,6 +221,7 @@ def predict(
             reason=short_reason(e),
             error=type(e).__name__,
             message=str(e),
+            uncertain=getattr(e, "uncertain", None),
             wall_seconds=time.perf_counter() - t0,
         )
     wall = time.perf_counter() - t0
@@ -269,6 +275,7 @@ def _from_records(
         smem_limit_bytes=memory[0].smem.limit_bytes if memory else None,
         compiler_vmem_bytes=max(compiler_vmem) if compiler_vmem else None,
         grid_steps=steps,
+        uncertain=next((m.uncertain for m in memory if m.uncertain is not None), None),
         wall_seconds=wall,
         launches=records,
     )

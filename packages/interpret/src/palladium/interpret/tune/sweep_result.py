@@ -17,6 +17,7 @@ COLUMNS = (
     "rank",
     "config",
     "compiles",
+    "verdict",
     "predicted_us",
     "bound",
     "exposed_dma_us",
@@ -52,6 +53,18 @@ class SweepRow:
         return self.prediction is not None and self.prediction.compiles
 
     @property
+    def uncertain(self) -> str | None:
+        """Why this row's verdict may not be the TPU compiler's (``Prediction.uncertain``)."""
+        return self.prediction.uncertain if self.prediction is not None else None
+
+    @property
+    def verdict(self) -> str:
+        """"compiles" or "rejected", with ", uncertain" where the approximation was near
+        its limit."""
+        word = "compiles" if self.accepted else "rejected"
+        return f"{word}, uncertain" if self.uncertain else word
+
+    @property
     def label(self) -> str:
         return config_label(self.config)
 
@@ -71,6 +84,7 @@ class SweepRow:
             "rank": rank,
             "config": self.label,
             "compiles": self.accepted,
+            "verdict": self.verdict,
             "predicted_us": num(p.predicted_seconds, 1e6) if ok and p else None,
             "bound": p.bound if ok and p else None,
             "exposed_dma_us": num(p.exposed_dma_seconds, 1e6) if ok and p else None,
@@ -79,7 +93,7 @@ class SweepRow:
             "smem_bytes": p.smem_bytes if ok and p else None,
             "grid_steps": p.grid_steps if ok and p else None,
             "checker": p.checker if p is not None else None,
-            "reason": None
+            "reason": self.uncertain
             if ok
             else (f"{self.error}: {self.reason}" if self.error else self.reason),
         }
@@ -88,7 +102,9 @@ class SweepRow:
 @dataclasses.dataclass(frozen=True)
 class SweepResult:
     """Every configuration of a sweep, in the order given (``rows``); ``ranked``: the
-    accepted ones, fastest first; ``rejected``: the others, in the order given."""
+    accepted ones, those whose verdict is sure first, fastest first within each (an
+    uncertain one may not compile: ``Prediction.uncertain``); ``rejected``: the others,
+    in the order given."""
 
     rows: tuple[SweepRow, ...]
     chip: str
@@ -98,7 +114,8 @@ class SweepResult:
     def ranked(self) -> list[SweepRow]:
         order = {id(r): i for i, r in enumerate(self.rows)}
         ok = [r for r in self.rows if r.accepted]
-        return sorted(ok, key=lambda r: (r.predicted_seconds, order[id(r)]))
+        return sorted(ok, key=lambda r: (r.uncertain is not None, r.predicted_seconds,
+                                         order[id(r)]))
 
     @property
     def rejected(self) -> list[SweepRow]:
@@ -106,7 +123,8 @@ class SweepResult:
 
     @property
     def best(self) -> SweepRow:
-        """The fastest accepted configuration (``ConfigError`` if none was)."""
+        """The fastest accepted configuration whose verdict is sure, else the fastest
+        uncertain one (``ConfigError`` if none was accepted)."""
         ranked = self.ranked
         if not ranked:
             raise ConfigError(
@@ -125,6 +143,7 @@ class SweepResult:
         columns: tuple[str, ...] = (
             "rank",
             "config",
+            "verdict",
             "predicted_us",
             "bound",
             "exposed_dma_us",
@@ -175,8 +194,8 @@ class SweepResult:
             f.write("\n")
 
     def plot(self, path: str, *, title: str | None = None) -> None:
-        """Save a bar chart of predicted time per accepted configuration, fastest first
-        (needs matplotlib: ``pip install 'palladium-interpret[tune]'``)."""
+        """Save a bar chart of predicted time per accepted configuration, in ``ranked``'s
+        order, uncertain verdicts in orange (needs matplotlib: ``pip install 'palladium-interpret[tune]'``)."""
         try:
             import matplotlib
 
@@ -192,7 +211,8 @@ class SweepResult:
         fig, ax = plt.subplots(figsize=(8, 0.35 * max(len(ranked), 2) + 1.2))
         labels = [r.label for r in ranked]
         times = [(r.predicted_seconds or 0.0) * 1e6 for r in ranked]
-        ax.barh(range(len(ranked)), times, color="tab:blue")
+        colors = ["tab:orange" if r.uncertain else "tab:blue" for r in ranked]
+        ax.barh(range(len(ranked)), times, color=colors)
         ax.set_yticks(range(len(ranked)), labels, fontsize=8)
         ax.invert_yaxis()
         ax.set_xlabel(f"predicted time on TPU {self.chip} (us)")
