@@ -93,13 +93,17 @@ class Buffer:
     """The storage and bounds of one allocation (owned by a ``Simulation``)."""
 
     __slots__ = ("bound", "data", "fill", "logical", "oob_hint", "phantom", "private", "quiet",
-                 "read_only", "ref", "refcount", "written")
+                 "read_only", "ref", "refcount", "taint", "written")
 
     def __init__(self, ref: BufferRef, data: np.ndarray, bound: tuple[int, ...], fill: Any,
                  oob_hint: str = OUT_OF_BOUNDS_HINT, written: np.ndarray | None = None) -> None:
         self.ref = ref
         # Per element, whether anything ever wrote it (None: not tracked, the default).
         self.written = written
+        # ``uninitialized_reads="on_use"``: where the uninitialised data this buffer holds
+        # came from (the client's object, e.g. the read of a scratch nothing wrote; None:
+        # none known). Copies and DMAs carry it along with the written-ness.
+        self.taint: Any = None
         self.oob_hint = oob_hint
         self.data = data
         self.logical = data.shape

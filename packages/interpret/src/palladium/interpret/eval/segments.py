@@ -43,6 +43,7 @@ import numpy as np
 from palladium.interpret import _jax_compat as jc
 from palladium.interpret.eval.context import Equation, KernelContext, Value
 from palladium.interpret.eval.jaxprs import any_equation
+from palladium.interpret.eval.value_shadows import Tainted
 from palladium.interpret.eval.refs import MemRef
 from palladium.interpret.eval.segment_races import access_log_plan, replay
 from palladium.interpret.eval.segment_trace import fusible, is_ref, segment_function
@@ -187,7 +188,7 @@ class Segment:
         if ev.skip_floating_point_ops or ev.deterministic_dot or ev.observes_equations:
             return None
         params = ev.params
-        if (not params.compile_segments or params.uninitialized_reads != "off"
+        if (not params.compile_segments or params.uninitialized_reads not in ("off", "on_use")
                 or not params.keep_float_data
                 or self.hot and params.compile_segments == "static"):
             return None
@@ -204,9 +205,14 @@ class Segment:
                 self._prefetch(log)
             return ev.run_program(self.fallback, invals)
         n = len(self.plain)
+        tracks = ev.tracks_values
+        if tracks and any(x.__class__ is Tainted for x in invals[:n]):
+            return ev.run_program(self.fallback, invals)  # shadows: one by one
         contents = []
         for ref, (shape, dtype) in zip(invals[n:], self._shapes):
             if type(ref) is not MemRef or ref.buffer.space not in _SPACES:
+                return ev.run_program(self.fallback, invals)
+            if tracks and not ev.sim.initialized(ref.buffer):
                 return ev.run_program(self.fallback, invals)
             data = ev.sim.contents(ref.buffer)
             if data.shape != shape or data.dtype != dtype:

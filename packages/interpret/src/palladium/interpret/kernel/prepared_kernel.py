@@ -102,6 +102,10 @@ class PreparedKernel:
     #: The race detector's memo of the kernel's last race-free launch (its call log):
     #: a launch that makes the same calls needs no detection (``race_detect.memo``).
     race_memo: RaceMemo = dataclasses.field(default_factory=RaceMemo)
+    #: ``uninitialized_reads="on_use"``: whether a launch of this kernel read memory
+    #: that held no initialised data, or left an output region unwritten (its later
+    #: launches then stay simulated, where shadows are tracked, instead of compiled).
+    reads_uninitialized: bool = False
 
     def is_private(self, var: Any) -> bool:
         """Whether no DMA of the kernel reaches the ref bound to ``var``."""
