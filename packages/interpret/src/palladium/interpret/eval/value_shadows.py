@@ -261,6 +261,42 @@ def _elementwise(ev: KernelContext, rule: Any, eqn: Equation, values: list[Value
     return out
 
 
+def _absorbing(ops: list[Value], values: list[Value], shape: tuple[int, ...],
+               absorbs: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
+    """Where some initialised operand holds the value that decides the result alone
+    (``absorbs``: an initialised False / 0 for ``and``, True / all ones for ``or``)."""
+    known = np.zeros(shape, bool)
+    for x, v in zip(ops, values):
+        s = _shadow(x)
+        decided = np.broadcast_to(absorbs(np.asarray(v)), shape)
+        known |= decided if s is None else decided & ~np.broadcast_to(s, shape)
+    return known
+
+
+@_shadow_of("and")
+def _and(ev: KernelContext, rule: Any, eqn: Equation, values: list[Value],
+         ops: list[Value], results: list[Value]) -> list[Any]:
+    """An initialised False (0) decides an ``and`` whatever the other operand holds (as
+    MemorySanitizer's rule: ``(x < n) & (v > 0)`` over padding rows is initialised)."""
+    shape = np.shape(results[0])
+    (any_shadow,) = _elementwise(ev, rule, eqn, values, ops, results)
+    return [np.broadcast_to(any_shadow, shape) & ~_absorbing(ops, values, shape,
+                                                              lambda v: v == 0)]
+
+
+@_shadow_of("or")
+def _or(ev: KernelContext, rule: Any, eqn: Equation, values: list[Value],
+        ops: list[Value], results: list[Value]) -> list[Any]:
+    """An initialised True (all ones) decides an ``or``."""
+    shape = np.shape(results[0])
+    (any_shadow,) = _elementwise(ev, rule, eqn, values, ops, results)
+
+    def all_ones(v: np.ndarray) -> np.ndarray:
+        return v if v.dtype == np.bool_ else v == ~np.zeros((), v.dtype)
+
+    return [np.broadcast_to(any_shadow, shape) & ~_absorbing(ops, values, shape, all_ones)]
+
+
 # Moves: the same primitive on the shadows (index operands keep their values; a
 # shadowed index is an address decided by uninitialised data).
 _MOVES: dict[str, tuple[int, ...] | None] = {
