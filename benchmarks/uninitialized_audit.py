@@ -8,7 +8,7 @@ never-written memory (the old read-based check, which reports megablox gmm).
     python benchmarks/uninitialized_audit.py            # the quick sizes
     python benchmarks/uninitialized_audit.py --calls 4  # calls 1-4 (compiled from 3)
     python benchmarks/uninitialized_audit.py --full     # the benchmark sizes
-    python benchmarks/uninitialized_audit.py --cost -k matmul   # time off vs on
+    python benchmarks/uninitialized_audit.py --cost -k matmul   # first / steady, off vs on_use
 """
 
 from __future__ import annotations
@@ -52,27 +52,42 @@ def audit(case, races: bool, mode: str = "on_use", calls: int = 1) -> list[str]:
                       if issubclass(w.category, pi.UninitializedReadWarning)]
 
 
-def cost(case, rounds: int) -> tuple[float, float]:
-    """Median steady seconds per call with the check off and on (interleaved rounds)."""
+MODES = ("off", "on_use")
+
+
+def cost(case, rounds: int, calls: int = 6) -> dict[str, tuple[float, float]]:
+    """{mode: (median first call, median steady call)} in seconds, ``off`` (before issue
+    41's default) against ``on_use`` (the default since), alternated: per round and
+    mode, ``jax.clear_caches()`` and a new ``jax.jit`` (a first call: trace, lowering
+    checks, XLA's compile, one simulated launch), then ``calls`` more calls, of which
+    those from the 4th on are steady (launches 1-2 run simulated, the compiled paths
+    start at 3)."""
     fn, args = case.make()
-    jitted = {mode: jax.jit(fn) for mode in ("off", "raise")}
-    times: dict[str, list[float]] = {"off": [], "raise": []}
-    for r in range(rounds + 1):
-        for mode, f in jitted.items():
+    first: dict[str, list[float]] = {m: [] for m in MODES}
+    steady: dict[str, list[float]] = {m: [] for m in MODES}
+    for _ in range(rounds):
+        for mode in MODES:
+            jax.clear_caches()
+            f = jax.jit(fn)
             with _forced(pi.InterpretParams(uninitialized_reads=mode))():
-                t0 = time.perf_counter()
-                jax.block_until_ready(f(*args))
-                if r:  # round 0 compiles
-                    times[mode].append(time.perf_counter() - t0)
-    return statistics.median(times["off"]), statistics.median(times["raise"])
+                for c in range(calls + 1):
+                    t0 = time.perf_counter()
+                    jax.block_until_ready(f(*args))
+                    dt = time.perf_counter() - t0
+                    if c == 0:
+                        first[mode].append(dt)
+                    elif c >= 3:
+                        steady[mode].append(dt)
+    return {m: (statistics.median(first[m]), statistics.median(steady[m])) for m in MODES}
 
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--full", action="store_true", help="the benchmark sizes")
     parser.add_argument("-k", action="append", default=[])
-    parser.add_argument("--cost", action="store_true", help="time off vs on instead")
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--cost", action="store_true",
+                        help="time first and steady calls, off vs on_use, instead")
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--mode", default="on_use", choices=("on_use", "warn"),
                         help="on_use (the default: reported on use) or warn (every read)")
     parser.add_argument("--calls", type=int, default=1,
@@ -82,11 +97,13 @@ def main(argv: list[str]) -> int:
     if opts.k:
         cases = [c for c in cases if any(k in c.name for k in opts.k)]
     if opts.cost:
-        print("| kernel | off (ms) | on (ms) | on / off |\n|---|---|---|---|")
+        print("| kernel | first off / on_use (ms) | first on_use / off | steady off / on_use "
+              "(ms) | steady on_use / off |\n|---|---|---|---|---|")
         for case in cases:
-            off, on = cost(case, opts.rounds)
-            print(f"| {case.name} | {off * 1e3:.1f} | {on * 1e3:.1f} | {on / off:.2f}x |",
-                  flush=True)
+            t = cost(case, opts.rounds)
+            (f0, s0), (f1, s1) = t["off"], t["on_use"]
+            print(f"| {case.name} | {f0 * 1e3:.0f} / {f1 * 1e3:.0f} | {f1 / f0:.2f}x | "
+                  f"{s0 * 1e3:.1f} / {s1 * 1e3:.1f} | {s1 / s0:.2f}x |", flush=True)
         return 0
     total = 0
     for case in cases:

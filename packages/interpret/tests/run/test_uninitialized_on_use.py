@@ -309,8 +309,8 @@ def test_a_dma_offset_from_never_written_smem_is_reported():
 
 
 def semaphore_count_from_scratch(x_ref, o_ref, n, sem):
-    pltpu.semaphore_signal(sem, n[0])  # BUG: n was never written
-    pltpu.semaphore_wait(sem, 1)
+    pl.semaphore_signal(sem, n[0])  # BUG: n was never written
+    pl.semaphore_wait(sem, 1)
     o_ref[...] = x_ref[...]
 
 

@@ -317,7 +317,7 @@ class BufferStore:
         """Whether a block copy's padding (past its source's end) is uninitialised."""
         return self.options.uninitialized_reads == "on_use"
 
-    def uninitialized(self, buf: BufferRef, plan: AccessPlan) -> np.ndarray | None:
+    def uninitialized_elements(self, buf: BufferRef, plan: AccessPlan) -> np.ndarray | None:
         """``uninitialized_reads="on_use"``: which elements of the planned region hold
         no initialised data (a mask of the region's shape; elements past the buffer's
         end count as uninitialised), or None when every element does (or nothing is
@@ -353,6 +353,11 @@ class BufferStore:
                       np.broadcast_to(np.asarray(mask, bool), plan.shape))
         if taint is not None:
             b.taint = taint
+
+    def initialized_mask(self, buf: BufferRef) -> np.ndarray | None:
+        """The array of ``buf``'s initialised elements itself (None: not tracked), for a
+        client that works on ``contents`` elsewhere and writes the mask back in place."""
+        return (self.by_key.get(buf.key) or self.get(buf)).written
 
     def taint(self, buf: BufferRef) -> Any:
         """Where the uninitialised data ``buf`` holds came from (its ``taint``), or None."""

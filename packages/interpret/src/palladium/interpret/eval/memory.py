@@ -79,7 +79,7 @@ def _note_read(ev: KernelContext, ref: MemRef, acc: Access, plan: AccessPlan, eq
     """``uninitialized_reads="on_use"``: note the shadow of what a read returns (None:
     every element it reads holds initialised data)."""
     sim = ev.sim
-    missing = sim.uninitialized(ref.buffer, plan)
+    missing = sim.uninitialized_elements(ref.buffer, plan)
     if missing is not None and region_mask is not None:
         missing = missing & region_mask
         if not missing.any():

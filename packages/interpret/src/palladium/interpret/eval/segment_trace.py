@@ -74,12 +74,17 @@ def fusible(eqn: Any, has_own_rule: Callable[[Any], bool]) -> bool:
 
 class _State:
     """The refs' contents (traced), the all-accesses-in-bounds flag and, for the race
-    detector, the log of every access's start indices (None: no log)."""
+    detector, the log of every access's start indices (None: no log). ``track``: the
+    number of refs when ``values`` also holds, after the contents, each ref's mask of
+    initialised elements (``uninitialized_reads="on_use"``: a store sets its region's, a
+    read of an element not set clears ``ok``); None: not tracked."""
 
-    def __init__(self, values: list[Any], ok: Any, log: list[Any] | None = None) -> None:
+    def __init__(self, values: list[Any], ok: Any, log: list[Any] | None = None,
+                 track: int | None = None) -> None:
         self.values = values
         self.ok = ok
         self.log = log
+        self.track = track
 
 
 def _window(state: _State, handle: int, transforms: Sequence[Any]) -> tuple[list[Any], list[int], list[int]]:
@@ -107,6 +112,9 @@ def _window(state: _State, handle: int, transforms: Sequence[Any]) -> tuple[list
 
 def _get(state: _State, handle: int, transforms: Sequence[Any]) -> Any:
     starts, sizes, dropped = _window(state, handle, transforms)
+    if state.track is not None:  # a read of an element nothing initialised: not here
+        mask = state.values[state.track + handle]
+        state.ok = state.ok & jnp.all(lax.dynamic_slice(mask, starts, sizes))
     value = lax.dynamic_slice(state.values[handle], starts, sizes)
     return value.reshape([s for d, s in enumerate(sizes) if d not in dropped])
 
@@ -120,6 +128,12 @@ def _put(state: _State, handle: int, transforms: Sequence[Any], value: Any, add:
     if add:
         new = (old + new).astype(array.dtype)
     state.values[handle] = lax.dynamic_update_slice(array, new, starts)
+    if state.track is not None:
+        at = state.track + handle
+        if add:  # an accumulation reads the old contents
+            state.ok = state.ok & jnp.all(lax.dynamic_slice(state.values[at], starts, sizes))
+        state.values[at] = lax.dynamic_update_slice(state.values[at], jnp.ones(sizes, bool),
+                                                    starts)
     return old.reshape([s for d, s in enumerate(sizes) if d not in dropped])
 
 
@@ -161,7 +175,7 @@ def _scan(eqn: Any, invals: list[Any], state: _State) -> list[Any]:
 
     def body(c: Any, x: Any) -> Any:
         carry, values, ok = c
-        inner = _State(list(values), ok, None if state.log is None else [])
+        inner = _State(list(values), ok, None if state.log is None else [], state.track)
         out = _run(p["jaxpr"], [], [*consts, *carry, *x], inner)
         return (out[:ncarry], inner.values, inner.ok), (out[ncarry:], inner.log or [])
 
@@ -179,7 +193,8 @@ def _while(eqn: Any, invals: list[Any], state: _State) -> list[Any]:
     cconsts, bconsts, carry = invals[:nc], invals[nc: nc + nb], invals[nc + nb:]
 
     def test(values: Any, carry: Any) -> Any:
-        return _run(p["cond_jaxpr"], [], [*cconsts, *carry], _State(list(values), ok=True))[0]
+        return _run(p["cond_jaxpr"], [], [*cconsts, *carry],
+                    _State(list(values), ok=True, track=state.track))[0]
 
     def keep_going(c: Any) -> Any:
         n, carry, values, _ = c
@@ -187,7 +202,7 @@ def _while(eqn: Any, invals: list[Any], state: _State) -> list[Any]:
 
     def body(c: Any) -> Any:
         n, carry, values, ok = c
-        inner = _State(list(values), ok)
+        inner = _State(list(values), ok, track=state.track)
         carry = _run(p["body_jaxpr"], [], [*bconsts, *carry], inner)
         return n + 1, carry, inner.values, inner.ok
 
@@ -209,7 +224,7 @@ def _cond(eqn: Any, invals: list[Any], state: _State) -> list[Any]:
             values, ok, plain = operands
             it = iter(plain)
             full = [args[i] if i in refs else next(it) for i in range(len(args))]
-            inner = _State(list(values), ok)
+            inner = _State(list(values), ok, track=state.track)
             out = _run(jaxpr, [], full, inner)
             return out, inner.values, inner.ok
         return run
@@ -223,22 +238,32 @@ def _cond(eqn: Any, invals: list[Any], state: _State) -> list[Any]:
 
 def segment_function(eqns: Sequence[Any], inputs: Sequence[Any], refs: Sequence[Any],
                      outputs: Sequence[Any], written: Sequence[int],
-                     log: bool = False) -> Callable[..., Any]:
+                     log: bool = False, tracked: bool = False) -> Callable[..., Any]:
     """The segment as ``f(*input_values, *ref_contents) -> (outputs, new contents of the
     refs ``written`` (by position in ``refs``), ok)``; with ``log``, a fourth result: the
-    start indices of every access, in the order of :func:`access_log_plan`."""
+    start indices of every access, in the order of :func:`access_log_plan`. With
+    ``tracked``, ``f`` also takes each ref's mask of initialised elements after the
+    contents and returns the new masks of the refs ``written`` last; a read of an
+    element no mask holds makes ``ok`` false (it runs equation by equation, where
+    values carry shadows)."""
     handles = {r: i for i, r in enumerate(refs)}
+    n = len(refs)
 
     def f(*args: Any) -> Any:
         values, contents = args[: len(inputs)], args[len(inputs):]
         env: dict[Any, Any] = dict(zip(inputs, values))
         env.update(handles)
-        state = _State(list(contents), jnp.bool_(True), [] if log else None)
+        state = _State(list(contents), jnp.bool_(True), [] if log else None,
+                       n if tracked else None)
         for eqn in eqns:
             outs = _eqn(eqn, [_read(env, a) for a in eqn.invars], state)
             for v, o in zip(eqn.outvars, outs):
                 env[v] = o
         result = ([_read(env, a) for a in outputs], [state.values[i] for i in written], state.ok)
-        return (*result, state.log) if log else result
+        if log:
+            result = (*result, state.log)
+        if tracked:
+            result = (*result, [state.values[n + i] for i in written])
+        return result
 
     return f

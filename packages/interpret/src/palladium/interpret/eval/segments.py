@@ -9,9 +9,15 @@ segment's first run and kept with the kernel's programs for every later launch.
 
 The equation-by-equation path stays the oracle and runs instead whenever the compiled
 one could differ from it in anything but XLA's own arithmetic bits:
-- ``skip_floating_point_ops``, ``deterministic_dot``, ``uninitialized_reads``,
-  ``keep_float_data=False`` and an observer of every equation (the timeline) need each
-  equation seen;
+- ``skip_floating_point_ops``, ``deterministic_dot``, ``uninitialized_reads="raise"``
+  or ``"warn"``, ``keep_float_data=False`` and an observer of every equation (the
+  timeline) need each equation seen;
+- with ``uninitialized_reads="on_use"`` (the default), an input value that carries a
+  shadow (``value_shadows.py``); where a ref holds uninitialised elements (an output
+  block at a new block index), the variant that tracks each ref's initialised elements
+  runs (a second executable, compiled as the first is): a store marks its region, a
+  read of an element not marked sends the segment one by one, where values carry
+  shadows;
 - with ``detect_races``, in a kernel that starts DMAs or uses semaphores (another agent
   may touch a buffer while the core computes: the race detector must see each access), a
   segment with a ``cond`` or ``while`` around an access; any other segment of such a
@@ -140,8 +146,8 @@ class Segment:
         self._dtypes = [np.dtype(v.aval.dtype) for v in self.plain]
         # With races on in a kernel with DMAs: the accesses to replay (None: not possible)
         self.log_plan = None if races_ok else access_log_plan(self.eqns, self.refs)
-        self._compiled: dict[bool, Callable[..., Any]] = {}
-        self._pending: dict[bool, Any] = {}  # background compiles (futures) of a hot one
+        self._compiled: dict[tuple[bool, bool], Callable[..., Any]] = {}
+        self._pending: dict[tuple[bool, bool], Any] = {}  # background compiles (futures) of a hot one
         self._failed = False
         self._lock = threading.Lock()
 
@@ -149,18 +155,24 @@ class Segment:
     def inputs(self) -> list[Any]:
         return [*self.plain, *self.refs]
 
-    def _job(self, log: bool) -> tuple[str, Callable[[], Any]]:
-        """The cache key text and the compile function of the ``log`` variant."""
+    def _job(self, variant: tuple[bool, bool]) -> tuple[str, Callable[[], Any]]:
+        """The cache key text and the compile function of a variant: (``log``, whether
+        it also returns the access log; ``tracked``, whether it tracks which elements of
+        the refs hold initialised data)."""
+        log, tracked = variant
         fn = segment_function(self.eqns, self.plain, self.refs, self.outputs,
-                              self.written, log)
+                              self.written, log, tracked)
         specs = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in self.plain]
         specs += [jax.ShapeDtypeStruct(s, d) for s, d in self._shapes]
-        text = f"{self.fallback.jaxpr}\nwritten={self.written}\nlog={log}"
+        if tracked:
+            specs += [jax.ShapeDtypeStruct(s, np.bool_) for s, _ in self._shapes]
+        text = f"{self.fallback.jaxpr}\nwritten={self.written}\nlog={log}" + (
+            "\ntracked" if tracked else "")
         return text, lambda: jax.jit(fn).lower(*specs).compile()
 
-    def _compile(self, log: bool) -> Callable[..., Any] | None:
-        """The executable (``log``: the variant that also returns the access log); a
-        background compile of it started earlier is waited for."""
+    def _compile(self, log: tuple[bool, bool]) -> Callable[..., Any] | None:
+        """The executable of a variant (see ``_job``); a background compile of it
+        started earlier is waited for."""
         with self._lock:
             if log not in self._compiled and not self._failed:
                 pending = self._pending.pop(log, None)
@@ -176,9 +188,9 @@ class Segment:
                     self._failed = True
             return self._compiled.get(log)
 
-    def _prefetch(self, log: bool) -> None:
-        """Start compiling the ``log`` variant in the background (a hot segment, one
-        launch before it is used)."""
+    def _prefetch(self, log: tuple[bool, bool]) -> None:
+        """Start compiling a variant in the background (a hot segment, one launch
+        before it is used)."""
         with self._lock:
             if log not in self._compiled and log not in self._pending and not self._failed:
                 self._pending[log] = STATE.segments.get_in_background(*self._job(log))
@@ -200,37 +212,47 @@ class Segment:
         log = None if self._failed else self._mode(ev)
         if log is None:
             return ev.run_program(self.fallback, invals)
-        if self.hot and ev.launch_number < HOT_LAUNCH:
-            if ev.launch_number == HOT_LAUNCH - 1 and log not in self._compiled:
-                self._prefetch(log)
-            return ev.run_program(self.fallback, invals)
         n = len(self.plain)
         tracks = ev.tracks_values
         if tracks and any(x.__class__ is Tainted for x in invals[:n]):
             return ev.run_program(self.fallback, invals)  # shadows: one by one
         contents = []
+        tracked = False
         for ref, (shape, dtype) in zip(invals[n:], self._shapes):
             if type(ref) is not MemRef or ref.buffer.space not in _SPACES:
                 return ev.run_program(self.fallback, invals)
-            if tracks and not ev.sim.initialized(ref.buffer):
-                return ev.run_program(self.fallback, invals)
+            if tracks and not tracked and not ev.sim.initialized(ref.buffer):
+                tracked = True  # (a ref holding uninitialised elements: an output block)
             data = ev.sim.contents(ref.buffer)
             if data.shape != shape or data.dtype != dtype:
                 return ev.run_program(self.fallback, invals)
             contents.append(data)
-        compiled = self._compiled.get(log) or self._compile(log)
+        variant = (log, tracked)
+        if self.hot and ev.launch_number < HOT_LAUNCH:
+            if ev.launch_number == HOT_LAUNCH - 1 and variant not in self._compiled:
+                self._prefetch(variant)
+            return ev.run_program(self.fallback, invals)
+        compiled = self._compiled.get(variant) or self._compile(variant)
         if compiled is None:
             return ev.run_program(self.fallback, invals)
         plain = [x if getattr(x, "dtype", None) == d else np.asarray(x, d)
                  for x, d in zip(invals[:n], self._dtypes)]
-        outs, new, ok, *accesses = compiled(*plain, *contents)
+        masks = []
+        if tracked:
+            for ref, data in zip(invals[n:], contents):
+                mask = ev.sim.initialized_mask(ref.buffer)
+                masks.append(np.ones(data.shape, bool) if mask is None else mask)
+        outs, new, ok, *rest = compiled(*plain, *contents, *masks)
         if not ok:
             return ev.run_program(self.fallback, invals)
         if log:
             assert self.log_plan is not None
-            replay(ev, self.log_plan, accesses[0], [r.buffer for r in invals[n:]])
+            replay(ev, self.log_plan, rest[0], [r.buffer for r in invals[n:]])
         for i, value in zip(self.written, new):
             contents[i][...] = np.asarray(value)
+        if tracked:
+            for i, value in zip(self.written, rest[-1]):
+                masks[i][...] = np.asarray(value)
         return [np.asarray(o) for o in outs]
 
 
