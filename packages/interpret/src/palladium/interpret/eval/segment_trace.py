@@ -72,15 +72,24 @@ def fusible(eqn: Any, has_own_rule: Callable[[Any], bool]) -> bool:
     return not any(is_ref(a) for a in (*eqn.invars, *eqn.outvars))
 
 
+class _Tracking:
+    """Which refs' masks of initialised elements a state carries (``at``: ref handle ->
+    position in ``values``) and the swaps whose old value something reads."""
+
+    def __init__(self, at: dict[int, int], old_read: set[Any]) -> None:
+        self.at = at
+        self.old_read = old_read
+
+
 class _State:
     """The refs' contents (traced), the all-accesses-in-bounds flag and, for the race
-    detector, the log of every access's start indices (None: no log). ``track``: the
-    number of refs when ``values`` also holds, after the contents, each ref's mask of
-    initialised elements (``uninitialized_reads="on_use"``: a store sets its region's, a
-    read of an element not set clears ``ok``); None: not tracked."""
+    detector, the log of every access's start indices (None: no log). ``track``: per
+    tracked ref, where in ``values`` (after the contents) its mask of initialised
+    elements is (``uninitialized_reads="on_use"``: a store sets its region's, a read of
+    an element not set clears ``ok``); None: nothing tracked."""
 
     def __init__(self, values: list[Any], ok: Any, log: list[Any] | None = None,
-                 track: int | None = None) -> None:
+                 track: _Tracking | None = None) -> None:
         self.values = values
         self.ok = ok
         self.log = log
@@ -112,14 +121,15 @@ def _window(state: _State, handle: int, transforms: Sequence[Any]) -> tuple[list
 
 def _get(state: _State, handle: int, transforms: Sequence[Any]) -> Any:
     starts, sizes, dropped = _window(state, handle, transforms)
-    if state.track is not None:  # a read of an element nothing initialised: not here
-        mask = state.values[state.track + handle]
-        state.ok = state.ok & jnp.all(lax.dynamic_slice(mask, starts, sizes))
+    at = None if state.track is None else state.track.at.get(handle)
+    if at is not None:  # a read of an element nothing initialised: not here
+        state.ok = state.ok & jnp.all(lax.dynamic_slice(state.values[at], starts, sizes))
     value = lax.dynamic_slice(state.values[handle], starts, sizes)
     return value.reshape([s for d, s in enumerate(sizes) if d not in dropped])
 
 
-def _put(state: _State, handle: int, transforms: Sequence[Any], value: Any, add: bool) -> Any:
+def _put(state: _State, handle: int, transforms: Sequence[Any], value: Any, add: bool,
+         old_used: bool = True) -> Any:
     starts, sizes, dropped = _window(state, handle, transforms)
     array = state.values[handle]
     old = lax.dynamic_slice(array, starts, sizes)
@@ -128,9 +138,9 @@ def _put(state: _State, handle: int, transforms: Sequence[Any], value: Any, add:
     if add:
         new = (old + new).astype(array.dtype)
     state.values[handle] = lax.dynamic_update_slice(array, new, starts)
-    if state.track is not None:
-        at = state.track + handle
-        if add:  # an accumulation reads the old contents
+    at = None if state.track is None else state.track.at.get(handle)
+    if at is not None:
+        if add or old_used:  # the old contents are read
             state.ok = state.ok & jnp.all(lax.dynamic_slice(state.values[at], starts, sizes))
         state.values[at] = lax.dynamic_update_slice(state.values[at], jnp.ones(sizes, bool),
                                                     starts)
@@ -153,7 +163,8 @@ def _eqn(eqn: Any, invals: list[Any], state: _State) -> list[Any]:
         return [value.astype(eqn.outvars[0].aval.dtype)]
     if prim is jc.swap_p or prim is jc.addupdate_p:
         ref, val, *idx = invals
-        old = _put(state, ref, p["tree"].unflatten(idx), val, prim is jc.addupdate_p)
+        old = _put(state, ref, p["tree"].unflatten(idx), val, prim is jc.addupdate_p,
+                   state.track is not None and eqn.outvars[0] in state.track.old_read)
         return [old] if prim is jc.swap_p else []
     if prim is jc.scan_p:
         return _scan(eqn, invals, state)
@@ -236,25 +247,42 @@ def _cond(eqn: Any, invals: list[Any], state: _State) -> list[Any]:
     return list(out)
 
 
+class _Everything:
+    def __contains__(self, item: Any) -> bool:
+        return True
+
+
+_ALL: Any = _Everything()
+
+
 def segment_function(eqns: Sequence[Any], inputs: Sequence[Any], refs: Sequence[Any],
                      outputs: Sequence[Any], written: Sequence[int],
-                     log: bool = False, tracked: bool = False) -> Callable[..., Any]:
+                     log: bool = False, tracked: dict[int, bool] | None = None,
+                     used: set[Any] | None = None) -> Callable[..., Any]:
     """The segment as ``f(*input_values, *ref_contents) -> (outputs, new contents of the
     refs ``written`` (by position in ``refs``), ok)``; with ``log``, a fourth result: the
     start indices of every access, in the order of :func:`access_log_plan`. With
-    ``tracked``, ``f`` also takes each ref's mask of initialised elements after the
-    contents and returns the new masks of the refs ``written`` last; a read of an
-    element no mask holds makes ``ok`` false (it runs equation by equation, where
-    values carry shadows)."""
+    ``tracked`` (ref position -> whether the segment reads it), the tracked refs' masks
+    of initialised elements: ``f`` takes those of the tracked refs it reads after the
+    contents (the others start empty) and returns, last, those of the tracked refs
+    ``written`` (in that order); a read of an element no mask holds makes ``ok`` false
+    (the segment runs equation by equation, where values carry shadows); ``used``: the
+    variables something reads (a swap whose old value is not among them reads nothing)."""
     handles = {r: i for i, r in enumerate(refs)}
     n = len(refs)
+    order = sorted(tracked or {})
 
     def f(*args: Any) -> Any:
-        values, contents = args[: len(inputs)], args[len(inputs):]
+        values, contents = args[: len(inputs)], args[len(inputs): len(inputs) + n]
+        given = iter(args[len(inputs) + n:])
         env: dict[Any, Any] = dict(zip(inputs, values))
         env.update(handles)
-        state = _State(list(contents), jnp.bool_(True), [] if log else None,
-                       n if tracked else None)
+        masks = [next(given) if tracked[i] else jnp.zeros(contents[i].shape, bool)
+                 for i in order] if tracked else []
+        state = _State([*contents, *masks], jnp.bool_(True), [] if log else None,
+                       _Tracking({i: n + k for k, i in enumerate(order)},
+                                 set(used) if used is not None else _ALL)
+                       if tracked else None)
         for eqn in eqns:
             outs = _eqn(eqn, [_read(env, a) for a in eqn.invars], state)
             for v, o in zip(eqn.outvars, outs):
@@ -263,7 +291,8 @@ def segment_function(eqns: Sequence[Any], inputs: Sequence[Any], refs: Sequence[
         if log:
             result = (*result, state.log)
         if tracked:
-            result = (*result, [state.values[n + i] for i in written])
+            where = {i: n + k for k, i in enumerate(order)}
+            result = (*result, [state.values[where[i]] for i in written if i in where])
         return result
 
     return f

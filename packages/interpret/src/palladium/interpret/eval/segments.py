@@ -48,7 +48,7 @@ import numpy as np
 
 from palladium.interpret import _jax_compat as jc
 from palladium.interpret.eval.context import Equation, KernelContext, Value
-from palladium.interpret.eval.jaxprs import any_equation
+from palladium.interpret.eval.jaxprs import any_equation, nested_jaxprs
 from palladium.interpret.eval.value_shadows import Tainted
 from palladium.interpret.eval.refs import MemRef
 from palladium.interpret.eval.segment_races import access_log_plan, replay
@@ -102,13 +102,39 @@ def uses_async(jaxpr: Any) -> bool:
     return any_equation(jaxpr, lambda eqn: eqn.primitive in ASYNC_PRIMITIVES)
 
 
-def _written(eqns: Sequence[Any]) -> set[Any]:
-    """The refs (variables of ``eqns``' scope) some equation stores to, at any depth."""
+def _stores(eqn: Any) -> bool:
+    return eqn.primitive is jc.swap_p or eqn.primitive is jc.addupdate_p
+
+
+def _loads(used: set[Any]) -> Callable[[Any], bool]:
+    """Whether a ref access reads: a load, an accumulation, a swap whose old value is
+    in ``used``."""
+    def loads(eqn: Any) -> bool:
+        prim = eqn.primitive
+        return (prim is jc.get_p or prim is jc.addupdate_p
+                or prim is jc.swap_p and eqn.outvars[0] in used)
+    return loads
+
+
+def _used(eqns: Sequence[Any], outputs: Sequence[Any]) -> set[Any]:
+    """Every variable an equation of ``eqns`` (at any depth) or ``outputs`` reads."""
+    used: set[Any] = {a for a in outputs if not isinstance(a, jc.Literal)}
+    for eqn in eqns:
+        used.update(a for a in eqn.invars if not isinstance(a, jc.Literal))
+        for inner in nested_jaxprs(eqn):
+            used |= _used(inner.eqns, inner.outvars)
+    return used
+
+
+def _written(eqns: Sequence[Any], accesses: Callable[[Any], bool] = _stores) -> set[Any]:
+    """The refs (variables of ``eqns``' scope) some equation stores to (or, with
+    ``accesses=_loads``, reads), at any depth."""
     out: set[Any] = set()
     for eqn in eqns:
         prim, p = eqn.primitive, eqn.params
-        if prim is jc.swap_p or prim is jc.addupdate_p:
-            out.add(eqn.invars[0])
+        if prim in (jc.get_p, jc.swap_p, jc.addupdate_p):
+            if accesses(eqn):
+                out.add(eqn.invars[0])
             continue
         if prim is jc.scan_p:
             pairs = [(p["jaxpr"].jaxpr, eqn.invars)]
@@ -123,7 +149,7 @@ def _written(eqns: Sequence[Any]) -> set[Any]:
         else:
             continue
         for inner, outer in pairs:
-            inner_written = _written(inner.eqns)
+            inner_written = _written(inner.eqns, accesses)
             out.update(o for v, o in zip(inner.invars, outer) if v in inner_written)
     return out
 
@@ -140,14 +166,20 @@ class Segment:
         self.outputs = list(outputs)
         written = _written(self.eqns)
         self.written = [i for i, r in enumerate(self.refs) if r in written]
+        self._used = _used(self.eqns, self.outputs)
+        read = _written(self.eqns, _loads(self._used))
+        # (uninitialized_reads="on_use") the refs the segment reads: a tracking variant
+        # takes their masks of initialised elements; the others' start empty
+        self.read = frozenset(i for i, r in enumerate(self.refs) if r in read)
+        self._tracking: list[frozenset[int]] = []  # the tracked sets compiled so far
         self.fallback = fallback  # the same equations as a Program of their own
         self.races_ok = races_ok
         self._shapes = [(tuple(r.aval.shape), np.dtype(r.aval.dtype)) for r in self.refs]
         self._dtypes = [np.dtype(v.aval.dtype) for v in self.plain]
         # With races on in a kernel with DMAs: the accesses to replay (None: not possible)
         self.log_plan = None if races_ok else access_log_plan(self.eqns, self.refs)
-        self._compiled: dict[tuple[bool, bool], Callable[..., Any]] = {}
-        self._pending: dict[tuple[bool, bool], Any] = {}  # background compiles (futures) of a hot one
+        self._compiled: dict[tuple[bool, frozenset[int]], Callable[..., Any]] = {}
+        self._pending: dict[tuple[bool, frozenset[int]], Any] = {}  # background compiles (futures) of a hot one
         self._failed = False
         self._lock = threading.Lock()
 
@@ -155,22 +187,25 @@ class Segment:
     def inputs(self) -> list[Any]:
         return [*self.plain, *self.refs]
 
-    def _job(self, variant: tuple[bool, bool]) -> tuple[str, Callable[[], Any]]:
+    def _job(self, variant: tuple[bool, frozenset[int]]) -> tuple[str, Callable[[], Any]]:
         """The cache key text and the compile function of a variant: (``log``, whether
-        it also returns the access log; ``tracked``, whether it tracks which elements of
-        the refs hold initialised data)."""
+        it also returns the access log; ``tracked``, the refs (by position) whose
+        initialised elements it tracks, ``uninitialized_reads="on_use"``)."""
         log, tracked = variant
+        order = sorted(tracked)
         fn = segment_function(self.eqns, self.plain, self.refs, self.outputs,
-                              self.written, log, tracked)
+                              self.written, log,
+                              {i: i in self.read for i in order} if order else None,
+                              self._used)
         specs = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in self.plain]
         specs += [jax.ShapeDtypeStruct(s, d) for s, d in self._shapes]
-        if tracked:
-            specs += [jax.ShapeDtypeStruct(s, np.bool_) for s, _ in self._shapes]
+        specs += [jax.ShapeDtypeStruct(self._shapes[i][0], np.bool_)
+                  for i in order if i in self.read]
         text = f"{self.fallback.jaxpr}\nwritten={self.written}\nlog={log}" + (
-            "\ntracked" if tracked else "")
+            f"\ntracked={order}" if order else "")
         return text, lambda: jax.jit(fn).lower(*specs).compile()
 
-    def _compile(self, log: tuple[bool, bool]) -> Callable[..., Any] | None:
+    def _compile(self, log: tuple[bool, frozenset[int]]) -> Callable[..., Any] | None:
         """The executable of a variant (see ``_job``); a background compile of it
         started earlier is waited for."""
         with self._lock:
@@ -188,7 +223,21 @@ class Segment:
                     self._failed = True
             return self._compiled.get(log)
 
-    def _prefetch(self, log: tuple[bool, bool]) -> None:
+    def _tracked(self, unclean: list[int]) -> frozenset[int]:
+        """The refs a run with ``unclean`` refs tracks: a set compiled before that holds
+        them all, else all refs ever unclean here (one executable serves a kernel's
+        first grid step, whose scratch is not yet written, and the later ones)."""
+        if not unclean:
+            return frozenset()
+        need = frozenset(unclean)
+        for known in self._tracking:
+            if need <= known:
+                return known
+        union = need.union(*self._tracking)
+        self._tracking.append(union)
+        return union
+
+    def _prefetch(self, log: tuple[bool, frozenset[int]]) -> None:
         """Start compiling a variant in the background (a hot segment, one launch
         before it is used)."""
         with self._lock:
@@ -217,16 +266,17 @@ class Segment:
         if tracks and any(x.__class__ is Tainted for x in invals[:n]):
             return ev.run_program(self.fallback, invals)  # shadows: one by one
         contents = []
-        tracked = False
-        for ref, (shape, dtype) in zip(invals[n:], self._shapes):
+        unclean = []
+        for i, (ref, (shape, dtype)) in enumerate(zip(invals[n:], self._shapes)):
             if type(ref) is not MemRef or ref.buffer.space not in _SPACES:
                 return ev.run_program(self.fallback, invals)
-            if tracks and not tracked and not ev.sim.initialized(ref.buffer):
-                tracked = True  # (a ref holding uninitialised elements: an output block)
+            if tracks and not ev.sim.initialized(ref.buffer):
+                unclean.append(i)  # (a ref holding uninitialised elements: an output block)
             data = ev.sim.contents(ref.buffer)
             if data.shape != shape or data.dtype != dtype:
                 return ev.run_program(self.fallback, invals)
             contents.append(data)
+        tracked = self._tracked(unclean)
         variant = (log, tracked)
         if self.hot and ev.launch_number < HOT_LAUNCH:
             if ev.launch_number == HOT_LAUNCH - 1 and variant not in self._compiled:
@@ -237,12 +287,12 @@ class Segment:
             return ev.run_program(self.fallback, invals)
         plain = [x if getattr(x, "dtype", None) == d else np.asarray(x, d)
                  for x, d in zip(invals[:n], self._dtypes)]
-        masks = []
-        if tracked:
-            for ref, data in zip(invals[n:], contents):
-                mask = ev.sim.initialized_mask(ref.buffer)
-                masks.append(np.ones(data.shape, bool) if mask is None else mask)
-        outs, new, ok, *rest = compiled(*plain, *contents, *masks)
+        masks = {}
+        for i in sorted(tracked):
+            mask = ev.sim.initialized_mask(invals[n + i].buffer)
+            masks[i] = np.ones(contents[i].shape, bool) if mask is None else mask
+        outs, new, ok, *rest = compiled(*plain, *contents,
+                                        *(masks[i] for i in sorted(tracked) if i in self.read))
         if not ok:
             return ev.run_program(self.fallback, invals)
         if log:
@@ -251,8 +301,11 @@ class Segment:
         for i, value in zip(self.written, new):
             contents[i][...] = np.asarray(value)
         if tracked:
-            for i, value in zip(self.written, rest[-1]):
-                masks[i][...] = np.asarray(value)
+            for i, value in zip([i for i in self.written if i in tracked], rest[-1]):
+                if i in self.read:  # the mask it was given, updated
+                    masks[i][...] = np.asarray(value)
+                else:  # what it wrote
+                    masks[i] |= np.asarray(value)
         return [np.asarray(o) for o in outs]
 
 
