@@ -289,7 +289,8 @@ class BufferStore:
         db = self.by_key.get(dst.key) or self.get(dst)
         dplan = db.plan(dst_region)
         self.write(dst, dplan, data, core=core, site=site)
-        if db.written is not None:
+        if db.written is not None and not (splan.full and sb.is_clean()):
+            # (a written source: the write above marked the region already)
             bits = sb.written_bits(splan)
             if bits is None:
                 bits = np.ones(splan.shape, bool)
@@ -324,7 +325,7 @@ class BufferStore:
         tracked). Not a read: nothing is reported or told to the race detector."""
         b = self.by_key.get(buf.key) or self.get(buf)
         written = b.written
-        if written is None:
+        if written is None or b.clean:
             return None
         if plan.full:
             part = written[plan.index + _ELLIPSIS]
@@ -357,7 +358,9 @@ class BufferStore:
     def initialized_mask(self, buf: BufferRef) -> np.ndarray | None:
         """The array of ``buf``'s initialised elements itself (None: not tracked), for a
         client that works on ``contents`` elsewhere and writes the mask back in place."""
-        return (self.by_key.get(buf.key) or self.get(buf)).written
+        b = self.by_key.get(buf.key) or self.get(buf)
+        b.clean = None  # (the client may clear bits)
+        return b.written
 
     def taint(self, buf: BufferRef) -> Any:
         """Where the uninitialised data ``buf`` holds came from (its ``taint``), or None."""
@@ -366,8 +369,7 @@ class BufferStore:
     def initialized(self, buf: BufferRef) -> bool:
         """Whether every element of ``buf`` holds initialised data (or nothing is
         tracked): a client may then work on its ``contents`` without tracking."""
-        written = (self.by_key.get(buf.key) or self.get(buf)).written
-        return written is None or bool(written.all())
+        return (self.by_key.get(buf.key) or self.get(buf)).is_clean()
 
     def mark_written(self, buf: BufferRef, written: bool = True) -> None:
         """Mark every element of ``buf`` as written (or, ``written=False``, as never
@@ -376,6 +378,7 @@ class BufferStore:
         if b.written is not None:
             b.written[...] = written
             b.taint = None
+            b.clean = written
 
     def unwritten(self, buf: BufferRef, region: Any) -> tuple[str, int, int] | None:
         """The elements of ``buf[region]`` nothing wrote, as (their bounding box in the

@@ -142,8 +142,9 @@ def _put(state: _State, handle: int, transforms: Sequence[Any], value: Any, add:
     if at is not None:
         if add or old_used:  # the old contents are read
             state.ok = state.ok & jnp.all(lax.dynamic_slice(state.values[at], starts, sizes))
-        state.values[at] = lax.dynamic_update_slice(state.values[at], jnp.ones(sizes, bool),
-                                                    starts)
+        mask = state.values[at]
+        state.values[at] = (jnp.bool_(True) if mask.ndim == 0 else  # (a ref stored whole)
+                            lax.dynamic_update_slice(mask, jnp.ones(sizes, bool), starts))
     return old.reshape([s for d, s in enumerate(sizes) if d not in dropped])
 
 
@@ -257,15 +258,16 @@ _ALL: Any = _Everything()
 
 def segment_function(eqns: Sequence[Any], inputs: Sequence[Any], refs: Sequence[Any],
                      outputs: Sequence[Any], written: Sequence[int],
-                     log: bool = False, tracked: dict[int, bool] | None = None,
+                     log: bool = False, tracked: dict[int, str] | None = None,
                      used: set[Any] | None = None) -> Callable[..., Any]:
     """The segment as ``f(*input_values, *ref_contents) -> (outputs, new contents of the
     refs ``written`` (by position in ``refs``), ok)``; with ``log``, a fourth result: the
     start indices of every access, in the order of :func:`access_log_plan`. With
-    ``tracked`` (ref position -> whether the segment reads it), the tracked refs' masks
-    of initialised elements: ``f`` takes those of the tracked refs it reads after the
-    contents (the others start empty) and returns, last, those of the tracked refs
-    ``written`` (in that order); a read of an element no mask holds makes ``ok`` false
+    ``tracked`` (ref position -> ``"read"``: the segment reads it, ``"written"``: it only
+    writes it, ``"whole"``: it only writes all of it), the tracked refs' masks of
+    initialised elements: ``f`` takes those of the refs it reads after the contents (the
+    others start empty; a ref written whole has one flag for a mask) and returns, last,
+    those of the tracked refs ``written`` (in that order); a read of an element no mask holds makes ``ok`` false
     (the segment runs equation by equation, where values carry shadows); ``used``: the
     variables something reads (a swap whose old value is not among them reads nothing)."""
     handles = {r: i for i, r in enumerate(refs)}
@@ -277,7 +279,8 @@ def segment_function(eqns: Sequence[Any], inputs: Sequence[Any], refs: Sequence[
         given = iter(args[len(inputs) + n:])
         env: dict[Any, Any] = dict(zip(inputs, values))
         env.update(handles)
-        masks = [next(given) if tracked[i] else jnp.zeros(contents[i].shape, bool)
+        masks = [next(given) if tracked[i] == "read" else jnp.bool_(False)
+                 if tracked[i] == "whole" else jnp.zeros(contents[i].shape, bool)
                  for i in order] if tracked else []
         state = _State([*contents, *masks], jnp.bool_(True), [] if log else None,
                        _Tracking({i: n + k for k, i in enumerate(order)},

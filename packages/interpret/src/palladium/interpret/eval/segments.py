@@ -116,6 +116,26 @@ def _loads(used: set[Any]) -> Callable[[Any], bool]:
     return loads
 
 
+def _whole_store(eqn: Any) -> bool:
+    """Whether a store writes its whole ref (``ref[...] = x``: no indexer, or slices
+    from 0 of the full size)."""
+    if eqn.primitive is not jc.swap_p:
+        return False
+    transforms = eqn.params["tree"].unflatten(eqn.invars[2:])
+    if not transforms:
+        return True
+    if len(transforms) > 1 or not isinstance(transforms[0], jc.NDIndexer):
+        return False
+    shape = eqn.invars[0].aval.shape
+    for i, n in zip(transforms[0].indices, shape):
+        start = getattr(i, "start", None)
+        start = getattr(start, "val", start)
+        if (not isinstance(i, jc.Slice) or not isinstance(start, int | np.integer)
+                or start != 0 or i.size != n or i.stride != 1):
+            return False
+    return True
+
+
 def _used(eqns: Sequence[Any], outputs: Sequence[Any]) -> set[Any]:
     """Every variable an equation of ``eqns`` (at any depth) or ``outputs`` reads."""
     used: set[Any] = {a for a in outputs if not isinstance(a, jc.Literal)}
@@ -171,6 +191,11 @@ class Segment:
         # (uninitialized_reads="on_use") the refs the segment reads: a tracking variant
         # takes their masks of initialised elements; the others' start empty
         self.read = frozenset(i for i, r in enumerate(self.refs) if r in read)
+        # ... and of those it only writes, the ones every store writes whole: a flag
+        # (did a store run) stands for their mask
+        partial = _written(self.eqns, lambda eqn: _stores(eqn) and not _whole_store(eqn))
+        self.whole = frozenset(i for i in self.written
+                               if i not in self.read and self.refs[i] not in partial)
         self._tracking: list[frozenset[int]] = []  # the tracked sets compiled so far
         self.fallback = fallback  # the same equations as a Program of their own
         self.races_ok = races_ok
@@ -195,7 +220,8 @@ class Segment:
         order = sorted(tracked)
         fn = segment_function(self.eqns, self.plain, self.refs, self.outputs,
                               self.written, log,
-                              {i: i in self.read for i in order} if order else None,
+                              {i: "read" if i in self.read else "whole" if i in self.whole
+                               else "written" for i in order} if order else None,
                               self._used)
         specs = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in self.plain]
         specs += [jax.ShapeDtypeStruct(s, d) for s, d in self._shapes]
@@ -304,6 +330,9 @@ class Segment:
             for i, value in zip([i for i in self.written if i in tracked], rest[-1]):
                 if i in self.read:  # the mask it was given, updated
                     masks[i][...] = np.asarray(value)
+                elif i in self.whole:  # whether a store (of all of it) ran
+                    if value:
+                        masks[i][...] = True
                 else:  # what it wrote
                     masks[i] |= np.asarray(value)
         return [np.asarray(o) for o in outs]
