@@ -55,30 +55,32 @@ def audit(case, races: bool, mode: str = "on_use", calls: int = 1) -> list[str]:
 MODES = ("off", "on_use")
 
 
-def cost(case, rounds: int, calls: int = 6) -> dict[str, tuple[float, float]]:
-    """{mode: (median first call, median steady call)} in seconds, ``off`` (before issue
-    41's default) against ``on_use`` (the default since), alternated: per round and
-    mode, ``jax.clear_caches()`` and a new ``jax.jit`` (a first call: trace, lowering
-    checks, XLA's compile, one simulated launch), then ``calls`` more calls, of which
-    those from the 4th on are steady (launches 1-2 run simulated, the compiled paths
-    start at 3)."""
+def cost(case, rounds: int, calls: int = 6) -> dict[str, tuple[float, float, float, float]]:
+    """{mode: (first call, steady call, first call CPU, steady call CPU)} in seconds,
+    medians, ``off`` (before issue 41's default) against ``on_use`` (the default since),
+    alternated: per round and mode, ``jax.clear_caches()`` and a new ``jax.jit`` (a first
+    call: trace, lowering checks, XLA's compile, one simulated launch), then ``calls``
+    more calls, of which those from the 4th on are steady (launches 1-2 run simulated,
+    the compiled paths start at 3). CPU time (the process's, every thread) moves less
+    than wall time on a shared machine."""
     fn, args = case.make()
-    first: dict[str, list[float]] = {m: [] for m in MODES}
-    steady: dict[str, list[float]] = {m: [] for m in MODES}
+    times: dict[str, list[list[float]]] = {m: [[], [], [], []] for m in MODES}
     for _ in range(rounds):
         for mode in MODES:
             jax.clear_caches()
             f = jax.jit(fn)
             with _forced(pi.InterpretParams(uninitialized_reads=mode))():
                 for c in range(calls + 1):
-                    t0 = time.perf_counter()
+                    t0, c0 = time.perf_counter(), time.process_time()
                     jax.block_until_ready(f(*args))
-                    dt = time.perf_counter() - t0
+                    dt, dc = time.perf_counter() - t0, time.process_time() - c0
                     if c == 0:
-                        first[mode].append(dt)
+                        times[mode][0].append(dt)
+                        times[mode][2].append(dc)
                     elif c >= 3:
-                        steady[mode].append(dt)
-    return {m: (statistics.median(first[m]), statistics.median(steady[m])) for m in MODES}
+                        times[mode][1].append(dt)
+                        times[mode][3].append(dc)
+    return {m: tuple(statistics.median(t) for t in times[m]) for m in MODES}  # type: ignore[misc]
 
 
 def main(argv: list[str]) -> int:
@@ -97,13 +99,14 @@ def main(argv: list[str]) -> int:
     if opts.k:
         cases = [c for c in cases if any(k in c.name for k in opts.k)]
     if opts.cost:
-        print("| kernel | first off / on_use (ms) | first on_use / off | steady off / on_use "
-              "(ms) | steady on_use / off |\n|---|---|---|---|---|")
+        print("| kernel | first off / on_use (ms) | first on_use / off (wall, CPU) | steady off / "
+              "on_use (ms) | steady on_use / off (wall, CPU) |\n|---|---|---|---|---|")
         for case in cases:
             t = cost(case, opts.rounds)
-            (f0, s0), (f1, s1) = t["off"], t["on_use"]
-            print(f"| {case.name} | {f0 * 1e3:.0f} / {f1 * 1e3:.0f} | {f1 / f0:.2f}x | "
-                  f"{s0 * 1e3:.1f} / {s1 * 1e3:.1f} | {s1 / s0:.2f}x |", flush=True)
+            (f0, s0, cf0, cs0), (f1, s1, cf1, cs1) = t["off"], t["on_use"]
+            print(f"| {case.name} | {f0 * 1e3:.0f} / {f1 * 1e3:.0f} | {f1 / f0:.2f}x, "
+                  f"{cf1 / cf0:.2f}x | {s0 * 1e3:.1f} / {s1 * 1e3:.1f} | {s1 / s0:.2f}x, "
+                  f"{cs1 / cs0:.2f}x |", flush=True)
         return 0
     total = 0
     for case in cases:
