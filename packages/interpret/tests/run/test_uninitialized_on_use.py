@@ -468,3 +468,37 @@ def test_two_devices_report_only_what_reaches_the_output(bug):
         np.asarray(g(xs))
     assert "holds data derived from uninitialised memory in region [4:8, 0:128]" in str(e.value)
     assert "'recv' (VMEM, device " in str(e.value)
+
+
+# --- compiled launches ---------------------------------------------------------------------
+
+def test_a_kernel_that_discards_uninitialised_rows_runs_compiled_for_scalars_seen_clean(
+        monkeypatch):
+    monkeypatch.setattr(compiled_launch, "MIN_EQUATIONS_PER_LAUNCH", 0)
+
+    def gmm_like(n_ref, x_ref, o_ref):
+        rows = jax.lax.broadcasted_iota(jnp.int32, o_ref.shape, 0)
+        step = pl.program_id(0)
+        # step 0 writes the rows below n, step 1 the rows from n to 8 - skip
+        mine = jnp.where(step == 0, rows < n_ref[0], (rows >= n_ref[0]) & (rows < 8 - n_ref[1]))
+        o_ref[...] = jnp.where(mine, x_ref[...] * 2.0, o_ref[...])
+
+    x = jax.random.normal(jax.random.key(7), (8, 128), F32)
+    f = jax.jit(pl.pallas_call(
+        gmm_like, out_shape=jax.ShapeDtypeStruct((8, 128), F32),
+        grid_spec=pltpu.PrefetchScalarGridSpec(
+            num_scalar_prefetch=1, grid=(2,),
+            in_specs=[pl.BlockSpec((8, 128), lambda i, n: (0, 0))],
+            out_specs=pl.BlockSpec((8, 128), lambda i, n: (0, 0))),
+        interpret=InterpretParams()))
+    clean = jnp.array([3, 0], jnp.int32)
+    before = compiled_launch.STATS["compiled"]
+    for _ in range(CALLS):
+        np.testing.assert_array_equal(f(clean, x), x * 2)
+    assert compiled_launch.STATS["compiled"] - before == CALLS - 2  # launches 3 and 4
+    # other scalars: simulated (where values carry shadows), and two rows never written
+    with pytest.raises(UninitializedUseError, match=r"output 'o_ref' \(HBM, device 0\) holds "
+                       r"data derived from uninitialised memory in region \[6:8, 0:128\]"), \
+            errors_as_raised():
+        jax.block_until_ready(f(jnp.array([3, 2], jnp.int32), x))
+    assert compiled_launch.STATS["compiled"] - before == CALLS - 2

@@ -15,8 +15,11 @@ races on in a kernel whose DMAs may race (the flag catches every access to a DMA
 flight: with none, there is no race to report), several devices or cores, observers
 (timelines, logging), ``skip_floating_point_ops``, ``deterministic_dot``,
 ``uninitialized_reads="raise"`` or ``"warn"`` (with the default ``"on_use"``, a kernel
-none of whose launches so far read uninitialised memory or left an output region
-unwritten: ``PreparedKernel.reads_uninitialized``), another DMA order or execution mode, and kernels whose tracing
+compiles whole while none of its launches read uninitialised memory or left an output
+region unwritten, ``PreparedKernel.reads_uninitialized``, or for a launch whose scalar
+operands a simulated launch that read uninitialised memory and reported nothing had:
+megablox gmm, whose masked merge of output rows its group offsets decide), another DMA
+order or execution mode, and kernels whose tracing
 meets something unmodelled (``UnsupportedFeatureError`` while tracing: semaphore
 signals, remote DMAs, the MXU, prints, ...). ``compile_segments="static"`` or ``False``
 keeps every launch simulated.
@@ -83,9 +86,11 @@ def compiled_launch(kernel: PreparedKernel, params: InterpretParams, num_devices
     """The outputs of launch ``number`` of ``kernel`` run compiled, or None: run it
     simulated (not compiled whole, not yet hot, or its flags say so)."""
     if (number < HOT_LAUNCH - 1 or num_devices > 1 or len(device_args) != 1
-            or kernel.is_core_map or not _params_allow(params) or may_observe(params)
-            or kernel.reads_uninitialized and params.uninitialized_reads == "on_use"):
+            or kernel.is_core_map or not _params_allow(params) or may_observe(params)):
         return None
+    if (kernel.reads_uninitialized and params.uninitialized_reads == "on_use"
+            and kernel.scalar_key(device_args[0]) not in kernel.clean_scalar_keys):
+        return None  # simulated: values carry shadows there
     gm = kernel.grid_mapping
     n_dyn = gm.num_dynamic_grid_bounds
     args = device_args[0]
