@@ -24,8 +24,8 @@ from palladium.interpret.eval.context import (
     Value,
 )
 from palladium.interpret.eval.program import Program, ProgramCache, Step, compile_jaxpr
+from palladium.interpret.eval.shadow_rules import run_shadowed
 from palladium.interpret.eval.site import Site
-from palladium.interpret.eval.value_shadows import run_shadowed
 from palladium.interpret.numpy_rules.common import (
     ERRORS_IGNORED,
     HARDWARE_FLUSHES,

@@ -24,8 +24,8 @@ from palladium.interpret.eval.registry import RULES, Rule, rule_by_name
 from palladium.interpret.eval.rules_unsupported import UNSUPPORTED, refusal
 from palladium.interpret.eval.segment_trace import is_ref
 from palladium.interpret.eval.segments import Segment, find_segments, segment_io
+from palladium.interpret.eval.shadow_rules import PASS_THROUGH, SHADOW_RULES
 from palladium.interpret.eval.traced_rule import VIEW_PRIMITIVES, ref_view_rule
-from palladium.interpret.eval.value_shadows import PASS_THROUGH, SHADOW_RULES
 from palladium.interpret.numpy_rules import (
     DETERMINISTIC_RULES,
     FLUSHING,

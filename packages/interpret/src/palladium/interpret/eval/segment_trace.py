@@ -290,7 +290,8 @@ def segment_function(eqns: Sequence[Any], inputs: Sequence[Any], refs: Sequence[
             outs = _eqn(eqn, [_read(env, a) for a in eqn.invars], state)
             for v, o in zip(eqn.outvars, outs):
                 env[v] = o
-        result = ([_read(env, a) for a in outputs], [state.values[i] for i in written], state.ok)
+        result: tuple[Any, ...] = (
+            [_read(env, a) for a in outputs], [state.values[i] for i in written], state.ok)
         if log:
             result = (*result, state.log)
         if tracked:

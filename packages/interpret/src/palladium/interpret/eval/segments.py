@@ -49,10 +49,10 @@ import numpy as np
 from palladium.interpret import _jax_compat as jc
 from palladium.interpret.eval.context import Equation, KernelContext, Value
 from palladium.interpret.eval.jaxprs import any_equation, nested_jaxprs
-from palladium.interpret.eval.value_shadows import Tainted
 from palladium.interpret.eval.refs import MemRef
 from palladium.interpret.eval.segment_races import access_log_plan, replay
 from palladium.interpret.eval.segment_trace import fusible, is_ref, segment_function
+from palladium.interpret.eval.value_shadows import Tainted
 from palladium.interpret.state.process_state import STATE
 from palladium.shared_memory import MemorySpace
 
