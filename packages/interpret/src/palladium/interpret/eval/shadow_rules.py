@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import jax.extend.core.primitives as jex_prims
 import numpy as np
 
 from palladium.interpret import _jax_compat as jc
@@ -154,8 +155,8 @@ def _passthrough(ev: KernelContext, rule: Any, eqn: Equation, ops: list[Value]) 
 
 
 PASS_THROUGH = _passthrough
-_shadow_rule(jc.run_scoped_p, jc.jit_p, jc.custom_jvp_call_p, jc.custom_vjp_call_p)(
-    _passthrough)
+_shadow_rule(jc.run_scoped_p, jc.jit_p, jc.custom_jvp_call_p, jc.custom_vjp_call_p,
+             jex_prims.closed_call_p, jex_prims.remat_p)(_passthrough)
 
 
 # Ref accesses: ``memory.py`` notes the shadow of what a read returns
