@@ -6,6 +6,7 @@
     nox -s matrix        wheel installs on Python 3.11-3.13 x every supported jax, sdists
     nox -s dists         build the wheels and sdists (.nox/dist), twine check --strict
     nox -s bench         benchmarks against jax's own TPU interpret mode
+    nox -s tpu           on a TPU VM: the pipeline compiled and run on the chip
     nox -s compiler      the tests that ask the TPU compiler itself (installs libtpu)
 """
 
@@ -252,6 +253,24 @@ def lint(session: nox.Session) -> None:
     session.run("ruff", "check", ".")
     session.run("mypy")
     session.run("lint-imports")
+
+
+@nox.session(venv_params=["--system-site-packages"])
+def tpu(session: nox.Session) -> None:
+    """On a TPU VM: the pipeline's kernels compiled by Mosaic and run on the chip (the
+    ``tpu``-marked tests: against numpy and jax's own emit_pipeline), then its whole suite
+    (the interpreters on the CPU device), with palladium-pipeline installed alone as TPU
+    users install it; then palladium.interpret beside the chip. The machine's own jax and
+    libtpu are used (the venv sees its site-packages; ``python -m pytest`` so that a pytest
+    found there runs with the venv's palladium)."""
+    session.install("-e", "packages/pipeline", *TEST_DEPS)
+    session.run("python", "-c", "import jax, sys; sys.exit(jax.default_backend() != 'tpu' "
+                "and 'nox -s tpu needs a TPU as the default backend of jax')")
+    session.run("python", "-m", "pytest", "-q", "-p", "no:xdist", "-m", "tpu", "packages/pipeline/tests")
+    session.run("python", "-m", "pytest", "-q", "-p", "no:xdist", "packages/pipeline/tests")
+    _install_all(session)
+    session.run("python", "-m", "pytest", "-q", "-p", "no:xdist",
+                "integration_tests/test_jax_emit_pipeline_on_cpu.py", *session.posargs)
 
 
 @nox.session

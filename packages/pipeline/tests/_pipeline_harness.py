@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import inspect
 
 import jax
@@ -18,6 +19,10 @@ import pytest
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 from jax.sharding import AbstractDevice, AbstractMesh, use_abstract_mesh
+
+#: Why a ``tpu`` test did not run here.
+NO_TPU = ("needs a TPU as jax's default backend (here it is the CPU); on a TPU VM run "
+          "`nox -s tpu` or `pytest -m tpu packages/pipeline/tests`")
 
 #: device_kind strings of the TPUs every kernel is exported for.
 TPU_KINDS = {"v5e": "TPU v5 lite", "v6e": "TPU v6 lite", "v7x": "TPU7x"}
@@ -75,10 +80,31 @@ needs_padded_buffer_bounds = pytest.mark.skipif(
 
 #: The two interpreters every feature is checked under.
 MODES = ("tpu_interpret", "interpret_true")
+#: The kernel compiled by Mosaic and run on the TPU: a test parametrized with this mode is
+#: marked ``tpu`` (conftest.py) and skipped where jax's default backend is not a TPU.
+CHIP = "chip"
+#: The interpreters and the chip.
+ALL_MODES = (*MODES, CHIP)
+
+
+@functools.cache
+def on_a_tpu_host() -> bool:
+    """Whether jax's default backend is a TPU (the chip mode runs there only)."""
+    return jax.default_backend() == "tpu"
 
 
 def run(make_call, mode: str, *args, padded: bool = False, num_cores: int = 1):
-    """Run ``make_call(interpret=...)(*args)`` under one of :data:`MODES`."""
+    """Run ``make_call(interpret=...)(*args)`` under one of :data:`ALL_MODES`.
+
+    On a TPU host the interpreters run on the CPU device (conftest.py makes it the default
+    device of every test not marked ``tpu``); :data:`CHIP` compiles for the TPU and runs
+    there."""
+    if mode == CHIP:
+        if not on_a_tpu_host():
+            pytest.skip(NO_TPU)
+        tpu = jax.devices()[0]
+        args = tuple(jax.device_put(a, tpu) for a in args)
+        return jax.block_until_ready(jax.jit(make_call(interpret=False))(*args))
     if mode == "tpu_interpret":
         bounds = {"buffer_bounds": "padded"} if padded else {}
         params = pltpu.InterpretParams(num_cores_or_threads=num_cores, **bounds)

@@ -4,6 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from _pipeline_harness import (
+    ALL_MODES,
     MODES,
     accumulating_matmul_body,
     assert_exports,
@@ -72,7 +73,7 @@ def input_output_call(shape, block, grid, counts):
     return call_maker(kernel, shape, input_output_aliases={1: 0})
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", ALL_MODES)
 @pytest.mark.parametrize("counts", [2, (2, 1), (2, 2), (3, 2), (1, 3)])
 def test_input_output_ref_reads_and_writes_back(mode, counts):
     shape, block = (40, 128), (8, 128)
@@ -105,7 +106,7 @@ def bias_call(shape, bias_shape, emit=pp.emit_pipeline):
     return call_maker(kernel, shape)
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", ALL_MODES)
 def test_trivial_window_is_copied_once(mode):
     x = jnp.arange(32 * 128, dtype=jnp.float32).reshape(32, 128)
     b = jnp.arange(8 * 128, dtype=jnp.float32).reshape(8, 128) * 0.5
@@ -135,7 +136,7 @@ def vmem_source_call(shape, emit=pp.emit_pipeline):
     return call_maker(kernel, shape, in_specs=[pl.BlockSpec(memory_space=pltpu.VMEM)])
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", ALL_MODES)
 def test_vmem_source_is_aliased(mode):
     x = jnp.arange(32 * 128, dtype=jnp.float32).reshape(32, 128)
     np.testing.assert_allclose(run(vmem_source_call((32, 128)), mode, x), x - 1.0)
@@ -159,7 +160,7 @@ def hbm_block_call(shape):
     return call_maker(kernel, shape)
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", ALL_MODES)
 def test_hbm_block_spec_aliases_hbm_source(mode):
     x = jnp.arange(24 * 128, dtype=jnp.float32).reshape(24, 128)
     np.testing.assert_allclose(run(hbm_block_call((24, 128)), mode, x), x)

@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from _pipeline_harness import (
+    CHIP,
     accumulating_matmul_body,
     assert_exports,
     call_maker,
@@ -280,7 +281,7 @@ def pytree_call(use_primitive):
     return call_maker(kernel, (32, 128))
 
 
-@pytest.mark.parametrize("mode", ["interpret_true"])
+@pytest.mark.parametrize("mode", ["interpret_true", CHIP])
 def test_allocations_on_the_primitive_path_match_the_inlined_path(mode):
     x = _x((32, 128))
     out = run(allocations_call(True), mode, x)
@@ -291,7 +292,7 @@ def test_allocations_on_the_primitive_path_match_the_inlined_path(mode):
     assert_exports(allocations_call(True), x)
 
 
-@pytest.mark.parametrize("mode", ["interpret_true"])
+@pytest.mark.parametrize("mode", ["interpret_true", CHIP])
 def test_pytrees_of_specs_on_the_primitive_path_match_the_inlined_path(mode):
     a, b = _x((32, 128), 0), _x((32, 128), 1)
     out = run(pytree_call(True), mode, a, b)

@@ -6,6 +6,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from _pipeline_harness import (
+    ALL_MODES,
+    CHIP,
     MODES,
     assert_exports,
     call_maker,
@@ -37,7 +39,7 @@ def megacore_call(rows, num_cores, semantics):
     return call_maker(kernel, shape, grid=(num_cores,), dimension_semantics=("parallel",)), shape
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", ALL_MODES)
 @pytest.mark.parametrize("rows", [4, 5, 3])  # divisible, uneven, fewer than 2 per core
 def test_megacore_split_covers_the_grid_once(mode, rows):
     make_call, shape = megacore_call(rows, 2, (pp.PARALLEL, pp.ARBITRARY))
@@ -88,8 +90,8 @@ BLOCK_KINDS = {
 # Element and BoundedSlice windows are clamped at the end of the array, so their DMAs
 # have a traced size; jax's interpret=True (state discharge) cannot slice by a traced
 # size, so they run under the TPU interpreter only.
-KIND_MODES = [(kind, mode) for kind in sorted(BLOCK_KINDS) for mode in MODES
-              if mode == "tpu_interpret" or kind in ("int", "blocked")]
+KIND_MODES = [(kind, mode) for kind in sorted(BLOCK_KINDS) for mode in ALL_MODES
+              if mode != "interpret_true" or kind in ("int", "blocked")]
 
 
 @pytest.mark.parametrize("kind,mode", KIND_MODES)
@@ -101,7 +103,7 @@ def test_block_dim_kinds(kind, mode):
     assert_exports(make_call, x)
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", ALL_MODES)
 @pytest.mark.parametrize("squeezed", [None, pl.Squeezed()])
 def test_squeezed_dims(mode, squeezed):
     def kernel(x_hbm, o_hbm):
@@ -120,13 +122,14 @@ def test_squeezed_dims(mode, squeezed):
 
 
 @needs_padded_buffer_bounds
-def test_ragged_element_block_is_clamped_and_rounded():
+@pytest.mark.parametrize("mode", ["tpu_interpret", CHIP])
+def test_ragged_element_block_is_clamped_and_rounded(mode):
     # 20 rows, 8-row Element windows at offsets 0, 8, 16: the last reads rows 16:24
     # (rounded to the 8-row tile), of which 16:20 are real.
     make_call = block_kind_call((20, 128), (pl.Element(8), 128), lambda i: (i * 8, 0), (3,),
                                 (8, 128), lambda i: (i, 0))
     x = jnp.arange(20 * 128, dtype=jnp.float32).reshape(20, 128)
-    np.testing.assert_allclose(run(make_call, "tpu_interpret", x, padded=True), x + 1.0)
+    np.testing.assert_allclose(run(make_call, mode, x, padded=True), x + 1.0)
 
 
 def lookahead_call(shape, repeat, emit=pp.emit_pipeline, mode_cls=pp.Buffered):
@@ -183,7 +186,7 @@ def allocations_call(shape):
     return make_call
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", ALL_MODES)
 def test_allocations_are_reusable(mode):
     x = jnp.arange(32 * 128, dtype=jnp.float32).reshape(32, 128)
     o, p = run(allocations_call((32, 128)), mode, x, -x)
@@ -218,7 +221,7 @@ def prefetch_call(shape, prefetched):
 # Under interpret=True, jax 0.10.2's partial discharge of the grid scan fails on the
 # caller's window ref ("Attempting to pass a Ref ... to a primitive: dynamic_slice"),
 # so prefetched inputs are checked under the TPU interpreter.
-@pytest.mark.parametrize("mode", ["tpu_interpret"])
+@pytest.mark.parametrize("mode", ["tpu_interpret", CHIP])
 @pytest.mark.parametrize("prefetched", [1, 2])
 def test_prefetched_inputs(mode, prefetched):
     x = jnp.arange(32 * 128, dtype=jnp.float32).reshape(32, 128)
@@ -250,7 +253,7 @@ def pipeline_step_call(grid, core_split=False):
     return call_maker(kernel, shape), shape
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", ALL_MODES)
 def test_pipeline_step_indices(mode):
     make_call, shape = pipeline_step_call((3, 2))
     x = jnp.zeros(shape, jnp.float32)
@@ -262,7 +265,7 @@ def test_pipeline_step_indices(mode):
     assert_exports(make_call, x)
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", ALL_MODES)
 @pytest.mark.parametrize("option", ["no_pipelining", "output_wait_read_only"])
 def test_debug_and_read_only_modes(mode, option):
     def kernel(x_hbm, o_hbm):
@@ -294,7 +297,7 @@ def nested_call(shape):
     return call_maker(kernel, shape)
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", ALL_MODES)
 def test_nested_pipelines(mode):
     x = jnp.arange(48 * 128, dtype=jnp.float32).reshape(48, 128)
     np.testing.assert_allclose(run(nested_call((48, 128)), mode, x), x + 1.0)
@@ -312,7 +315,7 @@ def dynamic_grid_call(shape):
     return call_maker(kernel, shape, num_scalar_prefetch=1, input_output_aliases={1: 0})
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", ALL_MODES)
 @pytest.mark.parametrize("n", [1, 3])
 def test_dynamic_grid(mode, n):
     x = jnp.arange(32 * 128, dtype=jnp.float32).reshape(32, 128)

@@ -61,10 +61,12 @@ from palladium.interpret.rule_plugins import InterpretRuleWarning, load_entry_po
 from palladium.interpret.state import process_state
 from palladium.interpret.state.process_state import STATE
 from palladium.interpret.tune import (
+    Measurement,
     Prediction,
     SweepResult,
     SweepRow,
     cost_estimate,
+    measure,
     predict,
     sweep,
 )
@@ -92,6 +94,7 @@ __all__ = [
     "OutOfBoundsError",
     "PalladiumError",
     "PeerProcessError",
+    "Measurement",
     "Prediction",
     "RendezvousTimeoutError",
     "RevisitError",
@@ -119,6 +122,7 @@ __all__ = [
     "errors_as_raised",
     "force_tpu_interpret_mode",
     "load_entry_point_rules",
+    "measure",
     "predict",
     "process_state",
     "register_interpret_rule",

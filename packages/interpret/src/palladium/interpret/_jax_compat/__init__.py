@@ -188,9 +188,9 @@ register_lowering = mlir.register_lowering
 lower_fun = mlir.lower_fun
 
 
-def original_cpu_lowering(primitive: Any) -> Any:
-    """The lowering rule jax itself uses for ``primitive`` on CPU (before ours)."""
-    specific = mlir._platform_specific_lowerings.get("cpu", {}).get(primitive)
+def original_cpu_lowering(primitive: Any, platform: str = "cpu") -> Any:
+    """The lowering rule jax itself uses for ``primitive`` on ``platform`` (before ours)."""
+    specific = mlir._platform_specific_lowerings.get(platform, {}).get(primitive)
     entry = specific if specific is not None else mlir._lowerings[primitive]
     return entry.rule
 
@@ -395,6 +395,7 @@ def tpu_info_for_chip(chip_version: str) -> tpu_info.TpuInfo:
 from palladium.interpret._jax_compat.mosaic import (  # noqa: E402  (re-exported)
     abstract_device as abstract_device,
 )
+from palladium.interpret._jax_compat.mosaic import answer_for_cpu as answer_for_cpu  # noqa: E402
 from palladium.interpret._jax_compat.mosaic import (  # noqa: E402
     compile_for_devices as compile_for_devices,
 )

@@ -8,6 +8,7 @@ import contextlib
 import contextvars
 import importlib
 import inspect
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -15,7 +16,7 @@ from jax._src.interpreters import mlir
 from jax._src.pallas.mosaic import core as mosaic_core
 from jax._src.pallas.mosaic import tpu_info
 
-__all__ = ["abstract_device", "compile_for_devices", "module_bytecode", "mosaic_context", "mosaic_failing_equations", "mosaic_lower", "mosaic_lowering_available", "simulated_tpu"]
+__all__ = ["abstract_device", "answer_for_cpu", "compile_for_devices", "module_bytecode", "mosaic_context", "mosaic_failing_equations", "mosaic_lower", "mosaic_lowering_available", "simulated_tpu"]
 
 _MOSAIC_LOWERING = "jax._src.pallas.mosaic.lowering"
 
@@ -129,11 +130,29 @@ _SIMULATED_TPU: contextvars.ContextVar[tuple[str, int] | None] = contextvars.Con
 _JAX_GET_TPU_INFO = tpu_info.get_tpu_info
 
 
+#: Where jax asks for "the current TPU" and the current device is the CPU (a kernel traced
+#: on a CPU: jax's own ``pltpu.emit_pipeline`` asks for the tiling, jax's TPU interpreter's
+#: callbacks for padded shapes), what palladium simulates answers instead of jax's
+#: "Unsupported TPU device kind: cpu". Set by :func:`answer_for_cpu`.
+_CPU_ANSWER: list[Callable[[], tuple[str, int]]] = []
+
+
 def _get_tpu_info() -> Any:
-    if (simulated := _SIMULATED_TPU.get()) is None:
+    simulated = _SIMULATED_TPU.get()
+    if simulated is None and _CPU_ANSWER and tpu_info.get_device_kind() == "cpu":
+        simulated = _CPU_ANSWER[0]()
+    if simulated is None:
         return _JAX_GET_TPU_INFO()
     version = tpu_info.chip_version_from_device_kind(simulated[0])
     return tpu_info.get_tpu_info_for_chip(version, simulated[1])
+
+
+def answer_for_cpu(simulated: Callable[[], tuple[str, int]]) -> None:
+    """From now on jax's ``tpu_info.get_tpu_info()``, asked on a CPU device (no TPU
+    abstract device in the current mesh), describes the TPU ``simulated()`` names (its
+    device kind and cores per device) rather than raising; on a TPU it is jax's answer."""
+    _CPU_ANSWER[:] = [simulated]
+    tpu_info.get_tpu_info = _get_tpu_info
 
 
 @contextlib.contextmanager

@@ -1,0 +1,53 @@
+"""measure(): device time from the jax profiler's trace. The trace reading is checked on a
+trace-event list shaped as jax's Perfetto trace is (as read on a TPU v5e); measure()
+itself needs a TPU and says so elsewhere."""
+
+import jax.numpy as jnp
+import pytest
+
+import palladium.interpret as pi
+from palladium.interpret.tune.measure import Measurement, module_durations
+
+
+def _meta(kind, pid, name, tid=None):
+    event = {"ph": "M", "name": kind, "pid": pid, "args": {"name": name}}
+    if tid is not None:
+        event["tid"] = tid
+    return event
+
+
+def _span(pid, tid, name, ts, dur):
+    return {"ph": "X", "pid": pid, "tid": tid, "name": name, "ts": ts, "dur": dur}
+
+
+TRACE = [
+    _meta("process_name", 1, "/host:CPU"),
+    _meta("process_name", 7, "/device:TPU:0"),
+    _meta("process_name", 8, "/device:TPU:1"),
+    _meta("thread_name", 7, "XLA Modules", tid=3),
+    _meta("thread_name", 7, "XLA Ops", tid=4),
+    _meta("thread_name", 8, "XLA Modules", tid=3),
+    _meta("thread_name", 1, "XLA Modules", tid=3),
+    _span(7, 3, "jit_palladium_measure_1_(123)", ts=300, dur=40),
+    _span(7, 3, "jit_palladium_measure_1_(123)", ts=100, dur=50),
+    _span(7, 3, "jit_palladium_measure_10_(124)", ts=200, dur=999),  # another program
+    _span(7, 4, "jit_palladium_measure_1_(123)", ts=110, dur=30),  # an op, not the module
+    _span(8, 3, "jit_palladium_measure_1_(123)", ts=120, dur=70),  # another TPU
+    _span(1, 3, "jit_palladium_measure_1_(123)", ts=130, dur=80),  # the host
+]
+
+
+def test_module_durations_reads_the_tpu_modules_of_that_program_in_order():
+    assert module_durations(TRACE, "palladium_measure_1_") == pytest.approx([50e-6, 40e-6])
+    assert module_durations(TRACE, "palladium_measure_10_") == pytest.approx([999e-6])
+    assert module_durations(TRACE, "absent") == []
+
+
+def test_a_measurement_reports_its_median_and_spread():
+    m = Measurement(seconds=40e-6, samples=(38e-6, 40e-6, 46e-6), device_kind="TPU v5 lite")
+    assert str(m) == "40.0 us on TPU v5 lite (median of 3, spread 20.0%)"
+
+
+def test_measure_without_a_tpu_says_what_to_use_instead():
+    with pytest.raises(pi.ConfigError, match=r"jax's default backend here is 'cpu'.*predict"):
+        pi.measure(lambda x: x + 1, jnp.ones(4))
