@@ -160,7 +160,8 @@ def test_interpret_params_hand_the_simulator_the_shared_options():
                              buffer_bounds="padded", dma_execution_mode="eager", random_seed=7)
     assert params.simulation_options(3) == SimulationOptions(
         seed=7, out_of_bounds="uninitialized", uninitialized="zero", bounds="padded",
-        dma_execution_mode="eager", tpu_generation=3, watchdog=300.0)
+        dma_execution_mode="eager", tpu_generation=3, watchdog=300.0,
+        uninitialized_reads="on_use")
 
 
 def test_a_rule_registered_by_name_is_never_fused_into_a_compiled_segment():

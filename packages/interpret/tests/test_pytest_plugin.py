@@ -81,7 +81,9 @@ import pytest
 from kernels import *
 
 
-@pytest.mark.palladium(detect_races=True, on_race="collect")
+# (the racy kernel's output is the DMA's destination read before its wait: off, so that
+# the launch ends and its races are collected)
+@pytest.mark.palladium(detect_races=True, on_race="collect", uninitialized_reads="off")
 def test_races_collected(palladium):
     run_racy()
     races = palladium.races
@@ -192,6 +194,21 @@ def test_uninitialized_option_reports_reads_of_never_written_memory(suite):
     text = failure(result, "test_racy")
     assert "UninitializedReadError" in text
     assert "read of never-written memory: 'buf' (VMEM, device 0 core 0)" in text
+
+
+@pytest.mark.timeout(300)
+def test_by_default_a_racy_read_reaching_the_output_is_reported_and_off_opts_out(suite):
+    """Without races, the racy kernel's output is the DMA's destination read before its
+    wait: reported by default (``uninitialized_reads="on_use"``), silent with ``off``."""
+    default = suite.runpytest_subprocess("-rA", "-p", "no:randomly", "--palladium",
+                                         "test_suite.py::test_racy")
+    assert outcomes(default) == {"test_suite.py::test_racy": "failed"}
+    text = failure(default, "test_racy")
+    assert "UninitializedUseError" in text
+    assert "holds data derived from uninitialised memory" in text and "'buf' (VMEM" in text
+    off = suite.runpytest_subprocess("-rA", "-p", "no:randomly", "--palladium",
+                                     "--palladium-uninitialized=off", "test_suite.py::test_racy")
+    assert outcomes(off) == {"test_suite.py::test_racy": "passed"}
 
 
 @pytest.mark.timeout(300)

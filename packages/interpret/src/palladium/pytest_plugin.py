@@ -124,9 +124,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="the order pending DMAs complete in")
     group.addoption("--palladium-seed", type=int, metavar="N",
                     help="InterpretParams.random_seed (grid order, schedules, DMA order)")
-    group.addoption("--palladium-uninitialized", choices=("off", "warn", "raise"),
-                    help="InterpretParams.uninitialized_reads: report reads of memory nothing "
-                         "wrote and outputs left unwritten (raise: UninitializedReadError)")
+    group.addoption("--palladium-uninitialized", choices=("off", "on_use", "warn", "raise"),
+                    help="InterpretParams.uninitialized_reads (default on_use: report values "
+                         "derived from memory nothing wrote where they decide something or "
+                         "reach an output; raise: every such read; off: nothing)")
     group.addoption("--palladium-timeline", metavar="DIR",
                     help="write a Chrome trace (palladium.interpret.timeline) per test to DIR")
 

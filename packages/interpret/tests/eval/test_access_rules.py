@@ -101,7 +101,9 @@ def test_masked_loads_and_stores_with_a_fill_agree_with_numpy():
     x = np.arange(8 * 128, dtype=np.float32).reshape(8, 128)
     out = pl.pallas_call(
         kernel, out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32),
-        interpret=InterpretParams(uninitialized_memory="zero", check_lowering=False))(jnp.asarray(x))
+        # (columns 64: of rows 0:6 are never stored: the test checks the zero fill there)
+        interpret=InterpretParams(uninitialized_memory="zero", check_lowering=False,
+                                  uninitialized_reads="off"))(jnp.asarray(x))
     want = np.zeros((8, 128), np.float32)
     for i in range(3):
         want[2 * i:2 * i + 2, :64] = x[i:i + 2, :64]

@@ -21,6 +21,7 @@ from palladium.interpret import (
     DataRaceError,
     InterpretParams,
     OutOfBoundsError,
+    UninitializedUseError,
     WatchdogError,
     errors_as_raised,
 )
@@ -245,8 +246,10 @@ def test_with_races_on_a_dma_kernels_loop_runs_compiled_and_its_accesses_are_rep
     np.testing.assert_allclose(raced, expected, rtol=1e-5, atol=1e-4)
     reports = []
     for compiled in (True, False):
+        # (the loop reads the DMA's destination before its wait: a race, and data
+        # that is not there yet, which uninitialized_reads would report at the output)
         params = InterpretParams(detect_races=True, on_race="collect",
-                                 compile_segments=compiled)
+                                 compile_segments=compiled, uninitialized_reads="off")
         with pi.collect_race_reports() as got:
             _dma_then_loop(params, x, False)
         reports.append([str(r) for r in got])
@@ -374,3 +377,54 @@ def test_compile_segments_takes_a_bool_or_static():
     with pytest.raises(ConfigError, match=r"^InterpretParams\.compile_segments must be "
                        r"True, False or 'static', got 'hot'\.$"):
         InterpretParams(compile_segments="hot")
+
+
+def _accumulate_kernel(x_ref, o_ref, acc_ref, *, zero):
+    if zero:
+        @pl.when(pl.program_id(0) == 0)
+        def _():
+            acc_ref[...] = jnp.zeros_like(acc_ref)
+
+    def step(t, acc):
+        return acc + jnp.tanh(x_ref[pl.ds(t, 1), :]) * 0.5
+
+    acc_ref[...] = jax.lax.fori_loop(0, ROWS, step, acc_ref[...])
+
+    @pl.when(pl.program_id(0) == pl.num_programs(0) - 1)
+    def _():
+        o_ref[...] = acc_ref[...]
+
+
+def _accumulate(params, x, zero):
+    import functools
+
+    return pl.pallas_call(
+        functools.partial(_accumulate_kernel, zero=zero),
+        out_shape=jax.ShapeDtypeStruct((1, WIDTH), jnp.float32), grid=(3,),
+        in_specs=[pl.BlockSpec((ROWS, WIDTH), lambda i: (i, 0))],
+        out_specs=pl.BlockSpec((1, WIDTH), lambda i: (0, 0)),
+        scratch_shapes=[pltpu.VMEM((1, WIDTH), jnp.float32)], interpret=params)(x)
+
+
+def test_a_segment_storing_into_an_unwritten_output_block_runs_compiled_by_default():
+    """``uninitialized_reads="on_use"``: the output block holds no data until the last
+    step stores it, the scratch until the first step zeroes it; the segment runs as the
+    variant that tracks which elements they hold, compiled, with XLA's bits."""
+    x = np.random.default_rng(3).standard_normal((3 * ROWS, WIDTH), np.float32)
+    before = pi.STATE.segments.compiled
+    out = np.asarray(_accumulate(InterpretParams(), x, True))
+    assert pi.STATE.segments.compiled > before
+    np.testing.assert_array_equal(out, np.asarray(_accumulate(InterpretParams(
+        uninitialized_reads="off"), x, True)))
+    np.testing.assert_allclose(out, (np.tanh(x) * 0.5).sum(0, keepdims=True), rtol=1e-5,
+                               atol=1e-4)
+
+
+def test_a_compiled_segment_reading_an_unzeroed_accumulator_is_reported_on_every_call():
+    x = np.random.default_rng(3).standard_normal((3 * ROWS, WIDTH), np.float32)
+    f = jax.jit(lambda x: _accumulate(InterpretParams(), x, False))
+    for _ in range(4):
+        with pytest.raises(UninitializedUseError, match=r"derived from 'acc_ref' \(VMEM, "
+                           r"device 0 core 0\) region \[0:1, 0:128\] read at kernel "
+                           r"'_accumulate_kernel', grid point \(0,\)"), errors_as_raised():
+            np.asarray(f(x))

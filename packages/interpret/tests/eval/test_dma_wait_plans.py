@@ -141,8 +141,9 @@ def _strided_call(n):
             out_specs=pl.BlockSpec((n, 8, LANES), lambda i, t: (0, 0, 0)),
             scratch_shapes=[pltpu.VMEM((2, 8, LANES), jnp.float32),
                             pltpu.SemaphoreType.DMA]),
-        # (Mosaic rejects strided DMAs: the interpreter's copies are what is tested)
-        interpret=InterpretParams(check_lowering=False),
+        # (Mosaic rejects strided DMAs: the interpreter's copies are what is tested; rows
+        # 0:2 and 6:8 of each buffer slot are never written and reach the output)
+        interpret=InterpretParams(check_lowering=False, uninitialized_reads="off"),
     )
 
 

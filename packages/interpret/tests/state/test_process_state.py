@@ -41,7 +41,10 @@ def _failing():
 
 
 def _racy():
-    return racy_call(InterpretParams(detect_races=True, on_race="collect"))
+    # (the kernel reads a DMA's destination before its wait: garbage reaches its output,
+    # which uninitialized_reads would report after the races are collected)
+    return racy_call(InterpretParams(detect_races=True, on_race="collect",
+                                     uninitialized_reads="off"))
 
 
 @pytest.fixture(autouse=True)

@@ -52,8 +52,18 @@ __all__ = [
     "UnsupportedFeatureError",
     "UninitializedReadError",
     "UninitializedReadWarning",
+    "UninitializedUseError",
     "WatchdogError",
 ]
+
+
+class UninitializedUseError(UninitializedReadError):
+    """``uninitialized_reads="on_use"`` (the default): a value derived from
+    uninitialised memory (a scratch or output block nothing wrote, the padding of a
+    partial edge block) decided something -- a branch, a loop, an index, a DMA or
+    semaphore operand -- or reached an output that the launch returns. The message names
+    where it was read, where it was used, the operand, region, grid point and core, and
+    what to change. Data that is masked away or overwritten is never reported."""
 
 
 class RevisitError(SimulationError):

@@ -189,15 +189,24 @@ class InterpretParams:
         neither BLAS's nor a TPU's, and matmul kernels ran 5-13x slower with it
         (benchmarks/README.md, "Deterministic dot"). Integer dots are exact either way.
         Default False.
-      uninitialized_reads: what a read of memory nothing wrote does (a scratch, a
-        ``run_scoped`` buffer, an SMEM buffer, a VMEM block, a DMA whose whole source
-        region was never written), and an output region nothing wrote by the end of the
-        launch: ``"raise"`` (``UninitializedReadError`` naming the kernel line, grid
-        point, core, operand and region), ``"warn"`` (``UninitializedReadWarning``, once
-        per operand and line) or ``"off"`` (nothing tracked, no cost). What was written
-        is tracked per element: stores, DMAs and block copies (which carry the
-        written-ness of what they copy), inputs, aliased outputs; the padding of a
-        partial edge block counts as written.
+      uninitialized_reads: what palladium does with memory that holds no initialised
+        data (a scratch, a ``run_scoped`` buffer, an SMEM buffer, an output block at a
+        new block index nothing wrote yet; with ``"on_use"`` also the padding of a
+        partial edge block, which on a TPU holds whatever VMEM held). ``"on_use"`` (the
+        default, as MemorySanitizer does for C): values read from it carry a shadow
+        through arithmetic, selects, reductions, dots, moves, stores, DMAs and block
+        copies, and ``UninitializedUseError`` is raised only where such a value decides
+        something (a branch, a loop's condition or bound, an index, a DMA or semaphore
+        operand) or reaches an output the launch returns (or where an output region was
+        never written); data masked away or overwritten is never reported. The message
+        names where the value was read and used, the operand, region, grid point and
+        core, and what to fix. ``"raise"`` / ``"warn"``: every read of never-written
+        memory itself (``UninitializedReadError`` / ``UninitializedReadWarning``, once
+        per operand and line; the padding of a partial edge block counts as written),
+        and an output region nothing wrote by the end of the launch. ``"off"``: nothing
+        tracked. Compiled segments and compiled launches run where no value carries a
+        shadow (a segment whose inputs or refs hold uninitialised data runs equation by
+        equation; a kernel whose launch read uninitialised data is not compiled whole).
       progress_interval: a launch still running after this many seconds logs where it
         is (each core's grid point, state and line; the DMAs in flight) to the
         ``palladium.interpret`` logger at WARNING, and again at every interval; None:
@@ -242,7 +251,7 @@ class InterpretParams:
     check_memory: bool = True
     compile_check: CompileCheck = "auto"
     deterministic_dot: bool = False
-    uninitialized_reads: UninitializedReads = "off"
+    uninitialized_reads: UninitializedReads = "on_use"
     progress_interval: float | None = PROGRESS_INTERVAL_DEFAULT
     compile_segments: bool | Literal["static"] = True
     failure_snapshot_bytes: int = SNAPSHOT_BYTES_DEFAULT

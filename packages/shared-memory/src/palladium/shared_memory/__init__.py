@@ -34,6 +34,7 @@ from palladium.shared_memory.partition import Partition, Transport
 from palladium.shared_memory.regions import AccessPlan
 from palladium.shared_memory.scheduler import interrupt_all
 from palladium.shared_memory.semaphores import SemaphoreKind
+from palladium.shared_memory.sim_state import UninitializedOrigin
 from palladium.shared_memory.simulation import CoreId, Simulation
 from palladium.shared_memory.snapshot import (
     BufferState,
@@ -82,6 +83,7 @@ __all__ = [
     "Snapshot",
     "Transport",
     "UninitializedReadError",
+    "UninitializedOrigin",
     "UninitializedReadWarning",
     "WatchdogError",
     "__version__",

@@ -93,13 +93,20 @@ class Buffer:
     """The storage and bounds of one allocation (owned by a ``Simulation``)."""
 
     __slots__ = ("bound", "data", "fill", "logical", "oob_hint", "phantom", "private", "quiet",
-                 "read_only", "ref", "refcount", "written")
+                 "read_only", "ref", "refcount", "taint", "written", "clean")
 
     def __init__(self, ref: BufferRef, data: np.ndarray, bound: tuple[int, ...], fill: Any,
                  oob_hint: str = OUT_OF_BOUNDS_HINT, written: np.ndarray | None = None) -> None:
         self.ref = ref
         # Per element, whether anything ever wrote it (None: not tracked, the default).
         self.written = written
+        # ``uninitialized_reads="on_use"``: where the uninitialised data this buffer holds
+        # came from (the client's object, e.g. the read of a scratch nothing wrote; None:
+        # none known). Copies and DMAs carry it along with the written-ness.
+        self.taint: Any = None
+        # Whether every element was written (None: not known; see ``is_clean``): stores
+        # only set bits, so a clean buffer stays clean until bits are cleared.
+        self.clean: bool | None = None
         self.oob_hint = oob_hint
         self.data = data
         self.logical = data.shape
@@ -168,6 +175,8 @@ class Buffer:
         """
         data = self.data
         written = self.written
+        if self.clean is False:
+            self.clean = None  # (this store may complete it)
         if self.phantom:
             if not plan.full:
                 self.check_write_bounds(plan, mask, what, core, site)
@@ -221,6 +230,15 @@ class Buffer:
                 return None
         return missing
 
+    def is_clean(self) -> bool:
+        """Whether every element was written (or nothing is tracked), kept until bits
+        are cleared."""
+        if self.written is None:
+            return True
+        if self.clean is None:
+            self.clean = bool(self.written.all())
+        return self.clean
+
     def written_bits(self, plan: AccessPlan) -> np.ndarray | None:
         """A copy of the written-mask of ``plan``'s stored elements (None: not tracked)."""
         if self.written is None or plan.index is None:
@@ -232,6 +250,7 @@ class Buffer:
         ``mask``): a copy carries the written-ness of its source along."""
         if self.written is None or plan.index is None:
             return
+        self.clean = None
         part = self.written[plan.index + _ELLIPSIS]
         bits = np.broadcast_to(np.asarray(bits, dtype=bool), part.shape)
         if mask is None:

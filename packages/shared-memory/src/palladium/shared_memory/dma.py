@@ -231,6 +231,8 @@ class Dma:
         if old is not None:  # dst += src: written where both were
             bits = bits & old
         self.dst.set_written(self.dst_plan, bits, self.dst_mask)
+        if self.src.taint is not None and not np.all(bits):
+            self.dst.taint = self.src.taint  # where the uninitialised data came from
         self.bits = None
 
     def execute(self, det: Any) -> None:

@@ -51,9 +51,11 @@ Uninitialized: TypeAlias = Literal["nan", "zero"]
 Bounds: TypeAlias = Literal["logical", "padded"]
 """Where a buffer ends: its array shape, or its TPU tile-padded shape."""
 
-UninitializedReads: TypeAlias = Literal["off", "warn", "raise"]
-"""What a read of never-written memory does: nothing (nothing is tracked), a warning,
-or ``UninitializedReadError``."""
+UninitializedReads: TypeAlias = Literal["off", "on_use", "warn", "raise"]
+"""What a read of never-written memory does: nothing (nothing is tracked); nothing by
+itself, the client reports where what it read is used (``"on_use"``: the buffers track
+what is initialised, and the padding a block copy brings in past its source's end counts
+as uninitialised); a warning; or ``UninitializedReadError``."""
 
 CHOICES: dict[str, tuple[str, ...]] = {
     "dma_execution_mode": get_args(DmaExecutionMode),

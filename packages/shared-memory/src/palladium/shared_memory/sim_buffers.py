@@ -22,6 +22,7 @@ from palladium.shared_memory.regions import AccessPlan
 from palladium.shared_memory.sim_state import (
     CoreId,
     LaunchLinks,
+    UninitializedOrigin,
     UninitializedReports,
     site_line,
 )
@@ -38,8 +39,9 @@ class BufferStore:
     """
 
     __slots__ = ("actor", "by_key", "check_core", "det", "links", "next_key", "oob_raise",
-                 "options", "out_of_bounds_hint", "phantom_floats", "reports", "rounds",
-                 "track_written")
+                 "found_uninitialized", "options", "out_of_bounds_hint", "phantom_floats",
+                 "report_reads", "reports",
+                 "rounds", "track_written")
 
     def __init__(self, options: SimulationOptions, links: LaunchLinks, *,
                  check_core: Callable[[Any], CoreId], reports: UninitializedReports,
@@ -54,6 +56,10 @@ class BufferStore:
         self.out_of_bounds_hint = out_of_bounds_hint
         self.oob_raise = options.out_of_bounds == "raise"
         self.track_written = options.uninitialized_reads != "off"
+        # "on_use": reads are not reported here (the client reports where it uses them)
+        self.report_reads = options.uninitialized_reads in ("warn", "raise")
+        # whether ``uninitialized`` found any element without initialised data
+        self.found_uninitialized = False
         self.phantom_floats = not options.keep_float_data
 
     def get(self, buf: BufferRef) -> Buffer:
@@ -233,7 +239,7 @@ class BufferStore:
             out = b.data[plan.index + _ELLIPSIS].copy()
         else:
             out = b.read(plan, self.oob_raise, "read", core, site, mask)
-        if b.written is not None and check_written:
+        if b.written is not None and check_written and self.report_reads:
             missing = b.unwritten(plan, mask)
             if missing is not None:
                 self._report_unwritten(b, plan, missing, "read", core, site)
@@ -283,16 +289,87 @@ class BufferStore:
         db = self.by_key.get(dst.key) or self.get(dst)
         dplan = db.plan(dst_region)
         self.write(dst, dplan, data, core=core, site=site)
-        if db.written is not None:
+        if db.written is not None and not (splan.full and sb.is_clean()):
+            # (a written source: the write above marked the region already)
             bits = sb.written_bits(splan)
             if bits is None:
                 bits = np.ones(splan.shape, bool)
             elif not splan.full:
-                whole = np.ones(splan.shape, bool)
+                # "on_use": the padding past the source's end is uninitialised (on a TPU
+                # the rows of a partial edge block hold whatever VMEM held)
+                whole = np.full(splan.shape, not self.padding_uninitialized)
                 whole[splan.pos] = bits
                 bits = whole
-            db.set_written(dplan, bits if dplan.full else bits[dplan.pos])
+            bits = bits if dplan.full else bits[dplan.pos]
+            db.set_written(dplan, bits)
+            if bits.all():
+                pass
+            elif sb.taint is not None:
+                db.taint = sb.taint
+            elif self.padding_uninitialized and not splan.full:
+                db.taint = UninitializedOrigin(
+                    f"the padding of a partial edge block of {sb.ref.label}: elements "
+                    f"{db.describe_elements(dplan, ~bits)} of {db.ref.label} lie past the "
+                    f"end of its {list(sb.logical)} array", site, "padding")
         return data
+
+    @property
+    def padding_uninitialized(self) -> bool:
+        """Whether a block copy's padding (past its source's end) is uninitialised."""
+        return self.options.uninitialized_reads == "on_use"
+
+    def uninitialized_elements(self, buf: BufferRef, plan: AccessPlan) -> np.ndarray | None:
+        """``uninitialized_reads="on_use"``: which elements of the planned region hold
+        no initialised data (a mask of the region's shape; elements past the buffer's
+        end count as uninitialised), or None when every element does (or nothing is
+        tracked). Not a read: nothing is reported or told to the race detector."""
+        b = self.by_key.get(buf.key) or self.get(buf)
+        written = b.written
+        if written is None or b.clean:
+            return None
+        if plan.full:
+            part = written[plan.index + _ELLIPSIS]
+            if part.all():
+                return None
+            self.found_uninitialized = True
+            return ~part
+        out = np.ones(plan.shape, bool)
+        if plan.index is not None:
+            out[plan.pos] = ~written[plan.index]
+        self.found_uninitialized = True
+        return out
+
+    def set_initialized(self, buf: BufferRef, plan: AccessPlan, initialized: Any,
+                        mask: Any = None, taint: Any = None) -> None:
+        """After a store: which elements of the planned region (where ``mask``) now hold
+        initialised data (``initialized``, broadcast to the region); ``taint``: where
+        the uninitialised data stored came from (kept as the buffer's ``taint``)."""
+        b = self.by_key.get(buf.key) or self.get(buf)
+        if b.written is None or plan.index is None:
+            return
+        bits = np.broadcast_to(np.asarray(initialized, bool), plan.shape)
+        if not plan.full:
+            bits = bits[plan.pos]
+        b.set_written(plan, bits, None if mask is None else
+                      np.broadcast_to(np.asarray(mask, bool), plan.shape))
+        if taint is not None:
+            b.taint = taint
+
+    def initialized_mask(self, buf: BufferRef) -> np.ndarray | None:
+        """The array of ``buf``'s initialised elements itself (None: not tracked), for a
+        client that works on ``contents`` elsewhere and writes the mask back in place."""
+        b = self.by_key.get(buf.key) or self.get(buf)
+        b.clean = None  # (the client may clear bits)
+        return b.written
+
+    def taint(self, buf: BufferRef) -> Any:
+        """Where the uninitialised data ``buf`` holds came from (its ``taint``), or None."""
+        return (self.by_key.get(buf.key) or self.get(buf)).taint
+
+    def initialized(self, buf: BufferRef) -> bool:
+        """Whether every element of ``buf`` holds initialised data (or nothing is
+        tracked): a client may then work on its ``contents`` without tracking."""
+        return (self.by_key.get(buf.key) or self.get(buf)).is_clean()
 
     def mark_written(self, buf: BufferRef, written: bool = True) -> None:
         """Mark every element of ``buf`` as written (or, ``written=False``, as never
@@ -300,6 +377,8 @@ class BufferStore:
         b = self.get(buf)
         if b.written is not None:
             b.written[...] = written
+            b.taint = None
+            b.clean = written
 
     def unwritten(self, buf: BufferRef, region: Any) -> tuple[str, int, int] | None:
         """The elements of ``buf[region]`` nothing wrote, as (their bounding box in the

@@ -119,7 +119,7 @@ class DmaIssuer:
         if self.det is not None:
             actor = self.det.new_actor(name, parent=self.actor(core))
         dma = Dma(dma_id, name, core, sb, sp, db, dp, ssem, dsem, actor, site, view, add)
-        if sb.written is not None:
+        if sb.written is not None and self.reports.mode in ("warn", "raise"):
             dma.on_unwritten = self._dma_of_unwritten
         if self.links.obs is not None:
             event = dma_event(dma, dst_core)

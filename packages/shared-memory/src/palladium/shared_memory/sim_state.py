@@ -12,6 +12,7 @@ DMAs both report to.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import warnings
 from collections.abc import Callable
@@ -23,7 +24,8 @@ from palladium.shared_memory.observer import ObserverSet
 from palladium.shared_memory.partition import Rounds
 from palladium.shared_memory.scheduler import Scheduler
 
-__all__ = ["CoreId", "LaunchLinks", "UninitializedReports", "no_actor", "site_line"]
+__all__ = ["CoreId", "LaunchLinks", "UninitializedOrigin", "UninitializedReports", "no_actor",
+           "site_line"]
 
 CoreId = tuple[int, int]
 
@@ -63,13 +65,29 @@ class LaunchLinks:
         self.obs = obs
 
 
+@dataclasses.dataclass(frozen=True)
+class UninitializedOrigin:
+    """Where uninitialised data came from (``uninitialized_reads="on_use"``): ``what``
+    was read (``"'s' (VMEM, device 0 core 0) region [0:8, 0:128]"``) at ``site`` (an
+    access site: kernel, grid point, core, line), and why it holds no data: ``kind`` is
+    ``"never written"``, ``"padding"`` (the rows a block copy brought in past the end
+    of its source array: on a TPU, whatever VMEM held) or ``"stored"`` (a store at
+    ``site`` wrote data derived from ``source``, the read it goes back to, into
+    ``what``)."""
+
+    what: str
+    site: object
+    kind: str = "never written"
+    source: UninitializedOrigin | None = None
+
+
 class UninitializedReports:
     """The launch's reports of never-written memory (``uninitialized_reads``)."""
 
     __slots__ = ("hint", "mode", "reports", "seen")
 
     def __init__(self, mode: str, hint: str) -> None:
-        self.mode = mode  # "off", "warn" or "raise"
+        self.mode = mode  # "off", "on_use", "warn" or "raise"
         self.hint = hint  # appended to the simulation's own reports
         self.reports: list[str] = []  # every report (the first 1000)
         self.seen: set[object] = set()  # the keys warned of already

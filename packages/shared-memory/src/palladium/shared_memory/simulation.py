@@ -87,7 +87,9 @@ class Simulation:
         "allocate", "allocate_semaphores", "barrier_semaphore", "bounds", "buffers",
         "check_semaphores", "contents", "copy", "cores_per_device", "dma_execution_mode",
         "dma_order", "dma_queue", "dma_start", "dma_wait", "free", "free_semaphores",
-        "grid_point_of", "incref", "is_allocated", "kernel_barrier", "mark_written",
+        "grid_point_of", "incref", "initialized", "initialized_mask", "is_allocated",
+        "kernel_barrier",
+        "mark_written", "set_initialized", "taint", "uninitialized_elements",
         "num_devices", "options", "out_of_bounds", "out_of_bounds_hint", "plan", "races",
         "read", "record_access", "report_uninitialized", "seed", "semaphore_read",
         "semaphore_signal", "semaphore_wait", "semaphores", "snapshot_bytes", "swap",
@@ -205,6 +207,11 @@ class Simulation:
         self.copy = buffers.copy
         self.mark_written = buffers.mark_written
         self.unwritten = buffers.unwritten
+        self.uninitialized_elements = buffers.uninitialized_elements
+        self.set_initialized = buffers.set_initialized
+        self.taint = buffers.taint
+        self.initialized = buffers.initialized
+        self.initialized_mask = buffers.initialized_mask
         self.report_uninitialized = buffers.report_uninitialized
         self.value = buffers.value
         self.allocate_semaphores = signals.allocate_semaphores

@@ -17,7 +17,12 @@ reports what it reports; so do launches with anything a compiled launch does not
 races on in a kernel whose DMAs may race (the flag catches every access to a DMA in
 flight: with none, there is no race to report), several devices or cores, observers
 (timelines, logging), ``skip_floating_point_ops``, ``deterministic_dot``,
-``uninitialized_reads``, another DMA order or execution mode, and kernels whose tracing
+``uninitialized_reads="raise"`` or ``"warn"`` (with the default ``"on_use"``, a kernel
+compiles whole while none of its launches read uninitialised memory or left an output
+region unwritten, ``PreparedKernel.reads_uninitialized``, or for a launch whose scalar
+operands a simulated launch that read uninitialised memory and reported nothing had:
+megablox gmm, whose masked merge of output rows its group offsets decide), another DMA
+order or execution mode, and kernels whose tracing
 meets something unmodelled (``UnsupportedFeatureError`` while tracing: semaphore
 signals, remote DMAs, the MXU, prints, ...). ``compile_segments="static"`` or ``False``
 keeps every launch simulated.
@@ -66,7 +71,8 @@ def worth_compiling(kernel: PreparedKernel, grid_points: int) -> bool:
 
 def _params_allow(params: InterpretParams) -> bool:
     return (params.compile_segments is True and not params.skip_floating_point_ops
-            and not params.deterministic_dot and params.uninitialized_reads == "off"
+            and not params.deterministic_dot
+            and params.uninitialized_reads in ("off", "on_use")
             and params.keep_float_data and params.num_cores_or_threads == 1
             and params.grid_point_recorder is None and params.buffer_bounds == "logical"
             and params.out_of_bounds_reads == "raise" and params.dma_order == "issue"
@@ -85,6 +91,9 @@ def compiled_launch(kernel: PreparedKernel, params: InterpretParams, num_devices
     if (number < HOT_LAUNCH - 1 or num_devices > 1 or len(device_args) != 1
             or kernel.is_core_map or not _params_allow(params) or may_observe(params)):
         return None
+    if (kernel.reads_uninitialized and params.uninitialized_reads == "on_use"
+            and kernel.scalar_key(device_args[0]) not in kernel.clean_scalar_keys):
+        return None  # simulated: values carry shadows there
     gm = kernel.grid_mapping
     n_dyn = gm.num_dynamic_grid_bounds
     args = device_args[0]

@@ -138,6 +138,13 @@ class KernelContext(Protocol):
     memory: CoreMemory
     skip_floating_point_ops: bool
     deterministic_dot: bool
+    #: ``uninitialized_reads="on_use"``: values carry shadows (``value_shadows.py``);
+    #: a read notes the shadow of what it returns in ``read_shadow`` ((shadow, origin)
+    #: or None), a store finds the shadow of what it writes in ``store_shadow``
+    #: ((shadow or None, origin or None, whether to add the old contents' shadow)).
+    tracks_values: bool
+    read_shadow: Any
+    store_shadow: Any
 
     @property
     def sim(self) -> Simulation: ...

@@ -24,6 +24,7 @@ from palladium.interpret.eval.context import (
     Value,
 )
 from palladium.interpret.eval.program import Program, ProgramCache, Step, compile_jaxpr
+from palladium.interpret.eval.shadow_rules import run_shadowed
 from palladium.interpret.eval.site import Site
 from palladium.interpret.numpy_rules.common import (
     ERRORS_IGNORED,
@@ -50,6 +51,9 @@ class CoreEvaluator:
     memory: CoreMemory = dataclasses.field(init=False, repr=False)
     skip_floating_point_ops: bool = dataclasses.field(init=False, default=False)
     deterministic_dot: bool = dataclasses.field(init=False, default=False)
+    tracks_values: bool = dataclasses.field(init=False, default=False)
+    read_shadow: Any = dataclasses.field(init=False, default=None, repr=False)
+    store_shadow: Any = dataclasses.field(init=False, default=None, repr=False)
     _quiet: bool = dataclasses.field(init=False, default=False, repr=False)
     # Inside a plugin's evaluation: refs may come with transforms, and the program ids
     # may be the evaluation's own ((ids, counts), see ``eval_with_ref_views``).
@@ -65,6 +69,7 @@ class CoreEvaluator:
         self.memory = self.launch.memory
         self.skip_floating_point_ops = bool(getattr(params, "skip_floating_point_ops", False))
         self.deterministic_dot = bool(getattr(params, "deterministic_dot", False))
+        self.tracks_values = getattr(params, "uninitialized_reads", "off") == "on_use"
         self._inherited: dict[int, Any] = getattr(self.launch, "inherited_sources", {})
         # The launch's observers, told of every equation (None: the plain loop below).
         obs = getattr(getattr(self.launch, "sim", None), "observers", None)
@@ -126,6 +131,8 @@ class CoreEvaluator:
         for s, x in zip(prog.in_slots, args):
             env[s] = x
         obs = self._observers
+        if self.tracks_values:
+            return run_shadowed(self, prog, env, obs)
         if obs is None:
             for rule, eqn, operands, one, out, outs in prog.fast:
                 results = rule(self, eqn, [env[one]] if one is not None else list(operands(env)))

@@ -15,6 +15,12 @@ from palladium.interpret.errors import (
 )
 from palladium.interpret.eval.context import Equation, KernelContext
 from palladium.interpret.eval.refs import Access, Bitcast, MemRef, resolve, tpu_bitcast
+from palladium.interpret.eval.value_shadows import (
+    read_origin,
+    region_shadow,
+    stored_origin,
+    view_shadow,
+)
 from palladium.shared_memory import AccessPlan, MemorySpace
 
 # The primitives that read or write a ref's contents, and the name jax's interpreter
@@ -63,7 +69,29 @@ def read_access(ev: KernelContext, ref: MemRef, acc: Access, eqn: Equation,
     kernel's (``uninitialized_reads`` does not check it)."""
     data = ev.sim.read(ref.buffer, plan, core=ev.core, site=ev.site(eqn),
                        check_written=check_written)
+    if ev.tracks_values:
+        _note_read(ev, ref, acc, plan, eqn, None)
     return acc.apply(np.asarray(data)) if acc.post else data
+
+
+def _note_read(ev: KernelContext, ref: MemRef, acc: Access, plan: AccessPlan, eqn: Equation,
+               region_mask: Any) -> None:
+    """``uninitialized_reads="on_use"``: note the shadow of what a read returns (None:
+    every element it reads holds initialised data)."""
+    sim = ev.sim
+    missing = sim.uninitialized_elements(ref.buffer, plan)
+    if missing is not None and region_mask is not None:
+        missing = missing & region_mask
+        if not missing.any():
+            missing = None
+    if missing is None:
+        ev.read_shadow = None
+        return
+    found = sim.unwritten(ref.buffer, plan)
+    region = found[0] if found is not None else str(list(acc.region_shape))
+    what = f"{ref.buffer.label} region {region}"
+    origin = read_origin(what, ev.site(eqn), sim.taint(ref.buffer))
+    ev.read_shadow = (view_shadow(acc, missing), origin)
 
 
 def read_masked(ev: KernelContext, ref: MemRef, acc: Access, plan: AccessPlan, mask: Any,
@@ -81,6 +109,8 @@ def read_masked(ev: KernelContext, ref: MemRef, acc: Access, plan: AccessPlan, m
     else:
         region_mask = np.broadcast_to(np.asarray(mask, dtype=bool), acc.region_shape)
     data = ev.sim.read(ref.buffer, plan, mask=region_mask, core=ev.core, site=ev.site(eqn))
+    if ev.tracks_values:
+        _note_read(ev, ref, acc, plan, eqn, region_mask)
     return acc.apply(np.asarray(data)) if acc.post else data
 
 
@@ -102,9 +132,13 @@ def write(ev: KernelContext, ref: MemRef, acc: Access, plan: AccessPlan, value: 
         if mask is not None:
             mask = np.broadcast_to(np.asarray(mask, dtype=bool), acc.region_shape)
         sim.write(ref.buffer, plan, value, mask=mask, core=ev.core, site=site)
+        if ev.store_shadow is not None:
+            _note_store(ev, ref, acc, plan, eqn, mask)
         return
     if any(isinstance(op_, Bitcast) for op_ in acc.post):
         _write_through_bitcast(ev, ref, acc, plan, value, mask, eqn)
+        if ev.store_shadow is not None:
+            _note_store(ev, ref, acc, plan, eqn, None if mask is None else acc.region_mask(mask))
         return
     # Reshape / transpose / index after the region: scatter by element position, and
     # tell the simulator exactly which elements of the region were written.
@@ -120,6 +154,25 @@ def write(ev: KernelContext, ref: MemRef, acc: Access, plan: AccessPlan, value: 
     touched = acc.region_mask(mask)
     sim.write(ref.buffer, plan, full, mask=None if touched.all() else touched,
               core=ev.core, site=site)
+    if ev.store_shadow is not None:
+        _note_store(ev, ref, acc, plan, eqn, None if touched.all() else touched)
+
+
+def _note_store(ev: KernelContext, ref: MemRef, acc: Access, plan: AccessPlan,
+                eqn: Equation, region_mask: Any) -> None:
+    """``uninitialized_reads="on_use"``: a store wrote data derived from uninitialised
+    memory (``ev.store_shadow``; an accumulation, also the old contents' shadow the
+    read before it noted): those elements hold no initialised data now."""
+    shadow, origin, combine = ev.store_shadow
+    if combine and ev.read_shadow is not None:
+        old, old_origin = ev.read_shadow
+        shadow = old if shadow is None else shadow | old
+        origin = origin or old_origin
+    if shadow is None:
+        return
+    region = region_shadow(acc, shadow, acc.region_shape)
+    ev.sim.set_initialized(ref.buffer, plan, ~region, region_mask, taint=stored_origin(
+        ref.buffer.label, ev.site(eqn), origin))
 
 
 def _write_through_bitcast(ev: KernelContext, ref: MemRef, acc: Access, plan: AccessPlan,
@@ -162,11 +215,18 @@ def swap(ev: KernelContext, ref: MemRef, acc: Access, plan: AccessPlan, value: A
         if mask is None:
             if plan.full and not old_used:
                 sim.write(buf, plan, value, core=ev.core, site=ev.site(eqn))
+                if ev.store_shadow is not None:
+                    _note_store(ev, ref, acc, plan, eqn, None)
                 return None
         else:
             mask = np.broadcast_to(np.asarray(mask, dtype=bool), acc.region_shape)
-        return np.asarray(sim.swap(buf, plan, value, mask=mask, core=ev.core,
-                                   site=ev.site(eqn)))
+        if ev.tracks_values and old_used:
+            _note_read(ev, ref, acc, plan, eqn, None)  # the old contents returned
+        old = np.asarray(sim.swap(buf, plan, value, mask=mask, core=ev.core,
+                                  site=ev.site(eqn)))
+        if ev.store_shadow is not None:
+            _note_store(ev, ref, acc, plan, eqn, mask)
+        return old
     old = read_access(ev, ref, acc, eqn, plan, check_written=False)
     write(ev, ref, acc, plan, value, eqn, mask=mask)
     return old

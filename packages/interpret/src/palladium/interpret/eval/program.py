@@ -24,6 +24,7 @@ from palladium.interpret.eval.registry import RULES, Rule, rule_by_name
 from palladium.interpret.eval.rules_unsupported import UNSUPPORTED, refusal
 from palladium.interpret.eval.segment_trace import is_ref
 from palladium.interpret.eval.segments import Segment, find_segments, segment_io
+from palladium.interpret.eval.shadow_rules import PASS_THROUGH, SHADOW_RULES
 from palladium.interpret.eval.traced_rule import VIEW_PRIMITIVES, ref_view_rule
 from palladium.interpret.numpy_rules import (
     DETERMINISTIC_RULES,
@@ -83,6 +84,10 @@ class Program:
     #: 0.38 -> 0.14 us per step of the loop.
     fast: tuple[tuple[Any, Any, Any, int | None, int | None, tuple[int, ...]], ...] = (
         dataclasses.field(init=False, repr=False, compare=False))
+    #: Per step of ``fast``: its rule when values carry shadows (``value_shadows``;
+    #: a compiled segment's own, which runs its equations one by one on shadows), or
+    #: None (the plain rule, or the propagation of its operands' shadows).
+    shadow_rules: tuple[Any, ...] = dataclasses.field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "fast", tuple(
@@ -92,6 +97,9 @@ class Program:
              outs[0] if len(outs) == 1 else None, outs)
             for st in self.steps if not st.observe_only
             for ins, outs in [(st.in_slots, st.out_slots)]))
+        object.__setattr__(self, "shadow_rules", tuple(
+            PASS_THROUGH if st.segment else SHADOW_RULES.get(st.eqn.primitive)
+            for st in self.steps if not st.observe_only))
 
 
 def _no_operands(env: list[Any]) -> tuple[()]:

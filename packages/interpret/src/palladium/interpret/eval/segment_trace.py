@@ -72,14 +72,28 @@ def fusible(eqn: Any, has_own_rule: Callable[[Any], bool]) -> bool:
     return not any(is_ref(a) for a in (*eqn.invars, *eqn.outvars))
 
 
+class _Tracking:
+    """Which refs' masks of initialised elements a state carries (``at``: ref handle ->
+    position in ``values``) and the swaps whose old value something reads."""
+
+    def __init__(self, at: dict[int, int], old_read: set[Any]) -> None:
+        self.at = at
+        self.old_read = old_read
+
+
 class _State:
     """The refs' contents (traced), the all-accesses-in-bounds flag and, for the race
-    detector, the log of every access's start indices (None: no log)."""
+    detector, the log of every access's start indices (None: no log). ``track``: per
+    tracked ref, where in ``values`` (after the contents) its mask of initialised
+    elements is (``uninitialized_reads="on_use"``: a store sets its region's, a read of
+    an element not set clears ``ok``); None: nothing tracked."""
 
-    def __init__(self, values: list[Any], ok: Any, log: list[Any] | None = None) -> None:
+    def __init__(self, values: list[Any], ok: Any, log: list[Any] | None = None,
+                 track: _Tracking | None = None) -> None:
         self.values = values
         self.ok = ok
         self.log = log
+        self.track = track
 
 
 def _window(state: _State, handle: int, transforms: Sequence[Any]) -> tuple[list[Any], list[int], list[int]]:
@@ -107,11 +121,15 @@ def _window(state: _State, handle: int, transforms: Sequence[Any]) -> tuple[list
 
 def _get(state: _State, handle: int, transforms: Sequence[Any]) -> Any:
     starts, sizes, dropped = _window(state, handle, transforms)
+    at = None if state.track is None else state.track.at.get(handle)
+    if at is not None:  # a read of an element nothing initialised: not here
+        state.ok = state.ok & jnp.all(lax.dynamic_slice(state.values[at], starts, sizes))
     value = lax.dynamic_slice(state.values[handle], starts, sizes)
     return value.reshape([s for d, s in enumerate(sizes) if d not in dropped])
 
 
-def _put(state: _State, handle: int, transforms: Sequence[Any], value: Any, add: bool) -> Any:
+def _put(state: _State, handle: int, transforms: Sequence[Any], value: Any, add: bool,
+         old_used: bool = True) -> Any:
     starts, sizes, dropped = _window(state, handle, transforms)
     array = state.values[handle]
     old = lax.dynamic_slice(array, starts, sizes)
@@ -120,6 +138,13 @@ def _put(state: _State, handle: int, transforms: Sequence[Any], value: Any, add:
     if add:
         new = (old + new).astype(array.dtype)
     state.values[handle] = lax.dynamic_update_slice(array, new, starts)
+    at = None if state.track is None else state.track.at.get(handle)
+    if at is not None:
+        if add or old_used:  # the old contents are read
+            state.ok = state.ok & jnp.all(lax.dynamic_slice(state.values[at], starts, sizes))
+        mask = state.values[at]
+        state.values[at] = (jnp.bool_(True) if mask.ndim == 0 else  # (a ref stored whole)
+                            lax.dynamic_update_slice(mask, jnp.ones(sizes, bool), starts))
     return old.reshape([s for d, s in enumerate(sizes) if d not in dropped])
 
 
@@ -139,7 +164,8 @@ def _eqn(eqn: Any, invals: list[Any], state: _State) -> list[Any]:
         return [value.astype(eqn.outvars[0].aval.dtype)]
     if prim is jc.swap_p or prim is jc.addupdate_p:
         ref, val, *idx = invals
-        old = _put(state, ref, p["tree"].unflatten(idx), val, prim is jc.addupdate_p)
+        old = _put(state, ref, p["tree"].unflatten(idx), val, prim is jc.addupdate_p,
+                   state.track is not None and eqn.outvars[0] in state.track.old_read)
         return [old] if prim is jc.swap_p else []
     if prim is jc.scan_p:
         return _scan(eqn, invals, state)
@@ -161,7 +187,7 @@ def _scan(eqn: Any, invals: list[Any], state: _State) -> list[Any]:
 
     def body(c: Any, x: Any) -> Any:
         carry, values, ok = c
-        inner = _State(list(values), ok, None if state.log is None else [])
+        inner = _State(list(values), ok, None if state.log is None else [], state.track)
         out = _run(p["jaxpr"], [], [*consts, *carry, *x], inner)
         return (out[:ncarry], inner.values, inner.ok), (out[ncarry:], inner.log or [])
 
@@ -179,7 +205,8 @@ def _while(eqn: Any, invals: list[Any], state: _State) -> list[Any]:
     cconsts, bconsts, carry = invals[:nc], invals[nc: nc + nb], invals[nc + nb:]
 
     def test(values: Any, carry: Any) -> Any:
-        return _run(p["cond_jaxpr"], [], [*cconsts, *carry], _State(list(values), ok=True))[0]
+        return _run(p["cond_jaxpr"], [], [*cconsts, *carry],
+                    _State(list(values), ok=True, track=state.track))[0]
 
     def keep_going(c: Any) -> Any:
         n, carry, values, _ = c
@@ -187,7 +214,7 @@ def _while(eqn: Any, invals: list[Any], state: _State) -> list[Any]:
 
     def body(c: Any) -> Any:
         n, carry, values, ok = c
-        inner = _State(list(values), ok)
+        inner = _State(list(values), ok, track=state.track)
         carry = _run(p["body_jaxpr"], [], [*bconsts, *carry], inner)
         return n + 1, carry, inner.values, inner.ok
 
@@ -209,7 +236,7 @@ def _cond(eqn: Any, invals: list[Any], state: _State) -> list[Any]:
             values, ok, plain = operands
             it = iter(plain)
             full = [args[i] if i in refs else next(it) for i in range(len(args))]
-            inner = _State(list(values), ok)
+            inner = _State(list(values), ok, track=state.track)
             out = _run(jaxpr, [], full, inner)
             return out, inner.values, inner.ok
         return run
@@ -221,24 +248,55 @@ def _cond(eqn: Any, invals: list[Any], state: _State) -> list[Any]:
     return list(out)
 
 
+class _Everything:
+    def __contains__(self, item: Any) -> bool:
+        return True
+
+
+_ALL: Any = _Everything()
+
+
 def segment_function(eqns: Sequence[Any], inputs: Sequence[Any], refs: Sequence[Any],
                      outputs: Sequence[Any], written: Sequence[int],
-                     log: bool = False) -> Callable[..., Any]:
+                     log: bool = False, tracked: dict[int, str] | None = None,
+                     used: set[Any] | None = None) -> Callable[..., Any]:
     """The segment as ``f(*input_values, *ref_contents) -> (outputs, new contents of the
     refs ``written`` (by position in ``refs``), ok)``; with ``log``, a fourth result: the
-    start indices of every access, in the order of :func:`access_log_plan`."""
+    start indices of every access, in the order of :func:`access_log_plan`. With
+    ``tracked`` (ref position -> ``"read"``: the segment reads it, ``"written"``: it only
+    writes it, ``"whole"``: it only writes all of it), the tracked refs' masks of
+    initialised elements: ``f`` takes those of the refs it reads after the contents (the
+    others start empty; a ref written whole has one flag for a mask) and returns, last,
+    those of the tracked refs ``written`` (in that order); a read of an element no mask holds makes ``ok`` false
+    (the segment runs equation by equation, where values carry shadows); ``used``: the
+    variables something reads (a swap whose old value is not among them reads nothing)."""
     handles = {r: i for i, r in enumerate(refs)}
+    n = len(refs)
+    order = sorted(tracked or {})
 
     def f(*args: Any) -> Any:
-        values, contents = args[: len(inputs)], args[len(inputs):]
+        values, contents = args[: len(inputs)], args[len(inputs): len(inputs) + n]
+        given = iter(args[len(inputs) + n:])
         env: dict[Any, Any] = dict(zip(inputs, values))
         env.update(handles)
-        state = _State(list(contents), jnp.bool_(True), [] if log else None)
+        masks = [next(given) if tracked[i] == "read" else jnp.bool_(False)
+                 if tracked[i] == "whole" else jnp.zeros(contents[i].shape, bool)
+                 for i in order] if tracked else []
+        state = _State([*contents, *masks], jnp.bool_(True), [] if log else None,
+                       _Tracking({i: n + k for k, i in enumerate(order)},
+                                 set(used) if used is not None else _ALL)
+                       if tracked else None)
         for eqn in eqns:
             outs = _eqn(eqn, [_read(env, a) for a in eqn.invars], state)
             for v, o in zip(eqn.outvars, outs):
                 env[v] = o
-        result = ([_read(env, a) for a in outputs], [state.values[i] for i in written], state.ok)
-        return (*result, state.log) if log else result
+        result: tuple[Any, ...] = (
+            [_read(env, a) for a in outputs], [state.values[i] for i in written], state.ok)
+        if log:
+            result = (*result, state.log)
+        if tracked:
+            where = {i: n + k for k, i in enumerate(order)}
+            result = (*result, [state.values[where[i]] for i in written if i in where])
+        return result
 
     return f

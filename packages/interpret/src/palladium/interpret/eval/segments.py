@@ -9,9 +9,15 @@ segment's first run and kept with the kernel's programs for every later launch.
 
 The equation-by-equation path stays the oracle and runs instead whenever the compiled
 one could differ from it in anything but XLA's own arithmetic bits:
-- ``skip_floating_point_ops``, ``deterministic_dot``, ``uninitialized_reads``,
-  ``keep_float_data=False`` and an observer of every equation (the timeline) need each
-  equation seen;
+- ``skip_floating_point_ops``, ``deterministic_dot``, ``uninitialized_reads="raise"``
+  or ``"warn"``, ``keep_float_data=False`` and an observer of every equation (the
+  timeline) need each equation seen;
+- with ``uninitialized_reads="on_use"`` (the default), an input value that carries a
+  shadow (``value_shadows.py``); where a ref holds uninitialised elements (an output
+  block at a new block index), the variant that tracks each ref's initialised elements
+  runs (a second executable, compiled as the first is): a store marks its region, a
+  read of an element not marked sends the segment one by one, where values carry
+  shadows;
 - with ``detect_races``, in a kernel that starts DMAs or uses semaphores (another agent
   may touch a buffer while the core computes: the race detector must see each access), a
   segment with a ``cond`` or ``while`` around an access; any other segment of such a
@@ -41,10 +47,11 @@ import numpy as np
 
 from palladium.interpret import _jax_compat as jc
 from palladium.interpret.eval.context import Equation, KernelContext, Value
-from palladium.interpret.eval.jaxprs import any_equation
+from palladium.interpret.eval.jaxprs import any_equation, nested_jaxprs
 from palladium.interpret.eval.refs import MemRef
 from palladium.interpret.eval.segment_races import access_log_plan, replay
 from palladium.interpret.eval.segment_trace import fusible, is_ref, segment_function
+from palladium.interpret.eval.value_shadows import Tainted
 from palladium.interpret.state.process_state import STATE
 from palladium.shared_memory import MemorySpace
 
@@ -93,13 +100,59 @@ def uses_async(jaxpr: Any) -> bool:
     return any_equation(jaxpr, lambda eqn: eqn.primitive in ASYNC_PRIMITIVES)
 
 
-def _written(eqns: Sequence[Any]) -> set[Any]:
-    """The refs (variables of ``eqns``' scope) some equation stores to, at any depth."""
+def _stores(eqn: Any) -> bool:
+    return eqn.primitive is jc.swap_p or eqn.primitive is jc.addupdate_p
+
+
+def _loads(used: set[Any]) -> Callable[[Any], bool]:
+    """Whether a ref access reads: a load, an accumulation, a swap whose old value is
+    in ``used``."""
+    def loads(eqn: Any) -> bool:
+        prim = eqn.primitive
+        return (prim is jc.get_p or prim is jc.addupdate_p
+                or prim is jc.swap_p and eqn.outvars[0] in used)
+    return loads
+
+
+def _whole_store(eqn: Any) -> bool:
+    """Whether a store writes its whole ref (``ref[...] = x``: no indexer, or slices
+    from 0 of the full size)."""
+    if eqn.primitive is not jc.swap_p:
+        return False
+    transforms = eqn.params["tree"].unflatten(eqn.invars[2:])
+    if not transforms:
+        return True
+    if len(transforms) > 1 or not isinstance(transforms[0], jc.NDIndexer):
+        return False
+    shape = eqn.invars[0].aval.shape
+    for i, n in zip(transforms[0].indices, shape):
+        start = getattr(i, "start", None)
+        start = getattr(start, "val", start)
+        if (not isinstance(i, jc.Slice) or not isinstance(start, int | np.integer)
+                or start != 0 or i.size != n or i.stride != 1):
+            return False
+    return True
+
+
+def _used(eqns: Sequence[Any], outputs: Sequence[Any]) -> set[Any]:
+    """Every variable an equation of ``eqns`` (at any depth) or ``outputs`` reads."""
+    used: set[Any] = {a for a in outputs if not isinstance(a, jc.Literal)}
+    for eqn in eqns:
+        used.update(a for a in eqn.invars if not isinstance(a, jc.Literal))
+        for inner in nested_jaxprs(eqn):
+            used |= _used(inner.eqns, inner.outvars)
+    return used
+
+
+def _written(eqns: Sequence[Any], accesses: Callable[[Any], bool] = _stores) -> set[Any]:
+    """The refs (variables of ``eqns``' scope) some equation stores to (or, with
+    ``accesses=_loads``, reads), at any depth."""
     out: set[Any] = set()
     for eqn in eqns:
         prim, p = eqn.primitive, eqn.params
-        if prim is jc.swap_p or prim is jc.addupdate_p:
-            out.add(eqn.invars[0])
+        if prim in (jc.get_p, jc.swap_p, jc.addupdate_p):
+            if accesses(eqn):
+                out.add(eqn.invars[0])
             continue
         if prim is jc.scan_p:
             pairs = [(p["jaxpr"].jaxpr, eqn.invars)]
@@ -114,7 +167,7 @@ def _written(eqns: Sequence[Any]) -> set[Any]:
         else:
             continue
         for inner, outer in pairs:
-            inner_written = _written(inner.eqns)
+            inner_written = _written(inner.eqns, accesses)
             out.update(o for v, o in zip(inner.invars, outer) if v in inner_written)
     return out
 
@@ -131,14 +184,25 @@ class Segment:
         self.outputs = list(outputs)
         written = _written(self.eqns)
         self.written = [i for i, r in enumerate(self.refs) if r in written]
+        self._used = _used(self.eqns, self.outputs)
+        read = _written(self.eqns, _loads(self._used))
+        # (uninitialized_reads="on_use") the refs the segment reads: a tracking variant
+        # takes their masks of initialised elements; the others' start empty
+        self.read = frozenset(i for i, r in enumerate(self.refs) if r in read)
+        # ... and of those it only writes, the ones every store writes whole: a flag
+        # (did a store run) stands for their mask
+        partial = _written(self.eqns, lambda eqn: _stores(eqn) and not _whole_store(eqn))
+        self.whole = frozenset(i for i in self.written
+                               if i not in self.read and self.refs[i] not in partial)
+        self._tracking: list[frozenset[int]] = []  # the tracked sets compiled so far
         self.fallback = fallback  # the same equations as a Program of their own
         self.races_ok = races_ok
         self._shapes = [(tuple(r.aval.shape), np.dtype(r.aval.dtype)) for r in self.refs]
         self._dtypes = [np.dtype(v.aval.dtype) for v in self.plain]
         # With races on in a kernel with DMAs: the accesses to replay (None: not possible)
         self.log_plan = None if races_ok else access_log_plan(self.eqns, self.refs)
-        self._compiled: dict[bool, Callable[..., Any]] = {}
-        self._pending: dict[bool, Any] = {}  # background compiles (futures) of a hot one
+        self._compiled: dict[tuple[bool, frozenset[int]], Callable[..., Any]] = {}
+        self._pending: dict[tuple[bool, frozenset[int]], Any] = {}  # background compiles (futures) of a hot one
         self._failed = False
         self._lock = threading.Lock()
 
@@ -146,18 +210,28 @@ class Segment:
     def inputs(self) -> list[Any]:
         return [*self.plain, *self.refs]
 
-    def _job(self, log: bool) -> tuple[str, Callable[[], Any]]:
-        """The cache key text and the compile function of the ``log`` variant."""
+    def _job(self, variant: tuple[bool, frozenset[int]]) -> tuple[str, Callable[[], Any]]:
+        """The cache key text and the compile function of a variant: (``log``, whether
+        it also returns the access log; ``tracked``, the refs (by position) whose
+        initialised elements it tracks, ``uninitialized_reads="on_use"``)."""
+        log, tracked = variant
+        order = sorted(tracked)
         fn = segment_function(self.eqns, self.plain, self.refs, self.outputs,
-                              self.written, log)
+                              self.written, log,
+                              {i: "read" if i in self.read else "whole" if i in self.whole
+                               else "written" for i in order} if order else None,
+                              self._used)
         specs = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in self.plain]
         specs += [jax.ShapeDtypeStruct(s, d) for s, d in self._shapes]
-        text = f"{self.fallback.jaxpr}\nwritten={self.written}\nlog={log}"
+        specs += [jax.ShapeDtypeStruct(self._shapes[i][0], np.bool_)
+                  for i in order if i in self.read]
+        text = f"{self.fallback.jaxpr}\nwritten={self.written}\nlog={log}" + (
+            f"\ntracked={order}" if order else "")
         return text, lambda: jax.jit(fn).lower(*specs).compile()
 
-    def _compile(self, log: bool) -> Callable[..., Any] | None:
-        """The executable (``log``: the variant that also returns the access log); a
-        background compile of it started earlier is waited for."""
+    def _compile(self, log: tuple[bool, frozenset[int]]) -> Callable[..., Any] | None:
+        """The executable of a variant (see ``_job``); a background compile of it
+        started earlier is waited for."""
         with self._lock:
             if log not in self._compiled and not self._failed:
                 pending = self._pending.pop(log, None)
@@ -169,9 +243,23 @@ class Segment:
                     self._failed = True
             return self._compiled.get(log)
 
-    def _prefetch(self, log: bool) -> None:
-        """Start compiling the ``log`` variant in the background (a hot segment, one
-        launch before it is used)."""
+    def _tracked(self, unclean: list[int]) -> frozenset[int]:
+        """The refs a run with ``unclean`` refs tracks: a set compiled before that holds
+        them all, else all refs ever unclean here (one executable serves a kernel's
+        first grid step, whose scratch is not yet written, and the later ones)."""
+        if not unclean:
+            return frozenset()
+        need = frozenset(unclean)
+        for known in self._tracking:
+            if need <= known:
+                return known
+        union = need.union(*self._tracking)
+        self._tracking.append(union)
+        return union
+
+    def _prefetch(self, log: tuple[bool, frozenset[int]]) -> None:
+        """Start compiling a variant in the background (a hot segment, one launch
+        before it is used)."""
         with self._lock:
             if log not in self._compiled and log not in self._pending and not self._failed:
                 self._pending[log] = STATE.segments.get_in_background(*self._job(log))
@@ -181,7 +269,7 @@ class Segment:
         if ev.skip_floating_point_ops or ev.deterministic_dot or ev.observes_equations:
             return None
         params = ev.params
-        if (not params.compile_segments or params.uninitialized_reads != "off"
+        if (not params.compile_segments or params.uninitialized_reads not in ("off", "on_use")
                 or not params.keep_float_data
                 or self.hot and params.compile_segments == "static"):
             return None
@@ -193,32 +281,54 @@ class Segment:
         log = None if self._failed else self._mode(ev)
         if log is None:
             return ev.run_program(self.fallback, invals)
-        if self.hot and ev.launch_number < HOT_LAUNCH:
-            if ev.launch_number == HOT_LAUNCH - 1 and log not in self._compiled:
-                self._prefetch(log)
-            return ev.run_program(self.fallback, invals)
         n = len(self.plain)
+        tracks = ev.tracks_values
+        if tracks and any(x.__class__ is Tainted for x in invals[:n]):
+            return ev.run_program(self.fallback, invals)  # shadows: one by one
         contents = []
-        for ref, (shape, dtype) in zip(invals[n:], self._shapes):
+        unclean = []
+        for i, (ref, (shape, dtype)) in enumerate(zip(invals[n:], self._shapes)):
             if type(ref) is not MemRef or ref.buffer.space not in _SPACES:
                 return ev.run_program(self.fallback, invals)
+            if tracks and not ev.sim.initialized(ref.buffer):
+                unclean.append(i)  # (a ref holding uninitialised elements: an output block)
             data = ev.sim.contents(ref.buffer)
             if data.shape != shape or data.dtype != dtype:
                 return ev.run_program(self.fallback, invals)
             contents.append(data)
-        compiled = self._compiled.get(log) or self._compile(log)
+        tracked = self._tracked(unclean)
+        variant = (log, tracked)
+        if self.hot and ev.launch_number < HOT_LAUNCH:
+            if ev.launch_number == HOT_LAUNCH - 1 and variant not in self._compiled:
+                self._prefetch(variant)
+            return ev.run_program(self.fallback, invals)
+        compiled = self._compiled.get(variant) or self._compile(variant)
         if compiled is None:
             return ev.run_program(self.fallback, invals)
         plain = [x if getattr(x, "dtype", None) == d else np.asarray(x, d)
                  for x, d in zip(invals[:n], self._dtypes)]
-        outs, new, ok, *accesses = compiled(*plain, *contents)
+        masks = {}
+        for i in sorted(tracked):
+            mask = ev.sim.initialized_mask(invals[n + i].buffer)
+            masks[i] = np.ones(contents[i].shape, bool) if mask is None else mask
+        outs, new, ok, *rest = compiled(*plain, *contents,
+                                        *(masks[i] for i in sorted(tracked) if i in self.read))
         if not ok:
             return ev.run_program(self.fallback, invals)
         if log:
             assert self.log_plan is not None
-            replay(ev, self.log_plan, accesses[0], [r.buffer for r in invals[n:]])
+            replay(ev, self.log_plan, rest[0], [r.buffer for r in invals[n:]])
         for i, value in zip(self.written, new):
             contents[i][...] = np.asarray(value)
+        if tracked:
+            for i, value in zip([i for i in self.written if i in tracked], rest[-1]):
+                if i in self.read:  # the mask it was given, updated
+                    masks[i][...] = np.asarray(value)
+                elif i in self.whole:  # whether a store (of all of it) ran
+                    if value:
+                        masks[i][...] = True
+                else:  # what it wrote
+                    masks[i] |= np.asarray(value)
         return [np.asarray(o) for o in outs]
 
 

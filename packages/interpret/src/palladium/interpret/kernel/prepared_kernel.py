@@ -102,6 +102,21 @@ class PreparedKernel:
     #: The race detector's memo of the kernel's last race-free launch (its call log):
     #: a launch that makes the same calls needs no detection (``race_detect.memo``).
     race_memo: RaceMemo = dataclasses.field(default_factory=RaceMemo)
+    #: ``uninitialized_reads="on_use"``: whether a launch of this kernel read memory
+    #: that held no initialised data, or left an output region unwritten: its later
+    #: launches then stay simulated (where values carry shadows), except those whose
+    #: scalar operands (``scalar_key``) a simulated launch that read uninitialised
+    #: memory and reported nothing had (``clean_scalar_keys``): megablox gmm's masked
+    #: merge of output rows, decided by its group offsets.
+    reads_uninitialized: bool = False
+    clean_scalar_keys: set[bytes] = dataclasses.field(default_factory=set)
+
+    def scalar_key(self, args: Any) -> bytes:
+        """The bytes of a launch's dynamic grid bounds and scalar-prefetch operands
+        (``args``: one device's operands)."""
+        gm = self.grid_mapping
+        n = gm.num_dynamic_grid_bounds + gm.num_index_operands
+        return b"|".join(np.ascontiguousarray(a).tobytes() for a in args[:n])
 
     def is_private(self, var: Any) -> bool:
         """Whether no DMA of the kernel reaches the ref bound to ``var``."""

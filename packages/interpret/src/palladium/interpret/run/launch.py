@@ -17,9 +17,15 @@ import numpy as np
 
 from palladium.interpret import _jax_compat as jc
 from palladium.interpret.chip import DEFAULT_CHIP, chip_facts
-from palladium.interpret.errors import KernelError, PalladiumError, UnsupportedFeatureError
+from palladium.interpret.errors import (
+    KernelError,
+    PalladiumError,
+    UninitializedUseError,
+    UnsupportedFeatureError,
+)
 from palladium.interpret.eval.context import CoreId, Where
 from palladium.interpret.eval.program import ProgramCache
+from palladium.interpret.eval.value_shadows import describe_origin, fix_hint
 from palladium.interpret.kernel.jaxpr_checks import negative_grid_message
 from palladium.interpret.kernel.prepared_kernel import PreparedKernel
 from palladium.interpret.observe.observers import LaunchInfo, launch_observers
@@ -259,10 +265,18 @@ class Launch:
                 if device in self.local_devices:
                     bodies[core] = run.run
         try:
-            self._run(bodies)
+            try:
+                self._run(bodies)
+            finally:
+                if self.sim.buffers.found_uninitialized:
+                    k.reads_uninitialized = True
             for device, hbm_outputs in enumerate(device_outputs):
                 if device in self.local_devices:
                     self._check_outputs_written(hbm_outputs, aliases)
+            if self.sim.buffers.found_uninitialized and len(device_args) == 1:
+                # read uninitialised memory, reported nothing: a compiled launch may
+                # stand for a launch with these scalar operands
+                k.clean_scalar_keys.add(k.scalar_key(device_args[0]))
         except PalladiumError as e:
             if getattr(e, "snapshot", None) is None and self.params.failure_snapshot_bytes:
                 e.snapshot = self.sim.snapshot(  # type: ignore[attr-defined]
@@ -308,14 +322,34 @@ class Launch:
     def _check_outputs_written(self, hbm_outputs: list[BufferRef], aliases: dict[int, int]) -> None:
         """``uninitialized_reads``: report each output region nothing wrote."""
         k = self.kernel
+        on_use = self.params.uninitialized_reads == "on_use"
         for o, (buf, aval, info) in enumerate(zip(hbm_outputs, k.out_avals, k.outputs)):
-            if o in aliases:
+            if o in aliases and not on_use:
                 continue
             found = self.sim.unwritten(buf, info.array_region(tuple(aval.shape)))
             if found is None:
                 continue
             region, n, total = found
             where = k.launch_location
+            taint = self.sim.taint(buf) if on_use else None
+            if on_use:
+                k.reads_uninitialized = True
+                head = (f"kernel '{self.kernel_name}'" + (f" ({where})" if where else "")
+                        + f": output '{info.name}' (HBM, device {buf.device}) ")
+                if taint is None:
+                    raise UninitializedUseError(
+                        head + f"was never written in region {region} ({n} of its {total} "
+                        f"elements) by the end of the launch: the caller receives "
+                        f"uninitialised memory (on a TPU, garbage). Write every output "
+                        f"block the grid visits (or give the output an "
+                        f"input_output_alias); if the kernel means it, pass "
+                        f"InterpretParams(uninitialized_reads='off').")
+                raise UninitializedUseError(
+                    head + f"holds data derived from uninitialised memory in region "
+                    f"{region} ({n} of its {total} elements) when the launch ends: "
+                    f"{describe_origin(taint)}. The caller receives it (on a TPU, "
+                    f"garbage). {fix_hint(taint)} If the kernel means it, pass "
+                    f"InterpretParams(uninitialized_reads='off').")
             self.sim.report_uninitialized(
                 f"kernel '{self.kernel_name}'" + (f" ({where})" if where else "")
                 + f": output '{info.name}' (HBM, device {buf.device}) was never written in "

@@ -25,6 +25,7 @@ from palladium.shared_memory import (
     SemaphoreKind,
     SemaphoreLeakError,
     Simulation,
+    UninitializedOrigin,
     uninitialized_value,
 )
 
@@ -209,12 +210,22 @@ class MemoryMap:
         """The HBM copy of an input (padded by its ``pl.Element`` padding); ``read_only``:
         nothing writes it during the launch (``PreparedKernel.read_only_inputs``)."""
         padded = info.padded_shape
-        if padded != tuple(x.shape):
+        shape = tuple(x.shape)
+        if padded != shape:
             full = np.full(padded, self.fill_value(x.dtype), dtype=x.dtype)
-            full[info.array_region(tuple(x.shape))] = x
+            full[info.array_region(shape)] = x
             x = full
-        return self.allocate((device, 0), _home(info), hbm_name(info), None, None, value=x,
-                             read_only=read_only)
+        ref = self.allocate((device, 0), _home(info), hbm_name(info), None, None, value=x,
+                            read_only=read_only)
+        if padded != shape and self.params.uninitialized_reads == "on_use":
+            # the padding of its last blocks holds no data (on a TPU, whatever VMEM held)
+            initialized = np.zeros(padded, bool)
+            initialized[info.array_region(shape)] = True
+            sim = self.sim
+            sim.set_initialized(ref, sim.plan(ref, None), initialized, taint=UninitializedOrigin(
+                f"the padding of a partial edge block of input '{info.name}' (past the end "
+                f"of its {list(shape)} array)", None, "padding"))
+        return ref
 
     def hbm_output(self, device: int, info: BlockSpecInfo,
                    storage: np.ndarray | None = None) -> BufferRef:

@@ -1,0 +1,255 @@
+"""The evaluator's loop when values carry shadows of uninitialised memory
+(``uninitialized_reads="on_use"``, ``value_shadows.py``), and the rules that have
+something to decide: a ``cond`` on a shadowed index, a ``while`` whose condition is
+shadowed, ``scan`` (its ys keep their shadows), and the ref accesses (a shadowed index is
+reported; a read notes the shadow of what it returns, a store keeps the shadow of what
+it writes, through ``memory.py``). Every other primitive propagates the shadows of its
+operands (``shadow_propagation.py``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax.extend.core.primitives as jex_prims
+import numpy as np
+
+from palladium.interpret import _jax_compat as jc
+from palladium.interpret.eval.context import Equation, KernelContext, Value
+from palladium.interpret.eval.shadow_propagation import propagate
+from palladium.interpret.eval.value_shadows import (
+    Tainted,
+    first_tainted,
+    full_shadow,
+    plain,
+    report_use,
+    tainted,
+)
+
+__all__ = ["PASS_THROUGH", "SHADOW_RULES", "run_shadowed"]
+
+
+ShadowRule = Callable[[KernelContext, Any, Equation, list[Value]], list[Value]]
+SHADOW_RULES: dict[Any, ShadowRule] = {}
+
+
+def run_shadowed(ev: KernelContext, prog: Any, env: list[Any], observers: Any) -> list[Value]:
+    """Run ``prog``'s steps on ``env`` (its arguments stored) with shadows: the
+    evaluator's loop when values track initialisation."""
+    if observers is None:
+        for (rule, eqn, operands, one, out, outs), special in zip(prog.fast, prog.shadow_rules):
+            ops = [env[one]] if one is not None else list(operands(env))
+            if special is not None:
+                results = special(ev, rule, eqn, ops)
+            else:
+                for x in ops:
+                    if x.__class__ is Tainted:
+                        results = propagate(ev, rule, eqn, ops)
+                        break
+                else:
+                    results = rule(ev, eqn, ops)
+            if out is not None:
+                env[out] = results[0]
+            else:
+                for s, o in zip(outs, results):
+                    env[s] = o
+        return [env[i] for i in prog.out_slots]
+    core, compute = ev.core, observers.compute
+    for step in prog.steps:
+        if not step.segment:
+            compute(core, step.eqn)
+        if step.observe_only:
+            continue
+        ops = [env[i] for i in step.in_slots]
+        special = _passthrough if step.segment else SHADOW_RULES.get(step.eqn.primitive)
+        if special is not None:
+            results = special(ev, step.rule, step.eqn, ops)
+        elif first_tainted(ops) is not None:
+            results = propagate(ev, step.rule, step.eqn, ops)
+        else:
+            results = step.rule(ev, step.eqn, ops)
+        for s, o in zip(step.out_slots, results):
+            env[s] = o
+    return [env[i] for i in prog.out_slots]
+
+
+# -- rules with something to decide -------------------------------------------------------
+
+def _shadow_rule(*prims: Any) -> Callable[[ShadowRule], ShadowRule]:
+    def register(fn: ShadowRule) -> ShadowRule:
+        for p in prims:
+            if p is not None:
+                SHADOW_RULES[p] = fn
+        return fn
+    return register
+
+
+@_shadow_rule(jc.cond_p)
+def _cond(ev: KernelContext, rule: Any, eqn: Equation, ops: list[Value]) -> list[Value]:
+    if ops[0].__class__ is Tainted:
+        raise report_use(ev, eqn, ops[0], "a branch (lax.cond / pl.when)")
+    return rule(ev, eqn, ops)  # type: ignore[no-any-return]
+
+
+@_shadow_rule(jc.while_p)
+def _while(ev: KernelContext, rule: Any, eqn: Equation, ops: list[Value]) -> list[Value]:
+    p = eqn.params
+    nc, nb = p["cond_nconsts"], p["body_nconsts"]
+    cond_consts, body_consts, carry = ops[:nc], ops[nc: nc + nb], ops[nc + nb:]
+    tick, site = ev.sim.tick, ev.site(eqn)
+    while True:
+        pred = ev.eval_closed(p["cond_jaxpr"], [*cond_consts, *carry])[0]
+        if pred.__class__ is Tainted:
+            raise report_use(ev, eqn, pred, "a loop's condition (lax.while_loop / "
+                                            "lax.fori_loop bound)")
+        if not bool(np.asarray(pred)):
+            return carry
+        tick(site)  # the watchdog sees a loop that never ends
+        carry = ev.eval_closed(p["body_jaxpr"], [*body_consts, *carry])
+
+
+@_shadow_rule(jc.scan_p)
+def _scan(ev: KernelContext, rule: Any, eqn: Equation, ops: list[Value]) -> list[Value]:
+    # (the plain rule's own loop would drop the shadows of its ys when stacking them)
+    p = eqn.params
+    n_consts, n_carry, length = p["num_consts"], p["num_carry"], p["length"]
+    consts, carry, xs = ops[:n_consts], ops[n_consts: n_consts + n_carry], ops[n_consts + n_carry:]
+    y_avals = [v.aval for v in eqn.outvars[n_carry:]]
+    ys: list[list[Any]] = [[] for _ in y_avals]
+    steps = range(length - 1, -1, -1) if p["reverse"] else range(length)
+    for i in steps:
+        sliced = [_index(x, i) for x in xs]
+        out = ev.eval_closed(p["jaxpr"], [*consts, *carry, *sliced])
+        carry = out[:n_carry]
+        for acc, y in zip(ys, out[n_carry:]):
+            acc.append(y)
+    if p["reverse"]:
+        for acc in ys:
+            acc.reverse()
+    stacked: list[Any] = []
+    for acc, aval in zip(ys, y_avals):
+        if not acc:
+            stacked.append(np.zeros(aval.shape, aval.dtype))
+            continue
+        value = np.stack([np.asarray(plain(y), dtype=aval.dtype) for y in acc])
+        first = first_tainted(acc)
+        if first is None:
+            stacked.append(value)
+        else:
+            shadow = np.stack([full_shadow(y) for y in acc])
+            stacked.append(Tainted(value, shadow, first.origin))
+    return [*carry, *stacked]
+
+
+def _index(x: Any, i: int) -> Any:
+    if x.__class__ is Tainted:
+        return tainted(np.asarray(x.value)[i], np.broadcast_to(
+            x.shadow, np.shape(x.value))[i], x.origin)
+    return np.asarray(x)[i]
+
+
+def _passthrough(ev: KernelContext, rule: Any, eqn: Equation, ops: list[Value]) -> list[Value]:
+    """Calls whose rule hands its operands to a body the same loop evaluates (and
+    compiled segments, which run their equations so when an operand has a shadow)."""
+    return rule(ev, eqn, ops)  # type: ignore[no-any-return]
+
+
+PASS_THROUGH = _passthrough
+_shadow_rule(jc.run_scoped_p, jc.jit_p, jc.custom_jvp_call_p, jc.custom_vjp_call_p,
+             jex_prims.closed_call_p, jex_prims.remat_p)(_passthrough)
+
+
+# Ref accesses: ``memory.py`` notes the shadow of what a read returns
+# (``ev.read_shadow``) and stores the shadow of what a store writes (``ev.store_shadow``).
+def _access_roles(eqn: Equation) -> dict[int, str]:
+    """The operands of a ref access that are data (not an address): by position, the
+    stored value, a load's or store's mask, a load's fill."""
+    prim = eqn.primitive
+    if prim is jc.swap_p or prim is jc.addupdate_p:
+        return {1: "value"}
+    if prim is jc.load_p or prim is jc.masked_swap_p:
+        import jax
+        args_tree = eqn.params["args_tree"]
+        children: list[Any] = jax.tree_util.treedef_children(args_tree)
+        ref_tree, transforms_tree, third, fourth = children
+        n = ref_tree.num_leaves + transforms_tree.num_leaves
+        roles: dict[int, str] = {}
+        if prim is jc.load_p:
+            if third.num_leaves:
+                roles[n] = "mask"
+            if fourth.num_leaves:
+                roles[n + int(third.num_leaves > 0)] = "other"
+        else:
+            roles[n] = "value"
+            if fourth.num_leaves:
+                roles[n + 1] = "mask"
+        return roles
+    return {}
+
+
+def _roles(eqn: Equation) -> dict[int, str]:
+    return _access_roles(eqn)  # (asked only where an operand has a shadow)
+
+
+def _access(ev: KernelContext, rule: Any, eqn: Equation, ops: list[Value]) -> list[Value]:
+    store: Any = None
+    extra: Any = None  # a load's mask / fill, or a store's mask, with a shadow
+    if first_tainted(ops) is not None:
+        roles = _roles(eqn)
+        for i, x in enumerate(ops):
+            if x.__class__ is not Tainted:
+                continue
+            role = roles.get(i)
+            if role is None:
+                raise report_use(ev, eqn, x, f"an index of a ref access ('{eqn.primitive}')")
+            if role == "value":
+                store = x
+            else:
+                extra = (role, x, i)
+        ops = [plain(x) for x in ops]
+    prim = eqn.primitive
+    combine = prim is jc.addupdate_p
+    if extra is not None and extra[0] == "mask" and prim is jc.masked_swap_p:
+        # a store where the mask is uninitialised: those elements are unknown after it
+        m = extra[1]
+        mshadow = np.asarray(m.shadow)
+        store = Tainted(plain(store) if store is not None else None,
+                        mshadow if store is None else (store.shadow | mshadow), m.origin)
+    ev.read_shadow = None
+    ev.store_shadow = (None if store is None else store.shadow,
+                       None if store is None else store.origin, combine) \
+        if store is not None or combine else None
+    try:
+        results = rule(ev, eqn, ops)
+    finally:
+        ev.store_shadow = None
+    noted, ev.read_shadow = ev.read_shadow, None
+    if not results or results[0] is None:
+        return results  # type: ignore[no-any-return]
+    out = results[0]
+    shadow: Any = None
+    origin: Any = None
+    if noted is not None:
+        shadow, origin = noted
+    if extra is not None and prim is jc.load_p:
+        role, x, i = extra
+        mask = np.asarray(ops[_mask_at(eqn)]) if "mask" in _roles(eqn).values() else None
+        if role == "mask":
+            add = np.broadcast_to(x.shadow, np.shape(out))
+        else:  # the fill: where the mask is False (a fill is given with a mask only)
+            assert mask is not None
+            add = np.broadcast_to(x.shadow, np.shape(out)) & ~np.broadcast_to(
+                mask, np.shape(out))
+        shadow = add if shadow is None else np.broadcast_to(shadow, np.shape(out)) | add
+        origin = origin or x.origin
+    if shadow is None or prim is jc.addupdate_p:
+        return results  # type: ignore[no-any-return]
+    return [tainted(out, shadow, origin), *results[1:]]
+
+
+def _mask_at(eqn: Equation) -> int:
+    return next(i for i, r in _roles(eqn).items() if r == "mask")
+
+
+_shadow_rule(jc.get_p, jc.swap_p, jc.addupdate_p, jc.load_p, jc.masked_swap_p)(_access)
+
