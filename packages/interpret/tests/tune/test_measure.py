@@ -51,3 +51,50 @@ def test_a_measurement_reports_its_median_and_spread():
 def test_measure_without_a_tpu_says_what_to_use_instead():
     with pytest.raises(pi.ConfigError, match=r"jax's default backend here is 'cpu'.*predict"):
         pi.measure(lambda x: x + 1, jnp.ones(4))
+
+
+def _make(rows):
+    import jax
+    from jax.experimental import pallas as pl
+
+    spec = pl.BlockSpec((rows, 128), lambda i: (i, 0))
+    return pl.pallas_call(lambda x, o: o.__setitem__(..., x[...] + 1),
+                          out_shape=jax.ShapeDtypeStruct((512, 128), jnp.float32),
+                          grid=(512 // rows,), in_specs=[spec], out_specs=spec)
+
+
+@pytest.mark.timeout(120)
+def test_sweep_measure_needs_a_tpu_and_one_process():
+    import jax
+
+    x = jax.ShapeDtypeStruct((512, 128), jnp.float32)
+    with pytest.raises(pi.ConfigError, match=r"sweep\(measure=True\): measure\(\) times"):
+        pi.sweep(_make, [{"rows": 8}], x, compile_check="approximate", measure=True)
+
+
+@pytest.mark.timeout(120)
+def test_measured_times_sit_beside_the_prediction_and_the_rank_agreement_is_kendalls_tau():
+    import dataclasses
+
+    import jax
+
+    x = jax.ShapeDtypeStruct((512, 128), jnp.float32)
+    result = pi.sweep(_make, [{"rows": 8}, {"rows": 64}, {"rows": 512}], x,
+                      compile_check="approximate")
+    assert result.rank_agreement is None and "measured_us" not in result.table()
+    predicted = [r.predicted_seconds for r in result.rows]
+    assert len(set(predicted)) == 3  # three distinct predictions to order
+    order = sorted(range(3), key=lambda i: predicted[i])
+    # Measured in the predicted order: tau 1; one pair swapped of three: (2 - 1) / 3.
+    same = [1e-6 * (1 + order.index(i)) for i in range(3)]
+    swapped = list(same)
+    swapped[order[0]], swapped[order[1]] = swapped[order[1]], swapped[order[0]]
+    for times, tau in [(same, 1.0), (swapped, 1 / 3)]:
+        rows = tuple(dataclasses.replace(r, measured_seconds=t)
+                     for r, t in zip(result.rows, times))
+        measured = dataclasses.replace(result, rows=rows)
+        assert measured.rank_agreement == pytest.approx(tau)
+        table = measured.table()
+        assert "| predicted_us | measured_us |" in table.splitlines()[0]
+        assert measured.records()[0]["measured_us"] == round(
+            measured.ranked[0].measured_seconds * 1e6, 3)

@@ -142,7 +142,8 @@ def short_reason(error: BaseException) -> str:
     return text
 
 
-def _concrete(arg: Any) -> Any:
+def concrete_argument(arg: Any) -> Any:
+    """``arg``, or zeros of its shape and dtype where it is a ``jax.ShapeDtypeStruct``."""
     if isinstance(arg, jax.ShapeDtypeStruct):
         return jnp.zeros(arg.shape, arg.dtype)
     return arg
@@ -198,7 +199,7 @@ def predict(
            "compile_check": compile_check}
     )
     checker = checker_label(ip)
-    concrete = [_concrete(a) for a in args]
+    concrete = [concrete_argument(a) for a in args]
     t0 = time.perf_counter()
     try:
         with errors_as_raised(), force_tpu_interpret_mode(ip), timeline(chip) as tl:

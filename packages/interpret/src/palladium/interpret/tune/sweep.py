@@ -17,8 +17,12 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any, TextIO
 
+import jax
+
 from palladium.interpret.errors import ConfigError, PalladiumError
-from palladium.interpret.tune.predict import Prediction, predict, short_reason
+from palladium.interpret.tune.measure import NO_TPU
+from palladium.interpret.tune.measure import measure as measure_on_chip
+from palladium.interpret.tune.predict import Prediction, concrete_argument, predict, short_reason
 from palladium.interpret.tune.sweep_result import SweepResult, SweepRow, config_label
 
 __all__ = ["SweepResult", "SweepRow", "sweep"]
@@ -98,6 +102,8 @@ def sweep(
     processes: int = 1,
     progress: bool | None = None,
     progress_stream: TextIO | None = None,
+    measure: bool = False,
+    measure_iters: int = 20,
     **params: Any,
 ) -> SweepResult:
     """Check and predict ``make_call(config)(*args)`` for every ``config`` on TPU ``chip``
@@ -118,6 +124,12 @@ def sweep(
     again for its trace). ``progress``: a progress bar on stderr (None: only when stderr
     is a terminal).
 
+    ``measure=True`` (on a TPU host, in one process) also runs every accepted
+    configuration compiled on the chip and puts its device time beside the prediction
+    (``SweepRow.measured_seconds``, the ``measured_us`` column, ``rank_agreement``):
+    :func:`palladium.interpret.measure`, median of ``measure_iters`` calls; arguments
+    given as ``jax.ShapeDtypeStruct`` run as zeros.
+
     >>> import jax, jax.numpy as jnp
     >>> from jax.experimental import pallas as pl
     >>> def make(rows):
@@ -134,14 +146,26 @@ def sweep(
     configs = list(configs)
     if processes < 1:
         raise ConfigError(f"sweep(processes={processes!r}): pass 1 (in this process) or more.")
+    if measure:
+        if jax.default_backend() != "tpu":
+            raise ConfigError("sweep(measure=True): " + NO_TPU.format(
+                backend=jax.default_backend()))
+        if processes != 1:
+            raise ConfigError("sweep(measure=True) runs in one process (one process at a "
+                              "time can hold a TPU): pass processes=1")
     call = make_call if not configs or not isinstance(configs[0], dict) else _Kwargs(make_call)
     bar = _Progress(len(configs), progress_stream, progress)
     t0 = time.perf_counter()
     rows: list[SweepRow | None] = [None] * len(configs)
     if processes == 1 or len(configs) <= 1:
         for i, config in enumerate(configs):
-            rows[i] = _one(call, config, args, chip, compile_check, params)
-            bar.update(rows[i])  # type: ignore[arg-type]
+            row = _one(call, config, args, chip, compile_check, params)
+            if measure and row.accepted:
+                chip_args = [concrete_argument(a) for a in args]
+                timed = measure_on_chip(call(config), *chip_args, iters=measure_iters)
+                row = dataclasses.replace(row, measured_seconds=timed.seconds)
+            rows[i] = row
+            bar.update(row)
     else:
         ctx = multiprocessing.get_context("spawn")  # jax's threads do not survive fork
         with concurrent.futures.ProcessPoolExecutor(processes, mp_context=ctx) as pool:

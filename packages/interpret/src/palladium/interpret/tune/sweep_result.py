@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import itertools
 import json
 from typing import Any
 
@@ -12,13 +13,15 @@ from palladium.interpret.tune.predict import Prediction
 
 __all__ = ["SweepResult", "SweepRow", "config_label"]
 
-#: The columns of the table, the CSV and the JSON (all simulated: the same every run).
+#: The columns of the table, the CSV and the JSON (all simulated, the same every run,
+#: except ``measured_us``: the chip's device time, with ``sweep(..., measure=True)``).
 COLUMNS = (
     "rank",
     "config",
     "compiles",
     "verdict",
     "predicted_us",
+    "measured_us",
     "bound",
     "exposed_dma_us",
     "vmem_mib",
@@ -47,6 +50,7 @@ class SweepRow:
     reason: str | None = None
     error: str | None = None
     wall_seconds: float = 0.0
+    measured_seconds: float | None = None  #: the chip's device time (``measure=True``)
 
     @property
     def accepted(self) -> bool:
@@ -86,6 +90,7 @@ class SweepRow:
             "compiles": self.accepted,
             "verdict": self.verdict,
             "predicted_us": num(p.predicted_seconds, 1e6) if ok and p else None,
+            "measured_us": num(self.measured_seconds, 1e6),
             "bound": p.bound if ok and p else None,
             "exposed_dma_us": num(p.exposed_dma_seconds, 1e6) if ok and p else None,
             "vmem_mib": num(p.vmem_bytes, 2.0**-20) if ok and p else None,
@@ -138,20 +143,31 @@ class SweepResult:
         out = [r.values(i + 1) for i, r in enumerate(self.ranked)]
         return out + [r.values(None) for r in self.rejected]
 
-    def table(
-        self,
-        columns: tuple[str, ...] = (
-            "rank",
-            "config",
-            "verdict",
-            "predicted_us",
-            "bound",
-            "exposed_dma_us",
-            "vmem_mib",
-            "reason",
-        ),
-    ) -> str:
-        """A markdown table (``columns`` from ``COLUMNS``)."""
+    @property
+    def rank_agreement(self) -> float | None:
+        """Kendall's tau between the predicted and the measured order of the rows that
+        have both (1: the same order; None: fewer than two measured)."""
+        pairs = [(r.predicted_seconds, r.measured_seconds) for r in self.rows
+                 if r.accepted and r.measured_seconds is not None]
+        if len(pairs) < 2:
+            return None
+        concordant = discordant = 0
+        for (p1, m1), (p2, m2) in itertools.combinations(pairs, 2):
+            sign = (p1 - p2) * (m1 - m2)  # type: ignore[operator]
+            concordant += sign > 0
+            discordant += sign < 0
+        total = len(pairs) * (len(pairs) - 1) // 2
+        return (concordant - discordant) / total
+
+    def table(self, columns: tuple[str, ...] | None = None) -> str:
+        """A markdown table (``columns`` from ``COLUMNS``; by default the rank, the
+        configuration, the verdict, predicted and, when measured, measured time, the
+        bound, exposed DMA, VMEM and the reason)."""
+        if columns is None:
+            measured = any(r.measured_seconds is not None for r in self.rows)
+            columns = ("rank", "config", "verdict", "predicted_us",
+                       *(("measured_us",) if measured else ()), "bound", "exposed_dma_us",
+                       "vmem_mib", "reason")
 
         def cell(v: Any) -> str:
             return (
