@@ -67,8 +67,10 @@ def _block_view(info: BlockSpecInfo, index: list[Any]) -> tuple[View, Any]:
     ok: Any = True
     for d, i, n in zip(info.dims, index, info.padded_shape):
         size = 1 if d.kind == "squeezed" else d.size
-        start = im.mul(i, size) if d.kind == "blocked" else im.as_index(i)
-        ok = im.all_of(ok, im.at_most(0, start), im.at_most(im.add(start, size), n))
+        blocked = d.kind == "blocked"
+        start = im.mul(i, size) if blocked else im.as_index(i)
+        # (checked on the block index itself: ``i * size`` may wrap in int32)
+        ok = im.all_of(ok, im.fits(i, size, n, size if blocked else 1))
         starts.append(start)
         sizes.append(size)
     dropped = [d.kind == "squeezed" for d in info.dims]

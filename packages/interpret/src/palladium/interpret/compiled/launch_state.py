@@ -118,9 +118,8 @@ def apply_indexers(view: View, transforms: Any, ok: Any = True) -> tuple[View, A
                 if not isinstance(i.size, int | np.integer) or not isinstance(i.stride, int | np.integer):
                     raise UnsupportedFeatureError("a slice of traced size or stride")
                 start, size, stride = _as_index(i.start), int(i.size), int(i.stride)
-                if size:
-                    ok = im.all_of(ok, im.at_most(0, start),
-                                   im.less(im.add(start, (size - 1) * stride), view.sizes[d]))
+                if size:  # (``fits``: no int32 sum of a traced start can wrap)
+                    ok = im.all_of(ok, im.fits(start, (size - 1) * stride + 1, view.sizes[d]))
             else:
                 start, size, stride = _as_index(i), 1, 1
                 ok = im.all_of(ok, im.at_most(0, start), im.less(start, view.sizes[d]))
