@@ -36,6 +36,7 @@ import numpy as np
 from palladium.interpret.compiled.launch_function import launch_function
 from palladium.interpret.compiled.launch_key import launch_key
 from palladium.interpret.compiled.launch_state import FLAGS, TraceFacts
+from palladium.interpret.eval.chip_arithmetic import NEGATIVE_ZERO, chip_function
 from palladium.interpret.eval.segments import HOT_LAUNCH, work
 from palladium.interpret.kernel.prepared_kernel import PreparedKernel
 from palladium.interpret.observe.observers import may_observe
@@ -114,7 +115,7 @@ def compiled_launch(kernel: PreparedKernel, params: InterpretParams, num_devices
     if exe is None:
         return None
     # the scalar prefetch operands, then the inputs
-    outs, flag = exe(*[_aligned(a) for a in args[n_dyn:]])
+    outs, flag = exe(NEGATIVE_ZERO, *[_aligned(a) for a in args[n_dyn:]])
     flag = int(flag)
     if flag:
         STATS.update(text for bit, text in FLAGS.items() if flag & bit)
@@ -152,7 +153,8 @@ def _compile_job(kernel: PreparedKernel, grid: tuple[int, ...], points: list[tup
         found = TraceFacts()
         jax.eval_shape(launch_function(kernel, grid, points, vmapped, fill, found), *specs)
         fn = launch_function(kernel, grid, points, vmapped, fill, found.second())
-        return jax.jit(fn).lower(*specs).compile()
+        z = jax.ShapeDtypeStruct((), NEGATIVE_ZERO.dtype)  # (chip_arithmetic's -0.0)
+        return jax.jit(chip_function(fn)).lower(z, *specs).compile()
 
     def built() -> Any:
         try:

@@ -41,6 +41,7 @@ import jax
 import numpy as np
 
 from palladium.interpret import _jax_compat as jc
+from palladium.interpret.eval.chip_arithmetic import NEGATIVE_ZERO, chip_function
 from palladium.interpret.eval.context import Equation, KernelContext, Value
 from palladium.interpret.eval.jaxprs import any_equation
 from palladium.interpret.eval.refs import MemRef
@@ -152,10 +153,11 @@ class Segment:
         """The cache key text and the compile function of the ``log`` variant."""
         fn = segment_function(self.eqns, self.plain, self.refs, self.outputs,
                               self.written, log)
-        specs = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in self.plain]
+        specs = [jax.ShapeDtypeStruct((), NEGATIVE_ZERO.dtype)]  # (chip_arithmetic's -0.0)
+        specs += [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in self.plain]
         specs += [jax.ShapeDtypeStruct(s, d) for s, d in self._shapes]
         text = f"{self.fallback.jaxpr}\nwritten={self.written}\nlog={log}"
-        return text, lambda: jax.jit(fn).lower(*specs).compile()
+        return text, lambda: jax.jit(chip_function(fn)).lower(*specs).compile()
 
     def _compile(self, log: bool) -> Callable[..., Any] | None:
         """The executable (``log``: the variant that also returns the access log); a
@@ -217,7 +219,7 @@ class Segment:
             return ev.run_program(self.fallback, invals)
         plain = [x if getattr(x, "dtype", None) == d else np.asarray(x, d)
                  for x, d in zip(invals[:n], self._dtypes)]
-        outs, new, ok, *accesses = compiled(*plain, *contents)
+        outs, new, ok, *accesses = compiled(NEGATIVE_ZERO, *plain, *contents)
         if not ok:
             return ev.run_program(self.fallback, invals)
         if log:
