@@ -78,5 +78,5 @@ def test_indices_become_int32():
        traced=st.booleans())
 def test_fits_is_exact_where_int32_arithmetic_would_wrap(start, extent, n, step, traced):
     """``fits`` answers what exact integers answer, for starts near 2**31 as well."""
-    expected = 0 <= start and start * step + extent <= n
+    expected = start >= 0 and start * step + extent <= n
     assert _run(lambda s: im.fits(s, extent, n, step), [start], [traced]) == expected
