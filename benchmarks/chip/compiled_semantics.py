@@ -14,6 +14,10 @@ size), and writes ``compiled_semantics.json`` to the directory in ``$OUT``:
   whose step read the old input block, the block the step before wrote (new), or
   neither; 5 runs on the chip; under palladium, the same counts, and whether
   ``detect_races=True`` raises ``DataRaceError``;
+- ``scalar_steered``: a kernel whose step g writes the scalar operand step g + 1's index
+  map reads (``sel[g + 1] = (sel[g] + 1) % 4``, ``sel = [3, 0, 0, 0, 0]``): the input
+  block each step read (the pipeline computes step g + 1's block at step g's start,
+  before the body writes: 3, 0, 0, 0);
 - ``elementwise``: the remaining differences (``exp``, ``tanh``, ``log``, division,
   ``rsqrt``, a row sum) between the chip and palladium's calls 1 and 4, in ulp.
 
@@ -98,6 +102,30 @@ def elementwise_kernel(interpret):
         out_shape=[jax.ShapeDtypeStruct((512, C), jnp.float32)] * 6, interpret=interpret)(x, y))
 
 
+def scalar_kernel(interpret):
+    from jax.experimental.pallas import tpu as pltpu  # noqa: PLC0415
+
+    def kernel(sel_ref, x_ref, o_ref):
+        g = pl.program_id(0)
+        o_ref[...] = x_ref[...] + 1.0
+        sel_ref[g + 1] = (sel_ref[g] + 1) % 4
+
+    spec = pltpu.PrefetchScalarGridSpec(
+        num_scalar_prefetch=1, grid=(4,),
+        in_specs=[pl.BlockSpec((8, C), lambda g, sel: (sel[g], 0))],
+        out_specs=pl.BlockSpec((8, C), lambda g, sel: (g, 0)))
+    return jax.jit(lambda sel, x: pl.pallas_call(
+        kernel, grid_spec=spec, out_shape=jax.ShapeDtypeStruct((32, C), jnp.float32),
+        interpret=interpret)(sel, x))
+
+
+SCALAR_ARGS = (np.array([3, 0, 0, 0, 0], np.int32), np.arange(32 * C, dtype=np.float32).reshape(32, C))
+
+
+def blocks_read(out):
+    return [int((np.asarray(out)[g * 8, 0] - 1) // (8 * C)) for g in range(4)]
+
+
 ELEMENTWISE = ("exp", "tanh", "log", "div", "rsqrt", "row_sum")
 
 
@@ -152,29 +180,46 @@ def ulps(a, b):
     return np.abs(ia - ib)
 
 
+def differences(chip, ours):
+    """Elements that differ, the largest difference in ulp, absolute, and relative where
+    the chip's value is at least 1e-3 (near 0 an ulp is tiny)."""
+    a, b = np.float64(chip), np.float64(ours)
+    big = np.abs(a) >= 1e-3
+    rel = np.abs(a - b)[big] / np.abs(a[big])
+    return {"differ": int((ulps(chip, ours) > 0).sum()), "max_ulp": int(ulps(chip, ours).max()),
+            "max_abs": float(np.abs(a - b).max()), "max_rel": float(rel.max()) if rel.size else 0.0}
+
+
 # --- the two halves ---------------------------------------------------------------------------
-def chip_half():
-    tpu = [d for d in jax.devices() if d.platform == "tpu"]
-    if not tpu:
-        return None
+def chip_outputs(path):
+    """Run the kernels on the TPU and save their outputs to ``path`` (an ``.npz``); False
+    without a TPU."""
+    if not any(d.platform == "tpu" for d in jax.devices()):
+        return False
     ins = inputs()
-    out = {"device": tpu[0].device_kind, "jax": jax.__version__}
-    try:
-        import libtpu  # noqa: PLC0415
-        out["libtpu"] = getattr(libtpu, "__version__", "?")
-    except ImportError:
-        out["libtpu"] = None
-    out["nan_minmax"] = nan_counts(nan_kernel(False)(*ins["nan"]))
-    out["axpy"] = axpy_counts(axpy_kernel(False)(*ins["axpy"]), *ins["axpy"])
-    runs = []
+    out = {}
+    for name, o in zip(("rows", "cols", "all"), nan_kernel(False)(*ins["nan"])):
+        out[f"nan_{name}"] = np.asarray(o)
+    out["axpy"] = np.asarray(axpy_kernel(False)(*ins["axpy"]))
     fn = inplace_kernel(False)
-    for _ in range(RUNS):
-        x = ins["inplace"][0]
-        runs.append(inplace_counts(fn(jnp.asarray(x)), x))
-    out["inplace_ahead"] = runs
-    ew = elementwise_kernel(False)(*ins["elementwise"])
-    np.save(Path(os.environ["OUT"]) / "chip_elementwise.npy", np.stack([np.asarray(o) for o in ew]))
-    return out
+    out["inplace"] = np.stack([np.asarray(fn(jnp.asarray(ins["inplace"][0])))
+                               for _ in range(RUNS)])
+    out["ew"] = np.stack([np.asarray(o) for o in elementwise_kernel(False)(*ins["elementwise"])])
+    out["scalar"] = np.stack([np.asarray(scalar_kernel(False)(*SCALAR_ARGS)) for _ in range(3)])
+    np.savez(path, **out)
+    return True
+
+
+def chip_half(path):
+    """What the chip's outputs (saved by ``chip_outputs``) say."""
+    ins = inputs()
+    o = np.load(path)
+    x = ins["inplace"][0]
+    return {"nan_minmax": nan_counts([o["nan_rows"], o["nan_cols"], o["nan_all"]]),
+            "axpy": axpy_counts(o["axpy"], *ins["axpy"]),
+            "inplace_ahead": [inplace_counts(r, x) for r in o["inplace"]],
+            "scalar_steered": [blocks_read(r) for r in o["scalar"]] if "scalar" in o else None,
+            }, o["ew"]
 
 
 def palladium_half():
@@ -189,7 +234,7 @@ def palladium_half():
     def calls(make, args, seed, n=4):
         fn = make(InterpretParams(random_seed=seed))
         before = compiled_launch.STATS["compiled"]
-        results = [fn(*args) for _ in range(n)]
+        results = [jax.block_until_ready(fn(*args)) for _ in range(n)]
         return results, compiled_launch.STATS["compiled"] - before
 
     res, compiled = calls(nan_kernel, ins["nan"], 1)
@@ -206,6 +251,8 @@ def palladium_half():
         out["inplace_ahead"]["detect_races"] = None
     except DataRaceError as e:
         out["inplace_ahead"]["detect_races"] = str(e)[:600]
+    res, compiled = calls(scalar_kernel, SCALAR_ARGS, 5)
+    out["scalar_steered"] = {"calls": [blocks_read(r) for r in res], "compiled_calls": compiled}
     res, compiled = calls(elementwise_kernel, ins["elementwise"], 4)
     np.save(Path(os.environ["OUT"]) / "palladium_elementwise.npy",
             np.stack([np.stack([np.asarray(o) for o in r]) for r in res]))
@@ -214,11 +261,18 @@ def palladium_half():
 
 
 def main():
+    """``--chip-npz PATH``: the chip's outputs saved before (by this script on a TPU
+    machine, or the same kernels run there by hand) instead of running them now."""
     out_dir = Path(os.environ["OUT"])
     out_dir.mkdir(parents=True, exist_ok=True)
     if "--palladium" in sys.argv:
         (out_dir / "palladium.json").write_text(json.dumps(palladium_half()))
         return
+    chip_npz = out_dir / "chip.npz"
+    if "--chip-npz" in sys.argv:
+        chip_npz = Path(sys.argv[sys.argv.index("--chip-npz") + 1])
+    elif not chip_outputs(chip_npz):
+        chip_npz = None
     root = Path(__file__).resolve().parents[2]
     env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=os.pathsep.join(
         [str(root / "packages" / p / "src") for p in ("interpret", "shared-memory", "race-detect")]
@@ -226,19 +280,21 @@ def main():
     t0 = time.time()
     sub = subprocess.run([sys.executable, __file__, "--palladium"], env=env,
                          capture_output=True, text=True, timeout=540)
-    result = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-              "chip": chip_half(), "palladium_seconds": round(time.time() - t0, 1)}
+    result = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "jax": jax.__version__,
+              "palladium_seconds": round(time.time() - t0, 1)}
+    chip_ew = None
+    if chip_npz is not None:
+        result["chip"], chip_ew = chip_half(chip_npz)
     if sub.returncode:
         result["palladium_error"] = sub.stderr[-3000:]
     else:
         result["palladium"] = json.loads((out_dir / "palladium.json").read_text())
-    chip_npy, pd_npy = out_dir / "chip_elementwise.npy", out_dir / "palladium_elementwise.npy"
-    if chip_npy.exists() and pd_npy.exists():
-        chip, calls = np.load(chip_npy), np.load(pd_npy)
+    pd_npy = out_dir / "palladium_elementwise.npy"
+    if chip_ew is not None and pd_npy.exists():
+        calls = np.load(pd_npy)
         result["elementwise_ulps"] = {
-            name: {f"call {c + 1}": {"max": int(ulps(chip[i], calls[c][i]).max()),
-                                     "differ": int((ulps(chip[i], calls[c][i]) > 0).sum())}
-                   for c in (0, 3)} | {"elements": int(chip[i].size)}
+            name: {f"call {c + 1}": differences(chip_ew[i], calls[c][i]) for c in (0, 3)}
+            | {"elements": int(chip_ew[i].size)}
             for i, name in enumerate(ELEMENTWISE)}
     (out_dir / "compiled_semantics.json").write_text(json.dumps(result, indent=1))
     print(json.dumps(result, indent=1))

@@ -16,7 +16,10 @@ it exactly as ever. The flags (``FLAG_*``):
 - a wait no DMA in flight can satisfy (a deadlock), more DMAs in flight than the table
   holds, a DMA left in flight or bytes left on a semaphore at the end (a leak);
 - a ``while`` loop past ``WHILE_LIMIT`` (the watchdog's), an output block revisited, a
-  block index out of range.
+  block index out of range;
+- an input block the BlockSpec pipeline copies in (during the step before) where that
+  step's aliased output is written back: the pipeline reads the old block, a race
+  (``run/grid_loop.py``); the compiled launch copies blocks strictly between steps.
 
 The DMAs in flight are a ring of ``DMA_SLOTS`` columns: the n-th DMA of the launch takes
 column n mod ``DMA_SLOTS`` (a DMA still in flight there raises a flag). A region is kept
@@ -44,11 +47,13 @@ __all__ = ["DMA_SLOTS", "FLAGS", "Handle", "LaunchState", "SemHandle", "TraceFac
 DMA_SLOTS = 32
 FLAG_BOUNDS, FLAG_CONFLICT, FLAG_DEADLOCK, FLAG_SLOTS = 1, 2, 4, 8
 FLAG_LOOP, FLAG_LEAK, FLAG_REVISIT, FLAG_BLOCK = 16, 32, 64, 128
+FLAG_PREFETCH = 256
 #: What each flag means (the launch's note when it runs simulated).
 FLAGS = {FLAG_BOUNDS: "an access out of bounds", FLAG_CONFLICT: "an access to a DMA in flight",
          FLAG_DEADLOCK: "a wait no DMA satisfies", FLAG_SLOTS: "too many DMAs in flight",
          FLAG_LOOP: "a loop past its limit", FLAG_LEAK: "a DMA or semaphore left at the end",
-         FLAG_REVISIT: "an output block revisited", FLAG_BLOCK: "a block index out of range"}
+         FLAG_REVISIT: "an output block revisited", FLAG_BLOCK: "a block index out of range",
+         FLAG_PREFETCH: "an input block prefetched before its write-back"}
 
 
 # The rows of the DMA table (``LaunchState.empty_table``): a free column has -1 as its

@@ -191,6 +191,15 @@ class CoreRun:
         obs = sim.observers
         record = params.grid_point_recorder_call()
         tick, step_site = sim.tick, _StepSite(self)
+        # The BlockSpec pipeline (as a TPU runs it): the next step's input blocks are
+        # copied in while this step computes, from HBM as it is before this step's
+        # outputs are written back; a write-back is waited for at the end of the next
+        # step. Each transfer is an agent of its own for the race detector (forked from
+        # the core when it starts, joined when it is waited for), so an output written
+        # back where the next input block is being read (an in-place kernel whose output
+        # runs ahead of its input) is a race, as on the chip (issue 42, item 3).
+        prefetched: dict[int, tuple[tuple[int, ...], Any, Any]] = {}  # input -> (block, data, agent)
+        writing: list[Any] = []  # the agents of the last step's write-backs
         for step, point in enumerate(self.points):
             self.point = point
             ev = self.ev.at(point)
@@ -209,15 +218,23 @@ class CoreRun:
                                          f"{info.space.name}",
                                   jax_block_index_phrase(cur[i], "input", info.name, point))
                 hbm, vmem = self._copy_plans(i, cur[i])
-                data = sim.copy(self.hbm_inputs[i], hbm, self.input_refs[i].buffer, vmem,
-                                core=self.core, site=site)
+                early = prefetched.pop(i, None)
+                if early is not None and early[0] == cur[i]:
+                    block = early[1]
+                    sim.join_agent(self.core, early[2])
+                else:  # the first step's: copied before the grid starts
+                    block = sim.read_block(self.hbm_inputs[i], hbm, core=self.core, site=site)
+                sim.write_block(self.input_refs[i].buffer, vmem, block, core=self.core, site=site)
                 if obs is not None:
-                    obs.block_copy(BlockCopy(self.core, info.name, "in", cur[i], data.nbytes,
+                    obs.block_copy(BlockCopy(self.core, info.name, "in", cur[i], block[0].nbytes,
                                              step, point, info.buffer_count, info.space))
+            nxt = self._block_indices(self.points[step + 1]) if step + 1 < len(self.points) else None
+            if nxt is not None:
+                self._prefetch(nxt, cur, step + 1, prefetched)
             ev.eval_jaxpr(k.jaxpr, [], self.operands)
             if obs is not None:
                 obs.grid_step_end(self.core, step, point)
-            nxt = self._block_indices(self.points[step + 1]) if step + 1 < len(self.points) else None
+            done, writing = writing, []
             for o, info in enumerate(k.outputs):
                 if info.in_hbm:
                     continue
@@ -226,8 +243,14 @@ class CoreRun:
                     site = self._site(point, f"copy of block {b} of output '{info.name}' to HBM",
                                       jax_block_index_phrase(b, "output", info.name, point))
                     hbm, vmem = self._copy_plans(n_in + o, b)
-                    data = sim.copy(self.output_refs[o].buffer, vmem, self.hbm_outputs[o], hbm,
-                                    core=self.core, site=site)
+                    block = sim.read_block(self.output_refs[o].buffer, vmem, core=self.core,
+                                           site=site)
+                    agent = sim.fork_agent(self.core, f"write-back of block {b} of output "
+                                                      f"'{info.name}' at grid point {point}")
+                    sim.write_block(self.hbm_outputs[o], hbm, block, core=self.core, site=site,
+                                    agent=agent)
+                    writing.append(agent)
+                    data = block[0]
                     if nxt is not None:  # the buffer's next block starts unwritten
                         sim.mark_written(self.output_refs[o].buffer, False)
                     if obs is not None:
@@ -252,4 +275,26 @@ class CoreRun:
                 else:
                     visits[o][b] = [point, point]
                 last[o] = b
+            for agent in done:  # the step before's write-backs: waited for now
+                sim.join_agent(self.core, agent)
             prev, cur = cur, nxt if nxt is not None else cur
+        for agent in writing:
+            sim.join_agent(self.core, agent)
+
+    def _prefetch(self, nxt: list[tuple[int, ...]], cur: list[tuple[int, ...]], step: int,
+                  prefetched: dict[int, tuple[tuple[int, ...], Any, Any]]) -> None:
+        """Start copying grid step ``step``'s input blocks (``nxt``) that differ from this
+        step's (``cur``): read from HBM now, each by an agent of its own."""
+        sim, k = self.launch.sim, self.launch.kernel
+        point = self.points[step]
+        for i, info in enumerate(k.inputs):
+            if info.in_hbm or nxt[i] == cur[i]:
+                continue
+            site = self._site(point, f"copy of block {nxt[i]} of input '{info.name}' into "
+                                     f"{info.space.name}",
+                              jax_block_index_phrase(nxt[i], "input", info.name, point))
+            hbm, _ = self._copy_plans(i, nxt[i])
+            agent = sim.fork_agent(self.core, f"copy of block {nxt[i]} of input '{info.name}' "
+                                              f"for grid point {point}")
+            prefetched[i] = (nxt[i], sim.read_block(self.hbm_inputs[i], hbm, core=self.core,
+                                                    site=site, agent=agent), agent)
