@@ -28,15 +28,20 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import threading
+import time
+import weakref
 from typing import Any
 
 import jax
 import numpy as np
 
+from palladium.interpret import _jax_compat as jc
+from palladium.interpret.compiled.bounded_call import INLINE_SECONDS, bounded_call
 from palladium.interpret.compiled.launch_function import launch_function
 from palladium.interpret.compiled.launch_key import launch_key
 from palladium.interpret.compiled.launch_state import FLAGS, TraceFacts
 from palladium.interpret.eval.chip_arithmetic import NEGATIVE_ZERO, chip_function
+from palladium.interpret.eval.jaxprs import any_equation
 from palladium.interpret.eval.segments import HOT_LAUNCH, work
 from palladium.interpret.kernel.prepared_kernel import PreparedKernel
 from palladium.interpret.observe.observers import may_observe
@@ -114,14 +119,38 @@ def compiled_launch(kernel: PreparedKernel, params: InterpretParams, num_devices
         return None
     if exe is None:
         return None
-    # the scalar prefetch operands, then the inputs
-    outs, flag = exe(NEGATIVE_ZERO, *[_aligned(a) for a in args[n_dyn:]])
+    # the scalar prefetch operands, then the inputs; under the watchdog, the progress
+    # reports and Ctrl-C (``bounded_call``): on a worker thread, with operands of its own,
+    # unless the launch's duration is fixed and its last run was short
+    last = _LAST_RUN.get(exe)
+    inline = last is not None and last[0] < INLINE_SECONDS and not last[1]
+    operands = [_aligned(a) if inline else _owned(a) for a in args[n_dyn:]]
+    start = time.perf_counter()
+    outs, flag = bounded_call(lambda: _run(exe, operands), kernel_name=kernel.name,
+                              params=params, inline=inline)
+    _LAST_RUN[exe] = (time.perf_counter() - start,
+                      _may_loop(kernel) if last is None else last[1])
     flag = int(flag)
     if flag:
         STATS.update(text for bit, text in FLAGS.items() if flag & bit)
         return None
     STATS["compiled"] += 1
-    return [[np.asarray(o) for o in outs]]
+    return [outs]
+
+
+def _run(exe: Any, operands: list[np.ndarray]) -> tuple[list[np.ndarray], Any]:
+    outs, flag = exe(NEGATIVE_ZERO, *operands)
+    return [np.asarray(o) for o in outs], np.asarray(flag)
+
+
+#: Per executable: the seconds its last run took and whether its kernel has a ``while``
+#: loop (``bounded_call``'s choice of running inline).
+_LAST_RUN: weakref.WeakKeyDictionary[Any, tuple[float, bool]] = weakref.WeakKeyDictionary()
+
+
+def _may_loop(kernel: PreparedKernel) -> bool:
+    """Whether a launch of ``kernel`` may run longer on other data: a ``while`` loop."""
+    return any_equation(kernel.jaxpr, lambda e: e.primitive is jc.while_p)
 
 
 #: XLA's CPU client reads an operand in place (no copy) when it is aligned to this many
@@ -142,6 +171,13 @@ def _aligned(a: np.ndarray) -> np.ndarray:
     out = raw[skip:skip + a.nbytes].view(a.dtype).reshape(a.shape)
     np.copyto(out, a)
     return out
+
+
+def _owned(a: np.ndarray) -> np.ndarray:
+    """An aligned copy of ``a`` that the executable owns: it may outlive the call that
+    handed ``a`` over (a launch abandoned by the watchdog or Ctrl-C)."""
+    copy = _aligned(a)
+    return np.array(a, copy=True) if copy is a else copy
 
 
 def _compile_job(kernel: PreparedKernel, grid: tuple[int, ...], points: list[tuple[int, ...]],
