@@ -50,11 +50,15 @@ from palladium.interpret.run.grid_loop import schedule
 from palladium.interpret.run.launch import launch_grid
 from palladium.interpret.state.process_state import STATE
 
-__all__ = ["MIN_EQUATIONS_PER_LAUNCH", "STATS", "compiled_launch", "worth_compiling"]
+__all__ = ["MAX_POINTS", "MIN_EQUATIONS_PER_LAUNCH", "STATS", "compiled_launch", "worth_compiling"]
 
 #: The least equations a launch evaluates (body work times grid points) for its kernel to
 #: be compiled whole: below it the simulated launch costs about what a compiled one does.
 MIN_EQUATIONS_PER_LAUNCH = 500
+#: The most grid points a launch compiled whole has: its executable holds a table of
+#: every point's block indices (a larger grid runs simulated, its points computed per
+#: step: ``run/grid_points.py``).
+MAX_POINTS = 1 << 20
 _WAIT = 60.0  # seconds a hot launch waits for its background compile
 #: Launches of the process that ran compiled ("compiled") and that ran simulated after
 #: their flags were raised (by the flag's text, ``launch_state.FLAGS``).
@@ -101,14 +105,14 @@ def compiled_launch(kernel: PreparedKernel, params: InterpretParams, num_devices
         future = futures.get(key)
         if future is None:
             points = schedule(kernel, grid, 1, tuple(gm.vmapped_dims), params.seed)[0]
-            if not worth_compiling(kernel, len(points)):
+            if len(points) > MAX_POINTS or not worth_compiling(kernel, len(points)):
                 futures[key] = future = concurrent.futures.Future()
                 future.set_result(None)
             else:
                 # (the shapes only: the operands may be views valid during this call)
                 specs = [jax.ShapeDtypeStruct(np.shape(a), np.asarray(a).dtype)
                          for a in args[n_dyn:]]
-                job = _compile_job(kernel, grid, points, tuple(gm.vmapped_dims),
+                job = _compile_job(kernel, grid, list(points), tuple(gm.vmapped_dims),
                                    params.uninitialized_memory, specs)
                 futures[key] = future = STATE.segments.get_in_background(None, job)
     if number < HOT_LAUNCH:

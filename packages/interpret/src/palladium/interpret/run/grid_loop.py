@@ -8,7 +8,7 @@ block is revisited after it was written back.
 
 from __future__ import annotations
 
-import math
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -25,7 +25,7 @@ from palladium.interpret.eval.site import Site
 from palladium.interpret.kernel.grid_blocks import GridBlocks
 from palladium.interpret.kernel.jaxpr_checks import is_parallel
 from palladium.interpret.kernel.prepared_kernel import PreparedKernel
-from palladium.interpret.run.grid_order import parallel_orders
+from palladium.interpret.run.grid_points import grid_points
 from palladium.shared_memory import AccessPlan, BlockCopy
 
 if TYPE_CHECKING:  # the launch creates the core runs
@@ -62,28 +62,11 @@ def parallel_dimensions(kernel: PreparedKernel, grid: GridPoint, num_cores: int,
 
 
 def schedule(kernel: PreparedKernel, grid: GridPoint, num_cores: int,
-             vmapped_dims: tuple[int, ...], seed: int) -> list[list[GridPoint]]:
-    """The grid points each core runs, in order."""
+             vmapped_dims: tuple[int, ...], seed: int) -> list[Sequence[GridPoint]]:
+    """The grid points each core runs, in order (computed per index for a large grid:
+    ``grid_points``)."""
     parallel = parallel_dimensions(kernel, grid, num_cores, vmapped_dims)
-    shuffled = [] if kernel.is_core_map else [n for n, p in zip(grid, parallel) if p]
-    orders = iter(parallel_orders(tuple(shuffled), seed))
-    coords = [next(orders) if p and not kernel.is_core_map else None
-              for p in parallel]
-    total = math.prod(grid)
-    par_size = math.prod(n for n, p in zip(grid, parallel) if p)
-    per_core = math.ceil(par_size / num_cores) if par_size else 0
-    per_point = total // par_size if par_size else 0
-    out = []
-    for c in range(num_cores):
-        lo = min(c * per_core * per_point, total)
-        hi = min((c + 1) * per_core * per_point, total)
-        pts = []
-        for linear in range(lo, hi):
-            idx = np.unravel_index(linear, grid) if grid else ()
-            pts.append(tuple(int(cs[i]) if cs is not None else int(i)
-                             for i, cs in zip(idx, coords)))
-        out.append(pts)
-    return out
+    return grid_points(grid, parallel, seed, num_cores, shuffle=not kernel.is_core_map)
 
 
 class _StepSite:
@@ -103,7 +86,7 @@ class CoreRun:
     """The grid loop of one simulated core."""
 
     def __init__(self, launch: Launch, core: CoreId, operands: list[Any],
-                 points: list[GridPoint], hbm_inputs: list[Any], hbm_outputs: list[Any],
+                 points: Sequence[GridPoint], hbm_inputs: list[Any], hbm_outputs: list[Any],
                  aliased_outputs: set[int]) -> None:
         self.launch = launch
         self.core = core
