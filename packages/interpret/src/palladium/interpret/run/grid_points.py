@@ -19,7 +19,6 @@ import math
 from collections.abc import Iterator, Sequence
 from typing import Any, overload
 
-
 from palladium.interpret.run.grid_order import parallel_orders
 
 __all__ = ["EAGER_POINTS", "LAZY_DIMENSION", "FeistelOrder", "GridPoints", "grid_points"]
