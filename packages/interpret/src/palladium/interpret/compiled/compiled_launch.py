@@ -50,7 +50,7 @@ from palladium.interpret.run.grid_loop import schedule
 from palladium.interpret.run.launch import launch_grid
 from palladium.interpret.state.process_state import STATE
 
-__all__ = ["MAX_POINTS", "MIN_EQUATIONS_PER_LAUNCH", "STATS", "compiled_launch", "worth_compiling"]
+__all__ = ["MAX_GRIDS", "MAX_KEPT", "MAX_POINTS", "MIN_EQUATIONS_PER_LAUNCH", "STATS", "compiled_launch", "worth_compiling"]
 
 #: The least equations a launch evaluates (body work times grid points) for its kernel to
 #: be compiled whole: below it the simulated launch costs about what a compiled one does.
@@ -59,6 +59,12 @@ MIN_EQUATIONS_PER_LAUNCH = 500
 #: every point's block indices (a larger grid runs simulated, its points computed per
 #: step: ``run/grid_points.py``).
 MAX_POINTS = 1 << 20
+#: Executables kept per kernel (the least recently used go first) and the most grids (and
+#: orders) a kernel is compiled whole for: each dynamic grid size is its own executable
+#: (~0.9 s to compile, ~2 MiB; 150 grids kept +256 MiB before), and a kernel called with
+#: more grids than ``MAX_GRIDS`` runs its further grids simulated.
+MAX_KEPT = 4
+MAX_GRIDS = 8
 _WAIT = 60.0  # seconds a hot launch waits for its background compile
 #: Launches of the process that ran compiled ("compiled") and that ran simulated after
 #: their flags were raised (by the flag's text, ``launch_state.FLAGS``).
@@ -102,8 +108,14 @@ def compiled_launch(kernel: PreparedKernel, params: InterpretParams, num_devices
     futures: dict[Any, concurrent.futures.Future[Any]] = kernel.programs.whole_launches
     key = (grid, params.seed, params.uninitialized_memory)
     with _LOCK:
-        future = futures.get(key)
-        if future is None:
+        future = futures.pop(key, None)
+        if future is not None:
+            futures[key] = future  # (the most recently used last)
+        elif _new_grid_refused(kernel.programs.whole_launch_keys, key):
+            return None  # a kernel of many grids: its other grids run simulated
+        else:
+            while len(futures) >= MAX_KEPT:
+                futures.pop(next(iter(futures)))  # the least recently used
             points = schedule(kernel, grid, 1, tuple(gm.vmapped_dims), params.seed)[0]
             if len(points) > MAX_POINTS or not worth_compiling(kernel, len(points)):
                 futures[key] = future = concurrent.futures.Future()
@@ -140,6 +152,17 @@ def compiled_launch(kernel: PreparedKernel, params: InterpretParams, num_devices
         return None
     STATS["compiled"] += 1
     return [outs]
+
+
+def _new_grid_refused(seen: set[Any], key: Any) -> bool:
+    """Whether a launch under ``key`` not kept now must run simulated: the kernel was
+    compiled whole for ``MAX_GRIDS`` other keys (``seen``, which it records)."""
+    if key in seen:
+        return False
+    if len(seen) >= MAX_GRIDS:
+        return True
+    seen.add(key)
+    return False
 
 
 def _run(exe: Any, operands: list[np.ndarray]) -> tuple[list[np.ndarray], Any]:
