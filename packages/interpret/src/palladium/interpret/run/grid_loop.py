@@ -111,6 +111,7 @@ class CoreRun:
         # that fills its whole kernel buffer (no pl.BoundedSlice dimension) has one
         # kernel-side plan per operand (key ``(operand, None)``).
         self._plans = k.copy_plans
+        self._dmas = not k.programs.races_ok  # the kernel starts DMAs or uses semaphores
 
     def _copy_plans(self, operand: int, block: tuple[int, ...]) -> tuple[AccessPlan, AccessPlan]:
         """(HBM plan, kernel-side plan) of the copy of ``block`` of ``operand`` (inputs
@@ -181,7 +182,8 @@ class CoreRun:
         # the core when it starts, joined when it is waited for), so an output written
         # back where the next input block is being read (an in-place kernel whose output
         # runs ahead of its input) is a race, as on the chip (issue 42, item 3).
-        prefetched: dict[int, tuple[tuple[int, ...], Any, Any]] = {}  # input -> (block, data, agent)
+        # input -> (block, data, agent, site)
+        prefetched: dict[int, tuple[tuple[int, ...], Any, Any, Any]] = {}
         writing: list[Any] = []  # the agents of the last step's write-backs
         for step, point in enumerate(self.points):
             self.point = point
@@ -197,15 +199,13 @@ class CoreRun:
             for i, info in enumerate(k.inputs):
                 if info.in_hbm or (prev is not None and prev[i] == cur[i]):
                     continue
-                site = self._site(point, f"copy of block {cur[i]} of input '{info.name}' into "
-                                         f"{info.space.name}",
-                                  jax_block_index_phrase(cur[i], "input", info.name, point))
                 hbm, vmem = self._copy_plans(i, cur[i])
                 early = prefetched.pop(i, None)
                 if early is not None and early[0] == cur[i]:
-                    block = early[1]
-                    sim.join_agent(self.core, early[2])
+                    _, block, agent, site = early
+                    sim.join_agent(self.core, agent)
                 else:  # the first step's: copied before the grid starts
+                    site = self._copy_in_site(i, cur[i], point)
                     block = sim.read_block(self.hbm_inputs[i], hbm, core=self.core, site=site)
                 sim.write_block(self.input_refs[i].buffer, vmem, block, core=self.core, site=site)
                 if obs is not None:
@@ -228,8 +228,11 @@ class CoreRun:
                     hbm, vmem = self._copy_plans(n_in + o, b)
                     block = sim.read_block(self.output_refs[o].buffer, vmem, core=self.core,
                                            site=site)
-                    agent = sim.fork_agent(self.core, f"write-back of block {b} of output "
-                                                      f"'{info.name}' at grid point {point}")
+                    # (an agent of its own only where something else may touch that
+                    # HBM meanwhile: the aliased input's next copy, the kernel's DMAs)
+                    agent = (sim.fork_agent(self.core, f"write-back of block {b} of output "
+                                                       f"'{info.name}' at grid point {point}")
+                             if o in self.aliased or self._dmas else None)
                     sim.write_block(self.hbm_outputs[o], hbm, block, core=self.core, site=site,
                                     agent=agent)
                     writing.append(agent)
@@ -265,7 +268,7 @@ class CoreRun:
             sim.join_agent(self.core, agent)
 
     def _prefetch(self, nxt: list[tuple[int, ...]], cur: list[tuple[int, ...]], step: int,
-                  prefetched: dict[int, tuple[tuple[int, ...], Any, Any]]) -> None:
+                  prefetched: dict[int, tuple[tuple[int, ...], Any, Any, Any]]) -> None:
         """Start copying grid step ``step``'s input blocks (``nxt``) that differ from this
         step's (``cur``): read from HBM now, each by an agent of its own."""
         sim, k = self.launch.sim, self.launch.kernel
@@ -273,11 +276,17 @@ class CoreRun:
         for i, info in enumerate(k.inputs):
             if info.in_hbm or nxt[i] == cur[i]:
                 continue
-            site = self._site(point, f"copy of block {nxt[i]} of input '{info.name}' into "
-                                     f"{info.space.name}",
-                              jax_block_index_phrase(nxt[i], "input", info.name, point))
+            site = self._copy_in_site(i, nxt[i], point)
             hbm, _ = self._copy_plans(i, nxt[i])
-            agent = sim.fork_agent(self.core, f"copy of block {nxt[i]} of input '{info.name}' "
-                                              f"for grid point {point}")
+            # (an input nothing writes is read-only: no agent, no race to report)
+            agent = (sim.fork_agent(self.core, f"copy of block {nxt[i]} of input '{info.name}' "
+                                               f"for grid point {point}")
+                     if sim.watched(self.hbm_inputs[i]) else None)
             prefetched[i] = (nxt[i], sim.read_block(self.hbm_inputs[i], hbm, core=self.core,
-                                                    site=site, agent=agent), agent)
+                                                    site=site, agent=agent), agent, site)
+
+    def _copy_in_site(self, i: int, block: tuple[int, ...], point: GridPoint) -> Site:
+        info = self.launch.kernel.inputs[i]
+        return self._site(point, f"copy of block {block} of input '{info.name}' into "
+                                 f"{info.space.name}",
+                          jax_block_index_phrase(block, "input", info.name, point))
