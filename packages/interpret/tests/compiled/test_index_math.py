@@ -70,3 +70,13 @@ def test_indices_become_int32():
     assert out.dtype == np.int32 and int(out) == 7
     assert im.traced_index(3).dtype == np.int32
     assert im.traced_bool(True).dtype == np.bool_
+
+
+@settings(max_examples=80, deadline=None)
+@given(start=st.one_of(_small, st.integers(-(2**31), 2**31 - 1)),
+       extent=st.integers(1, 4096), n=st.integers(1, 1 << 20), step=st.integers(1, 64),
+       traced=st.booleans())
+def test_fits_is_exact_where_int32_arithmetic_would_wrap(start, extent, n, step, traced):
+    """``fits`` answers what exact integers answer, for starts near 2**31 as well."""
+    expected = start >= 0 and start * step + extent <= n
+    assert _run(lambda s: im.fits(s, extent, n, step), [start], [traced]) == expected

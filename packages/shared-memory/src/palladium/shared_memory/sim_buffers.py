@@ -225,7 +225,7 @@ class BufferStore:
         return self.get(buf).plan(region)
 
     def read(self, buf: BufferRef, region: Any, *, mask: Any = None, core: CoreId, site: object = None,
-             check_written: bool = True) -> np.ndarray:
+             check_written: bool = True, agent: Any = None) -> np.ndarray:
         """A copy of ``buf[region]`` as read by ``core``.
 
         With ``mask`` (broadcastable to the region's shape) only the True elements are
@@ -244,18 +244,21 @@ class BufferStore:
             if missing is not None:
                 self._report_unwritten(b, plan, missing, "read", core, site)
         if self.det is not None and plan.index is not None and not b.quiet:
-            report_read(self.det, self.actor(core), b, plan, mask, site)
+            report_read(self.det, self.actor(core) if agent is None else agent, b, plan, mask,
+                        site)
         return out
 
-    def write(self, buf: BufferRef, region: Any, value: Any, *, mask: Any = None, core: CoreId, site: object = None) -> None:
-        """Store ``value`` into ``buf[region]`` (only where ``mask`` is True)."""
+    def write(self, buf: BufferRef, region: Any, value: Any, *, mask: Any = None, core: CoreId,
+              site: object = None, agent: Any = None) -> None:
+        """Store ``value`` into ``buf[region]`` (only where ``mask`` is True); with
+        ``agent`` (``fork_agent``) the race detector hears of it as the agent's."""
         b = self.by_key.get(buf.key) or self.get(buf)
         plan = b.plan(region)
         if b.read_only:
             raise b.read_only_error("a store", core, site)
         mask = b.write(plan, value, mask, "write", core, site)
         if self.det is not None and plan.index is not None and not b.quiet:
-            self._race_write(core, buf.key, plan, mask, site)
+            self._race_write(core, buf.key, plan, mask, site, agent)
 
     def swap(self, buf: BufferRef, region: Any, value: Any, *, mask: Any = None, core: CoreId, site: object = None) -> np.ndarray:
         """Store ``value`` (where ``mask``) into ``buf[region]``; return the old contents."""
@@ -268,11 +271,12 @@ class BufferStore:
             self._race_write(core, buf.key, plan, mask, site)
         return old
 
-    def _race_write(self, core: Any, key: Any, plan: AccessPlan, mask: Any, site: object) -> None:
+    def _race_write(self, core: Any, key: Any, plan: AccessPlan, mask: Any, site: object,
+                    agent: Any = None) -> None:
         """``mask``: of the stored elements already (what ``Buffer.write`` returns)."""
         assert self.det is not None
-        report_write(self.det, self.actor(core), self.by_key[key], plan, mask, site,
-                     stored=True)
+        report_write(self.det, self.actor(core) if agent is None else agent, self.by_key[key],
+                     plan, mask, site, stored=True)
 
     # -- what was written (``uninitialized_reads``) ------------------------------------
 
@@ -283,23 +287,60 @@ class BufferStore:
         carries the written-ness of each element along (copying never-written bytes is
         not itself reported, a later read of them is); elements of the source region
         beyond its buffer (a partial edge block) count as written. Returns the data."""
+        block = self.read_block(src, src_region, core=core, site=site)
+        self.write_block(dst, dst_region, block, core=core, site=site)
+        return block[0]
+
+    # -- block transfers of the BlockSpec pipeline, in two halves ------------------------
+
+    def fork_agent(self, core: CoreId, name: str) -> Any:
+        """A race-detector actor forked from ``core`` now (None without the detector): a
+        block transfer the BlockSpec pipeline runs beside the core (its DMA engine), whose
+        accesses (``agent=`` of ``read``/``write``/``read_block``/``write_block``) race
+        with whatever ``core`` does until ``join_agent``."""
+        if self.det is None:
+            return None
+        return self.det.new_actor(name, parent=self.actor(core))
+
+    def join_agent(self, core: CoreId, agent: Any) -> None:
+        """The transfer ``agent`` is done: what it did happens-before ``core``'s future."""
+        if agent is None or self.det is None:
+            return
+        self.det.finish(agent)
+        self.det.join(self.actor(core), agent)
+
+    def read_block(self, src: BufferRef, src_region: Any, *, core: CoreId, site: object = None,
+                   agent: Any = None) -> tuple[np.ndarray, np.ndarray | None, Any]:
+        """The first half of a block copy: ``src[src_region]`` and (``uninitialized_reads``)
+        which of its elements were written, read now (by ``agent`` if given); the third
+        item is what ``write_block`` needs to carry the source's taint (its buffer and
+        plan). Elements past the source's end (a partial edge block's padding) count as
+        unwritten under "on_use" (on a TPU they hold whatever VMEM held)."""
         sb = self.by_key.get(src.key) or self.get(src)
         splan = sb.plan(src_region)
-        data = self.read(src, splan, core=core, site=site, check_written=False)
-        db = self.by_key.get(dst.key) or self.get(dst)
-        dplan = db.plan(dst_region)
-        self.write(dst, dplan, data, core=core, site=site)
-        if db.written is not None and not (splan.full and sb.is_clean()):
-            # (a written source: the write above marked the region already)
+        data = self.read(src, splan, core=core, site=site, check_written=False, agent=agent)
+        bits = None
+        if sb.written is not None and not (splan.full and sb.is_clean()):
+            # (a written source: the write of write_block marks the region already)
             bits = sb.written_bits(splan)
             if bits is None:
                 bits = np.ones(splan.shape, bool)
             elif not splan.full:
-                # "on_use": the padding past the source's end is uninitialised (on a TPU
-                # the rows of a partial edge block hold whatever VMEM held)
                 whole = np.full(splan.shape, not self.padding_uninitialized)
                 whole[splan.pos] = bits
                 bits = whole
+        return data, bits, (sb, splan)
+
+    def write_block(self, dst: BufferRef, dst_region: Any,
+                    block: tuple[np.ndarray, np.ndarray | None, Any], *, core: CoreId,
+                    site: object = None, agent: Any = None) -> None:
+        """The second half: store a ``read_block`` result into ``dst[dst_region]`` (by
+        ``agent`` if given), its written-ness and taint with it."""
+        data, bits, (sb, splan) = block
+        db = self.by_key.get(dst.key) or self.get(dst)
+        dplan = db.plan(dst_region)
+        self.write(dst, dplan, data, core=core, site=site, agent=agent)
+        if db.written is not None and bits is not None:
             bits = bits if dplan.full else bits[dplan.pos]
             db.set_written(dplan, bits)
             if bits.all():
@@ -311,7 +352,6 @@ class BufferStore:
                     f"the padding of a partial edge block of {sb.ref.label}: elements "
                     f"{db.describe_elements(dplan, ~bits)} of {db.ref.label} lie past the "
                     f"end of its {list(sb.logical)} array", site, "padding")
-        return data
 
     @property
     def padding_uninitialized(self) -> bool:

@@ -86,16 +86,16 @@ class Simulation:
     __slots__ = (
         "allocate", "allocate_semaphores", "barrier_semaphore", "bounds", "buffers",
         "check_semaphores", "contents", "copy", "cores_per_device", "dma_execution_mode",
-        "dma_order", "dma_queue", "dma_start", "dma_wait", "free", "free_semaphores",
+        "dma_order", "dma_queue", "dma_start", "dma_wait", "fork_agent", "free", "free_semaphores",
         "grid_point_of", "incref", "initialized", "initialized_mask", "is_allocated",
-        "kernel_barrier",
+        "join_agent", "kernel_barrier",
         "mark_written", "set_initialized", "taint", "uninitialized_elements",
         "num_devices", "options", "out_of_bounds", "out_of_bounds_hint", "plan", "races",
-        "read", "record_access", "report_uninitialized", "seed", "semaphore_read",
+        "read", "read_block", "record_access", "report_uninitialized", "seed", "semaphore_read",
         "semaphore_signal", "semaphore_wait", "semaphores", "snapshot_bytes", "swap",
         "tiling", "tpu_generation", "uninitialized", "uninitialized_hint", "watched",
         "uninitialized_reads", "uninitialized_reports", "unwritten", "value", "watchdog",
-        "write", "_cores", "_det", "_dmas", "_links", "_local", "_obs", "_rng", "_rounds", "_sched",
+        "write", "write_block", "_cores", "_det", "_dmas", "_links", "_local", "_obs", "_rng", "_rounds", "_sched",
         "_scheduler_oracle", "_signals", "_trace", "_watchdog_hint",
     )
 
@@ -205,6 +205,10 @@ class Simulation:
         self.write = buffers.write
         self.swap = buffers.swap
         self.copy = buffers.copy
+        self.read_block = buffers.read_block
+        self.write_block = buffers.write_block
+        self.fork_agent = buffers.fork_agent
+        self.join_agent = buffers.join_agent
         self.mark_written = buffers.mark_written
         self.unwritten = buffers.unwritten
         self.uninitialized_elements = buffers.uninitialized_elements

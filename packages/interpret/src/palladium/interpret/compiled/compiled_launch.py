@@ -36,14 +36,20 @@ from __future__ import annotations
 
 import collections
 import threading
+import time
+import weakref
 from typing import Any
 
 import jax
 import numpy as np
 
+from palladium.interpret import _jax_compat as jc
+from palladium.interpret.compiled.bounded_call import INLINE_SECONDS, bounded_call
 from palladium.interpret.compiled.launch_function import launch_function
 from palladium.interpret.compiled.launch_key import launch_key
 from palladium.interpret.compiled.launch_state import FLAGS, TraceFacts
+from palladium.interpret.eval.chip_arithmetic import NEGATIVE_ZERO, chip_function
+from palladium.interpret.eval.jaxprs import any_equation
 from palladium.interpret.eval.segment_cache import BackgroundCompile
 from palladium.interpret.eval.segments import HOT_LAUNCH, work
 from palladium.interpret.kernel.prepared_kernel import PreparedKernel
@@ -53,11 +59,21 @@ from palladium.interpret.run.grid_loop import schedule
 from palladium.interpret.run.launch import launch_grid
 from palladium.interpret.state.process_state import STATE
 
-__all__ = ["MIN_EQUATIONS_PER_LAUNCH", "STATS", "compiled_launch", "worth_compiling"]
+__all__ = ["MAX_GRIDS", "MAX_KEPT", "MAX_POINTS", "MIN_EQUATIONS_PER_LAUNCH", "STATS", "compiled_launch", "worth_compiling"]
 
 #: The least equations a launch evaluates (body work times grid points) for its kernel to
 #: be compiled whole: below it the simulated launch costs about what a compiled one does.
 MIN_EQUATIONS_PER_LAUNCH = 500
+#: The most grid points a launch compiled whole has: its executable holds a table of
+#: every point's block indices (a larger grid runs simulated, its points computed per
+#: step: ``run/grid_points.py``).
+MAX_POINTS = 1 << 20
+#: Executables kept per kernel (the least recently used go first) and the most grids (and
+#: orders) a kernel is compiled whole for: each dynamic grid size is its own executable
+#: (~0.9 s to compile, ~2 MiB; 150 grids kept +256 MiB before), and a kernel called with
+#: more grids than ``MAX_GRIDS`` runs its further grids simulated.
+MAX_KEPT = 4
+MAX_GRIDS = 8
 #: Launches of the process that ran compiled ("compiled") and that ran simulated after
 #: their flags were raised (by the flag's text, ``launch_state.FLAGS``).
 STATS: collections.Counter[str] = collections.Counter()
@@ -104,16 +120,22 @@ def compiled_launch(kernel: PreparedKernel, params: InterpretParams, num_devices
     futures: dict[Any, BackgroundCompile] = kernel.programs.whole_launches
     key = (grid, params.seed, params.uninitialized_memory)
     with _LOCK:
-        future = futures.get(key)
-        if future is None:
+        future = futures.pop(key, None)
+        if future is not None:
+            futures[key] = future  # (the most recently used last)
+        elif _new_grid_refused(kernel.programs.whole_launch_keys, key):
+            return None  # a kernel of many grids: its other grids run simulated
+        else:
+            while len(futures) >= MAX_KEPT:
+                futures.pop(next(iter(futures)))  # the least recently used
             points = schedule(kernel, grid, 1, tuple(gm.vmapped_dims), params.seed)[0]
-            if not worth_compiling(kernel, len(points)):
+            if len(points) > MAX_POINTS or not worth_compiling(kernel, len(points)):
                 futures[key] = future = BackgroundCompile.finished(None)
             else:
                 # (the shapes only: the operands may be views valid during this call)
                 specs = [jax.ShapeDtypeStruct(np.shape(a), np.asarray(a).dtype)
                          for a in args[n_dyn:]]
-                job = _compile_job(kernel, grid, points, tuple(gm.vmapped_dims),
+                job = _compile_job(kernel, grid, list(points), tuple(gm.vmapped_dims),
                                    params.uninitialized_memory, specs)
                 futures[key] = future = STATE.segments.get_in_background(None, job)
     if number < HOT_LAUNCH:
@@ -124,14 +146,49 @@ def compiled_launch(kernel: PreparedKernel, params: InterpretParams, num_devices
         return None
     if exe is None:
         return None
-    # the scalar prefetch operands, then the inputs
-    outs, flag = exe(*[_aligned(a) for a in args[n_dyn:]])
+    # the scalar prefetch operands, then the inputs; under the watchdog, the progress
+    # reports and Ctrl-C (``bounded_call``): on a worker thread, with operands of its own,
+    # unless the launch's duration is fixed and its last run was short
+    last = _LAST_RUN.get(exe)
+    inline = last is not None and last[0] < INLINE_SECONDS and not last[1]
+    operands = [_aligned(a) if inline else _owned(a) for a in args[n_dyn:]]
+    start = time.perf_counter()
+    outs, flag = bounded_call(lambda: _run(exe, operands), kernel_name=kernel.name,
+                              params=params, inline=inline)
+    _LAST_RUN[exe] = (time.perf_counter() - start,
+                      _may_loop(kernel) if last is None else last[1])
     flag = int(flag)
     if flag:
         STATS.update(text for bit, text in FLAGS.items() if flag & bit)
         return None
     STATS["compiled"] += 1
-    return [[np.asarray(o) for o in outs]]
+    return [outs]
+
+
+def _new_grid_refused(seen: set[Any], key: Any) -> bool:
+    """Whether a launch under ``key`` not kept now must run simulated: the kernel was
+    compiled whole for ``MAX_GRIDS`` other keys (``seen``, which it records)."""
+    if key in seen:
+        return False
+    if len(seen) >= MAX_GRIDS:
+        return True
+    seen.add(key)
+    return False
+
+
+def _run(exe: Any, operands: list[np.ndarray]) -> tuple[list[np.ndarray], Any]:
+    outs, flag = exe(NEGATIVE_ZERO, *operands)
+    return [np.asarray(o) for o in outs], np.asarray(flag)
+
+
+#: Per executable: the seconds its last run took and whether its kernel has a ``while``
+#: loop (``bounded_call``'s choice of running inline).
+_LAST_RUN: weakref.WeakKeyDictionary[Any, tuple[float, bool]] = weakref.WeakKeyDictionary()
+
+
+def _may_loop(kernel: PreparedKernel) -> bool:
+    """Whether a launch of ``kernel`` may run longer on other data: a ``while`` loop."""
+    return any_equation(kernel.jaxpr, lambda e: e.primitive is jc.while_p)
 
 
 #: XLA's CPU client reads an operand in place (no copy) when it is aligned to this many
@@ -154,6 +211,13 @@ def _aligned(a: np.ndarray) -> np.ndarray:
     return out
 
 
+def _owned(a: np.ndarray) -> np.ndarray:
+    """An aligned copy of ``a`` that the executable owns: it may outlive the call that
+    handed ``a`` over (a launch abandoned by the watchdog or Ctrl-C)."""
+    copy = _aligned(a)
+    return np.array(a, copy=True) if copy is a else copy
+
+
 def _compile_job(kernel: PreparedKernel, grid: tuple[int, ...], points: list[tuple[int, ...]],
                  vmapped: tuple[int, ...], fill: str, specs: list[Any]) -> Any:
 
@@ -163,7 +227,8 @@ def _compile_job(kernel: PreparedKernel, grid: tuple[int, ...], points: list[tup
         found = TraceFacts()
         jax.eval_shape(launch_function(kernel, grid, points, vmapped, fill, found), *specs)
         fn = launch_function(kernel, grid, points, vmapped, fill, found.second())
-        return jax.jit(fn).lower(*specs).compile()
+        z = jax.ShapeDtypeStruct((), NEGATIVE_ZERO.dtype)  # (chip_arithmetic's -0.0)
+        return jax.jit(chip_function(fn)).lower(z, *specs).compile()
 
     def built() -> Any:
         try:

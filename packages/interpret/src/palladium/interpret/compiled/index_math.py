@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 from jax import lax
 
-__all__ = ["add", "all_of", "any_of", "as_index", "at_most", "is_static", "less", "mul", "negate",
-           "traced_bool", "traced_index"]
+__all__ = ["add", "all_of", "any_of", "as_index", "at_most", "fits", "is_static", "less", "mul",
+           "negate", "traced_bool", "traced_index"]
 
 _I32 = np.dtype(np.int32)
 
@@ -77,6 +77,18 @@ def at_most(a: Any, b: Any) -> Any:
     if isinstance(a, int) and isinstance(b, int):
         return a <= b
     return lax.le(traced_index(a), traced_index(b))
+
+
+def fits(start: Any, extent: int, n: int, step: int = 1) -> Any:
+    """Whether ``extent`` elements from ``start * step`` lie in ``[0, n)``: ``0 <= start``
+    and ``start * step + extent <= n``, tested as ``start <= (n - extent) // step`` (the
+    right side static), so that no int32 sum or product of a traced ``start`` can wrap:
+    ``start = 2**31 - 1`` with ``extent = 8`` wraps ``start + 8`` to a negative number,
+    and a block index ``2**29`` times a block of 8 wraps to 0; both pass a check written
+    ``start * step + extent <= n`` in int32 and read other data (issue 42, item 1)."""
+    if extent > n:
+        return False
+    return all_of(at_most(0, start), at_most(start, (n - extent) // step))
 
 
 def all_of(*conds: Any) -> Any:

@@ -27,6 +27,7 @@ from jax import lax
 from palladium.interpret.compiled import index_math as im
 from palladium.interpret.compiled.launch_state import (
     FLAG_BLOCK,
+    FLAG_PREFETCH,
     FLAG_REVISIT,
     Handle,
     LaunchState,
@@ -67,8 +68,10 @@ def _block_view(info: BlockSpecInfo, index: list[Any]) -> tuple[View, Any]:
     ok: Any = True
     for d, i, n in zip(info.dims, index, info.padded_shape):
         size = 1 if d.kind == "squeezed" else d.size
-        start = im.mul(i, size) if d.kind == "blocked" else im.as_index(i)
-        ok = im.all_of(ok, im.at_most(0, start), im.at_most(im.add(start, size), n))
+        blocked = d.kind == "blocked"
+        start = im.mul(i, size) if blocked else im.as_index(i)
+        # (checked on the block index itself: ``i * size`` may wrap in int32)
+        ok = im.all_of(ok, im.fits(i, size, n, size if blocked else 1))
         starts.append(start)
         sizes.append(size)
     dropped = [d.kind == "squeezed" for d in info.dims]
@@ -223,6 +226,22 @@ def launch_function(kernel: PreparedKernel, grid: tuple[int, ...], points: list[
         # per step and operand: the block differs from the step before's / the next's
         changed = jnp.concatenate([one, _differs(idx[1:], idx[:-1], cols)])
         moved = jnp.concatenate([_differs(idx[1:], idx[:-1], cols), one])
+        # The pipeline copies step s + 1's input blocks in before step s's outputs are
+        # written back; here blocks move strictly between steps. They differ only where
+        # a write-back reaches the next step's input block: an aliased output's block
+        # that the next step copies in (else the launch runs simulated, which models
+        # the pipeline), or anything else the kernel writes into a copied input's HBM.
+        for o, j in aliases.items():
+            info = k.outputs[o]
+            if info.in_hbm != k.inputs[j].in_hbm:
+                raise UnsupportedFeatureError("an output aliasing an input of another memory space")
+            if info.in_hbm or len(points) < 2:
+                continue
+            same = jnp.all(idx[:-1, cols[n_in + o]] == idx[1:, cols[j]], axis=1)
+            st.raise_flag(FLAG_PREFETCH, jnp.any(same & moved[:-1, n_in + o] & changed[1:, j]))
+        if facts.dma_dst is not None and any(
+                hbm[j] in facts.dma_dst for j, info in enumerate(k.inputs) if not info.in_hbm):
+            raise UnsupportedFeatureError("a DMA into the HBM array of a pipelined input")
         for o, info in enumerate(k.outputs):
             if not info.in_hbm and o not in aliases:
                 st.raise_flag(FLAG_REVISIT,

@@ -16,7 +16,10 @@ it exactly as ever. The flags (``FLAG_*``):
 - a wait no DMA in flight can satisfy (a deadlock), more DMAs in flight than the table
   holds, a DMA left in flight or bytes left on a semaphore at the end (a leak);
 - a ``while`` loop past ``WHILE_LIMIT`` (the watchdog's), an output block revisited, a
-  block index out of range.
+  block index out of range;
+- an input block the BlockSpec pipeline copies in (during the step before) where that
+  step's aliased output is written back: the pipeline reads the old block, a race
+  (``run/grid_loop.py``); the compiled launch copies blocks strictly between steps.
 
 The DMAs in flight are a ring of ``DMA_SLOTS`` columns: the n-th DMA of the launch takes
 column n mod ``DMA_SLOTS`` (a DMA still in flight there raises a flag). A region is kept
@@ -44,11 +47,13 @@ __all__ = ["DMA_SLOTS", "FLAGS", "Handle", "LaunchState", "SemHandle", "TraceFac
 DMA_SLOTS = 32
 FLAG_BOUNDS, FLAG_CONFLICT, FLAG_DEADLOCK, FLAG_SLOTS = 1, 2, 4, 8
 FLAG_LOOP, FLAG_LEAK, FLAG_REVISIT, FLAG_BLOCK = 16, 32, 64, 128
+FLAG_PREFETCH = 256
 #: What each flag means (the launch's note when it runs simulated).
 FLAGS = {FLAG_BOUNDS: "an access out of bounds", FLAG_CONFLICT: "an access to a DMA in flight",
          FLAG_DEADLOCK: "a wait no DMA satisfies", FLAG_SLOTS: "too many DMAs in flight",
          FLAG_LOOP: "a loop past its limit", FLAG_LEAK: "a DMA or semaphore left at the end",
-         FLAG_REVISIT: "an output block revisited", FLAG_BLOCK: "a block index out of range"}
+         FLAG_REVISIT: "an output block revisited", FLAG_BLOCK: "a block index out of range",
+         FLAG_PREFETCH: "an input block prefetched before its write-back"}
 
 
 # The rows of the DMA table (``LaunchState.empty_table``): a free column has -1 as its
@@ -118,9 +123,8 @@ def apply_indexers(view: View, transforms: Any, ok: Any = True) -> tuple[View, A
                 if not isinstance(i.size, int | np.integer) or not isinstance(i.stride, int | np.integer):
                     raise UnsupportedFeatureError("a slice of traced size or stride")
                 start, size, stride = _as_index(i.start), int(i.size), int(i.stride)
-                if size:
-                    ok = im.all_of(ok, im.at_most(0, start),
-                                   im.less(im.add(start, (size - 1) * stride), view.sizes[d]))
+                if size:  # (``fits``: no int32 sum of a traced start can wrap)
+                    ok = im.all_of(ok, im.fits(start, (size - 1) * stride + 1, view.sizes[d]))
             else:
                 start, size, stride = _as_index(i), 1, 1
                 ok = im.all_of(ok, im.at_most(0, start), im.less(start, view.sizes[d]))

@@ -31,6 +31,7 @@ from palladium.interpret.compiled.launch_state import (
     write_view,
 )
 from palladium.interpret.errors import UnsupportedFeatureError
+from palladium.interpret.eval import chip_arithmetic
 from palladium.interpret.eval.jaxprs import any_equation, evaluate
 from palladium.interpret.eval.refs import split_transformed
 from palladium.interpret.eval.registry import RULES as RULES_OWN
@@ -82,8 +83,7 @@ def _bind(eqn: Any, invals: list[Any]) -> list[Any]:
     if (RULES_OWN.get(prim) is not None or RULES_OWN.compiler(prim) is not None or eqn.effects
             or (RULES_OWN.by_name and rule_by_name(prim) is not None) or any(isinstance(x, Handle | SemHandle | jc.TransformedRef) for x in invals)):
         raise UnsupportedFeatureError(f"a compiled launch has no rule for '{prim}'")
-    out = prim.bind(*invals, **prim.get_bind_params(eqn.params))
-    return list(out) if prim.multiple_results else [out]
+    return chip_arithmetic.bind(prim, invals, prim.get_bind_params(eqn.params))
 
 
 # --- ref accesses ------------------------------------------------------------------------

@@ -22,6 +22,7 @@ import numpy as np
 from jax import lax
 
 from palladium.interpret import _jax_compat as jc
+from palladium.interpret.eval import chip_arithmetic
 from palladium.interpret.eval.jaxprs import evaluate, nested_jaxprs
 
 __all__ = ["WHILE_LIMIT", "fusible", "is_ref", "segment_function"]
@@ -176,8 +177,7 @@ def _eqn(eqn: Any, invals: list[Any], state: _State) -> list[Any]:
     if prim in _CALLS:
         inner = p["jaxpr"] if prim is jc.jit_p else p["call_jaxpr"]
         return _run(inner, [], invals, state)
-    out = prim.bind(*invals, **prim.get_bind_params(p))
-    return list(out) if prim.multiple_results else [out]
+    return chip_arithmetic.bind(prim, invals, prim.get_bind_params(p))
 
 
 def _scan(eqn: Any, invals: list[Any], state: _State) -> list[Any]:

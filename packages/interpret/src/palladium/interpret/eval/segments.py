@@ -46,6 +46,7 @@ import jax
 import numpy as np
 
 from palladium.interpret import _jax_compat as jc
+from palladium.interpret.eval.chip_arithmetic import NEGATIVE_ZERO, chip_function
 from palladium.interpret.eval.context import Equation, KernelContext, Value
 from palladium.interpret.eval.jaxprs import any_equation, nested_jaxprs
 from palladium.interpret.eval.refs import MemRef
@@ -221,13 +222,14 @@ class Segment:
                               {i: "read" if i in self.read else "whole" if i in self.whole
                                else "written" for i in order} if order else None,
                               self._used)
-        specs = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in self.plain]
+        specs = [jax.ShapeDtypeStruct((), NEGATIVE_ZERO.dtype)]  # (chip_arithmetic's -0.0)
+        specs += [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in self.plain]
         specs += [jax.ShapeDtypeStruct(s, d) for s, d in self._shapes]
         specs += [jax.ShapeDtypeStruct(self._shapes[i][0], np.bool_)
                   for i in order if i in self.read]
         text = f"{self.fallback.jaxpr}\nwritten={self.written}\nlog={log}" + (
             f"\ntracked={order}" if order else "")
-        return text, lambda: jax.jit(fn).lower(*specs).compile()
+        return text, lambda: jax.jit(chip_function(fn)).lower(*specs).compile()
 
     def _compile(self, log: tuple[bool, frozenset[int]]) -> Callable[..., Any] | None:
         """The executable of a variant (see ``_job``); a background compile of it
@@ -311,7 +313,7 @@ class Segment:
         for i in sorted(tracked):
             mask = ev.sim.initialized_mask(invals[n + i].buffer)
             masks[i] = np.ones(contents[i].shape, bool) if mask is None else mask
-        outs, new, ok, *rest = compiled(*plain, *contents,
+        outs, new, ok, *rest = compiled(NEGATIVE_ZERO, *plain, *contents,
                                         *(masks[i] for i in sorted(tracked) if i in self.read))
         if not ok:
             return ev.run_program(self.fallback, invals)

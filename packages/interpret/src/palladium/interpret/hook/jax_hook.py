@@ -24,6 +24,7 @@ import numpy as np
 from palladium import shared_memory
 from palladium.interpret import _jax_compat as jc
 from palladium.interpret.chip import DEFAULT_CHIP, chip_facts, device_kind, resolve_chip
+from palladium.interpret.compiled import bounded_call
 from palladium.interpret.compiled.compiled_launch import compiled_launch
 from palladium.interpret.errors import (
     ConfigError,
@@ -349,6 +350,7 @@ def _interrupt(exc: BaseException) -> None:
     """Ctrl-C: cancel every running simulation and every launch waiting for devices."""
     shared_memory.interrupt_all(exc)
     _RENDEZVOUS.interrupt_all(exc)
+    bounded_call.interrupt_all(exc)
 
 
 def install() -> None:

@@ -8,7 +8,7 @@ block is revisited after it was written back.
 
 from __future__ import annotations
 
-import math
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -26,7 +26,7 @@ from palladium.interpret.kernel.grid_blocks import GridBlocks
 from palladium.interpret.kernel.jaxpr_checks import is_parallel
 from palladium.interpret.kernel.prepared_kernel import PreparedKernel
 from palladium.interpret.run.block_messages import BlockIndexHeadline, BlockIndexHint
-from palladium.interpret.run.grid_order import parallel_orders
+from palladium.interpret.run.grid_points import grid_points
 from palladium.shared_memory import AccessPlan, BlockCopy
 
 if TYPE_CHECKING:  # the launch creates the core runs
@@ -63,28 +63,11 @@ def parallel_dimensions(kernel: PreparedKernel, grid: GridPoint, num_cores: int,
 
 
 def schedule(kernel: PreparedKernel, grid: GridPoint, num_cores: int,
-             vmapped_dims: tuple[int, ...], seed: int) -> list[list[GridPoint]]:
-    """The grid points each core runs, in order."""
+             vmapped_dims: tuple[int, ...], seed: int) -> list[Sequence[GridPoint]]:
+    """The grid points each core runs, in order (computed per index for a large grid:
+    ``grid_points``)."""
     parallel = parallel_dimensions(kernel, grid, num_cores, vmapped_dims)
-    shuffled = [] if kernel.is_core_map else [n for n, p in zip(grid, parallel) if p]
-    orders = iter(parallel_orders(tuple(shuffled), seed))
-    coords = [next(orders) if p and not kernel.is_core_map else None
-              for p in parallel]
-    total = math.prod(grid)
-    par_size = math.prod(n for n, p in zip(grid, parallel) if p)
-    per_core = math.ceil(par_size / num_cores) if par_size else 0
-    per_point = total // par_size if par_size else 0
-    out = []
-    for c in range(num_cores):
-        lo = min(c * per_core * per_point, total)
-        hi = min((c + 1) * per_core * per_point, total)
-        pts = []
-        for linear in range(lo, hi):
-            idx = np.unravel_index(linear, grid) if grid else ()
-            pts.append(tuple(int(cs[i]) if cs is not None else int(i)
-                             for i, cs in zip(idx, coords)))
-        out.append(pts)
-    return out
+    return grid_points(grid, parallel, seed, num_cores, shuffle=not kernel.is_core_map)
 
 
 class _StepSite:
@@ -104,7 +87,7 @@ class CoreRun:
     """The grid loop of one simulated core."""
 
     def __init__(self, launch: Launch, core: CoreId, operands: list[Any],
-                 points: list[GridPoint], hbm_inputs: list[Any], hbm_outputs: list[Any],
+                 points: Sequence[GridPoint], hbm_inputs: list[Any], hbm_outputs: list[Any],
                  aliased_outputs: set[int]) -> None:
         self.launch = launch
         self.core = core
@@ -129,6 +112,7 @@ class CoreRun:
         # that fills its whole kernel buffer (no pl.BoundedSlice dimension) has one
         # kernel-side plan per operand (key ``(operand, None)``).
         self._plans = k.copy_plans
+        self._dmas = not k.programs.races_ok  # the kernel starts DMAs or uses semaphores
 
     def _copy_plans(self, operand: int, block: tuple[int, ...]) -> tuple[AccessPlan, AccessPlan]:
         """(HBM plan, kernel-side plan) of the copy of ``block`` of ``operand`` (inputs
@@ -200,6 +184,16 @@ class CoreRun:
         obs = sim.observers
         record = params.grid_point_recorder_call()
         tick, step_site = sim.tick, _StepSite(self)
+        # The BlockSpec pipeline (as a TPU runs it): the next step's input blocks are
+        # copied in while this step computes, from HBM as it is before this step's
+        # outputs are written back; a write-back is waited for at the end of the next
+        # step. Each transfer is an agent of its own for the race detector (forked from
+        # the core when it starts, joined when it is waited for), so an output written
+        # back where the next input block is being read (an in-place kernel whose output
+        # runs ahead of its input) is a race, as on the chip (issue 42, item 3).
+        # input -> (block, data, agent, site)
+        prefetched: dict[int, tuple[tuple[int, ...], Any, Any, Any]] = {}
+        writing: list[Any] = []  # the agents of the last step's write-backs
         for step, point in enumerate(self.points):
             self.point = point
             ev = self.ev.at(point)
@@ -214,18 +208,25 @@ class CoreRun:
             for i, info in enumerate(k.inputs):
                 if info.in_hbm or (prev is not None and prev[i] == cur[i]):
                     continue
-                site = self._copy_site(point, f"copy of block {cur[i]} of input '{info.name}' "
-                                              f"into {info.space.name}", info, cur[i], "input")
                 hbm, vmem = self._copy_plans(i, cur[i])
-                data = sim.copy(self.hbm_inputs[i], hbm, self.input_refs[i].buffer, vmem,
-                                core=self.core, site=site)
+                early = prefetched.pop(i, None)
+                if early is not None and early[0] == cur[i]:
+                    _, block, agent, site = early
+                    sim.join_agent(self.core, agent)
+                else:  # the first step's: copied before the grid starts
+                    site = self._copy_in_site(i, cur[i], point)
+                    block = sim.read_block(self.hbm_inputs[i], hbm, core=self.core, site=site)
+                sim.write_block(self.input_refs[i].buffer, vmem, block, core=self.core, site=site)
                 if obs is not None:
-                    obs.block_copy(BlockCopy(self.core, info.name, "in", cur[i], data.nbytes,
+                    obs.block_copy(BlockCopy(self.core, info.name, "in", cur[i], block[0].nbytes,
                                              step, point, info.buffer_count, info.space))
+            nxt = self._block_indices(self.points[step + 1]) if step + 1 < len(self.points) else None
+            if nxt is not None:
+                self._prefetch(nxt, cur, step + 1, prefetched)
             ev.eval_jaxpr(k.jaxpr, [], self.operands)
             if obs is not None:
                 obs.grid_step_end(self.core, step, point)
-            nxt = self._block_indices(self.points[step + 1]) if step + 1 < len(self.points) else None
+            done, writing = writing, []
             for o, info in enumerate(k.outputs):
                 if info.in_hbm:
                     continue
@@ -234,8 +235,17 @@ class CoreRun:
                     site = self._copy_site(point, f"copy of block {b} of output '{info.name}' "
                                                   "to HBM", info, b, "output")
                     hbm, vmem = self._copy_plans(n_in + o, b)
-                    data = sim.copy(self.output_refs[o].buffer, vmem, self.hbm_outputs[o], hbm,
-                                    core=self.core, site=site)
+                    block = sim.read_block(self.output_refs[o].buffer, vmem, core=self.core,
+                                           site=site)
+                    # (an agent of its own only where something else may touch that
+                    # HBM meanwhile: the aliased input's next copy, the kernel's DMAs)
+                    agent = (sim.fork_agent(self.core, f"write-back of block {b} of output "
+                                                       f"'{info.name}' at grid point {point}")
+                             if o in self.aliased or self._dmas else None)
+                    sim.write_block(self.hbm_outputs[o], hbm, block, core=self.core, site=site,
+                                    agent=agent)
+                    writing.append(agent)
+                    data = block[0]
                     if nxt is not None:  # the buffer's next block starts unwritten
                         sim.mark_written(self.output_refs[o].buffer, False)
                     if obs is not None:
@@ -260,4 +270,31 @@ class CoreRun:
                 else:
                     visits[o][b] = [point, point]
                 last[o] = b
+            for agent in done:  # the step before's write-backs: waited for now
+                sim.join_agent(self.core, agent)
             prev, cur = cur, nxt if nxt is not None else cur
+        for agent in writing:
+            sim.join_agent(self.core, agent)
+
+    def _prefetch(self, nxt: list[tuple[int, ...]], cur: list[tuple[int, ...]], step: int,
+                  prefetched: dict[int, tuple[tuple[int, ...], Any, Any, Any]]) -> None:
+        """Start copying grid step ``step``'s input blocks (``nxt``) that differ from this
+        step's (``cur``): read from HBM now, each by an agent of its own."""
+        sim, k = self.launch.sim, self.launch.kernel
+        point = self.points[step]
+        for i, info in enumerate(k.inputs):
+            if info.in_hbm or nxt[i] == cur[i]:
+                continue
+            site = self._copy_in_site(i, nxt[i], point)
+            hbm, _ = self._copy_plans(i, nxt[i])
+            # (an input nothing writes is read-only: no agent, no race to report)
+            agent = (sim.fork_agent(self.core, f"copy of block {nxt[i]} of input '{info.name}' "
+                                               f"for grid point {point}")
+                     if sim.watched(self.hbm_inputs[i]) else None)
+            prefetched[i] = (nxt[i], sim.read_block(self.hbm_inputs[i], hbm, core=self.core,
+                                                    site=site, agent=agent), agent, site)
+
+    def _copy_in_site(self, i: int, block: tuple[int, ...], point: GridPoint) -> Site:
+        info = self.launch.kernel.inputs[i]
+        return self._copy_site(point, f"copy of block {block} of input '{info.name}' into "
+                                      f"{info.space.name}", info, block, "input")

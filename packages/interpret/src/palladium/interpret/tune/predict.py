@@ -5,6 +5,15 @@ The kernel runs under palladium with ``skip_floating_point_ops=True`` inside a
 schedule and the integer work (index maps, scalar prefetch) are walked, no floating-point
 arithmetic is done. Abstract operands (``jax.ShapeDtypeStruct``) are given zeros; pass
 concrete arrays for operands whose values steer the kernel (scalar prefetch indices).
+
+Before any operand is made, the call is lowered on the abstract operands: the
+compile-and-fit check runs in the lowering, so a configuration that does not fit is
+rejected without allocating it (a 16 GiB spec ran out of memory before, a 1 GiB one
+took +947 MiB). Control flow steered by floating-point values (``eval/float_steering``:
+a ``while`` on ``jnp.max(v) > 1``, a ``pl.when(x[0, 0] > 0.5)`` around DMAs) cannot be
+followed without the float arithmetic: such a loop runs ``WHILE_GUESS`` iterations
+instead of until the watchdog, and the prediction lists the decisions in ``float_steered``
+(with their source lines) and warns (``UncertainPredictionWarning``).
 """
 
 from __future__ import annotations
@@ -12,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import time
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -25,13 +35,21 @@ from palladium.interpret.errors import (
     TpuLoweringError,
     TpuResourceError,
 )
+from palladium.interpret.eval.float_steering import float_steered
+from palladium.interpret.eval.jaxprs import nested_jaxprs
+from palladium.interpret.eval.segments import WHILE_GUESS
 from palladium.interpret.fidelity import tpu_compiler
 from palladium.interpret.fidelity.checks import APPROXIMATION, uses_compiler
 from palladium.interpret.hook.jax_hook import errors_as_raised, force_tpu_interpret_mode
 from palladium.interpret.params import InterpretParams
 from palladium.interpret.perf import LaunchRecord, timeline
 
-__all__ = ["Prediction", "predict", "REJECTING_ERRORS"]
+__all__ = ["Prediction", "REJECTING_ERRORS", "UncertainPredictionWarning", "predict"]
+
+
+class UncertainPredictionWarning(UserWarning):
+    """A prediction whose kernel takes decisions on floating-point values, which
+    ``predict`` does not compute (``Prediction.float_steered`` names them)."""
 
 #: What a configuration that does not compile or fit raises: ``predict`` reports these
 #: as a rejection (``compiles=False``) instead of raising.
@@ -79,6 +97,10 @@ class Prediction:
     compiler_vmem_bytes: int | None = None
     grid_steps: int | None = None
     uncertain: str | None = None
+    #: The kernel's decisions that depend on floating-point values (which ``predict``
+    #: does not compute), as "what (file.py:line)": the walked schedule may not be the
+    #: kernel's (a loop ran ``WHILE_GUESS`` iterations, a branch took either side).
+    float_steered: tuple[str, ...] = ()
     wall_seconds: float = 0.0  # what the prediction cost on this CPU
     launches: tuple[LaunchRecord, ...] = dataclasses.field(default=(), repr=False, compare=False)
 
@@ -105,6 +127,9 @@ class Prediction:
             f"  VMEM             {_mib(self.vmem_bytes)} of {_mib(self.vmem_limit_bytes)}",
             f"  SMEM             {_mib(self.smem_bytes)} of {_mib(self.smem_limit_bytes)}",
         ]
+        if self.float_steered:
+            lines.append(f"  float-steered    decisions on floating-point values: "
+                         f"{'; '.join(self.float_steered)}")
         return "\n".join(lines)
 
     def to_dict(self) -> dict[str, Any]:
@@ -199,11 +224,15 @@ def predict(
            "compile_check": compile_check}
     )
     checker = checker_label(ip)
-    concrete = [concrete_argument(a) for a in args]
     t0 = time.perf_counter()
     try:
-        with errors_as_raised(), force_tpu_interpret_mode(ip), timeline(chip) as tl:
-            jax.block_until_ready(kernel_fn(*concrete))
+        with errors_as_raised(), force_tpu_interpret_mode(ip):
+            # (abstract: the compile-and-fit check runs in the lowering, before any
+            # operand exists; also the kernels' jaxprs, for their float-steered decisions)
+            steered = _float_steered(kernel_fn, args)
+            with timeline(chip) as tl:
+                concrete = [concrete_argument(a) for a in args]
+                jax.block_until_ready(kernel_fn(*concrete))
     except ValueError as e:
         if "Only interpret mode is supported" not in str(e):
             raise
@@ -232,7 +261,42 @@ def predict(
             f"predict: {getattr(kernel_fn, '__name__', kernel_fn)!r} made no "
             f"pallas_call or core_map launch; pass a function that calls one."
         )
-    return _from_records(chip, checker, records, wall)
+    if steered:
+        warnings.warn(UncertainPredictionWarning(
+            f"predict: the kernel decides on floating-point values, which predict does not "
+            f"compute (skip_floating_point_ops): {'; '.join(steered)}. The walked schedule "
+            f"may not be the kernel's (a loop ran {WHILE_GUESS} iterations, a branch took "
+            f"either side): pass real arrays for the operands that steer it and call the "
+            f"kernel under palladium.interpret.timeline() for a measured schedule."),
+            stacklevel=2)
+    return dataclasses.replace(_from_records(chip, checker, records, wall),
+                               float_steered=steered)
+
+
+def _float_steered(kernel_fn: Callable[..., Any], args: tuple[Any, ...]) -> tuple[str, ...]:
+    """Lower ``kernel_fn`` on abstract operands (a configuration that does not fit
+    raises its rejection here) and list its kernels' float-steered decisions."""
+    abstract = [jax.ShapeDtypeStruct(jnp.shape(a), jnp.result_type(a)) for a in args]
+    try:
+        jax.jit(kernel_fn).lower(*abstract)
+        closed = jax.make_jaxpr(kernel_fn)(*abstract)
+    except REJECTING_ERRORS:
+        raise
+    except Exception:  # noqa: BLE001 - a kernel_fn that needs concrete values: run it
+        return ()
+    found: list[str] = []
+    for eqn in closed.jaxpr.eqns:
+        for jaxpr in _kernel_jaxprs(eqn):
+            found.extend(f"{what} ({line})" for what, line in float_steered(jaxpr))
+    return tuple(dict.fromkeys(found))
+
+
+def _kernel_jaxprs(eqn: Any) -> list[Any]:
+    """The kernel bodies of the ``pallas_call``s in ``eqn`` (at any depth)."""
+    if eqn.primitive.name == "pallas_call":
+        return [eqn.params["jaxpr"]]
+    return [k for j in nested_jaxprs(eqn) for e in getattr(j, "jaxpr", j).eqns
+            for k in _kernel_jaxprs(e)]
 
 
 _UNITS = {"mxu": "MXU", "vpu": "vector ALU", "eup": "EUP", "vmem": "vector load/store"}
