@@ -68,9 +68,9 @@ def worker(
     exchanges: list[multi_process.KvTransport] = []
     original_meet = multi_process.KvTransport.meet
 
-    def meet(self, timeout):  # keep the launch's transport, for its counts
+    def meet(self, timeout, what=""):  # keep the launch's transport, for its counts
         exchanges.append(self)
-        return original_meet(self, timeout)
+        return original_meet(self, timeout, what)
 
     multi_process.KvTransport.meet = meet  # type: ignore[method-assign]
     report: dict = {"process": process, "kernels": {}}
