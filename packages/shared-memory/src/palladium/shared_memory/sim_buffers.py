@@ -282,11 +282,9 @@ class BufferStore:
 
     def copy(self, src: BufferRef, src_region: Any, dst: BufferRef, dst_region: Any, *,
              core: CoreId, site: object = None) -> np.ndarray:
-        """``dst[dst_region] = src[src_region]`` done by ``core`` (a block copy): a read
-        and a write for the race detector. With ``uninitialized_reads`` on, the copy
-        carries the written-ness of each element along (copying never-written bytes is
-        not itself reported, a later read of them is); elements of the source region
-        beyond its buffer (a partial edge block) count as written. Returns the data."""
+        """``dst[dst_region] = src[src_region]`` done by ``core`` (a block copy): a read and
+        a write for the race detector, carrying written-ness and taint (``read_block``,
+        ``write_block``). Returns the data."""
         block = self.read_block(src, src_region, core=core, site=site)
         self.write_block(dst, dst_region, block, core=core, site=site)
         return block[0]
@@ -311,11 +309,9 @@ class BufferStore:
 
     def read_block(self, src: BufferRef, src_region: Any, *, core: CoreId, site: object = None,
                    agent: Any = None) -> tuple[np.ndarray, np.ndarray | None, Any]:
-        """The first half of a block copy: ``src[src_region]`` and (``uninitialized_reads``)
-        which of its elements were written, read now (by ``agent`` if given); the third
-        item is what ``write_block`` needs to carry the source's taint (its buffer and
-        plan). Elements past the source's end (a partial edge block's padding) count as
-        unwritten under "on_use" (on a TPU they hold whatever VMEM held)."""
+        """The first half of a block copy, read now (by ``agent`` if given): the data, which
+        elements were written (None: all) and the source's buffer and plan (its taint).
+        A partial edge block's padding is unwritten under "on_use" (garbage on a TPU)."""
         sb = self.by_key.get(src.key) or self.get(src)
         splan = sb.plan(src_region)
         data = self.read(src, splan, core=core, site=site, check_written=False, agent=agent)

@@ -16,6 +16,8 @@ import numpy as np
 
 from palladium.interpret import _jax_compat as jc
 from palladium.interpret.eval.context import Equation, KernelContext, Value
+from palladium.interpret.eval.float_steering import is_float_steered_loop
+from palladium.interpret.eval.segments import WHILE_GUESS
 from palladium.interpret.eval.shadow_propagation import propagate
 from palladium.interpret.eval.value_shadows import (
     Tainted,
@@ -97,15 +99,21 @@ def _while(ev: KernelContext, rule: Any, eqn: Equation, ops: list[Value]) -> lis
     nc, nb = p["cond_nconsts"], p["body_nconsts"]
     cond_consts, body_consts, carry = ops[:nc], ops[nc: nc + nb], ops[nc + nb:]
     tick, site = ev.sim.tick, ev.site(eqn)
+    # (as the plain rule: without float arithmetic a float-steered loop runs WHILE_GUESS
+    # iterations, and ``predict`` says so)
+    limit = (WHILE_GUESS if ev.skip_floating_point_ops and is_float_steered_loop(eqn)
+             else None)
+    n = 0
     while True:
         pred = ev.eval_closed(p["cond_jaxpr"], [*cond_consts, *carry])[0]
         if pred.__class__ is Tainted:
             raise report_use(ev, eqn, pred, "a loop's condition (lax.while_loop / "
                                             "lax.fori_loop bound)")
-        if not bool(np.asarray(pred)):
+        if not bool(np.asarray(pred)) or (limit is not None and n >= limit):
             return carry
         tick(site)  # the watchdog sees a loop that never ends
         carry = ev.eval_closed(p["body_jaxpr"], [*body_consts, *carry])
+        n += 1
 
 
 @_shadow_rule(jc.scan_p)

@@ -23,11 +23,10 @@ import numpy as np
 
 from palladium import shared_memory
 from palladium.interpret import _jax_compat as jc
-from palladium.interpret.chip import DEFAULT_CHIP, chip_facts, device_kind, resolve_chip
+from palladium.interpret.chip import resolve_chip
 from palladium.interpret.compiled import bounded_call
 from palladium.interpret.compiled.compiled_launch import compiled_launch
 from palladium.interpret.errors import (
-    ConfigError,
     DataRaceError,
     KernelError,
     SimulationError,
@@ -35,7 +34,7 @@ from palladium.interpret.errors import (
 from palladium.interpret.fidelity import tpu_compiler
 from palladium.interpret.fidelity.call_key import call_key
 from palladium.interpret.fidelity.checks import check_compiles_and_fits
-from palladium.interpret.hook import multi_process, typed_failures
+from palladium.interpret.hook import multi_process, tpu_host, typed_failures
 from palladium.interpret.hook.host_call import host_call
 from palladium.interpret.kernel.jaxpr_checks import check_prepared_kernel
 from palladium.interpret.kernel.prepared_kernel import PreparedKernel
@@ -50,18 +49,6 @@ from palladium.race_detect import RaceReport
 from palladium.shared_memory.collector import frozen_heap
 
 _ORIGINAL_RULE = jc.original_cpu_lowering(jc.PALLAS_CALL_P)
-_ORIGINAL_TPU_RULE = jc.original_cpu_lowering(jc.PALLAS_CALL_P, "tpu")
-
-#: What a ``pallas_call`` with palladium's params placed on a TPU says (jax's own rule
-#: would run it under jax's HLO interpreter, silently without palladium's checks).
-ON_TPU_DEVICE = (
-    "palladium.interpret simulates TPU kernels on the CPU device, and this pallas_call was "
-    "placed on a TPU (jax's default backend on this host). Put it on the CPU: call it "
-    "inside `with jax.default_device(jax.devices('cpu')[0]):` with operands not committed "
-    "to the TPU (or jax.device_put them onto the CPU; after set_tpu_interpret_mode, "
-    "jax.config.update('jax_default_device', jax.devices('cpu')[0])). "
-    "force_tpu_interpret_mode, the pytest plugin and predict do this themselves; to run "
-    "the kernel on the chip instead, pass interpret=False.")
 
 
 _FAILURES = STATE.failures
@@ -281,25 +268,6 @@ class _LaunchSite:
             self._launches = [max(k, seq + 1) for k in self._launches]
 
 
-def _pallas_call_tpu_lowering(ctx: Any, *in_nodes: Any, interpret: Any, **params: Any) -> Any:
-    """On a TPU: palladium's params are refused with :data:`ON_TPU_DEVICE`; anything else
-    is jax's own rule (Mosaic, or jax's interpreters)."""
-    if isinstance(interpret, InterpretParams):
-        raise ConfigError(ON_TPU_DEVICE)
-    return _ORIGINAL_TPU_RULE(ctx, *in_nodes, interpret=interpret, **params)
-
-
-@contextlib.contextmanager
-def on_the_cpu_device() -> Iterator[None]:
-    """Where jax's default backend is a TPU, make the CPU the default device (palladium
-    simulates there); elsewhere nothing."""
-    if jax.default_backend() == "tpu":
-        with jax.default_device(jax.devices("cpu")[0]):
-            yield
-    else:
-        yield
-
-
 def _pallas_call_lowering(ctx: Any, *in_nodes: Any, interpret: Any, **params: Any) -> Any:
     if not isinstance(interpret, InterpretParams):
         return _ORIGINAL_RULE(ctx, *in_nodes, interpret=interpret, **params)
@@ -360,8 +328,7 @@ def install() -> None:
     if _FAILURE_FILTER not in logger.filters:
         logger.addFilter(_FAILURE_FILTER)
     jc.register_lowering(jc.PALLAS_CALL_P, _pallas_call_lowering, platform="cpu")
-    jc.register_lowering(jc.PALLAS_CALL_P, _pallas_call_tpu_lowering, platform="tpu")
-    jc.answer_for_cpu(_traced_chip)
+    tpu_host.install()
     tpu_compiler.prestart()  # where libtpu is installed: the TPU compiler's process
     STATE.processes.start_heartbeat()  # (imported after jax.distributed.initialize)
     # core_map lowers through jax's mpmd fallback, which calls the pallas_call lowering
@@ -370,25 +337,13 @@ def install() -> None:
     typed_failures.install()  # pl.pallas_call's functions raise palladium's types
 
 
-def _traced_chip() -> tuple[str, int]:
-    """The TPU a kernel traced on a CPU is traced for (jax's ``tpu_info`` asks, e.g. jax's
-    own ``pltpu.emit_pipeline`` for the tiling): the chip of the forced palladium interpret
-    mode when it names one, else :data:`DEFAULT_CHIP`. Its device kind and the cores per
-    device jax's tables take (two on a megacore chip, else one)."""
-    forced = jc.tpu_interpret_mode_config().value
-    chip = getattr(forced, "chip", None) if isinstance(forced, InterpretParams) else None
-    chip = chip or DEFAULT_CHIP
-    facts = chip_facts(chip)
-    return device_kind(chip), facts.tensor_cores_per_chip if facts.megacore else 1
-
-
 @contextlib.contextmanager
 def force_tpu_interpret_mode(params: InterpretParams | None = None) -> Iterator[None]:
     """Within this context every ``pallas_call`` / ``core_map`` runs under palladium.
 
     Calls traced inside the context (whatever their own ``interpret=`` says) use
     ``params`` (default ``InterpretParams()``). On a TPU host the CPU is the default device
-    inside the context (palladium simulates there; see :data:`ON_TPU_DEVICE`)::
+    inside the context (palladium simulates there; see ``tpu_host.ON_TPU_DEVICE``)::
 
         with force_tpu_interpret_mode(InterpretParams(detect_races=True)):
             out = my_pallas_kernel(x)
@@ -396,7 +351,7 @@ def force_tpu_interpret_mode(params: InterpretParams | None = None) -> Iterator[
     option = jc.tpu_interpret_mode_config()
     prev = option.swap_local(params if params is not None else InterpretParams())
     try:
-        with on_the_cpu_device():
+        with tpu_host.on_the_cpu_device():
             yield
     finally:
         option.set_local(prev)
