@@ -5,15 +5,15 @@ the connections)."""
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from palladium.interpret.errors import PeerProcessError
-from palladium.interpret.hook.multi_process import (
+from palladium.interpret.hook.kv_transport import (
     _POLL_MS,
     ABORT_FLUSH,
     STORE_CHECK,
     TRANSPORT_ENV,
     KvTransport,
-    ProcessLayout,
 )
 from palladium.interpret.hook.peer_links import ABORT, ROUND, LinkSetupError
 
@@ -27,7 +27,7 @@ class SocketTransport(KvTransport):
     frame) and the heartbeats stay in the key-value store; a peer whose connection
     closes (it died or was killed) is a ``PeerProcessError`` at once."""
 
-    def __init__(self, where: ProcessLayout, launch: str, describe: str) -> None:
+    def __init__(self, where: Any, launch: str, describe: str) -> None:
         super().__init__(where, launch, describe)
         self._peers = [q for q in range(self.num_processes) if q != self.process]
 
