@@ -24,12 +24,12 @@ PEER_TIMEOUT = 3.0  # a heartbeat standing still this long: the process is gone
 #: other forever otherwise; a process whose threads launch concurrently may wait at
 #: several launches at once, which is not a mismatch while this one waits at one of them).
 MISMATCH_WAIT = 5.0
-_POLL_MS = 100  # a blocking get's (or a socket wait's) slice while waiting for a peer
+POLL_MS = 100  # a blocking get's (or a socket wait's) slice while waiting for a peer
 STORE_CHECK = 0.5  # seconds between a socket wait's questions to the store (failed? alive?)
 ABORT_FLUSH = 1.0  # seconds a failing process spends handing its error to the sockets
 TRANSPORT_ENV = "PALLADIUM_PROCESS_TRANSPORT"  # "sockets" (default) or "kv"
 
-_PREFIX = "palladium"
+KEY_PREFIX = "palladium"
 _MISMATCH = b"palladium: launches something else: "  # (a failure key's value)
 
 
@@ -121,7 +121,7 @@ class KvTransport:
         ``deadline``; ``PeerProcessError`` when ``peer`` failed or is gone."""
         while True:
             try:
-                return bytes(self.client.blocking_key_value_get_bytes(key, _POLL_MS))
+                return bytes(self.client.blocking_key_value_get_bytes(key, POLL_MS))
             except Exception as e:  # a timeout, or the service is gone
                 if "DEADLINE_EXCEEDED" not in str(e) and "timed out" not in str(e).lower():
                     raise PeerProcessError(
@@ -152,7 +152,7 @@ class KvTransport:
         process waits at, for ``MISMATCH_WAIT`` seconds (the same ones all along); the
         peer learns it from its launches' failure keys."""
         now = time.monotonic()
-        posted = self._try(f"{_PREFIX}/waiting/{peer}")
+        posted = self._try(f"{KEY_PREFIX}/waiting/{peer}")
         try:
             theirs: dict[str, str] = json.loads(posted) if posted else {}
         except ValueError:
@@ -188,7 +188,7 @@ class KvTransport:
         )
 
     def _check_alive(self, peer: int) -> None:
-        beat = self._try(f"{_PREFIX}/heartbeat/{peer}")
+        beat = self._try(f"{KEY_PREFIX}/heartbeat/{peer}")
         if beat is None:  # not beating yet: it has not reached a split launch so far
             return
         now = time.monotonic()

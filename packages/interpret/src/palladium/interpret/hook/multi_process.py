@@ -46,7 +46,7 @@ from palladium.interpret import _jax_compat as jc
 from palladium.interpret.errors import (
     KernelError,
 )
-from palladium.interpret.hook.kv_transport import _PREFIX, TRANSPORT_ENV, KvTransport
+from palladium.interpret.hook.kv_transport import KEY_PREFIX, TRANSPORT_ENV, KvTransport
 from palladium.interpret.hook.peer_links import (
     LinkSetupError,
     PeerLinks,
@@ -89,7 +89,7 @@ class ProcessLayout:
                 self._waiting[launch] = what
             text = json.dumps(self._waiting)
         with contextlib.suppress(Exception):
-            self.client.key_value_set_bytes(f"{_PREFIX}/waiting/{self.process}",
+            self.client.key_value_set_bytes(f"{KEY_PREFIX}/waiting/{self.process}",
                                             text.encode(), allow_overwrite=True)
 
     def waits_at(self, launch: str) -> bool:
@@ -114,7 +114,7 @@ class ProcessLayout:
         with self._lock:
             k = self._launches[kernel_name]
             self._launches[kernel_name] += 1
-        return f"{_PREFIX}/launch/{kernel_name}/{k}"
+        return f"{KEY_PREFIX}/launch/{kernel_name}/{k}"
 
     def start_heartbeat(self) -> None:
         """Start this process's heartbeat thread (once)."""
@@ -132,7 +132,7 @@ class ProcessLayout:
             if self.links is None:
                 self.links = PeerLinks(self.process, self.num_processes,
                                        local_host(jc.coordinator_address()))
-                self.client.key_value_set_bytes(f"{_PREFIX}/peer/{self.process}",
+                self.client.key_value_set_bytes(f"{KEY_PREFIX}/peer/{self.process}",
                                                 self.links.address.encode(),
                                                 allow_overwrite=True)
             return self.links
@@ -153,7 +153,7 @@ class ProcessLayout:
 
     def _address(self, q: int) -> str | None:
         try:
-            return bytes(self.client.key_value_try_get_bytes(f"{_PREFIX}/peer/{q}")).decode()
+            return bytes(self.client.key_value_try_get_bytes(f"{KEY_PREFIX}/peer/{q}")).decode()
         except Exception:
             return None
 
@@ -162,7 +162,7 @@ class ProcessLayout:
         self._spent.append(key)
 
     def _beat(self) -> None:
-        key = f"{_PREFIX}/heartbeat/{self.process}"
+        key = f"{KEY_PREFIX}/heartbeat/{self.process}"
         n = 0
         while True:
             try:

@@ -9,8 +9,8 @@ from typing import Any
 
 from palladium.interpret.errors import PeerProcessError
 from palladium.interpret.hook.kv_transport import (
-    _POLL_MS,
     ABORT_FLUSH,
+    POLL_MS,
     STORE_CHECK,
     TRANSPORT_ENV,
     KvTransport,
@@ -73,7 +73,7 @@ class SocketTransport(KvTransport):
                     )
             if not missing and links.flushed():
                 break
-            links.pump(_POLL_MS / 1000)
+            links.pump(POLL_MS / 1000)
             now = time.monotonic()
             if now >= ask_store:  # a long wait: ask the store about the peers
                 ask_store = now + STORE_CHECK
