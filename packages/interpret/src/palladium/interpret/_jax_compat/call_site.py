@@ -56,6 +56,18 @@ def forget_failed_runtime_tokens(reported: Callable[[str], bool]) -> None:
                 tokens.pop(device, None)
 
 
+def wait_for_cpu_computations() -> None:
+    """Block until the computations that produce the live CPU arrays are done, failed
+    ones too (their errors are the callers' to read, not this wait's)."""
+    import jax
+
+    for array in jax.live_arrays("cpu"):
+        try:
+            array.block_until_ready()
+        except Exception:  # noqa: BLE001, S112 - a failed computation is done too
+            continue
+
+
 def function_location(closed_jaxpr: Any) -> str | None:
     """"name at file.py:line" of the Python function a jaxpr was traced from (an index
     map's), or None where jax did not record it."""
