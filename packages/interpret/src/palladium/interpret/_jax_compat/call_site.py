@@ -56,16 +56,23 @@ def forget_failed_runtime_tokens(reported: Callable[[str], bool]) -> None:
                 tokens.pop(device, None)
 
 
-def wait_for_cpu_computations() -> None:
-    """Block until the computations that produce the live CPU arrays are done, failed
-    ones too (their errors are the callers' to read, not this wait's)."""
+def wait_for_cpu_computations(deadline: float) -> None:
+    """Until the computations that produce the live CPU arrays are done, failed ones
+    too, or ``time.monotonic()`` passes ``deadline``."""
+    import time
+
     import jax
 
-    for array in jax.live_arrays("cpu"):
+    def running(array: Any) -> bool:
         try:
-            array.block_until_ready()
-        except Exception:  # noqa: BLE001, S112 - a failed computation is done too
-            continue
+            return not array.is_ready()
+        except Exception:  # noqa: BLE001 - deleted, or failed: not running
+            return False
+
+    pending = [a for a in jax.live_arrays("cpu") if running(a)]
+    while pending and time.monotonic() < deadline:
+        time.sleep(0.005)
+        pending = [a for a in pending if running(a)]
 
 
 def function_location(closed_jaxpr: Any) -> str | None:

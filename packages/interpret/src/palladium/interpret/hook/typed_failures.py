@@ -96,9 +96,10 @@ def _at_exit() -> None:
     of palladium's that runs while the interpreter finalizes aborts the process: 5 of 5
     runs of two un-awaited 2-device launches ended by SIGABRT, "terminate called without
     an active exception"), then drop the failed launches jax would raise again."""
-    call_site.wait_for_cpu_computations()  # those whose results are alive
+    deadline = time.monotonic() + _EXIT_WAIT_SECONDS
+    call_site.wait_for_cpu_computations(deadline)  # those whose results are alive
     if STATE.rendezvous.arrivals:  # multi-device launches ran: some may still come
-        _wait_for_launches()
+        _wait_for_launches(deadline)
     call_site.forget_failed_runtime_tokens(_was_raised)
 
 
@@ -109,11 +110,12 @@ _EXIT_WAIT_SECONDS = 30.0
 _EXIT_SETTLE_SECONDS = 0.05
 
 
-def _wait_for_launches() -> None:
+def _wait_for_launches(deadline: float) -> None:
     """Until no launch has run or met for ``_EXIT_SETTLE_SECONDS`` (launches whose
-    results are gone, which ``wait_for_cpu_computations`` cannot wait for)."""
+    results are gone, which ``wait_for_cpu_computations`` cannot wait for), or
+    ``deadline``."""
     now = time.monotonic()
-    deadline, idle_since = now + _EXIT_WAIT_SECONDS, now
+    idle_since = now
     while now < deadline and now - idle_since < _EXIT_SETTLE_SECONDS:
         time.sleep(0.005)
         now = time.monotonic()
