@@ -56,6 +56,25 @@ def forget_failed_runtime_tokens(reported: Callable[[str], bool]) -> None:
                 tokens.pop(device, None)
 
 
+def wait_for_cpu_computations(deadline: float) -> None:
+    """Until the computations that produce the live CPU arrays are done, failed ones
+    too, or ``time.monotonic()`` passes ``deadline``."""
+    import time
+
+    import jax
+
+    def running(array: Any) -> bool:
+        try:
+            return not array.is_ready()
+        except Exception:  # noqa: BLE001 - deleted, or failed: not running
+            return False
+
+    pending = [a for a in jax.live_arrays("cpu") if running(a)]
+    while pending and time.monotonic() < deadline:
+        time.sleep(0.005)
+        pending = [a for a in pending if running(a)]
+
+
 def function_location(closed_jaxpr: Any) -> str | None:
     """"name at file.py:line" of the Python function a jaxpr was traced from (an index
     map's), or None where jax did not record it."""

@@ -24,6 +24,7 @@ from __future__ import annotations
 import atexit
 import functools
 import os
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -81,12 +82,45 @@ def _pallas_call_of(pallas_call: Callable[..., Any]) -> Callable[..., Any]:
 def install() -> None:
     """``pl.pallas_call`` returns functions that raise typed failures when the kernel
     runs under palladium (``interpret=InterpretParams(...)`` or a forced interpret mode
-    when it is made); palladium's frames are left out of jax-filtered tracebacks; a
-    failed launch is not raised again by jax's exit barriers."""
+    when it is made); palladium's frames are left out of jax-filtered tracebacks; at exit
+    the launches still running are waited for and a failed one is not raised again by
+    jax's exit barriers."""
     call_site.hide_frames_of(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     if call_site.wrap_pallas_call(_pallas_call_of):  # (the first install only)
         # Registered after jax's own exit barriers, so run before them (atexit is LIFO).
-        atexit.register(call_site.forget_failed_runtime_tokens, _was_raised)
+        atexit.register(_at_exit)
+
+
+def _at_exit() -> None:
+    """Before jax's exit barriers: wait for the launches still running (a host callback
+    of palladium's that runs while the interpreter finalizes aborts the process: 5 of 5
+    runs of two un-awaited 2-device launches ended by SIGABRT, "terminate called without
+    an active exception"), then drop the failed launches jax would raise again."""
+    deadline = time.monotonic() + _EXIT_WAIT_SECONDS
+    call_site.wait_for_cpu_computations(deadline)  # those whose results are alive
+    if STATE.rendezvous.arrivals:  # multi-device launches ran: some may still come
+        _wait_for_launches(deadline)
+    call_site.forget_failed_runtime_tokens(_was_raised)
+
+
+#: How long the exit waits for launches still running (a launch waiting for a device
+#: that never comes would wait its whole rendezvous_timeout), and how long none must be
+#: running before it ends (a launch XLA dispatched may not have reached its callback).
+_EXIT_WAIT_SECONDS = 30.0
+_EXIT_SETTLE_SECONDS = 0.05
+
+
+def _wait_for_launches(deadline: float) -> None:
+    """Until no launch has run or met for ``_EXIT_SETTLE_SECONDS`` (launches whose
+    results are gone, which ``wait_for_cpu_computations`` cannot wait for), or
+    ``deadline``."""
+    now = time.monotonic()
+    idle_since = now
+    while now < deadline and now - idle_since < _EXIT_SETTLE_SECONDS:
+        time.sleep(0.005)
+        now = time.monotonic()
+        if len(STATE.rendezvous) or STATE.blas.depth:
+            idle_since = now
 
 
 def _was_raised(text: str) -> bool:

@@ -45,6 +45,8 @@ class RendezvousRegistry:
         # Interrupted launches whose devices have not all arrived yet: {key: (exc, arrived)}
         # so that the late ones fail at once instead of waiting for the timeout.
         self._interrupted: dict[Hashable, tuple[BaseException, set[int]]] = {}
+        #: How many device arrivals there were (ever): whether multi-device launches ran.
+        self.arrivals = 0
 
     def __len__(self) -> int:
         with self._lock:
@@ -82,6 +84,7 @@ class RendezvousRegistry:
         ``on_timeout()`` is called once (under the registry's lock) when it times out.
         """
         with self._lock:
+            self.arrivals += 1
             gone = self._interrupted.get(key)
             if gone is not None:
                 exc, bounced = gone
