@@ -1,0 +1,520 @@
+"""The kernels the performance model is calibrated and checked on (issue 40).
+
+Three groups, each entry ``name -> Entry(group, make, meta)`` with ``make() -> (fn,
+args)``; ``fn(*args)`` builds its ``pallas_call`` when called, so the same entry runs on
+the chip (``calibrate_on_chip.py``) and under ``palladium.interpret.predict`` on a CPU
+(``model_check.py``):
+
+- ``micro``: microbenchmarks, one cost each (vector ALU ops per dtype, EUP
+  transcendentals, dependent-loop latency, VMEM loads and stores, MXU by shape and dtype,
+  DMAs by size, direction, stride and count in flight, grid-step overhead, revisited
+  blocks, ``pl.when``-skipped steps). The model's measured constants come from these only
+  (``fit_constants.py``).
+- ``heldout``: real kernels the constants were not fitted on: jax's shipped kernels and
+  kernels of each class the issue names, at several sizes.
+- ``sweep:<family>``: block-size sweeps whose predicted order must match the chip's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import kernel_cases as kc  # noqa: E402
+
+
+@dataclasses.dataclass(frozen=True)
+class Entry:
+    group: str
+    make: Callable[[], tuple[Callable[..., Any], tuple[Any, ...]]]
+    meta: dict[str, Any]
+
+
+ENTRIES: dict[str, Entry] = {}
+
+
+def _add(name: str, group: str, make: Callable[[], tuple[Any, tuple[Any, ...]]],
+         **meta: Any) -> None:
+    assert name not in ENTRIES, name
+    ENTRIES[name] = Entry(group, make, meta)
+
+
+def _arr(shape, dtype=jnp.float32, seed=0, scale=1.0):
+    rng = np.random.default_rng(seed)
+    if jnp.issubdtype(dtype, jnp.integer):
+        info = jnp.iinfo(dtype)
+        lo, hi = max(int(info.min), -100), min(int(info.max), 100)
+        return jnp.asarray(rng.integers(lo, hi, shape), dtype)
+    return jnp.asarray(rng.uniform(-1, 1, shape) * scale, dtype)
+
+
+def _lazy(body, **kw):
+    """A function that builds its pallas_call when called (predict sets the mode first)."""
+    return lambda *xs: pl.pallas_call(body, **kw)(*xs)
+
+
+def _whole(body, args_shapes, out_shape, scratch=()):
+    """A grid-less pallas_call over whole VMEM blocks."""
+    return pl.pallas_call(body, out_shape=out_shape, scratch_shapes=list(scratch))
+
+
+# --- vector ALU / EUP: a chain of n ops over a (512, 1024) block in VMEM -----------------
+
+VPU_SHAPE = (512, 1024)
+_VPU_OPS: dict[str, Callable[[Any, int], Any]] = {
+    "add": lambda x, i: x + (0.5 + i * 1e-3),
+    "mul": lambda x, i: x * (0.999 - i * 1e-4),
+    "max": lambda x, i: jnp.maximum(x, x * 0.5 - 1e-3 * i),
+    "select": lambda x, i: jnp.where(x > 1e-3 * i, x, x * 0.5),
+    "int_xor_shift": lambda x, i: (x ^ (x >> 3)) + i,
+    "exp": lambda x, i: jnp.exp(x) * 0.25,
+    "tanh": lambda x, i: jnp.tanh(x),
+    "log": lambda x, i: jnp.log(x + 2.0),
+    "sin": lambda x, i: jnp.sin(x),
+    "logistic": lambda x, i: jax.nn.sigmoid(x),
+    "rsqrt": lambda x, i: jax.lax.rsqrt(x * x + 1.0),
+    "div": lambda x, i: 1.0 / (x + 2.0),
+    "sqrt": lambda x, i: jnp.sqrt(x * x + 1.0),
+}
+
+
+def _chain(op: str, dtype: Any, n: int):
+    fn = _VPU_OPS[op]
+
+    def body(x_ref, o_ref):
+        x = x_ref[...]
+        for i in range(n):
+            x = fn(x, i)
+        o_ref[...] = x
+
+    def make():
+        x = _arr(VPU_SHAPE, dtype)
+        return (lambda x: _whole(body, None, jax.ShapeDtypeStruct(x.shape, x.dtype))(x),
+                (x,))
+    return make
+
+
+for _op in _VPU_OPS:
+    _dtypes = [jnp.int32] if _op.startswith("int") else [jnp.float32]
+    if _op in ("add", "mul", "exp", "tanh"):
+        _dtypes.append(jnp.bfloat16)
+    for _dt in _dtypes:
+        for _n in (0, 16, 64) if _op not in ("sin", "log") else (0, 8, 32):
+            _dn = jnp.dtype(_dt).name
+            if _n == 0 and (_op != "add"):
+                continue  # one copy baseline per dtype, under "add"
+            _add(f"vpu/{_op}/{_dn}/n{_n}", "micro", _chain(_op, _dt, _n), kind="vector",
+                 op=_op, dtype=_dn, n=_n, shape=VPU_SHAPE)
+
+
+# --- dependent-loop latency: a carry of one (8, 128) vreg through n iterations -----------
+
+def _latency(k: int, steps: int, with_rows: bool):
+    def body(x_ref, o_ref):
+        a = x_ref[pl.ds(0, 8), :] * 0.5
+
+        def step(i, h):
+            if with_rows:
+                r = pl.multiple_of((i % 64) * 8, 8)
+                h = h + x_ref[pl.ds(r, 8), :]
+            for j in range(k):
+                h = h * a + (1e-3 * (j + 1))
+            if with_rows:
+                o_ref[pl.ds(r, 8), :] = h
+            return h
+
+        h = jax.lax.fori_loop(0, steps, step, jnp.zeros((8, 128), jnp.float32))
+        o_ref[pl.ds(0, 8), :] = h
+
+    def make():
+        x = _arr((512, 128))
+        return (lambda x: _whole(body, None, jax.ShapeDtypeStruct(x.shape, x.dtype))(x), (x,))
+    return make
+
+
+for _k in (1, 4, 16):
+    for _steps in (512, 4096):
+        for _rows in (False, True):
+            _add(f"loop/k{_k}/steps{_steps}/{'rows' if _rows else 'reg'}", "micro",
+                 _latency(_k, _steps, _rows), kind="loop", k=_k, steps=_steps, rows=_rows)
+
+
+# --- VMEM loads and stores: o += x over a (512, 1024) block, n times in a loop -----------
+
+def _vmem(n: int, pattern: str):
+    def body(x_ref, o_ref):
+        o_ref[...] = jnp.zeros(o_ref.shape, o_ref.dtype)
+
+        def step(i, c):
+            if pattern == "full":
+                o_ref[...] += x_ref[...]
+            elif pattern == "strided":  # every other row
+                o_ref[pl.ds(0, 256), :] += x_ref[pl.ds(0, 256, stride=2), :]
+            elif pattern == "masked":  # half the lanes of each vreg
+                o_ref[:, pl.ds(0, 64)] += x_ref[:, pl.ds(0, 64)]
+            return c
+        jax.lax.fori_loop(0, n, step, 0)
+
+    def make():
+        x = _arr(VPU_SHAPE)
+        return (lambda x: _whole(body, None, jax.ShapeDtypeStruct(x.shape, x.dtype))(x), (x,))
+    return make
+
+
+for _pat in ("full", "strided", "masked"):
+    for _n in (1, 16, 64):
+        _add(f"vmem/{_pat}/n{_n}", "micro", _vmem(_n, _pat), kind="vmem", pattern=_pat, n=_n,
+             shape=VPU_SHAPE)
+
+
+# --- MXU: acc += x @ y, n times in a loop ------------------------------------------------
+
+def _mxu(m: int, k: int, n: int, dtype: Any, reps: int, precision: Any = None):
+    acc_dtype = jnp.int32 if jnp.issubdtype(dtype, jnp.integer) else jnp.float32
+
+    def body(x_ref, y_ref, o_ref):
+        o_ref[...] = jnp.zeros(o_ref.shape, o_ref.dtype)
+
+        def step(i, c):
+            o_ref[...] += jax.lax.dot(x_ref[...], y_ref[...], precision=precision,
+                                      preferred_element_type=acc_dtype)
+            return c
+        jax.lax.fori_loop(0, reps, step, 0)
+
+    def make():
+        x, y = _arr((m, k), dtype, 1), _arr((k, n), dtype, 2)
+        out = jax.ShapeDtypeStruct((m, n), acc_dtype)
+        return (lambda x, y: _whole(body, None, out)(x, y), (x, y))
+    return make
+
+
+for (_m, _k, _n) in ((128, 128, 128), (256, 256, 256), (512, 512, 512), (1024, 1024, 1024),
+                     (8, 512, 512), (512, 128, 512), (128, 2048, 128)):
+    for _dt, _prec in ((jnp.bfloat16, None), (jnp.float32, None),
+                       (jnp.float32, jax.lax.Precision.HIGHEST), (jnp.int8, None)):
+        if _prec is not None and _m not in (256, 512):
+            continue
+        if _dt == jnp.int8 and (_m, _k, _n) not in ((256, 256, 256), (512, 512, 512),
+                                                   (1024, 1024, 1024)):
+            continue
+        _flops = 2 * _m * _k * _n
+        _reps = int(max(4, min(4096, 4e9 // _flops)))
+        for _r in (_reps, 4 * _reps):
+            _name = f"mxu/{_m}x{_k}x{_n}/{jnp.dtype(_dt).name}{'/highest' if _prec else ''}"
+            _add(f"{_name}/r{_r}", "micro", _mxu(_m, _k, _n, _dt, _r, _prec), kind="mxu",
+                 m=_m, k=_k, n=_n, dtype=jnp.dtype(_dt).name,
+                 precision="HIGHEST" if _prec else "DEFAULT", reps=_r)
+
+
+# --- DMAs: chunk copies HBM <-> VMEM / HBM -> HBM, k in flight ---------------------------
+
+def _dma(chunk_rows: int, width: int, chunks: int, in_flight: int, direction: str,
+         strided: bool = False):
+    """``chunks`` copies of (chunk_rows, width) f32, ``in_flight`` outstanding at once;
+    ``strided``: each chunk is (chunk_rows, 128) taken out of (chunk_rows, width) rows."""
+    cw = 128 if strided else width
+
+    def body(src, dst, o_ref, buf, sems):
+        def copy(i):
+            slot = i % in_flight
+            if direction == "in":
+                s = src.at[i, :, pl.ds(0, cw)] if strided else src.at[i]
+                return pltpu.make_async_copy(s, buf.at[slot], sems.at[slot])
+            if direction == "out":
+                return pltpu.make_async_copy(buf.at[slot], dst.at[i], sems.at[slot])
+            return pltpu.make_async_copy(src.at[i], dst.at[i], sems.at[slot])
+
+        if direction == "out":
+            buf[...] = jnp.ones(buf.shape, buf.dtype)
+
+        def step(i, c):
+            @pl.when(i >= in_flight)
+            def _():
+                copy(i - in_flight).wait()
+            copy(i).start()
+            return c
+        jax.lax.fori_loop(0, chunks, step, 0)
+
+        def drain(i, c):
+            copy(i).wait()
+            return c
+        jax.lax.fori_loop(max(chunks - in_flight, 0), chunks, drain, 0)
+        o_ref[...] = buf[0, pl.ds(0, 8), pl.ds(0, 128)]
+
+    def make():
+        src = _arr((chunks, chunk_rows, width))
+        dst_shape = (chunks, chunk_rows, cw)
+        any_spec = pl.BlockSpec(memory_space=pl.ANY)
+        fn = _lazy(
+            body,
+            out_shape=(jax.ShapeDtypeStruct(dst_shape, jnp.float32),
+                       jax.ShapeDtypeStruct((8, 128), jnp.float32)),
+            in_specs=[any_spec],
+            out_specs=(any_spec, pl.BlockSpec(memory_space=pltpu.VMEM)),
+            scratch_shapes=[pltpu.VMEM((in_flight, chunk_rows, cw), jnp.float32),
+                            pltpu.SemaphoreType.DMA((in_flight,))],
+        )
+        return (lambda s: fn(s)), (src,)
+    return make
+
+
+for _rows, _width in ((8, 128), (8, 512), (32, 512), (64, 1024), (256, 1024), (1024, 1024)):
+    _bytes = _rows * _width * 4
+    _chunks = int(max(16, min(512, (64 << 20) // _bytes)))
+    for _k in (1, 2, 4, 8):
+        if _bytes * _k > (16 << 20):
+            continue
+        for _dir in ("in", "out", "hbm"):
+            if _dir != "in" and _k not in (1, 4):
+                continue
+            _add(f"dma/{_dir}/{_bytes}B/k{_k}", "micro",
+                 _dma(_rows, _width, _chunks, _k, _dir), kind="dma", direction=_dir,
+                 bytes=_bytes, chunks=_chunks, in_flight=_k, strided=False)
+for _rows in (64, 512):
+    for _k in (1, 4):
+        _add(f"dma/in-strided/{_rows * 512}B/k{_k}", "micro",
+             _dma(_rows, 1024, 128, _k, "in", strided=True), kind="dma", direction="in",
+             bytes=_rows * 512, chunks=128, in_flight=_k, strided=True)
+
+
+# --- grid steps: overhead, revisited blocks, pl.when-skipped bodies ----------------------
+
+def _grid(steps: int, mode: str, block=(8, 128)):
+    rows = block[0]
+
+    def body(x_ref, o_ref):
+        if mode == "skip":
+            @pl.when(pl.program_id(0) < 0)
+            def _():
+                o_ref[...] = x_ref[...] * 2.0
+        elif mode == "compute-half":
+            @pl.when(pl.program_id(0) % 2 == 0)
+            def _():
+                o_ref[...] = jnp.tanh(jnp.tanh(x_ref[...]))
+
+            @pl.when(pl.program_id(0) % 2 == 1)
+            def _():
+                o_ref[...] = x_ref[...]
+        else:
+            o_ref[...] = x_ref[...] + 1.0
+
+    def make():
+        if mode == "revisit":  # the same block every step: copied once
+            spec = pl.BlockSpec(block, lambda i: (0, 0))
+            x = _arr(block)
+            out = jax.ShapeDtypeStruct(block, jnp.float32)
+        else:
+            spec = pl.BlockSpec(block, lambda i: (i, 0))
+            x = _arr((steps * rows, block[1]))
+            out = jax.ShapeDtypeStruct(x.shape, jnp.float32)
+        fn = _lazy(body, out_shape=out, grid=(steps,), in_specs=[spec],
+                            out_specs=spec)
+        return (lambda x: fn(x)), (x,)
+    return make
+
+
+for _steps in (256, 4096):
+    for _mode in ("copy", "revisit", "skip"):
+        _add(f"grid/{_mode}/s{_steps}", "micro", _grid(_steps, _mode), kind="grid", mode=_mode,
+             steps=_steps, block=(8, 128))
+for _steps in (64, 512):
+    for _mode in ("copy", "skip", "compute-half"):
+        _add(f"grid/{_mode}/s{_steps}/b256x1024", "micro", _grid(_steps, _mode, (256, 1024)),
+             kind="grid", mode=_mode, steps=_steps, block=(256, 1024))
+
+
+# --- held-out kernels --------------------------------------------------------------------
+
+def _case(case: kc.Case):
+    return case.make
+
+
+def _elementwise(fn: Callable[[Any], Any], shape, block_rows: int, dtype=jnp.float32,
+                 n_in: int = 1):
+    def body(*refs):
+        *ins, o_ref = refs
+        vals = [r[...] for r in ins]
+        o_ref[...] = fn(*vals).astype(o_ref.dtype)
+
+    def make():
+        spec = pl.BlockSpec((block_rows, shape[1]), lambda i: (i, 0))
+        call = _lazy(body, out_shape=jax.ShapeDtypeStruct(shape, dtype),
+                              grid=(shape[0] // block_rows,), in_specs=[spec] * n_in,
+                              out_specs=spec)
+        args = tuple(_arr(shape, dtype, seed=i) for i in range(n_in))
+        return (lambda *xs: call(*xs)), args
+    return make
+
+
+_ELEMENTWISE: dict[str, tuple[Callable[..., Any], int]] = {
+    "copy": (lambda x: x, 1),
+    "add": (lambda x, y: x + y, 2),
+    "axpy": (lambda x, y: 2.5 * x + y, 2),
+    "tanh": (jnp.tanh, 1),
+    "exp": (lambda x: jnp.exp(x), 1),
+    "sin": (jnp.sin, 1),
+    "gelu": (lambda x: jax.nn.gelu(x), 1),
+    "softmax_rows": (lambda x: jax.nn.softmax(x, axis=-1), 1),
+}
+
+for _fname, (_fn, _nin) in _ELEMENTWISE.items():
+    for _shape in ((1024, 1024), (4096, 4096)):
+        for _dt in (jnp.float32, jnp.bfloat16) if _fname in ("copy", "add", "tanh") else (
+                jnp.float32,):
+            _add(f"elementwise/{_fname}/{jnp.dtype(_dt).name}/{_shape[0]}x{_shape[1]}",
+                 "heldout", _elementwise(_fn, _shape, 256, _dt, _nin), kind="elementwise",
+                 fn=_fname, shape=_shape, dtype=jnp.dtype(_dt).name)
+for _br in (8, 32, 128, 512, 1024):
+    _add(f"sweep/elementwise-tanh/b{_br}", "sweep:elementwise", _elementwise(
+        jnp.tanh, (4096, 2048), _br), kind="elementwise", fn="tanh", block_rows=_br)
+    _add(f"sweep/elementwise-add/b{_br}", "sweep:elementwise-add", _elementwise(
+        lambda x, y: x + y, (4096, 2048), _br, n_in=2), kind="elementwise", fn="add",
+        block_rows=_br)
+
+
+def _bf16_matmul(n: int, block: int, block_k: int):
+    from jax.experimental.pallas.ops.tpu.matmul import matmul
+
+    def make():
+        x, y = _arr((n, n), jnp.bfloat16, 1), _arr((n, n), jnp.bfloat16, 2)
+        return functools.partial(matmul, block_shape=(block, block), block_k=block_k), (x, y)
+    return make
+
+
+for _n in (1024, 2048):
+    for _b in (128, 256, 512):
+        _add(f"heldout/matmul-f32/{_n}/b{_b}", "heldout", _case(kc.matmul_case(_n, _b)),
+             kind="matmul", dtype="float32", n=_n, block=_b)
+for _b, _bk in ((128, 128), (256, 256), (256, 512), (512, 256), (512, 512), (512, 1024),
+                (1024, 512)):
+    _add(f"sweep/matmul-bf16/4096/b{_b}k{_bk}", "sweep:matmul", _bf16_matmul(4096, _b, _bk),
+         kind="matmul", dtype="bfloat16", n=4096, block=_b, block_k=_bk)
+_add("heldout/quantized-matmul", "heldout", _case(kc.quantized_matmul_case(1024, 2048, 1024)),
+     kind="matmul-int8")
+
+
+def _flash(heads: int, seq: int, block: int, causal: bool):
+    from jax.experimental.pallas.ops.tpu import flash_attention as fa
+
+    def make():
+        sizes = kc._flash_sizes(block)
+        args = tuple(_arr((1, heads, seq, 128), seed=i) for i in range(3))
+        return (lambda q, k, v: fa.flash_attention(q, k, v, causal=causal,
+                                                   block_sizes=sizes)), args
+    return make
+
+
+for _seq in (1024, 4096):
+    for _causal in (False, True):
+        _add(f"heldout/flash-{'causal' if _causal else 'full'}/h4/s{_seq}", "heldout",
+             _flash(4, _seq, 256, _causal), kind="flash", causal=_causal, seq=_seq)
+for _b in (128, 256, 512, 1024):
+    _add(f"sweep/flash-causal/s2048/b{_b}", "sweep:flash", _flash(4, 2048, _b, True),
+         kind="flash", causal=True, seq=2048, block=_b)
+_add("heldout/flash-backward/h2/s1024", "heldout", _case(kc.flash_backward_case(2, 1024, 128)),
+     kind="flash-bwd")
+for _seq in (1024, 4096):
+    _add(f"heldout/splash-causal/h4/s{_seq}", "heldout",
+         _case(kc.splash_forward_case(4, _seq, 512)), kind="splash", seq=_seq)
+_add("heldout/gmm/4096x512x512", "heldout", _case(kc.gmm_case(4096, 512, 512, 4)), kind="gmm")
+for _pages in (32, 128):
+    _add(f"heldout/paged/b8h8/p{_pages}", "heldout",
+         _case(kc.paged_attention_case(8, 8, 16, _pages, 8)), kind="paged", pages=_pages)
+for _pb in (1, 2, 4, 8, 16):
+    _add(f"sweep/paged/b8h8/p64/pb{_pb}", "sweep:paged",
+         _case(kc.paged_attention_case(8, 8, 16, 64, _pb)), kind="paged", per_block=_pb)
+
+
+def _ragged_paged(seqs: int, q_len: int, kv_len: int, pages_per_block: int):
+    from jax.experimental.pallas.ops.tpu.ragged_paged_attention import kernel as rpa
+
+    def make():
+        rng = np.random.default_rng(0)
+        page = 16
+        pages_per_seq = -(-kv_len // page)
+        total_pages = seqs * pages_per_seq
+        q_lens = np.full(seqs, q_len)
+        q = jnp.asarray(rng.standard_normal((int(q_lens.sum()), 8, 128)), jnp.float32)
+        kv = jnp.asarray(rng.standard_normal((total_pages, page, 4, 128)), jnp.float32)
+        pages = jnp.asarray(rng.permutation(total_pages).reshape(seqs, pages_per_seq),
+                            jnp.int32)
+        cu_q = jnp.asarray(np.concatenate([[0], np.cumsum(q_lens)]), jnp.int32)
+        kv_lens = jnp.full((seqs,), kv_len, jnp.int32)
+        args = (q, kv, kv_lens, pages, cu_q, jnp.array([seqs], jnp.int32))
+        fn = functools.partial(rpa.ragged_paged_attention,
+                               num_kv_pages_per_block=pages_per_block,
+                               num_queries_per_block=8)
+        return fn, args
+    return make
+
+
+_add("heldout/ragged-paged/s8/q8/kv512", "heldout", _ragged_paged(8, 8, 512, 8),
+     kind="ragged-paged")
+for _seq in (512, 2048):
+    _add(f"heldout/rglru/{_seq}x256", "heldout", _case(kc.rglru_scan_case(_seq, 256, 64, 128)),
+         kind="rglru", seq=_seq)
+_add("heldout/gated-delta/s1024", "heldout", _case(kc.gated_delta_chunk_case(1024, 2)),
+     kind="gated-delta")
+
+
+def _ring(chunks: int, rows: int, slots: int):
+    """A manual multi-slot DMA ring: HBM chunks into VMEM slots, scaled, and back out."""
+    def body(x_hbm, o_hbm, buf, obuf, isem, osem):
+        def fetch(i):
+            return pltpu.make_async_copy(x_hbm.at[i], buf.at[i % slots], isem.at[i % slots])
+
+        def put(i):
+            return pltpu.make_async_copy(obuf.at[i % slots], o_hbm.at[i], osem.at[i % slots])
+
+        for i in range(min(slots, chunks)):
+            fetch(i).start()
+
+        def step(i, c):
+            fetch(i).wait()
+
+            @pl.when(i >= slots)
+            def _():
+                put(i - slots).wait()
+            obuf[i % slots] = buf[i % slots] * 2.0 + 1.0
+            put(i).start()
+
+            @pl.when(i + slots < chunks)
+            def _():
+                fetch(i + slots).start()
+            return c
+        jax.lax.fori_loop(0, chunks, step, 0)
+        for i in range(max(chunks - slots, 0), chunks):
+            put(i).wait()
+
+    def make():
+        any_spec = pl.BlockSpec(memory_space=pl.ANY)
+        x = _arr((chunks, rows, 1024))
+        fn = _lazy(
+            body, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), in_specs=[any_spec],
+            out_specs=any_spec,
+            scratch_shapes=[pltpu.VMEM((slots, rows, 1024), jnp.float32),
+                            pltpu.VMEM((slots, rows, 1024), jnp.float32),
+                            pltpu.SemaphoreType.DMA((slots,)), pltpu.SemaphoreType.DMA((slots,))])
+        return (lambda x: fn(x)), (x,)
+    return make
+
+
+for _rows in (64, 256):
+    for _slots in (2, 4):
+        _add(f"heldout/dma-ring/r{_rows}/slots{_slots}", "heldout", _ring(64, _rows, _slots),
+             kind="ring", rows=_rows, slots=_slots)
+
+
+def names(group_prefix: str = "") -> list[str]:
+    return [n for n, e in ENTRIES.items() if e.group.startswith(group_prefix)]
