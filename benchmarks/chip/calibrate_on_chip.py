@@ -68,10 +68,18 @@ def measure_batch(batch: list[tuple[str, object, tuple]], iters: int) -> dict[st
             for tag, jitted, args in batch:
                 for _ in range(iters):
                     jax.block_until_ready(jitted(*args))
-        modules, ops = _device_events(_events(Path(tmp)))
-    out: dict[str, dict] = {}
+        events = _events(Path(tmp))
+        modules, ops = _device_events(events)
+    out: dict[str, dict] = {"_debug": {
+        "modules": sorted({m.get("name", "") for m in modules})[:60],
+        "processes": sorted({e.get("args", {}).get("name", "") for e in events
+                             if e.get("name") == "process_name"})[:40],
+        "threads": sorted({e.get("args", {}).get("name", "") for e in events
+                           if e.get("name") == "thread_name"})[:60],
+        "n_events": len(events)}}
     for tag, _, _ in batch:
-        mine = sorted((m for m in modules if tag in m.get("name", "")), key=lambda e: e["ts"])
+        mine = sorted((m for m in modules if m.get("name", "").startswith(f"jit_{tag}(")),
+                      key=lambda e: e["ts"])
         durs = [m["dur"] * 1e-6 for m in mine]
         kernel, last_ops = [], []
         for m in mine:
@@ -112,7 +120,7 @@ def main() -> None:
         batch = []
         for i, name in enumerate(names[lo:lo + a.batch]):
             entry = ck.ENTRIES[name]
-            tag = f"calib_{lo + i}_"
+            tag = f"calib_{lo + i}"
             try:
                 fn, args = entry.make()
 
@@ -137,6 +145,7 @@ def main() -> None:
             except Exception as e:  # noqa: BLE001
                 times = {t: {"error": f"measure: {type(e).__name__}: {e}"[:500]}
                          for t, _, _ in batch}
+            result.setdefault("debug", []).append(times.pop("_debug", None))
             for name in names[lo:lo + a.batch]:
                 rec = result["kernels"][name]
                 if "tag" in rec:

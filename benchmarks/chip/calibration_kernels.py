@@ -110,7 +110,8 @@ for _op in _VPU_OPS:
     if _op in ("add", "mul", "exp", "tanh"):
         _dtypes.append(jnp.bfloat16)
     for _dt in _dtypes:
-        for _n in (0, 16, 64) if _op not in ("sin", "log") else (0, 8, 32):
+        _valu = _op in ("add", "mul", "max", "select", "int_xor_shift")
+        for _n in (0, 16, 64) if _valu else (4, 16) if _op != "sin" else (2, 8):
             _dn = jnp.dtype(_dt).name
             if _n == 0 and (_op != "add"):
                 continue  # one copy baseline per dtype, under "add"
@@ -172,7 +173,7 @@ def _vmem(n: int, pattern: str):
     return make
 
 
-for _pat in ("full", "strided", "masked"):
+for _pat in ("full", "masked"):  # (strided loads need a 128-lane base ref: Mosaic)
     for _n in (1, 16, 64):
         _add(f"vmem/{_pat}/n{_n}", "micro", _vmem(_n, _pat), kind="vmem", pattern=_pat, n=_n,
              shape=VPU_SHAPE)
@@ -273,7 +274,7 @@ for _rows, _width in ((8, 128), (8, 512), (32, 512), (64, 1024), (256, 1024), (1
     _bytes = _rows * _width * 4
     _chunks = int(max(16, min(512, (64 << 20) // _bytes)))
     for _k in (1, 2, 4, 8):
-        if _bytes * _k > (16 << 20):
+        if _bytes * _k > (8 << 20):
             continue
         for _dir in ("in", "out", "hbm"):
             if _dir != "in" and _k not in (1, 4):
@@ -373,11 +374,13 @@ for _fname, (_fn, _nin) in _ELEMENTWISE.items():
         for _dt in (jnp.float32, jnp.bfloat16) if _fname in ("copy", "add", "tanh") else (
                 jnp.float32,):
             _add(f"elementwise/{_fname}/{jnp.dtype(_dt).name}/{_shape[0]}x{_shape[1]}",
-                 "heldout", _elementwise(_fn, _shape, 256, _dt, _nin), kind="elementwise",
+                 "heldout", _elementwise(_fn, _shape, 128, _dt, _nin), kind="elementwise",
                  fn=_fname, shape=_shape, dtype=jnp.dtype(_dt).name)
-for _br in (8, 32, 128, 512, 1024):
+for _br in (8, 32, 128, 256, 512):
     _add(f"sweep/elementwise-tanh/b{_br}", "sweep:elementwise", _elementwise(
         jnp.tanh, (4096, 2048), _br), kind="elementwise", fn="tanh", block_rows=_br)
+    if _br > 256:
+        continue  # (3 operands x 2 buffers of 4 MiB exceed the 16 MiB scoped VMEM)
     _add(f"sweep/elementwise-add/b{_br}", "sweep:elementwise-add", _elementwise(
         lambda x, y: x + y, (4096, 2048), _br, n_in=2), kind="elementwise", fn="add",
         block_rows=_br)
