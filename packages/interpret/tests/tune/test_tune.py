@@ -60,7 +60,8 @@ def test_predict_on_abstract_inputs_equals_the_full_runs_timeline():
     assert p.compiles and p.checker == APPROX and p.reason is None
     assert p.predicted_seconds == rec.predicted_seconds
     assert p.bound == rec.bound
-    assert p.compute_unit == "vector load/store"  # small blocks: more vregs moved than MXU time
+    # small blocks: each dot's fixed cost (measured on the v5e) outweighs the vregs moved
+    assert p.compute_unit == "MXU"
     assert p.exposed_dma_seconds == rec.exposed_dma_seconds
     assert p.flops == rec.flops == 2 * 512**3
     assert p.grid_steps == 4 * 4 * 2
@@ -232,10 +233,12 @@ def test_sweep_progress_bar_only_when_asked_or_on_a_terminal():
     configs = CONFIGS[:1]
     pi.sweep(make_matmul, configs, *OPERANDS, compile_check="approximate",
              progress_stream=quiet)
-    pi.sweep(make_matmul, configs, *OPERANDS, compile_check="approximate",
-             progress_stream=tty)
+    res = pi.sweep(make_matmul, configs, *OPERANDS, compile_check="approximate",
+                   progress_stream=tty)
+    us = res.rows[0].predicted_seconds * 1e6
     assert quiet.getvalue() == ""
-    assert tty.getvalue() == "\r[" + "#" * 30 + "] 1/1 bm=256, bk=512, bn=256: 238.2 us\x1b[K\n"
+    assert tty.getvalue() == ("\r[" + "#" * 30 + f"] 1/1 bm=256, bk=512, bn=256: {us:.1f} us"
+                              "\x1b[K\n")
 
 
 def test_sweep_plot_needs_matplotlib(tmp_path):
@@ -374,7 +377,8 @@ def test_predict_walks_manual_dmas_as_the_full_run_does():
     assert p.predicted_seconds == rec.predicted_seconds
     assert p.exposed_dma_seconds == rec.exposed_dma_seconds
     assert p.dma_bytes == rec.dma_bytes == 2 * 1024 * 512 * 4
-    assert p.compute_unit == "vector load/store"  # 2 vregs moved per vreg of exp
+    # an exp costs more than its vreg's load and store (both measured on the v5e)
+    assert p.compute_unit == "vector ALU"
     est = p.cost_estimate()
     assert est.transcendentals == 1024 * 512  # exp of every element
     assert est.flops == 1024 * 512  # the multiply

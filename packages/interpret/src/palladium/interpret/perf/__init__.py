@@ -13,8 +13,8 @@
 >>> with pi.timeline() as tl:
 ...     _ = jax.block_until_ready(f(x))
 >>> rec = tl.launches[-1]
->>> rec.bound, round(rec.predicted_seconds * 1e6)   # 8 MiB over v5e's 820 GB/s: ~10 us
-('HBM', 12)
+>>> rec.bound, round(rec.predicted_seconds * 1e6)   # 4 MiB read, 4 MiB written (v5e)
+('HBM', 13)
 """
 
 from palladium.interpret.perf.model import ChipModel, chip_model

@@ -35,6 +35,9 @@ class Cost:
     flops: float = 0.0
     vector_flops: float = 0.0
     transcendentals: float = 0.0
+    #: its latency on a chain of dependent equations (a loop's carry, one row a step):
+    #: what it adds when the next equation must wait for its result
+    latency: float = 0.0
 
 
 FREE = Cost(0.0, "")
@@ -97,13 +100,9 @@ def _vregs(aval: Any, chip: ChipModel) -> int:
     return max(1, math.ceil(nbytes / chip.vreg_bytes)) if nbytes else 0
 
 
-def _largest_vregs(eqn: Any, chip: ChipModel) -> int:
-    avals = [v.aval for v in (*eqn.invars, *eqn.outvars) if hasattr(v.aval, "shape")]
-    return max((_vregs(a, chip) for a in avals), default=0)
-
-
 def _dot_cost(eqn: Any, chip: ChipModel) -> Cost:
     (lc, _rc), _batch = eqn.params["dimension_numbers"]
+    _rc = tuple(_rc)
     lhs, rhs = eqn.invars[0].aval, eqn.invars[1].aval
     out = eqn.outvars[0].aval
     contract = math.prod(int(lhs.shape[d]) for d in lc)
@@ -118,10 +117,19 @@ def _dot_cost(eqn: Any, chip: ChipModel) -> Cost:
         if isinstance(precision, tuple):
             precision = precision[0]
         level = getattr(precision, "name", None) or "DEFAULT"
-        rate = chip.mxu_bf16_flops / F32_PASSES.get(level, 1)
+        passes = chip.f32_highest_passes if level == "HIGHEST" else F32_PASSES.get(level, 1)
+        rate = chip.mxu_bf16_flops / passes
     else:
         rate = chip.mxu_bf16_flops
-    return Cost(flops / rate, "mxu", flops)
+    # one dot's fixed cost (fill and drain) and its weight tiles' loads (measured on the
+    # chip: benchmarks/chip/calibration_kernels.py's mxu/ group)
+    batch = math.prod(int(rhs.shape[d]) for d in _batch[1]) if _batch[1] else 1
+    n = math.prod(int(s) for i, s in enumerate(rhs.shape)
+                  if i not in _rc and i not in (_batch[1] or ()))
+    tiles = batch * math.ceil(contract / 128) * math.ceil(max(n, 1) / 128)
+    fixed = chip.mxu_dot_seconds + tiles * chip.mxu_weight_tile_seconds
+    seconds = flops / rate + fixed
+    return Cost(seconds, "mxu", flops, latency=seconds)
 
 
 def _explicit_mxu_cost(eqn: Any, chip: ChipModel) -> Cost:
@@ -157,30 +165,62 @@ def equation_cost(eqn: Any, chip: ChipModel) -> Cost:
         return _explicit_mxu_cost(eqn, chip)
     if name in _LOADS:
         n = sum(_vregs(v.aval, chip) for v in eqn.outvars)
-        return Cost(n / (chip.vmem_vregs_per_cycle * chip.clock_hz), "vmem")
+        return Cost(n * chip.vmem_seconds_per_vreg(), "vmem", latency=chip.load_use_seconds)
     if name in _STORES:
         n = _vregs(eqn.invars[1].aval, chip) if len(eqn.invars) > 1 else 0
-        return Cost(n / (chip.vmem_vregs_per_cycle * chip.clock_hz), "vmem")
-    vregs = _largest_vregs(eqn, chip)
+        return Cost(n * chip.vmem_seconds_per_vreg(), "vmem", latency=chip.load_use_seconds)
+    if all(not getattr(v.aval, "shape", ()) for v in (*eqn.invars, *eqn.outvars)):
+        # scalar arithmetic (grid indices, addresses): a slot's issue, off the vector
+        # chain (the replay's DMA issue times depend on it being non-zero)
+        return Cost(chip.vector_vreg_seconds(name, False), "vpu")
+    vregs = _vector_vregs(eqn, chip, name in _TRANSCENDENTAL)
     if not vregs:
         return FREE
     floating = any(_is_float(v.aval) for v in eqn.outvars)
+    per_vreg = chip.vector_vreg_seconds(name, name in _TRANSCENDENTAL)
+    # (one unit: the measured costs of transcendentals include the vector ALU work
+    # around the EUP, and added up in chains on the chip)
+    latency = max(chip.dependent_op_seconds, per_vreg) if chip.dependent_op_seconds else 0.0
     if name in _TRANSCENDENTAL:
         # div runs on the EUP (a reciprocal) but XLA counts it as a flop, not a
         # transcendental: so does the CostEstimate.
         n = _elements(eqn.outvars) if floating else 0
-        return Cost(vregs / (chip.eup_vreg_ops_per_cycle * chip.clock_hz), "eup",
-                    vector_flops=n if name == "div" else 0.0,
-                    transcendentals=0.0 if name == "div" else n)
+        return Cost(vregs * per_vreg, "vpu", vector_flops=n if name == "div" else 0.0,
+                    transcendentals=0.0 if name == "div" else n, latency=latency)
     n = 0
     if name in _REDUCTIONS:
         # a reduction reads every vreg once (a VALU op each) and finishes with a
         # cross-lane step per output vreg: model it as one op per input vreg.
-        vregs = max(_vregs(v.aval, chip) for v in eqn.invars)
         n = _elements(eqn.invars) if floating and name in _ARITHMETIC else 0
     elif name in _ARITHMETIC and floating:
         n = _elements(eqn.outvars)
-    return Cost(vregs / (chip.vpu_vreg_ops_per_cycle * chip.clock_hz), "vpu", vector_flops=n)
+    return Cost(vregs * per_vreg, "vpu", vector_flops=n, latency=latency)
+
+
+def _vector_vregs(eqn: Any, chip: ChipModel, transcendental: bool) -> float:
+    """The 32-bit vregs of work of a vector op: its largest array's (its input's for a
+    reduction), a 16-bit float element costing the chip's narrow factor of a 32-bit
+    one (v5e has no bf16 vector unit: measured 1.9x), other types by their bytes."""
+    reduction = str(eqn.primitive) in _REDUCTIONS
+    avals = [v.aval for v in (eqn.invars if reduction else (*eqn.invars, *eqn.outvars))
+             if hasattr(v.aval, "shape")]
+    best = 0.0
+    for aval in avals:
+        try:
+            dtype = np.dtype(aval.dtype)
+        except TypeError:
+            continue
+        elements = math.prod(aval.shape)
+        if not elements:
+            continue
+        if dtype.name in ("bfloat16", "float16"):
+            factor = (chip.narrow_transcendental_factor if transcendental
+                      else chip.narrow_valu_factor)
+            words = elements * factor
+        else:
+            words = elements * dtype.itemsize / 4
+        best = max(best, max(1.0, math.ceil(words / (chip.vreg_bytes / 4))))
+    return best
 
 
 def _is_float(aval: Any) -> bool:

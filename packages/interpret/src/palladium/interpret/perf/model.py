@@ -7,19 +7,34 @@ palladium's one chip table, ``palladium.interpret.chip.chip_facts`` (read from j
 per-step overhead) is tabled here, next to it, with its public source or marked as an
 assumption.
 
+Measured chips (:data:`MEASURED_CHIPS`, today the v5e) replace the spec-derived rates and
+the assumed latencies with what microbenchmarks timed on the chip itself give
+(``perf/measured/<chip>.json``: each constant, the microbenchmarks it comes from and
+how; ``benchmarks/chip/`` has the kernels, the timer and the fit). Other chips take the
+measured chip's cycles at their own clock and its efficiencies at their own peaks, and
+say so: their ``measured`` is empty.
+
 >>> m = chip_model("v5e")
 >>> round(m.mxu_bf16_flops / 1e12), round(m.hbm_bytes_per_second / 1e9), m.clock_hz
-(197, 820, 1500000000.0)
+(196, 820, 1500000000.0)
+>>> round(m.hbm_read_bytes_per_second / 1e9), round(m.hbm_write_bytes_per_second / 1e9)
+(749, 649)
+>>> "mxu_bf16_flops" in m.measured, "mxu_bf16_flops" in chip_model("v6e").measured
+(True, False)
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import json
+from collections.abc import Mapping
+from importlib import resources
+from typing import Any
 
 from palladium.interpret.chip import chip_facts
 
-__all__ = ["ChipModel", "chip_model"]
+__all__ = ["MEASURED_CHIPS", "ChipModel", "chip_model", "measured_constants"]
 
 #: Per-grid-step overhead of a pipelined ``pallas_call``: "about 0.35 us" per grid
 #: iteration, the figure the Pallas TPU pipelining guide gives
@@ -73,16 +88,58 @@ _ICI_BYTES_PER_S: dict[str, float] = {
 HOST_BYTES_PER_S = 32e9
 
 
+#: The chips whose constants were measured on the chip itself: ``perf/measured/<chip>.json``
+#: (written by ``benchmarks/chip/fit_constants.py`` from the microbenchmarks of
+#: ``benchmarks/chip/calibration_kernels.py``, timed by ``calibrate_on_chip.py``).
+MEASURED_CHIPS = ("v5e",)
+
+#: The model's constants a measured chip's table gives, and the ``ChipModel`` field each
+#: one sets.
+_MEASURED_FIELDS = {
+    "valu_vreg_seconds": "valu_vreg_seconds",
+    "narrow_valu_factor": "narrow_valu_factor",
+    "narrow_transcendental_factor": "narrow_transcendental_factor",
+    "vector_op_vreg_seconds": "vector_op_vreg_seconds",
+    "dependent_op_seconds": "dependent_op_seconds",
+    "loop_iteration_seconds": "loop_iteration_seconds",
+    "load_use_seconds": "load_use_seconds",
+    "vmem_vreg_seconds": "vmem_vreg_seconds",
+    "mxu_bf16_flops": "mxu_bf16_flops",
+    "mxu_dot_seconds": "mxu_dot_seconds",
+    "mxu_weight_tile_seconds": "mxu_weight_tile_seconds",
+    "f32_highest_passes": "f32_highest_passes",
+    "mxu_int8_ops": "mxu_int8_ops",
+    "hbm_read_bytes_per_second": "hbm_read_bytes_per_second",
+    "hbm_write_bytes_per_second": "hbm_write_bytes_per_second",
+    "hbm_copy_bytes_per_second": "hbm_copy_bytes_per_second",
+    "dma_latency_in_seconds": "dma_latency_in_s",
+    "dma_latency_out_seconds": "dma_latency_out_s",
+    "dma_latency_hbm_seconds": "dma_latency_hbm_s",
+    "block_copy_latency_seconds": "block_copy_latency_s",
+    "step_overhead_seconds": "step_overhead_s",
+    "launch_overhead_seconds": "launch_overhead_s",
+    "hbm_mixed_factor": "hbm_mixed_factor",
+}
+
+#: Constants counted in cycles of the measured chip: a chip that was not measured gets
+#: the v5e's cycles at its own clock (ASSUMPTION: the same core design).
+_CYCLE_FIELDS = ("valu_vreg_seconds", "dependent_op_seconds", "loop_iteration_seconds",
+                 "load_use_seconds", "vmem_vreg_seconds", "mxu_dot_seconds",
+                 "mxu_weight_tile_seconds", "step_overhead_s", "launch_overhead_s")
+
+
 @dataclasses.dataclass(frozen=True)
 class ChipModel:
     """What the performance model needs to know about one simulated chip (per
     TensorCore unless said otherwise). Build one with :func:`chip_model`, or by hand
-    to ask "what if" questions."""
+    to ask "what if" questions. ``measured`` names the fields measured on that chip
+    (``perf/measured/<chip>.json``); every other field is assumed (spec-derived, or the
+    v5e's measured cycles at this chip's clock)."""
 
     chip: str
     clock_hz: float
-    mxu_bf16_flops: float  # dense bf16 MXU peak, FLOP/s per TensorCore (TpuInfo)
-    mxu_int8_ops: float  # TpuInfo int8 peak (bf16 peak where TpuInfo says 0)
+    mxu_bf16_flops: float  # dense bf16 MXU rate, FLOP/s per TensorCore
+    mxu_int8_ops: float  # int8 rate (bf16 rate where TpuInfo says 0)
     mxu_fp8_ops: float  # TpuInfo fp8 peak (bf16 peak where TpuInfo says 0)
     hbm_bytes_per_second: float  # per TensorCore (TpuInfo mem_bw_bytes_per_second)
     ici_bytes_per_second: float  # one link, one direction
@@ -97,11 +154,99 @@ class ChipModel:
     eup_vreg_ops_per_cycle: float = EUP_VREG_OPS_PER_CYCLE
     vmem_vregs_per_cycle: float = VMEM_VREGS_PER_CYCLE
     vreg_bytes: int = VREG_BYTES
+    # --- measured on the chip (see MEASURED_CHIPS); None: derived from the above -------
+    #: HBM bytes per second of reads into VMEM, writes from VMEM, and HBM -> HBM copies
+    #: (bytes moved); a device's DMAs share one HBM: each byte costs 1 / its rate.
+    hbm_read_bytes_per_second: float | None = None
+    hbm_write_bytes_per_second: float | None = None
+    hbm_copy_bytes_per_second: float | None = None
+    #: One DMA started and waited for, beyond its bytes: HBM -> VMEM, VMEM -> HBM,
+    #: HBM -> HBM; and a grid pipeline's block copy.
+    dma_latency_in_s: float | None = None
+    dma_latency_out_s: float | None = None
+    dma_latency_hbm_s: float | None = None
+    block_copy_latency_s: float | None = None
+    #: Seconds per (8, 128) 32-bit vreg of a plain vector ALU op, of each primitive
+    #: measured apart, and of a vector load or store.
+    valu_vreg_seconds: float | None = None
+    vector_op_vreg_seconds: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    vmem_vreg_seconds: float | None = None
+    #: A 16-bit float element's cost relative to a 32-bit one's: vector ALU ops and
+    #: transcendentals (0.5: packed two per 32-bit lane, as the spec-derived default).
+    narrow_valu_factor: float = 0.5
+    narrow_transcendental_factor: float = 0.5
+    #: Latency of one dependent vector op, of a loop iteration, of a load/store on the
+    #: dependent chain (0: not modelled).
+    dependent_op_seconds: float = 0.0
+    loop_iteration_seconds: float = 0.0
+    load_use_seconds: float = 0.0
+    #: The MXU: one dot's fixed cost, each (128, 128) weight tile's load, and the passes
+    #: of a precision=HIGHEST f32 dot.
+    mxu_dot_seconds: float = 0.0
+    mxu_weight_tile_seconds: float = 0.0
+    f32_highest_passes: float = 6.0
+    #: HBM time of reads and writes in flight together over their time apart (1: none)
+    hbm_mixed_factor: float = 1.0
+    measured: frozenset[str] = frozenset()
 
     def hbm_bandwidth(self, cores: int) -> float:
         """HBM bandwidth of a device simulated with ``cores`` TensorCores (TpuInfo's
         figure is per TensorCore; a megacore device has the chip's, never more)."""
         return self.hbm_bytes_per_second * min(max(cores, 1), self.tensor_cores_per_chip)
+
+    def hbm_byte_seconds(self, kind: str, cores: int = 1) -> float:
+        """Seconds of a device's HBM one byte of a ``kind`` transfer costs: ``"in"``
+        (HBM -> VMEM/SMEM), ``"out"`` (to HBM) or ``"hbm"`` (HBM -> HBM: read and
+        written, so half the bandwidth where it was not measured)."""
+        scale = min(max(cores, 1), self.tensor_cores_per_chip)
+        rate = {"in": self.hbm_read_bytes_per_second, "out": self.hbm_write_bytes_per_second,
+                "hbm": self.hbm_copy_bytes_per_second}.get(kind)
+        if rate is None:
+            rate = self.hbm_bytes_per_second / (2.0 if kind == "hbm" else 1.0)
+        return 1.0 / (rate * scale)
+
+    def dma_latency(self, kind: str) -> float:
+        """The fixed latency of one DMA of ``kind`` (``"in"``, ``"out"``, ``"hbm"``,
+        ``"block"`` for a pipeline's block copy, anything else: the default)."""
+        value = {"in": self.dma_latency_in_s, "out": self.dma_latency_out_s,
+                 "hbm": self.dma_latency_hbm_s, "block": self.block_copy_latency_s}.get(kind)
+        return self.dma_latency_s if value is None else value
+
+    def vector_vreg_seconds(self, primitive: str, transcendental: bool) -> float:
+        """Seconds per vreg of a vector op: measured per primitive where the chip was,
+        else the chip's VALU cost (or the VLIW default rates)."""
+        found = self.vector_op_vreg_seconds.get(primitive)
+        if found is not None:
+            return found
+        if transcendental:
+            measured = [v for k, v in self.vector_op_vreg_seconds.items()
+                        if k in ("exp", "log", "tanh")]
+            if measured:
+                return max(measured)
+            return 1.0 / (self.eup_vreg_ops_per_cycle * self.clock_hz)
+        if self.valu_vreg_seconds is not None:
+            return self.valu_vreg_seconds
+        return 1.0 / (self.vpu_vreg_ops_per_cycle * self.clock_hz)
+
+    def vmem_seconds_per_vreg(self) -> float:
+        if self.vmem_vreg_seconds is not None:
+            return self.vmem_vreg_seconds
+        return 1.0 / (self.vmem_vregs_per_cycle * self.clock_hz)
+
+
+def measured_constants(chip: str) -> dict[str, Any] | None:
+    """The measured table of ``chip`` (``perf/measured/<chip>.json``: each constant's
+    value, the microbenchmarks it comes from and how), or None if it was not measured."""
+    if chip not in MEASURED_CHIPS:
+        return None
+    return _measured_table(chip)
+
+
+@functools.cache
+def _measured_table(chip: str) -> dict[str, Any]:
+    text = resources.files("palladium.interpret.perf").joinpath(
+        f"measured/{chip}.json").read_text()
+    return dict(json.loads(text))
 
 
 @functools.cache
@@ -110,7 +255,7 @@ def chip_model(chip: str) -> ChipModel:
     facts = chip_facts(chip)
     bf16 = float(facts.bf16_ops_per_second)
     clock = _CLOCK_HZ.get(chip) or bf16 / (2 * 4 * facts.mxu_column_size ** 2)
-    return ChipModel(
+    base = ChipModel(
         chip=chip,
         clock_hz=clock,
         mxu_bf16_flops=bf16,
@@ -123,3 +268,44 @@ def chip_model(chip: str) -> ChipModel:
         tensor_cores_per_chip=int(facts.tensor_cores_per_chip),
         vreg_bytes=int(facts.num_sublanes * facts.num_lanes * 4),
     )
+    table = measured_constants(chip)
+    if table is not None:
+        values = {_MEASURED_FIELDS[k]: c["value"] for k, c in table["constants"].items()
+                  if k in _MEASURED_FIELDS}
+        return dataclasses.replace(base, **values, measured=frozenset(values))
+    return _from_reference(base, MEASURED_CHIPS[0])
+
+
+def _from_reference(base: ChipModel, reference: str) -> ChipModel:
+    """An unmeasured chip: the reference chip's measured cycles at this chip's clock, its
+    measured HBM efficiency at this chip's HBM bandwidth, its MXU efficiency at this
+    chip's peak (every one an ASSUMPTION, and not in ``measured``)."""
+    ref = chip_model(reference)
+    cycles = {f: getattr(ref, f) * ref.clock_hz / base.clock_hz for f in _CYCLE_FIELDS}
+    ops = {k: v * ref.clock_hz / base.clock_hz for k, v in ref.vector_op_vreg_seconds.items()}
+    hbm = base.hbm_bytes_per_second / ref.hbm_bytes_per_second
+    mxu = ref.mxu_bf16_flops / chip_model_peak(reference)
+    return dataclasses.replace(
+        base, **cycles, vector_op_vreg_seconds=ops,
+        mxu_bf16_flops=base.mxu_bf16_flops * mxu,
+        hbm_read_bytes_per_second=_times(ref.hbm_read_bytes_per_second, hbm),
+        hbm_write_bytes_per_second=_times(ref.hbm_write_bytes_per_second, hbm),
+        hbm_copy_bytes_per_second=_times(ref.hbm_copy_bytes_per_second, hbm),
+        dma_latency_in_s=ref.dma_latency_in_s, dma_latency_out_s=ref.dma_latency_out_s,
+        dma_latency_hbm_s=ref.dma_latency_hbm_s, block_copy_latency_s=ref.block_copy_latency_s,
+        f32_highest_passes=ref.f32_highest_passes, hbm_mixed_factor=ref.hbm_mixed_factor,
+        # chips from v6e on have bf16 vector units: the packed default
+        narrow_valu_factor=(ref.narrow_valu_factor if chip_facts(base.chip).generation <= 5
+                            else 0.5),
+        narrow_transcendental_factor=(ref.narrow_transcendental_factor
+                                      if chip_facts(base.chip).generation <= 5 else 0.5),
+    )
+
+
+def chip_model_peak(chip: str) -> float:
+    """TpuInfo's bf16 peak of ``chip`` per TensorCore."""
+    return float(chip_facts(chip).bf16_ops_per_second)
+
+
+def _times(value: float | None, factor: float) -> float | None:
+    return None if value is None else value * factor

@@ -58,6 +58,13 @@ class TimelineRecorder(Observer):
         self.finished = False
         self.error: str | None = None  # "Type: first line" of a failed launch
         self._costs: dict[int, tuple[Any, Cost]] = {}
+        # per core, the dependent chain of the current compute chunk: when each value's
+        # result is ready (by variable), the chain's end, the equations seen (a repeat
+        # starts a loop's next iteration) and the first repeated one
+        self._ready: dict[CoreId, dict[Any, tuple[float, float]]] = defaultdict(dict)
+        self._chain: dict[CoreId, float] = defaultdict(float)
+        self._seen: dict[CoreId, set[int]] = defaultdict(set)
+        self._anchor: dict[CoreId, int] = {}
         # Called once with this recorder when the launch ended (finished or failed): the
         # timeline then keeps what it needs and nothing holds the events any more.
         self.on_done: Callable[[TimelineRecorder], None] | None = None
@@ -68,6 +75,12 @@ class TimelineRecorder(Observer):
         # long as its busiest unit (an optimistic, perfectly overlapped schedule).
         units = self.pending.pop(core, None)
         dt = max(units.values()) if units else 0.0
+        # ... or as long as its chain of dependent results, where that is longer (a
+        # recurrence of one row per loop step waits on latencies, not throughput)
+        dt = max(dt, self._chain.pop(core, 0.0))
+        self._ready.pop(core, None)
+        self._seen.pop(core, None)
+        self._anchor.pop(core, None)
         events = self.events[core]
         if dt:
             events.append(("c", dt))
@@ -80,6 +93,8 @@ class TimelineRecorder(Observer):
             hit = (op, equation_cost(op, self.chip))  # holds op: its id stays unique
             self._costs[id(op)] = hit
         cost = hit[1]
+        if self.chip.dependent_op_seconds:
+            self._on_chain(core, op, cost)
         if cost.seconds:
             self.pending[core][cost.unit] += cost.seconds
             self.by_primitive[str(op.primitive)] += cost.seconds
@@ -88,6 +103,40 @@ class TimelineRecorder(Observer):
             if cost.vector_flops or cost.transcendentals:
                 self.vector_flops += cost.vector_flops
                 self.transcendentals += cost.transcendentals
+
+    def _on_chain(self, core: CoreId, op: Any, cost: Cost) -> None:
+        """The equation's place on the chunk's dataflow: each value has the time its
+        first vreg is ready and the time all of it is. A vector op streams (its first
+        vreg one latency after its operands' first, all of it no sooner than its own
+        throughput allows); a dot needs all of its operands and gives its result at its
+        end. An operand made outside the chunk (a loop's carry, a ref) is ready at the
+        chain's current end, so a loop's iterations follow each other, and each new
+        iteration costs the chip's per-iteration overhead."""
+        ready = self._ready[core]
+        chain = self._chain[core]
+        key = id(op)
+        seen = self._seen[core]
+        if key in seen:
+            anchor = self._anchor.setdefault(core, key)
+            if anchor == key:
+                chain += self.chip.loop_iteration_seconds
+        else:
+            seen.add(key)
+        first = whole = 0.0
+        for v in op.invars:
+            if type(v).__name__ == "Literal":
+                continue
+            f, w = ready.get(v, (chain, chain))
+            first, whole = max(first, f), max(whole, w)
+        if cost.unit == "mxu":
+            end = whole + cost.seconds
+            out = (end, end)
+        else:
+            f = first + cost.latency
+            out = (f, max(whole + cost.latency, f + cost.seconds))
+        for v in op.outvars:
+            ready[v] = out
+        self._chain[core] = max(chain, out[1])
 
     def grid_step_begin(self, core: CoreId, step: int, grid_point: tuple[int, ...]) -> None:
         self._push(core, ("step", step, grid_point))

@@ -58,6 +58,7 @@ class _Dma:
     args: dict[str, Any]
     remaining: float = 0.0
     end: float = 0.0
+    direction: str = ""
 
 
 @dataclasses.dataclass
@@ -96,7 +97,8 @@ def _pipeline(core: CoreId, events: list[tuple[Any, ...]], chip: ChipModel) -> I
         _, step, nbytes, _n, name = ev
         src, dst = ("HBM", name) if ev[0] == "in" else (name, "HBM")
         return ("dma", -1 - next(seq), f"copy {name} block (step {step})", ("hbm", dev),
-                nbytes, [(key, nbytes)], {"bytes": nbytes, "src": src, "dst": dst})
+                nbytes, [(key, nbytes)], {"bytes": nbytes, "src": src, "dst": dst},
+                "block " + ("in" if ev[0] == "in" else "out"))
 
     issue_at: dict[int, list[tuple[Any, ...]]] = defaultdict(list)  # -1: prologue
     for t, st in enumerate(steps):
@@ -151,7 +153,8 @@ def _plain(events: list[tuple[Any, ...]]) -> Iterator[Action]:
             if d.src_sem is not None:
                 signals.append((d.src_sem.key, d.nbytes))
             yield ("dma", d.id, d.name, res, d.nbytes, signals,
-                   {"bytes": d.nbytes, "src": d.src.label, "dst": d.dst.label})
+                   {"bytes": d.nbytes, "src": d.src.label, "dst": d.dst.label},
+                   _direction(d.src.space, d.dst.space))
         elif kind == "sig":
             yield ("signal", ev[1], ev[2])
         elif kind == "wait":
@@ -162,6 +165,14 @@ def _plain(events: list[tuple[Any, ...]]) -> Iterator[Action]:
             yield ("mem", ev[1])
 
 
+def _direction(src: Any, dst: Any) -> str:
+    """A DMA's kind for its cost: ``"hbm"`` (HBM -> HBM), ``"out"`` (into HBM) or
+    ``"in"`` (out of HBM, or between on-core memories)."""
+    if src is MemorySpace.HBM and dst is MemorySpace.HBM:
+        return "hbm"
+    return "out" if dst is MemorySpace.HBM else "in"
+
+
 class Replay:
     """Runs the programs of every core of a launch; results in ``spans``, ``stats``,
     ``dmas`` and ``vmem`` (per core: ``[(time, bytes in use)]``)."""
@@ -170,7 +181,10 @@ class Replay:
                  chip: ChipModel, cores_per_device: int,
                  vmem_base: dict[CoreId, int] | None = None) -> None:
         self.chip = chip
-        self.bandwidth = {"hbm": chip.hbm_bandwidth(cores_per_device),
+        # (a device's HBM serves reads, writes and HBM -> HBM copies at the rates measured
+        # for each: a DMA's bytes are counted in read-equivalent bytes, its "work")
+        self._cores_per_device = cores_per_device
+        self.bandwidth = {"hbm": 1.0 / chip.hbm_byte_seconds("in", cores_per_device),
                           "ici": chip.ici_bytes_per_second,
                           "host": chip.host_bytes_per_second}
         self.cores = tuple(sorted(set(cores) | set(events)))
@@ -228,11 +242,18 @@ class Replay:
                 heapq.heappush(self._ready, (t + dt, core))
                 return
             if kind == "dma":
-                _, dma_id, name, res, nbytes, signals, args = action
-                dma = _Dma(dma_id, name, core[0], res, nbytes, signals, t, args, float(nbytes))
+                _, dma_id, name, res, nbytes, signals, args, kind = action
+                direction = kind.split()[-1]
+                work = float(nbytes)
+                if res[0] == "hbm":
+                    work *= (self.chip.hbm_byte_seconds(direction, self._cores_per_device)
+                             * self.bandwidth["hbm"])
+                dma = _Dma(dma_id, name, core[0], res, nbytes, signals, t, args, work,
+                           direction=direction)
                 self.dmas.append(dma)
                 self.resource_bytes[res] += nbytes
-                heapq.heappush(self._pending, (t + self.chip.dma_latency_s, len(self.dmas), dma))
+                latency = self.chip.dma_latency("block" if kind.startswith("block") else direction)
+                heapq.heappush(self._pending, (t + latency, len(self.dmas), dma))
             elif kind == "signal":
                 self._signal(action[1], action[2], t, "sem")
             elif kind == "wait":
@@ -283,9 +304,19 @@ class Replay:
         t = self._pending[0][0] if self._pending else math.inf
         for res, active in self._active.items():
             if active:
-                rate = self.bandwidth[res[0]] / len(active)
+                rate = self._rate(res, active)
                 t = min(t, self._t_dma + min(d.remaining for d in active) / rate)
         return t
+
+    def _rate(self, res: tuple[str, int], active: list[_Dma]) -> float:
+        """Each active DMA's share of its resource; HBM serving reads and writes at once
+        is slower than either alone (the chip's measured read/write turnaround)."""
+        rate = self.bandwidth[res[0]] / len(active)
+        if res[0] == "hbm" and self.chip.hbm_mixed_factor != 1.0:
+            kinds = {d.direction for d in active}
+            if "in" in kinds and "out" in kinds:
+                rate /= self.chip.hbm_mixed_factor
+        return rate
 
     def _advance(self, t: float) -> None:
         dt = t - self._t_dma
@@ -293,7 +324,7 @@ class Replay:
         for res, active in self._active.items():
             if not active:
                 continue
-            moved = dt * self.bandwidth[res[0]] / len(active)
+            moved = dt * self._rate(res, active)
             for d in active:
                 d.remaining -= moved
         self._t_dma = t

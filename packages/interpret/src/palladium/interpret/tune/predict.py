@@ -217,7 +217,7 @@ def predict(
     >>> p = predict(double, jax.ShapeDtypeStruct((1024, 1024), jnp.float32),
     ...             compile_check="approximate")
     >>> p.compiles, p.bound, round(p.predicted_seconds * 1e6)
-    (True, 'HBM', 12)
+    (True, 'HBM', 13)
     """
     ip = InterpretParams(
         **{"skip_floating_point_ops": True, "keep_float_data": False, **params, "chip": chip,

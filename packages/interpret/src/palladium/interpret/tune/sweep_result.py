@@ -151,13 +151,7 @@ class SweepResult:
                  if r.accepted and r.measured_seconds is not None]
         if len(pairs) < 2:
             return None
-        concordant = discordant = 0
-        for (p1, m1), (p2, m2) in itertools.combinations(pairs, 2):
-            sign = (p1 - p2) * (m1 - m2)  # type: ignore[operator]
-            concordant += sign > 0
-            discordant += sign < 0
-        total = len(pairs) * (len(pairs) - 1) // 2
-        return (concordant - discordant) / total
+        return kendall_tau([p for p, _ in pairs], [m for _, m in pairs])  # type: ignore[misc]
 
     def table(self, columns: tuple[str, ...] | None = None) -> str:
         """A markdown table (``columns`` from ``COLUMNS``; by default the rank, the
@@ -236,3 +230,15 @@ class SweepResult:
         fig.tight_layout()
         fig.savefig(path)
         plt.close(fig)
+
+
+def kendall_tau(predicted: list[float], measured: list[float]) -> float:
+    """Kendall's tau (tau-a) of two orders of the same items: 1 the same order, -1 the
+    reverse. At least two items."""
+    concordant = discordant = 0
+    for (p1, m1), (p2, m2) in itertools.combinations(zip(predicted, measured), 2):
+        sign = (p1 - p2) * (m1 - m2)
+        concordant += sign > 0
+        discordant += sign < 0
+    total = len(predicted) * (len(predicted) - 1) // 2
+    return (concordant - discordant) / total

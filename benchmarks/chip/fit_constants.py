@@ -1,0 +1,212 @@
+"""Derives the performance model's measured constants from the chip's microbenchmarks.
+
+Reads ``benchmarks/results_tpu/calibration.<chip>.json`` (``calibrate_on_chip.py``'s
+output; only its ``micro`` group: the held-out kernels and sweeps are never used here)
+and writes ``packages/interpret/src/palladium/interpret/perf/measured/<chip>.json``:
+every constant with its value, the microbenchmarks it comes from and how::
+
+    python benchmarks/chip/fit_constants.py [--chip v5e]
+
+Each constant is a slope between two sizes of the same microbenchmark (so the fixed
+costs of the launch and its copies cancel) or, for latencies, what is left of a
+serial time once the bytes' share is taken off.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+VREG = 8 * 128  # 32-bit elements of one vreg
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--chip", default="v5e")
+    a = ap.parse_args()
+    src = ROOT / "benchmarks" / "results_tpu" / f"calibration.{a.chip}.json"
+    data = json.loads(src.read_text())
+    k = {n: r for n, r in data["kernels"].items() if r.get("group") == "micro"}
+    t = {n: r["seconds"] for n, r in k.items() if r.get("seconds")}
+    out: dict[str, dict] = {}
+
+    def put(name: str, value: float, used: list[str], how: str) -> None:
+        out[name] = {"value": value, "from": used, "how": how}
+
+    def slope(a_: str, b_: str, da: float) -> float:
+        return (t[b_] - t[a_]) / da
+
+    # --- vector unit: seconds per f32 vreg and jaxpr equation -------------------------
+    vregs = 512 * 1024 // VREG
+    per: dict[str, float] = {}
+    for op, eqns, extra in (("add", 1, ()), ("mul", 1, ()), ("max", 3, ()), ("select", 3, ()),
+                            ("int_xor_shift", 3, ())):
+        dt = "int32" if op.startswith("int") else "float32"
+        n16, n64 = f"vpu/{op}/{dt}/n16", f"vpu/{op}/{dt}/n64"
+        per[op] = slope(n16, n64, 48) / vregs / eqns
+    put("valu_vreg_seconds", statistics.median(per.values()),
+        [f"vpu/{o}/*/n16..n64" for o in per],
+        "median over add, mul, max, select and int chains of the slope per op, per (8,128) "
+        f"vreg; per chain: { {o: round(v * 1e12, 1) for o, v in per.items()} } ps")
+    bf = [slope(f"vpu/{o}/bfloat16/n16", f"vpu/{o}/bfloat16/n64", 48)
+          / slope(f"vpu/{o}/float32/n16", f"vpu/{o}/float32/n64", 48) for o in ("add", "mul")]
+    put("narrow_valu_factor", statistics.mean(bf),
+        ["vpu/add/bfloat16/n16..n64", "vpu/mul/bfloat16/n16..n64"],
+        "cost of a bf16 element op relative to the same op on f32 elements (no bf16 VALU: "
+        "unpack, op, pack)")
+
+    # transcendentals: slope of the chain minus its VALU ops (add/mul measured above)
+    add, mul = per["add"], per["mul"]
+    valu_in_chain = {"exp": mul, "tanh": 0.0, "log": add, "sin": 0.0, "logistic": 0.0,
+                     "rsqrt": mul + add, "div": add, "sqrt": mul + add}
+    ops = {"add": add, "mul": mul}
+    for op, rest in valu_in_chain.items():
+        lo, hi, dn = (("n2", "n8", 6) if op == "sin" else ("n4", "n16", 12))
+        s = slope(f"vpu/{op}/float32/{lo}", f"vpu/{op}/float32/{hi}", dn) / vregs - rest
+        ops[op] = s
+    put("vector_op_vreg_seconds", ops, [f"vpu/{o}/float32/*" for o in ops],
+        "per primitive, seconds per f32 vreg: the chain's slope less its add/mul")
+    ebf = []
+    for op, rest_bf in (("tanh", 0.0), ("exp", None)):
+        s_bf = slope(f"vpu/{op}/bfloat16/n4", f"vpu/{op}/bfloat16/n16", 12)
+        if rest_bf is None:
+            s_bf -= slope("vpu/mul/bfloat16/n16", "vpu/mul/bfloat16/n64", 48)
+        ebf.append(s_bf / (ops[op] * vregs))
+    put("narrow_transcendental_factor", statistics.mean(ebf),
+        ["vpu/tanh/bfloat16/n4..n16", "vpu/exp/bfloat16/n4..n16"],
+        "cost of a bf16 element's transcendental relative to an f32 element's")
+
+    # --- dependent chains in a loop: per-op latency and per-iteration overhead ---------
+    its = {}
+    for kk in (1, 4, 16):
+        its[kk] = slope(f"loop/k{kk}/steps512/reg", f"loop/k{kk}/steps4096/reg", 3584)
+    xs, ys = [2 * kk for kk in its], list(its.values())
+    b = _ls_slope(xs, ys)
+    a0 = statistics.mean(ys) - b * statistics.mean(xs)
+    put("dependent_op_seconds", b, [f"loop/k{kk}/steps512..4096/reg" for kk in its],
+        "latency of one dependent vector op: slope of the iteration time over the 2k "
+        f"dependent ops of k (mul, add) pairs; iteration times {[round(y * 1e9, 2) for y in ys]} ns")
+    put("loop_iteration_seconds", max(a0, 0.0), [f"loop/k{kk}/steps512..4096/reg" for kk in its],
+        "the same fit's intercept: a loop iteration's own cost")
+    rows = slope("loop/k1/steps512/rows", "loop/k1/steps4096/rows", 3584) - its[1]
+    put("load_use_seconds", rows / 2, ["loop/k1/steps512..4096/rows", "loop/k1/.../reg"],
+        "a (8,128) row load and store on the dependent chain, each: half the extra "
+        "iteration time of the rows variant")
+
+    # --- VMEM loads / stores --------------------------------------------------------
+    full = slope("vmem/full/n16", "vmem/full/n64", 48) / vregs
+    put("vmem_vreg_seconds", full / 3, ["vmem/full/n16..n64"],
+        "o += x per vreg is 2 loads and 1 store (and an add, in parallel): a third of the "
+        "slope per vreg")
+
+    # --- MXU -------------------------------------------------------------------------
+    pts = []
+    for n, r in k.items():
+        m = r["meta"]
+        if m.get("kind") != "mxu" or m["dtype"] != "bfloat16" or m["m"] < 128:
+            continue
+        if m["reps"] != min(r2["meta"]["reps"] for r2 in k.values()
+                            if r2["meta"].get("kind") == "mxu"
+                            and r2["meta"]["m"] == m["m"] and r2["meta"]["k"] == m["k"]
+                            and r2["meta"]["n"] == m["n"]):
+            continue
+        hi = n.replace(f"/r{m['reps']}", f"/r{4 * m['reps']}")
+        per_dot = (t[hi] - t[n]) / (3 * m["reps"])
+        pts.append((2 * m["m"] * m["k"] * m["n"], per_dot, n))
+    xs, ys = [p[0] for p in pts], [p[1] for p in pts]
+    inv_rate = _ls_slope(xs, ys)
+    over = statistics.mean(ys) - inv_rate * statistics.mean(xs)
+    put("mxu_bf16_flops", 1 / inv_rate, [p[2] for p in pts],
+        "1 / slope of the time per dot over its flops (bf16, M >= 128)")
+    put("mxu_dot_seconds", max(over, 0.0), [p[2] for p in pts],
+        "the same fit's intercept: one dot's fixed cost (fill and drain)")
+    small = "mxu/8x512x512/bfloat16/r953"
+    per_dot = (t[small.replace("r953", "r3812")] - t[small]) / (3 * 953)
+    tiles = 512 * 512 / (128 * 128)
+    put("mxu_weight_tile_seconds", max(per_dot - over - 2 * 8 * 512 * 512 * inv_rate, 0) / tiles,
+        [small], "an M=8 dot is bound by loading its 16 (128,128) weight tiles: what is left "
+        "of its time per tile")
+    hi_r = []
+    for shape in ("256x256x256", "512x512x512", "512x128x512"):
+        mm, kk_, nn = (int(v) for v in shape.split("x"))
+        reps = next(r["meta"]["reps"] for n, r in k.items()
+                    if n.startswith(f"mxu/{shape}/float32/highest/"))
+        per_dot = (t[f"mxu/{shape}/float32/highest/r{4 * reps}"]
+                   - t[f"mxu/{shape}/float32/highest/r{reps}"]) / (3 * reps)
+        hi_r.append((per_dot - over) / (2 * mm * kk_ * nn * inv_rate))
+    put("f32_highest_passes", statistics.mean(hi_r),
+        ["mxu/{256x256x256,512x512x512,512x128x512}/float32/highest"],
+        f"time of a precision=HIGHEST f32 dot over the bf16 rate's: {[round(r, 2) for r in hi_r]}")
+    i8 = (t["mxu/1024x1024x1024/int8/r16"] - t["mxu/1024x1024x1024/int8/r4"]) / 12
+    put("mxu_int8_ops", 2 * 1024 ** 3 / (i8 - over), ["mxu/1024x1024x1024/int8/r4..r16"],
+        "int8 x int8 -> int32 rate: 1024^3 dots less the fixed cost")
+
+    # --- HBM and DMAs ----------------------------------------------------------------
+    def rate(name: str) -> float:
+        m = k[name]["meta"]
+        return m["bytes"] * m["chunks"] / t[name]
+
+    reads = [n for n in t if n.startswith("dma/in/") and k[n]["meta"]["bytes"] >= 1 << 20
+             and k[n]["meta"]["in_flight"] >= 2]
+    put("hbm_read_bytes_per_second", statistics.median(rate(n) for n in reads), reads,
+        "HBM -> VMEM DMAs of >= 1 MiB, >= 2 in flight: bytes / time")
+    writes = [n for n in t if n.startswith("dma/out/") and k[n]["meta"]["bytes"] >= 1 << 18
+              and k[n]["meta"]["in_flight"] >= 4]
+    put("hbm_write_bytes_per_second", statistics.median(rate(n) for n in writes), writes,
+        "VMEM -> HBM DMAs of >= 256 KiB, 4 in flight")
+    copies = [n for n in t if n.startswith("dma/hbm/") and k[n]["meta"]["bytes"] >= 1 << 20
+              and k[n]["meta"]["in_flight"] >= 4]
+    put("hbm_copy_bytes_per_second", statistics.median(rate(n) for n in copies), copies,
+        "HBM -> HBM DMAs of >= 1 MiB, 4 in flight: bytes moved / time")
+    bw = {"in": out["hbm_read_bytes_per_second"]["value"],
+          "out": out["hbm_write_bytes_per_second"]["value"],
+          "hbm": out["hbm_copy_bytes_per_second"]["value"]}
+    for d in ("in", "out", "hbm"):
+        names = [f"dma/{d}/4096B/k1", f"dma/{d}/16384B/k1"]
+        lat = [t[n] / k[n]["meta"]["chunks"] - k[n]["meta"]["bytes"] / bw[d] for n in names]
+        put(f"dma_latency_{d}_seconds", statistics.mean(lat), names,
+            "one started-then-waited DMA's time less its bytes' share (4 and 16 KiB)")
+    step = slope("grid/revisit/s256", "grid/revisit/s4096", 3840)
+    put("step_overhead_seconds", step, ["grid/revisit/s256..s4096"],
+        "per grid step, no block copied (the same block every step)")
+    per_step = slope("grid/copy/s256", "grid/copy/s4096", 3840)
+    put("block_copy_latency_seconds", per_step - 4096 / bw["in"] - 4096 / bw["out"],
+        ["grid/copy/s256..s4096"],
+        "per grid step of a (8,128) f32 block in and out: the step is the copies' latency "
+        "(each hidden behind one step), less their bytes")
+    launch = (t["grid/revisit/s256"] - 256 * step
+              - 2 * out["block_copy_latency_seconds"]["value"]) / 2
+    put("launch_overhead_seconds", max(launch, 0.0), ["grid/revisit/s256"],
+        "half of what a 256-step launch of one revisited block takes beyond its steps and "
+        "its two copies (prologue and epilogue)")
+
+    n = "grid/copy/s512/b256x1024"
+    blk = 256 * 1024 * 4
+    alone = 512 * blk * (1 / bw["in"] + 1 / bw["out"])
+    put("hbm_mixed_factor", t[n] / alone, [n, "hbm_read/write_bytes_per_second"],
+        "a pipeline of 1 MiB blocks in and out (HBM-bound): its time over the same bytes "
+        "read and written one after the other at the measured rates")
+
+    doc = {"chip": data["chip"], "jax": data["jax"], "libtpu": data["libtpu"],
+           "measured": data["date"], "script": data["script"],
+           "fitted_by": "benchmarks/chip/fit_constants.py", "constants": out}
+    dst = (ROOT / "packages" / "interpret" / "src" / "palladium" / "interpret" / "perf"
+           / "measured" / f"{a.chip}.json")
+    dst.parent.mkdir(exist_ok=True)
+    dst.write_text(json.dumps(doc, indent=1) + "\n")
+    for name, c in out.items():
+        v = c["value"]
+        print(f"{name:32s} {v if isinstance(v, dict) else f'{v:.4g}'}")
+
+
+def _ls_slope(xs: list[float], ys: list[float]) -> float:
+    mx, my = statistics.mean(xs), statistics.mean(ys)
+    return (sum((x - mx) * (y - my) for x, y in zip(xs, ys))
+            / sum((x - mx) ** 2 for x in xs))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,81 @@
+"""palladium's predictions against the chip's device times, kernel by kernel.
+
+Predicts every kernel of ``calibration_kernels.py`` with ``palladium.interpret.predict``
+(``chip="v5e"``) on this CPU and compares it with the chip's time in
+``benchmarks/results_tpu/calibration.v5e.json``::
+
+    python benchmarks/chip/model_check.py [--only heldout] [--json out.json]
+
+Reported: per kernel the prediction, the chip's time and the error (predicted / chip
+- 1) and predict's CPU seconds; per group the share within 10% and the geometric-mean
+error; per sweep Kendall's tau of the predicted against the measured order and how far
+the predicted best configuration's measured time is from the measured best.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+import warnings
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import calibration_kernels as ck  # noqa: E402
+
+import palladium.interpret as pi  # noqa: E402
+from palladium.interpret.tune.sweep_result import kendall_tau  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--only", default="")
+    ap.add_argument("--measured", default=str(ROOT / "benchmarks/results_tpu/calibration.v5e.json"))
+    ap.add_argument("--json", default=None)
+    a = ap.parse_args()
+    measured = json.loads(Path(a.measured).read_text())["kernels"]
+    rows = {}
+    for name in ck.names(a.only):
+        m = measured.get(name, {})
+        if not m.get("seconds"):
+            continue
+        fn, args = ck.ENTRIES[name].make()
+        t0 = time.process_time()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            p = pi.predict(fn, *args, chip="v5e", compile_check="off")
+        cpu = time.process_time() - t0
+        chip_s = m.get("kernel_seconds") or m["seconds"]
+        rows[name] = {"group": ck.ENTRIES[name].group, "predicted": p.predicted_seconds,
+                      "chip": chip_s, "error": p.predicted_seconds / chip_s - 1,
+                      "bound": p.bound, "cpu_s": cpu}
+        r = rows[name]
+        print(f"{name:48s} pred {r['predicted'] * 1e6:10.2f} chip {chip_s * 1e6:10.2f} "
+              f"{r['error']:+7.1%} {p.bound:18s} {cpu:5.1f}s", flush=True)
+    groups: dict[str, list[float]] = {}
+    for r in rows.values():
+        groups.setdefault(r["group"].split(":")[0], []).append(r["error"])
+    for g, errs in groups.items():
+        within = sum(abs(e) <= 0.10 for e in errs)
+        gm = math.exp(sum(abs(math.log1p(e)) for e in errs) / len(errs)) - 1
+        print(f"{g:10s} {within}/{len(errs)} within 10%, geometric-mean error {gm:.1%}, "
+              f"worst {min(errs):+.1%} / {max(errs):+.1%}")
+    sweeps: dict[str, list[dict]] = {}
+    for n, r in rows.items():
+        if r["group"].startswith("sweep:"):
+            sweeps.setdefault(r["group"], []).append(r)
+    for g, rs in sweeps.items():
+        tau = kendall_tau([r["predicted"] for r in rs], [r["chip"] for r in rs])
+        best = min(rs, key=lambda r: r["predicted"])
+        gap = best["chip"] / min(r["chip"] for r in rs) - 1
+        print(f"{g:24s} tau {tau:+.2f}, predicted best is {gap:.1%} from the measured best")
+    if a.json:
+        Path(a.json).write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
