@@ -8,6 +8,9 @@ anywhere the repository is checked out:
 - a path ending in ``.py`` (``palladium/interpret/perf/model.py``, ``eval/program.py``,
   ``tests/_launch_harness.py``, a bare ``grid_loop.py``) must be the tail of a file of the
   repository (a bare name: some file's name);
+- a place named from a known folder (``compiled/``, ``docs/ci.md``, ``run/launch.Launch``,
+  ``hook/jax_hook._execute``) must be a folder or file, or a module and a name defined at
+  its top level;
 - a dotted ``palladium.<package>...`` name must be a module, or a module and a name it
   defines at its top level (``palladium.interpret.register_interpret_rule``), or an
   entry-point group a ``pyproject.toml`` declares (``palladium.interpret_rules``);
@@ -53,10 +56,17 @@ NOT_IN_THE_REPOSITORY = {
 # A path: at least one character before ".py", not inside a longer word or URL, and not
 # a source line of an example's message ("kernel.py:41").
 _PATH = re.compile(r"(?<![\w./:-])((?:[\w.-]+/)*[\w-][\w.-]*\.py)(?![\w/]|:\d)")
-# A folder or module of a package named without ".py": `interpret/compiled/`, `interpret/eval`.
-_FOLDER = re.compile(
-    r"`((?:palladium/)?(?:interpret|shared_memory|race_detect|pipeline|race-detect|"
-    r"shared-memory)(?:/\w+)+)/?`")
+#: The folders a place in the repository is named from: the repository's own, the
+#: packages' and interpret's layers ("eval/program.py", "hook/jax_hook._execute"); not
+#: "palladium/", which also starts the key-value store's keys (docs/multi-host.md).
+FOLDERS = ("packages", "benchmarks", "examples", "integration_tests", "tests", "docs",
+           "tools", "interpret", "shared_memory", "race_detect", "pipeline",
+           "race-detect", "shared-memory", "hook", "kernel", "run", "eval", "compiled",
+           "fidelity", "perf", "tune", "state", "observe", "numpy_rules", "_jax_compat")
+# A place: a folder, a file, or a module with a name in it ("compiled/compiled_launch.STATS"),
+# not a pattern ("eval/rules_*", "packages/<name>/").
+_PLACE = re.compile(r"(?<![\w./:-])((?:" + "|".join(FOLDERS) + r")/[\w./-]*)([*<{]?)")
+_EXTENSIONS = {"py", "md", "json", "toml", "txt", "png", "ini", "cfg", "sh", "yaml", "yml"}
 _MODULE = re.compile(r"(?<![\w.])palladium(?:\.[A-Za-z_]\w*)+")
 _CITATION = re.compile(
     r"(?:benchmarks/(README)|(?:benchmarks/)?(LOG))\.md`?\)?[,;:]?\s*(?:\(|section\s+)?\"([^\"]+)\"")
@@ -82,6 +92,28 @@ def _folder_exists(path: str) -> bool:
     """``path`` is a folder of the repository or a module without its ".py"."""
     return _path_exists(path + ".py") or any(
         d == path or d.endswith("/" + path) for d in _repository_folders())
+
+
+def _place_exists(place: str) -> bool:
+    """``place`` (as `_PLACE` finds it) is a folder or file of the repository, or a
+    module of it without ".py", followed by names the module defines at its top level."""
+    place = place.rstrip(".-")
+    if place.endswith("/"):
+        return _folder_exists(place.rstrip("/"))
+    folder, _, last = place.rpartition("/")
+    name, *attrs = last.split(".")
+    if attrs and attrs[0] in _EXTENSIONS:
+        return _path_exists(f"{folder}/{name}.{attrs[0]}")
+    if _folder_exists(f"{folder}/{name}") and not attrs:
+        return True
+    module = f"{folder}/{name}.py"
+    if not _path_exists(module):
+        return False
+    if not attrs:
+        return True
+    src = [m for m, f in MODULES.items()
+           if f.as_posix().endswith("/" + module) and "/src/" in f.as_posix()]
+    return not src or any(attrs[0] in _top_level_names(m) for m in src)
 
 
 def _path_exists(path: str) -> bool:
@@ -159,7 +191,8 @@ def _unwrapped(text: str) -> str:
 def _named_paths(doc: pathlib.Path) -> set[str]:
     text = re.sub(r"https?://\S+", "", doc.read_text())
     return set(_PATH.findall(text)) | {
-        f for f in _FOLDER.findall(text) if not _folder_exists(f)}
+        place for place, star in _PLACE.findall(text)
+        if not star and not _place_exists(place)}
 
 
 @pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.relative_to(ROOT).as_posix())
@@ -201,6 +234,10 @@ def test_the_checks_find_what_does_not_exist(tmp_path):
     assert not _path_exists("no_such_module.py")
     assert _folder_exists("interpret/compiled") and _folder_exists("interpret/run/launch")
     assert not _folder_exists("interpret/launch")
+    assert _place_exists("hook/jax_hook._execute") and _place_exists("docs/ci.md.")
+    assert _place_exists("compiled/") and _place_exists("interpret/eval")
+    assert not _place_exists("hook/jax_hook._no_such_function")
+    assert not _place_exists("eval/no_such_module.run") and not _place_exists("docs/gone.md")
     assert _module_exists("palladium.interpret.eval.program")
     assert _module_exists("palladium.interpret.register_interpret_rule")
     assert _module_exists("palladium.interpret_rules")  # pipeline's entry-point group
@@ -208,7 +245,7 @@ def test_the_checks_find_what_does_not_exist(tmp_path):
     assert not _module_exists("palladium.interpret.no_such_name")
     doc = _written(tmp_path, "See `eval/program.py`, `eval/gone.py` and palladium/x/y.py, "
                              "not\nhttps://example.com/z.py; `interpret/jax_hook`, "
-                             "`interpret/hook/`.\n")
+                             "`interpret/hook/`, eval/rules_*, read/write, packages/<name>/.\n")
     assert _named_paths(doc) == {"eval/program.py", "eval/gone.py", "palladium/x/y.py",
                                  "interpret/jax_hook"}
     cited = _CITATION.findall(_unwrapped(
