@@ -117,11 +117,9 @@ def _place_exists(place: str) -> bool:
 
 
 def _path_exists(path: str) -> bool:
-    files = _repository_files()
-    if "/" not in path:
-        return any(f == path or f.endswith("/" + path) for f in files)
+    """``path`` is the tail of a file's path in the repository (a bare name: its name)."""
     path = path.removeprefix("./")
-    return any(f == path or f.endswith("/" + path) for f in files)
+    return any(f == path or f.endswith("/" + path) for f in _repository_files())
 
 
 def _source_modules() -> dict[str, pathlib.Path]:
@@ -188,18 +186,18 @@ def _unwrapped(text: str) -> str:
     return re.sub(r"\s*\n\s*", " ", text)
 
 
-def _named_paths(doc: pathlib.Path) -> set[str]:
+def _missing_places(doc: pathlib.Path) -> list[str]:
+    """The paths and places ``doc`` names that the repository does not have."""
     text = re.sub(r"https?://\S+", "", doc.read_text())
-    return set(_PATH.findall(text)) | {
-        place for place, star in _PLACE.findall(text)
-        if not star and not _place_exists(place)}
+    paths = {p for p in _PATH.findall(text) if not _path_exists(p)}
+    places = {p for p, pattern in _PLACE.findall(text) if not pattern and not _place_exists(p)}
+    return sorted((paths | places) - NOT_IN_THE_REPOSITORY.keys())
 
 
 @pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.relative_to(ROOT).as_posix())
 def test_every_path_a_doc_names_exists(doc):
-    missing = sorted(p for p in _named_paths(doc)
-                     if not _path_exists(p) and p not in NOT_IN_THE_REPOSITORY)
-    assert missing == [], f"{doc.relative_to(ROOT)} names files that do not exist: {missing}"
+    missing = _missing_places(doc)
+    assert missing == [], f"{doc.relative_to(ROOT)} names what does not exist: {missing}"
 
 
 @pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.relative_to(ROOT).as_posix())
@@ -246,14 +244,15 @@ def test_the_checks_find_what_does_not_exist(tmp_path):
     doc = _written(tmp_path, "See `eval/program.py`, `eval/gone.py` and palladium/x/y.py, "
                              "not\nhttps://example.com/z.py; `interpret/jax_hook`, "
                              "`interpret/hook/`, eval/rules_*, read/write, packages/<name>/.\n")
-    assert _named_paths(doc) == {"eval/program.py", "eval/gone.py", "palladium/x/y.py",
-                                 "interpret/jax_hook"}
+    assert _missing_places(doc) == ["eval/gone.py", "interpret/jax_hook", "palladium/x/y.py"]
     cited = _CITATION.findall(_unwrapped(
         'benchmarks/LOG.md, "round\n  2" and (benchmarks/README.md, "Nothing") and\n'
         'LOG.md ("Deterministic dot"); README.md "not the benchmarks\'"'))
     assert cited == [("", "LOG", "round 2"), ("README", "", "Nothing"),
                      ("", "LOG", "Deterministic dot")]
-    assert "kernel.py" not in _named_paths(_written(tmp_path, 'site="kernel.py:41"'))
+    assert _missing_places(_written(tmp_path, 'site="kernel.py:41", `race.py`')) == []
+    assert _missing_places(_written(tmp_path, "`gone.py`, `run/launch.Gone`")) == [
+        "gone.py", "run/launch.Gone"]
 
 
 def _written(tmp_path: pathlib.Path, text: str) -> pathlib.Path:
