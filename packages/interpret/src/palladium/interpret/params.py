@@ -187,7 +187,7 @@ class InterpretParams:
         and the result's last bits) depends on the host CPU. Then the same inputs give
         the same bits on every host (golden-file tests across CI machines); the order is
         neither BLAS's nor a TPU's, and matmul kernels ran 5-13x slower with it
-        (benchmarks/README.md, "Deterministic dot"). Integer dots are exact either way.
+        (benchmarks/LOG.md, "Deterministic dot"). Integer dots are exact either way.
         Default False.
       uninitialized_reads: what palladium does with memory that holds no initialised
         data (a scratch, a ``run_scoped`` buffer, an SMEM buffer, an output block at a

@@ -5,7 +5,7 @@ its accumulation order, per CPU, as XLA's own CPU dot does; integer results are 
 ``InterpretParams(deterministic_dot=True)`` selects ``DETERMINISTIC_RULES``' dot instead: the
 contracted dimension summed in order, one correctly rounded f32 multiply and add per term
 (elementwise numpy operations, which no CPU's SIMD width or BLAS changes), the same bits on
-every host; its cost is in benchmarks/README.md ("Deterministic dot").
+every host; its cost is in benchmarks/LOG.md ("Deterministic dot").
 
 See the package docstring for the rule contract and the accuracy classes."""
 
