@@ -100,10 +100,13 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--only", default="", help="a group prefix: micro, heldout, sweep")
     ap.add_argument("--names", nargs="*", default=None)
+    ap.add_argument("--prefix", nargs="*", default=None, help="kernels whose names start so")
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--batch", type=int, default=24)
     a = ap.parse_args()
     names = a.names or ck.names(a.only)
+    if a.prefix:
+        names = [n for n in names if n.startswith(tuple(a.prefix))]
     import importlib.metadata as md
     result = {
         "chip": jax.devices()[0].device_kind,

@@ -521,3 +521,113 @@ for _rows in (64, 256):
 
 def names(group_prefix: str = "") -> list[str]:
     return [n for n, e in ENTRIES.items() if e.group.startswith(group_prefix)]
+
+
+# --- round 2 (2026-12-06): costs the first round's held-out errors pointed at ---------
+
+_REDUCE_OPS: dict[str, Callable[[Any, int], Any]] = {
+    "lane_max": lambda x, i: x - jnp.max(x, axis=-1, keepdims=True) * 0.5,
+    "lane_sum": lambda x, i: x - jnp.sum(x, axis=-1, keepdims=True) * (1.0 / 1024),
+    "sublane_sum": lambda x, i: x - jnp.sum(x, axis=0, keepdims=True) * (1.0 / 512),
+    "transpose": lambda x, i: x.T * 0.5 + 0.25,
+    "iota_mask": lambda x, i: jnp.where(
+        jax.lax.broadcasted_iota(jnp.int32, x.shape, 0) + i
+        >= jax.lax.broadcasted_iota(jnp.int32, x.shape, 1), x, x * 0.5),
+}
+
+
+def _reduce_chain(op: str, n: int):
+    fn = _REDUCE_OPS[op]
+    shape = (512, 512) if op == "transpose" else VPU_SHAPE
+
+    def body(x_ref, o_ref):
+        x = x_ref[...]
+        for i in range(n):
+            x = fn(x, i)
+        o_ref[...] = x
+
+    def make():
+        x = _arr(shape)
+        return (lambda x: _whole(body, None, jax.ShapeDtypeStruct(x.shape, x.dtype))(x), (x,))
+    return make
+
+
+for _op in _REDUCE_OPS:
+    for _n in (4, 16):
+        _add(f"vpu2/{_op}/n{_n}", "micro", _reduce_chain(_op, _n), kind="vector2", op=_op, n=_n)
+
+
+def _nt_dot(m: int, k: int, n: int, reps: int, transposed: bool):
+    dims = (((1,), (1,)), ((), ())) if transposed else (((1,), (0,)), ((), ()))
+
+    def body(x_ref, y_ref, o_ref):
+        o_ref[...] = jnp.zeros(o_ref.shape, o_ref.dtype)
+
+        def step(i, c):
+            o_ref[...] += jax.lax.dot_general(x_ref[...], y_ref[...], dims,
+                                              preferred_element_type=jnp.float32)
+            return c
+        jax.lax.fori_loop(0, reps, step, 0)
+
+    def make():
+        x = _arr((m, k), jnp.float32, 1)
+        y = _arr((n, k) if transposed else (k, n), jnp.float32, 2)
+        out = jax.ShapeDtypeStruct((m, n), jnp.float32)
+        return (lambda x, y: _whole(body, None, out)(x, y), (x, y))
+    return make
+
+
+for _r in (119, 476):
+    for _t in (False, True):
+        _add(f"mxu2/256x128x256/f32/{'nt' if _t else 'nn'}/r{_r}", "micro",
+             _nt_dot(256, 128, 256, _r, _t), kind="mxu2", transposed=_t, reps=_r)
+
+
+def _eup_latency(op: str, steps: int):
+    fns = {"exp": lambda h: jnp.exp(h) * 0.25, "logistic": jax.nn.sigmoid,
+           "div": lambda h: 1.0 / (h + 2.0), "tanh": jnp.tanh}
+    f = fns[op]
+
+    def body(x_ref, o_ref):
+        def step(i, h):
+            return f(h)
+        o_ref[pl.ds(0, 8), :] = jax.lax.fori_loop(0, steps, step, x_ref[pl.ds(0, 8), :])
+
+    def make():
+        x = _arr((8, 128))
+        return (lambda x: _whole(body, None, jax.ShapeDtypeStruct(x.shape, x.dtype))(x), (x,))
+    return make
+
+
+for _op in ("exp", "logistic", "div", "tanh"):
+    for _steps in (512, 4096):
+        _add(f"loop2/{_op}/steps{_steps}", "micro", _eup_latency(_op, _steps), kind="loop2",
+             op=_op, steps=_steps)
+
+# held out, round 2: other sizes of the same classes (never fitted on)
+_add("heldout2/flash-full/h2/s2048/b128", "heldout2", _flash(2, 2048, 128, False), kind="flash")
+_add("heldout2/flash-causal/h8/s1024/b512", "heldout2", _flash(8, 1024, 512, True),
+     kind="flash")
+_add("heldout2/paged/b16h4/p64/pb4", "heldout2",
+     _case(kc.paged_attention_case(16, 4, 16, 64, 4)), kind="paged")
+_add("heldout2/rglru/1024x512", "heldout2", _case(kc.rglru_scan_case(1024, 512, 64, 128)),
+     kind="rglru")
+_add("heldout2/matmul-f32/1536/b512", "heldout2", _case(kc.matmul_case(1536, 512)),
+     kind="matmul")
+_add("heldout2/matmul-bf16/2048/b256k1024", "heldout2", _bf16_matmul(2048, 256, 1024),
+     kind="matmul")
+_add("heldout2/gmm/2048x1024x256", "heldout2", _case(kc.gmm_case(2048, 1024, 256, 4)),
+     kind="gmm")
+_add("heldout2/splash-causal/h2/s2048", "heldout2", _case(kc.splash_forward_case(2, 2048, 256)),
+     kind="splash")
+_add("heldout2/elementwise-tanh/2048x2048/b64", "heldout2",
+     _elementwise(jnp.tanh, (2048, 2048), 64), kind="elementwise")
+_add("heldout2/elementwise-gelu-bf16/2048x4096/b128", "heldout2",
+     _elementwise(jax.nn.gelu, (2048, 4096), 128, jnp.bfloat16), kind="elementwise")
+_add("heldout2/dma-ring/r128/slots3", "heldout2", _ring(48, 128, 3), kind="ring")
+_add("heldout2/gated-delta/s2048", "heldout2", _case(kc.gated_delta_chunk_case(2048, 2)),
+     kind="gated-delta")
+_add("heldout2/flash-backward/h2/s2048", "heldout2", _case(kc.flash_backward_case(2, 2048, 256)),
+     kind="flash-bwd")
+_add("heldout2/ragged-paged/s16/q4/kv1024", "heldout2", _ragged_paged(16, 4, 1024, 8),
+     kind="ragged-paged")
