@@ -30,6 +30,10 @@ def main() -> None:
     src = ROOT / "benchmarks" / "results_tpu" / f"calibration.{a.chip}.json"
     data = json.loads(src.read_text())
     k = {n: r for n, r in data["kernels"].items() if r.get("group") == "micro"}
+    round2 = src.with_name(f"calibration2.{a.chip}.json")
+    if round2.exists():  # the second round's microbenchmarks (reductions, latencies ...)
+        data2 = json.loads(round2.read_text())
+        k.update({n: r for n, r in data2["kernels"].items() if r.get("group") == "micro"})
     t = {n: r["seconds"] for n, r in k.items() if r.get("seconds")}
     out: dict[str, dict] = {}
 
@@ -67,8 +71,16 @@ def main() -> None:
         lo, hi, dn = (("n2", "n8", 6) if op == "sin" else ("n4", "n16", 12))
         s = slope(f"vpu/{op}/float32/{lo}", f"vpu/{op}/float32/{hi}", dn) / vregs - rest
         ops[op] = s
-    put("vector_op_vreg_seconds", ops, [f"vpu/{o}/float32/*" for o in ops],
-        "per primitive, seconds per f32 vreg: the chain's slope less its add/mul")
+    # round 2: reductions (with their broadcast back) and transposes, less their add/mul
+    for op, prim, rest, nv in (("lane_max", "reduce_max", mul + add, vregs),
+                               ("lane_sum", "reduce_sum", mul + add, vregs),
+                               ("transpose", "transpose", mul + add, 512 * 512 // VREG)):
+        if f"vpu2/{op}/n4" in t:
+            ops[prim] = slope(f"vpu2/{op}/n4", f"vpu2/{op}/n16", 12) / nv - rest
+    put("vector_op_vreg_seconds", ops, [f"vpu/{o}/float32/*" for o in ops]
+        + ["vpu2/lane_max/*", "vpu2/lane_sum/*", "vpu2/transpose/*"],
+        "per primitive, seconds per f32 vreg: the chain's slope less its add/mul "
+        "(reductions per input vreg, with the broadcast of their result)")
     ebf = []
     for op, rest_bf in (("tanh", 0.0), ("exp", None)):
         s_bf = slope(f"vpu/{op}/bfloat16/n4", f"vpu/{op}/bfloat16/n16", 12)
@@ -91,6 +103,16 @@ def main() -> None:
         f"dependent ops of k (mul, add) pairs; iteration times {[round(y * 1e9, 2) for y in ys]} ns")
     put("loop_iteration_seconds", max(a0, 0.0), [f"loop/k{kk}/steps512..4096/reg" for kk in its],
         "the same fit's intercept: a loop iteration's own cost")
+    lat = {}
+    loop_it = max(a0, 0.0)
+    for op, rest in (("exp", b), ("logistic", 0.0), ("div", b), ("tanh", 0.0)):
+        if f"loop2/{op}/steps512" in t:
+            it = slope(f"loop2/{op}/steps512", f"loop2/{op}/steps4096", 3584)
+            lat[op] = it - loop_it - rest
+    if lat:
+        put("vector_op_latency_seconds", lat, [f"loop2/{o}/steps512..4096" for o in lat],
+            "a transcendental's latency: the iteration time of h = f(h) on one vreg less "
+            "the loop's own cost and the chain's other op")
     rows = slope("loop/k1/steps512/rows", "loop/k1/steps4096/rows", 3584) - its[1]
     put("load_use_seconds", rows / 2, ["loop/k1/steps512..4096/rows", "loop/k1/.../reg"],
         "a (8,128) row load and store on the dependent chain, each: half the extra "
@@ -140,6 +162,13 @@ def main() -> None:
     put("f32_highest_passes", statistics.mean(hi_r),
         ["mxu/{256x256x256,512x512x512,512x128x512}/float32/highest"],
         f"time of a precision=HIGHEST f32 dot over the bf16 rate's: {[round(r, 2) for r in hi_r]}")
+    if "mxu2/256x128x256/f32/nt/r119" in t:
+        nn = slope("mxu2/256x128x256/f32/nn/r119", "mxu2/256x128x256/f32/nn/r476", 357)
+        nt = slope("mxu2/256x128x256/f32/nt/r119", "mxu2/256x128x256/f32/nt/r476", 357)
+        put("mxu_transposed_rhs_vreg_seconds", (nt - nn) / (256 * 128 // VREG),
+            ["mxu2/256x128x256/f32/{nn,nt}"],
+            "a dot contracting its right operand's last dimension (q @ k.T) over the same "
+            "dot untransposed, per vreg of that operand")
     i8 = (t["mxu/1024x1024x1024/int8/r16"] - t["mxu/1024x1024x1024/int8/r4"]) / 12
     put("mxu_int8_ops", 2 * 1024 ** 3 / (i8 - over), ["mxu/1024x1024x1024/int8/r4..r16"],
         "int8 x int8 -> int32 rate: 1024^3 dots less the fixed cost")
@@ -169,15 +198,19 @@ def main() -> None:
         lat = [t[n] / k[n]["meta"]["chunks"] - k[n]["meta"]["bytes"] / bw[d] for n in names]
         put(f"dma_latency_{d}_seconds", statistics.mean(lat), names,
             "one started-then-waited DMA's time less its bytes' share (4 and 16 KiB)")
-    step = slope("grid/revisit/s256", "grid/revisit/s4096", 3840)
+    # (the body, a load, an add and a store on one vreg, is a chain the model counts
+    # apart: taken off)
+    body = (2 * out["load_use_seconds"]["value"] + out["dependent_op_seconds"]["value"])
+    step = slope("grid/revisit/s256", "grid/revisit/s4096", 3840) - body
     put("step_overhead_seconds", step, ["grid/revisit/s256..s4096"],
-        "per grid step, no block copied (the same block every step)")
+        "per grid step, no block copied (the same block every step), less its body's chain "
+        "(a load, an add, a store)")
     per_step = slope("grid/copy/s256", "grid/copy/s4096", 3840)
     put("block_copy_latency_seconds", per_step - 4096 / bw["in"] - 4096 / bw["out"],
         ["grid/copy/s256..s4096"],
         "per grid step of a (8,128) f32 block in and out: the step is the copies' latency "
         "(each hidden behind one step), less their bytes")
-    launch = (t["grid/revisit/s256"] - 256 * step
+    launch = (t["grid/revisit/s256"] - 256 * (step + body)
               - 2 * out["block_copy_latency_seconds"]["value"]) / 2
     put("launch_overhead_seconds", max(launch, 0.0), ["grid/revisit/s256"],
         "half of what a 256-step launch of one revisited block takes beyond its steps and "

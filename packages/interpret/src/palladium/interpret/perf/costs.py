@@ -128,6 +128,8 @@ def _dot_cost(eqn: Any, chip: ChipModel) -> Cost:
                   if i not in _rc and i not in (_batch[1] or ()))
     tiles = batch * math.ceil(contract / 128) * math.ceil(max(n, 1) / 128)
     fixed = chip.mxu_dot_seconds + tiles * chip.mxu_weight_tile_seconds
+    if chip.mxu_transposed_rhs_vreg_seconds and len(rhs.shape) - 1 in _rc:
+        fixed += _vregs(rhs, chip) * chip.mxu_transposed_rhs_vreg_seconds  # q @ k.T
     seconds = flops / rate + fixed
     return Cost(seconds, "mxu", flops, latency=seconds)
 
@@ -180,7 +182,7 @@ def equation_cost(eqn: Any, chip: ChipModel) -> Cost:
     per_vreg = chip.vector_vreg_seconds(name, name in _TRANSCENDENTAL)
     # (one unit: the measured costs of transcendentals include the vector ALU work
     # around the EUP, and added up in chains on the chip)
-    latency = max(chip.dependent_op_seconds, per_vreg) if chip.dependent_op_seconds else 0.0
+    latency = chip.vector_latency(name, name in _TRANSCENDENTAL, per_vreg)
     if name in _TRANSCENDENTAL:
         # div runs on the EUP (a reciprocal) but XLA counts it as a flop, not a
         # transcendental: so does the CostEstimate.

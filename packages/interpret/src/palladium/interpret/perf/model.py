@@ -119,13 +119,16 @@ _MEASURED_FIELDS = {
     "step_overhead_seconds": "step_overhead_s",
     "launch_overhead_seconds": "launch_overhead_s",
     "hbm_mixed_factor": "hbm_mixed_factor",
+    "vector_op_latency_seconds": "vector_op_latency_seconds",
+    "mxu_transposed_rhs_vreg_seconds": "mxu_transposed_rhs_vreg_seconds",
 }
 
 #: Constants counted in cycles of the measured chip: a chip that was not measured gets
 #: the v5e's cycles at its own clock (ASSUMPTION: the same core design).
 _CYCLE_FIELDS = ("valu_vreg_seconds", "dependent_op_seconds", "loop_iteration_seconds",
                  "load_use_seconds", "vmem_vreg_seconds", "mxu_dot_seconds",
-                 "mxu_weight_tile_seconds", "step_overhead_s", "launch_overhead_s")
+                 "mxu_weight_tile_seconds", "mxu_transposed_rhs_vreg_seconds",
+                 "step_overhead_s", "launch_overhead_s")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -178,12 +181,17 @@ class ChipModel:
     #: Latency of one dependent vector op, of a loop iteration, of a load/store on the
     #: dependent chain (0: not modelled).
     dependent_op_seconds: float = 0.0
+    #: ... and of the transcendentals measured apart (others: the median of these)
+    vector_op_latency_seconds: Mapping[str, float] = dataclasses.field(default_factory=dict)
     loop_iteration_seconds: float = 0.0
     load_use_seconds: float = 0.0
     #: The MXU: one dot's fixed cost, each (128, 128) weight tile's load, and the passes
     #: of a precision=HIGHEST f32 dot.
     mxu_dot_seconds: float = 0.0
     mxu_weight_tile_seconds: float = 0.0
+    #: a dot contracting its right operand's last dimension (``q @ k.T``): per vreg of
+    #: that operand (its transpose)
+    mxu_transposed_rhs_vreg_seconds: float = 0.0
     f32_highest_passes: float = 6.0
     #: HBM time of reads and writes in flight together over their time apart (1: none)
     hbm_mixed_factor: float = 1.0
@@ -227,6 +235,16 @@ class ChipModel:
         if self.valu_vreg_seconds is not None:
             return self.valu_vreg_seconds
         return 1.0 / (self.vpu_vreg_ops_per_cycle * self.clock_hz)
+
+    def vector_latency(self, primitive: str, transcendental: bool, per_vreg: float) -> float:
+        """The latency of a vector op on a dependent chain (0 where not modelled)."""
+        if not self.dependent_op_seconds:
+            return 0.0
+        found = self.vector_op_latency_seconds.get(primitive)
+        if found is None and transcendental and self.vector_op_latency_seconds:
+            found = sorted(self.vector_op_latency_seconds.values())[
+                len(self.vector_op_latency_seconds) // 2]
+        return max(found or 0.0, self.dependent_op_seconds, per_vreg)
 
     def vmem_seconds_per_vreg(self) -> float:
         if self.vmem_vreg_seconds is not None:
@@ -283,10 +301,12 @@ def _from_reference(base: ChipModel, reference: str) -> ChipModel:
     ref = chip_model(reference)
     cycles = {f: getattr(ref, f) * ref.clock_hz / base.clock_hz for f in _CYCLE_FIELDS}
     ops = {k: v * ref.clock_hz / base.clock_hz for k, v in ref.vector_op_vreg_seconds.items()}
+    lat = {k: v * ref.clock_hz / base.clock_hz
+           for k, v in ref.vector_op_latency_seconds.items()}
     hbm = base.hbm_bytes_per_second / ref.hbm_bytes_per_second
     mxu = ref.mxu_bf16_flops / chip_model_peak(reference)
     return dataclasses.replace(
-        base, **cycles, vector_op_vreg_seconds=ops,
+        base, **cycles, vector_op_vreg_seconds=ops, vector_op_latency_seconds=lat,
         mxu_bf16_flops=base.mxu_bf16_flops * mxu,
         hbm_read_bytes_per_second=_times(ref.hbm_read_bytes_per_second, hbm),
         hbm_write_bytes_per_second=_times(ref.hbm_write_bytes_per_second, hbm),

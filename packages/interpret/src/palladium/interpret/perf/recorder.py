@@ -27,6 +27,9 @@ from palladium.shared_memory import (
 
 CoreId = tuple[int, int]
 
+#: Equations whose first operand is a ref they read or write.
+_ACCESSES = frozenset({"get", "load", "swap", "masked_swap", "addupdate"})
+
 # Event tuples, first item the kind:
 #   ("c", seconds)                             compute chunk
 #   ("step", step, grid_point)                 grid step begins
@@ -123,10 +126,19 @@ class TimelineRecorder(Observer):
         else:
             seen.add(key)
         first = whole = 0.0
-        for v in op.invars:
+        name = str(op.primitive)
+        access = name in _ACCESSES
+        for i, v in enumerate(op.invars):
             if type(v).__name__ == "Literal":
                 continue
-            f, w = ready.get(v, (chain, chain))
+            if not getattr(v.aval, "shape", (1,)):
+                continue  # a scalar (a loop counter, an index): the scalar unit runs ahead
+            if access and i == 0:
+                # a ref: ready when its last store on this chunk's chain is (a loop that
+                # carries its state in VMEM waits on it; loads of inputs do not)
+                f, w = ready.get(("ref", v), (0.0, 0.0))
+            else:
+                f, w = ready.get(v, (chain, chain))
             first, whole = max(first, f), max(whole, w)
         if cost.unit == "mxu":
             end = whole + cost.seconds
@@ -136,6 +148,8 @@ class TimelineRecorder(Observer):
             out = (f, max(whole + cost.latency, f + cost.seconds))
         for v in op.outvars:
             ready[v] = out
+        if access and name != "get" and name != "load" and op.invars:
+            ready[("ref", op.invars[0])] = out
         self._chain[core] = max(chain, out[1])
 
     def grid_step_begin(self, core: CoreId, step: int, grid_point: tuple[int, ...]) -> None:
