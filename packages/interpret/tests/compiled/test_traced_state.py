@@ -15,8 +15,8 @@ from palladium.interpret.compiled.traced_eval import RULES
 from palladium.interpret.compiled.traced_state import (
     FLAG_BOUNDS,
     FLAG_UNINIT,
-    TraceFacts,
     TracedState,
+    TraceFacts,
     View,
     apply_indexers,
 )
