@@ -287,3 +287,58 @@ def test_docs_architecture_names_every_module():
             if not any(n in doc for n in named):
                 missing.append(f"{src.name}/{rel}")
     assert missing == [], missing
+
+
+# Only ``palladium.interpret.compiled`` builds traced computations of a kernel body: the
+# one traced evaluator (``compiled/traced_eval.py``, one rule table over the traced
+# state) is the home of lax's control flow and dynamic slices and of compiling for the
+# CPU (``compile_traced``); compiled segments and compiled launches are that evaluator,
+# every other module of the interpreter is the simulator or asks it.
+_TRACED_BUILDERS = {"scan", "while_loop", "fori_loop", "switch", "cond", "dynamic_slice",
+                    "dynamic_update_slice"}
+
+
+def _traced_builds(path: pathlib.Path) -> list[str]:
+    """``lax.<control flow or dynamic slice>(...)`` and ``<x>.compile()`` calls in ``path``."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Attribute):
+            continue
+        f = node.func
+        if ((f.attr in _TRACED_BUILDERS and ast.unparse(f.value) in ("lax", "jax.lax"))
+                or (f.attr == "compile" and not node.args and not node.keywords)):
+            found.append(f"{ast.unparse(f)} (line {node.lineno})")
+    return found
+
+
+def test_only_compiled_builds_traced_computations():
+    offenders = {m: found for m, p in MODULES.items()
+                 if m.startswith("palladium.interpret.")
+                 and not m.startswith("palladium.interpret.compiled.")
+                 and (found := _traced_builds(p))}
+    assert offenders == {}, offenders
+    builders = {m for m, p in MODULES.items() if _traced_builds(p)
+                and m.startswith("palladium.interpret.")}
+    assert {"palladium.interpret.compiled.traced_eval",
+            "palladium.interpret.compiled.traced_state"} <= builders, builders
+
+
+def test_the_traced_build_check_finds_them(tmp_path):
+    f = tmp_path / "m.py"
+    f.write_text("import re\nfrom jax import lax\nimport jax\n"
+                 "lax.scan(f, c, xs)\njax.lax.dynamic_slice(x, s, n)\n"
+                 "jax.jit(f).lower(x).compile()\nre.compile('a')\nlax.add(x, y)\n")
+    assert _traced_builds(f) == ["lax.scan (line 4)", "jax.lax.dynamic_slice (line 5)",
+                                 "jax.jit(f).lower(x).compile (line 6)"]
+
+
+def test_compiled_segments_and_launches_share_the_traced_evaluator():
+    """One rule table: the segment and the launch functions trace through
+    ``traced_eval`` and define no rule of their own."""
+    for name in ("segment_function", "launch_function"):
+        path = MODULES[f"palladium.interpret.compiled.{name}"]
+        assert "palladium.interpret.compiled.traced_eval" in _imports(
+            f"palladium.interpret.compiled.{name}", path)
+        assert "RULES" not in {t.id for node in ast.walk(ast.parse(path.read_text()))
+                               if isinstance(node, ast.Assign) for t in node.targets
+                               if isinstance(t, ast.Name)}

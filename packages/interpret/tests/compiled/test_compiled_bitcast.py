@@ -12,7 +12,7 @@ from jax.experimental.pallas import tpu as pltpu
 
 from palladium.interpret import InterpretParams
 from palladium.interpret.compiled import compiled_launch
-from palladium.interpret.compiled.launch_trace import _tpu_bitcast
+from palladium.interpret.compiled.traced_eval import _tpu_bitcast
 from palladium.interpret.eval.refs import tpu_bitcast
 
 pytestmark = pytest.mark.timeout(300)

@@ -363,7 +363,7 @@ def test_dmas_in_flight_past_the_rings_size_run_simulated(always_worth, k, compi
     """The table of DMAs in flight is a ring of ``DMA_SLOTS``: DMAs waited out of order
     reuse its columns (4 steps of 8 DMAs: 32 starts and more run compiled); more DMAs in
     flight at once than its columns raise a flag, and the launch runs simulated."""
-    from palladium.interpret.compiled.launch_state import DMA_SLOTS
+    from palladium.interpret.compiled.dma_table import DMA_SLOTS
 
     assert 8 < DMA_SLOTS < 40
     src = np.random.default_rng(k).standard_normal((4 * k, C)).astype(np.float32)

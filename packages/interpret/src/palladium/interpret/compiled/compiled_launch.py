@@ -11,7 +11,7 @@ compiles it itself at once (``segment_cache.BackgroundCompile``): it never waits
 other kernels' compiles, and its tier never depends on the machine's load.
 
 The simulator stays the oracle. A launch whose flags say it could differ from the
-simulated one (``launch_state.FLAGS``: an access out of bounds, an access to a DMA in
+simulated one (``traced_state.FLAGS``: an access out of bounds, an access to a DMA in
 flight, a deadlock, a leak, a revisit, a runaway loop) runs again simulated, which
 reports what it reports; so do launches with anything a compiled launch does not model:
 races on in a kernel whose DMAs may race (the flag catches every access to a DMA in
@@ -47,8 +47,9 @@ from palladium.interpret import _jax_compat as jc
 from palladium.interpret.compiled.bounded_call import INLINE_SECONDS, bounded_call
 from palladium.interpret.compiled.launch_function import launch_function
 from palladium.interpret.compiled.launch_key import launch_key
-from palladium.interpret.compiled.launch_state import FLAGS, TraceFacts
-from palladium.interpret.eval.chip_arithmetic import NEGATIVE_ZERO, chip_function
+from palladium.interpret.compiled.traced_eval import compile_traced
+from palladium.interpret.compiled.traced_state import FLAGS, TraceFacts
+from palladium.interpret.eval.chip_arithmetic import NEGATIVE_ZERO
 from palladium.interpret.eval.jaxprs import any_equation
 from palladium.interpret.eval.segment_cache import BackgroundCompile
 from palladium.interpret.eval.segments import HOT_LAUNCH, work
@@ -75,7 +76,7 @@ MAX_POINTS = 1 << 20
 MAX_KEPT = 4
 MAX_GRIDS = 8
 #: Launches of the process that ran compiled ("compiled") and that ran simulated after
-#: their flags were raised (by the flag's text, ``launch_state.FLAGS``).
+#: their flags were raised (by the flag's text, ``traced_state.FLAGS``).
 STATS: collections.Counter[str] = collections.Counter()
 
 
@@ -227,8 +228,7 @@ def _compile_job(kernel: PreparedKernel, grid: tuple[int, ...], points: list[tup
         found = TraceFacts()
         jax.eval_shape(launch_function(kernel, grid, points, vmapped, fill, found), *specs)
         fn = launch_function(kernel, grid, points, vmapped, fill, found.second())
-        z = jax.ShapeDtypeStruct((), NEGATIVE_ZERO.dtype)  # (chip_arithmetic's -0.0)
-        return jax.jit(chip_function(fn)).lower(z, *specs).compile()
+        return compile_traced(fn, specs)
 
     def built() -> Any:
         try:

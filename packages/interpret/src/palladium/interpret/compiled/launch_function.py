@@ -3,8 +3,9 @@
 The grid loop of ``run/grid_loop.py`` traced: the same grid order (``schedule``), the
 same HBM buffers (padded to whole blocks, filled with the launch's uninitialised value),
 a block copied HBM -> VMEM only when its index changes and back when the next grid
-point's differs, the revisit check; the body is ``launch_trace.run_jaxpr``. The
-function returns the outputs and the flags of ``launch_state.py``.
+point's differs, the revisit check; the body is the traced evaluator
+(``traced_eval.run_jaxpr``) on a state with a DMA table (``dma_table.py``) and a grid.
+The function returns the outputs and the flags of ``traced_state.py``.
 
 Every grid point's block indices are computed before the loop, at once (the index maps
 ``vmap``-ed over the grid order), and so are which blocks each step copies and the
@@ -25,19 +26,21 @@ import numpy as np
 from jax import lax
 
 from palladium.interpret.compiled import index_math as im
-from palladium.interpret.compiled.launch_state import (
+from palladium.interpret.compiled.dma_table import DmaTable
+from palladium.interpret.compiled.traced_eval import run_jaxpr
+from palladium.interpret.compiled.traced_state import (
     FLAG_BLOCK,
     FLAG_PREFETCH,
     FLAG_REVISIT,
+    GridContext,
     Handle,
-    LaunchState,
     SemHandle,
+    TracedState,
     TraceFacts,
     View,
     read_view,
     write_view,
 )
-from palladium.interpret.compiled.launch_trace import GridContext, run_jaxpr
 from palladium.interpret.errors import UnsupportedFeatureError
 from palladium.interpret.kernel.blocks import BlockSpecInfo
 from palladium.interpret.kernel.prepared_kernel import PreparedKernel
@@ -177,8 +180,7 @@ def launch_function(kernel: PreparedKernel, grid: tuple[int, ...], points: list[
                 bufs.append(fill(shape, s.aval.dtype))
             else:
                 raise UnsupportedFeatureError(f"scratch '{s.name}' in {space}")
-        st = LaunchState(bufs, jnp.zeros((2, max(n_sems, 1)), jnp.int32), jnp.int32(0),
-                         LaunchState.empty_table(), jnp.int32(0), facts)
+        st = TracedState(bufs, jnp.int32(0), facts, DmaTable.empty(n_sems))
         if not points:
             return _outputs(st, hbm), st.flag
         for info in k.outputs:
@@ -195,14 +197,15 @@ def launch_function(kernel: PreparedKernel, grid: tuple[int, ...], points: list[
             """The block indices of every operand at grid point ``point``, as one vector,
             and the flags their index maps raised."""
             st_ = st.child(st.carry())
-            before = (list(st_.bufs), st_.sems, st_.dma)
+            st_.grid = grid_ctx(point)
+            before = [*st_.bufs, *st_.dma.arrays()] if st_.dma is not None else []
             out: list[Any] = []
             for info in infos:
                 ix = run_jaxpr(info.index_map, [], [*(point[d] for d in range(len(grid))),
-                                                    *operands[:n_idx]], st_, grid_ctx(point))
+                                                    *operands[:n_idx]], st_)
                 out.extend(jnp.asarray(i, jnp.int32) for i in ix)
-            if (any(a is not b for a, b in zip(before[0], st_.bufs))
-                    or before[1] is not st_.sems or before[2] is not st_.dma):
+            after = [*st_.bufs, *st_.dma.arrays()] if st_.dma is not None else []
+            if any(a is not b for a, b in zip(before, after)):
                 raise UnsupportedFeatureError("an index map with effects")
             return (jnp.stack(out) if out else jnp.zeros((0,), jnp.int32)), st_.flag
 
@@ -247,7 +250,7 @@ def launch_function(kernel: PreparedKernel, grid: tuple[int, ...], points: list[
                 st.raise_flag(FLAG_REVISIT,
                               _revisited(idx[:, cols[n_in + o]], _blocks_per_dim(info)))
 
-        def copy_block(outer: LaunchState, j: int, row: Any, into_kernel: bool,
+        def copy_block(outer: TracedState, j: int, row: Any, into_kernel: bool,
                        when: Any) -> None:
             """If ``when``: copy operand ``j``'s (inputs, then outputs) block (its indices
             in ``row``, every operand's) HBM -> its kernel buffer (``into_kernel``) or
@@ -273,7 +276,8 @@ def launch_function(kernel: PreparedKernel, grid: tuple[int, ...], points: list[
             for j, info in enumerate(infos):
                 if j < n_in and not info.in_hbm:
                     copy_block(st_, j, cur, True, changed[s, j])
-            run_jaxpr(k.jaxpr, [], operands, st_, grid_ctx(points_table[s]))
+            st_.grid = grid_ctx(points_table[s])
+            run_jaxpr(k.jaxpr, [], operands, st_)
             for j, info in enumerate(infos):
                 if j >= n_in and not info.in_hbm:
                     copy_block(st_, j, cur, False, moved[s, j])
@@ -281,10 +285,11 @@ def launch_function(kernel: PreparedKernel, grid: tuple[int, ...], points: list[
 
         carry = lax.fori_loop(0, len(points), step, st.carry())
         st.restore(carry)
-        st.finish()
+        assert st.dma is not None
+        st.dma.finish(st)
         return _outputs(st, hbm), st.flag
 
-    def _outputs(st: LaunchState, hbm: list[int]) -> list[Any]:
+    def _outputs(st: TracedState, hbm: list[int]) -> list[Any]:
         """The outputs' arrays (``hbm``: each operand's HBM buffer, inputs first)."""
         out = []
         for o, (info, aval) in enumerate(zip(k.outputs, k.out_avals)):

@@ -1,6 +1,6 @@
 """Pure equations bound for XLA's CPU backend so that they compute what a TPU computes.
 
-Compiled segments (``segment_trace.py``) and compiled launches (``compiled/``) bind a
+Compiled segments and launches (``compiled/traced_eval.py``) bind a
 kernel body's pure equations as they are and let XLA compile them for the CPU. Two of
 XLA's CPU rewrites give other results than the chip (measured on a v5e against jax
 0.10.2's CPU backend; ``benchmarks/chip/compiled_semantics.py``):

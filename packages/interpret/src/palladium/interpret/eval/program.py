@@ -17,12 +17,12 @@ from typing import Any
 import numpy as np
 
 from palladium.interpret import _jax_compat as jc
+from palladium.interpret.compiled.segment_function import is_ref
 from palladium.interpret.errors import UnsupportedPrimitiveError
 from palladium.interpret.eval.context import Equation, KernelContext, Value
 from palladium.interpret.eval.refs import MemRef, RefView, SemaphoreRef
 from palladium.interpret.eval.registry import RULES, Rule, rule_by_name
 from palladium.interpret.eval.rules_unsupported import UNSUPPORTED, refusal
-from palladium.interpret.eval.segment_trace import is_ref
 from palladium.interpret.eval.segments import Segment, find_segments, segment_io
 from palladium.interpret.eval.shadow_rules import PASS_THROUGH, SHADOW_RULES
 from palladium.interpret.eval.traced_rule import VIEW_PRIMITIVES, ref_view_rule

@@ -4,7 +4,7 @@ Between the equations that touch the simulation (DMAs, semaphores, program ids, 
 kernel body is straight-line array code, ``ref[...]`` loads and stores and loops of the
 same. :func:`find_segments` picks such runs when a jaxpr is compiled (``program.py``);
 each becomes one step whose rule, :class:`Segment`, runs it as one ``jax.jit``-compiled
-function of its inputs and its refs' contents (``segment_trace.py``), compiled on the
+function of its inputs and its refs' contents (``compiled/segment_function.py``), compiled on the
 segment's first run and kept with the kernel's programs for every later launch.
 
 The equation-by-equation path stays the oracle and runs instead whenever the compiled
@@ -46,12 +46,13 @@ import jax
 import numpy as np
 
 from palladium.interpret import _jax_compat as jc
-from palladium.interpret.eval.chip_arithmetic import NEGATIVE_ZERO, chip_function
+from palladium.interpret.compiled.segment_function import fusible, is_ref, segment_function
+from palladium.interpret.compiled.traced_eval import compile_traced
+from palladium.interpret.eval.chip_arithmetic import NEGATIVE_ZERO
 from palladium.interpret.eval.context import Equation, KernelContext, Value
 from palladium.interpret.eval.jaxprs import any_equation, nested_jaxprs
 from palladium.interpret.eval.refs import MemRef
 from palladium.interpret.eval.segment_races import access_log_plan, replay
-from palladium.interpret.eval.segment_trace import fusible, is_ref, segment_function
 from palladium.interpret.eval.value_shadows import Tainted
 from palladium.interpret.state.process_state import STATE
 from palladium.shared_memory import MemorySpace
@@ -222,14 +223,13 @@ class Segment:
                               {i: "read" if i in self.read else "whole" if i in self.whole
                                else "written" for i in order} if order else None,
                               self._used)
-        specs = [jax.ShapeDtypeStruct((), NEGATIVE_ZERO.dtype)]  # (chip_arithmetic's -0.0)
-        specs += [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in self.plain]
+        specs = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in self.plain]
         specs += [jax.ShapeDtypeStruct(s, d) for s, d in self._shapes]
         specs += [jax.ShapeDtypeStruct(self._shapes[i][0], np.bool_)
                   for i in order if i in self.read]
         text = f"{self.fallback.jaxpr}\nwritten={self.written}\nlog={log}" + (
             f"\ntracked={order}" if order else "")
-        return text, lambda: jax.jit(chip_function(fn)).lower(*specs).compile()
+        return text, lambda: compile_traced(fn, specs)
 
     def _compile(self, log: tuple[bool, frozenset[int]]) -> Callable[..., Any] | None:
         """The executable of a variant (see ``_job``); a background compile of it

@@ -1,11 +1,15 @@
-"""A kernel body traced for a compiled launch: one rule per primitive that touches the
-simulated state (``launch_state.py``), every other equation bound as it is.
+"""The one traced evaluator: a kernel body (or a run of its equations) as traced JAX
+over a :class:`~palladium.interpret.compiled.traced_state.TracedState`, one rule per
+primitive that touches the state, every other equation bound as XLA computes it
+(``chip_arithmetic``). A compiled segment (``segment_function.py``) is this evaluator over
+a run of equations with no DMA table; a compiled launch (``launch_function.py``) over the
+whole body at every grid point, with the DMA table and a grid.
 
 Refs are ``Handle``/``SemHandle`` objects, static while tracing; loops and conditionals
-carry the whole ``LaunchState``. A primitive with no rule here that takes or returns a
-ref, or anything a compiled launch does not model (remote DMAs, semaphore signals, the
-MXU, prints, ...), raises ``UnsupportedFeatureError`` while tracing: the kernel then
-always runs simulated.
+carry the state (``TracedState.carry``). A primitive with no rule here that takes or
+returns a ref, or anything not modelled (remote DMAs, semaphore signals, the MXU, prints,
+a DMA where the state has no DMA table, a program id where it has no grid, ...), raises
+``UnsupportedFeatureError`` while tracing: the equations then run simulated.
 """
 
 from __future__ import annotations
@@ -13,18 +17,19 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
 from palladium.interpret import _jax_compat as jc
 from palladium.interpret.compiled import index_math as im
-from palladium.interpret.compiled.launch_state import (
+from palladium.interpret.compiled.traced_state import (
     FLAG_BOUNDS,
     FLAG_LOOP,
     Handle,
-    LaunchState,
     SemHandle,
+    TracedState,
     View,
     apply_indexers,
     read_view,
@@ -36,24 +41,18 @@ from palladium.interpret.eval.jaxprs import any_equation, evaluate
 from palladium.interpret.eval.refs import split_transformed
 from palladium.interpret.eval.registry import RULES as RULES_OWN
 from palladium.interpret.eval.registry import rule_by_name
-from palladium.interpret.eval.segment_trace import WHILE_LIMIT
 
-__all__ = ["GridContext", "run_jaxpr"]
+__all__ = ["CALLS", "RULES", "WHILE_LIMIT", "compile_traced", "run_equation", "run_jaxpr"]
 
-_CALLS = (jc.jit_p, jc.custom_jvp_call_p, jc.custom_vjp_call_p)
+#: Iterations a traced ``while`` loop may run before it raises ``FLAG_LOOP`` (the
+#: equations then run simulated, where the watchdog sees a loop that never ends).
+WHILE_LIMIT = 1 << 20
+CALLS = (jc.jit_p, jc.custom_jvp_call_p, jc.custom_vjp_call_p)
 _ACCESSES = (jc.get_p, jc.swap_p, jc.addupdate_p, jc.load_p, jc.masked_swap_p,
              jc.dma_start_p, jc.dma_wait_p)
 
 
-class GridContext:
-    """What ``pl.program_id`` and ``pl.num_programs`` answer at the traced grid point
-    (``ids[axis]``: the program id of grid axis ``axis``)."""
-
-    def __init__(self, ids: Any, counts: Sequence[int]) -> None:
-        self.ids, self.counts = ids, list(counts)
-
-
-Rule = Callable[[Any, list[Any], LaunchState, GridContext], list[Any]]
+Rule = Callable[[Any, list[Any], TracedState], list[Any]]
 RULES: dict[Any, Rule] = {}
 
 
@@ -66,14 +65,24 @@ def _rule(*prims: Any) -> Callable[[Rule], Rule]:
     return register
 
 
-def run_jaxpr(jaxpr: Any, consts: Sequence[Any], args: Sequence[Any], st: LaunchState,
-              grid: GridContext) -> list[Any]:
-    """Evaluate ``jaxpr`` on traced values and handles, updating ``st``."""
-    def equation(eqn: Any, invals: list[Any]) -> list[Any]:
-        rule = RULES.get(eqn.primitive)
-        return rule(eqn, invals, st, grid) if rule is not None else _bind(eqn, invals)
+def compile_traced(fn: Callable[..., Any], specs: Sequence[Any]) -> Any:
+    """``fn`` (a function of traced values built on this evaluator, taking ``specs``)
+    compiled for this process's CPU as the chip computes (``chip_function``): the
+    executable takes ``chip_arithmetic.NEGATIVE_ZERO`` first, then ``specs``."""
+    zero = jax.ShapeDtypeStruct((), chip_arithmetic.NEGATIVE_ZERO.dtype)
+    return jax.jit(chip_arithmetic.chip_function(fn)).lower(zero, *specs).compile()
 
-    return evaluate(jaxpr, consts, args, equation)
+
+def run_jaxpr(jaxpr: Any, consts: Sequence[Any], args: Sequence[Any], st: TracedState
+              ) -> list[Any]:
+    """Evaluate ``jaxpr`` on traced values and handles, updating ``st``."""
+    return evaluate(jaxpr, consts, args, lambda eqn, invals: run_equation(eqn, invals, st))
+
+
+def run_equation(eqn: Any, invals: list[Any], st: TracedState) -> list[Any]:
+    """One equation's results on traced values and handles, updating ``st``."""
+    rule = RULES.get(eqn.primitive)
+    return rule(eqn, invals, st) if rule is not None else _bind(eqn, invals)
 
 
 def _bind(eqn: Any, invals: list[Any]) -> list[Any]:
@@ -82,12 +91,12 @@ def _bind(eqn: Any, invals: list[Any]) -> list[Any]:
     prim = eqn.primitive
     if (RULES_OWN.get(prim) is not None or RULES_OWN.compiler(prim) is not None or eqn.effects
             or (RULES_OWN.by_name and rule_by_name(prim) is not None) or any(isinstance(x, Handle | SemHandle | jc.TransformedRef) for x in invals)):
-        raise UnsupportedFeatureError(f"a compiled launch has no rule for '{prim}'")
+        raise UnsupportedFeatureError(f"the traced evaluator has no rule for '{prim}'")
     return chip_arithmetic.bind(prim, invals, prim.get_bind_params(eqn.params))
 
 
 # --- ref accesses ------------------------------------------------------------------------
-def _access(value: Any, transforms: Sequence[Any], st: LaunchState,
+def _access(value: Any, transforms: Sequence[Any], st: TracedState,
             reshaped: list[Any] | None = None) -> tuple[int, View]:
     """The buffer and region an access reaches. With ``reshaped`` (a read), the chain may
     reshape the ref: the region is the one before the first reshape (what the simulator
@@ -125,10 +134,11 @@ def _access(value: Any, transforms: Sequence[Any], st: LaunchState,
         reshaped.extend(chain[cut:])
     view, ok = apply_indexers(View.whole(st.bufs[ref.buf].shape), chain[:cut])
     st.raise_flag(FLAG_BOUNDS, im.negate(ok))
+    st.logged(view)
     return ref.buf, view
 
 
-def _reshaped_value(value: Any, transforms: list[Any], st: LaunchState) -> Any:
+def _reshaped_value(value: Any, transforms: list[Any], st: TracedState) -> Any:
     """``value`` (a region read) through a reshaped or bitcast ref's further transforms
     (a dtype: an in-place cast to a type of the same width)."""
     for t in transforms:
@@ -161,7 +171,7 @@ def _tpu_bitcast(x: Any, dtype: np.dtype) -> Any:
     return lax.bitcast_convert_type(x, dtype).swapaxes(-1, -2).reshape(*lead, n * r, m)
 
 
-def _load(ref: Any, transforms: Sequence[Any], st: LaunchState) -> Any:
+def _load(ref: Any, transforms: Sequence[Any], st: TracedState) -> Any:
     """A read through ``ref`` and ``transforms`` (a reshaped ref included), checked."""
     reshaped: list[Any] = []
     buf, view = _access(ref, transforms, st, reshaped)
@@ -169,39 +179,42 @@ def _load(ref: Any, transforms: Sequence[Any], st: LaunchState) -> Any:
     return _reshaped_value(read_view(st.bufs[buf], view), reshaped, st)
 
 
-def _update(ref: Any, transforms: Sequence[Any], st: LaunchState,
-            new: Callable[[Any], Any]) -> Any:
-    """Store ``new(old contents)`` through ``ref`` and ``transforms``, checked; the old
-    contents."""
+def _update(ref: Any, transforms: Sequence[Any], st: TracedState,
+            new: Callable[[Any], Any], reads: bool = True) -> Any:
+    """Store ``new(old contents)`` through ``ref`` and ``transforms``, checked (``reads``:
+    the old contents are used); the old contents."""
     buf, view = _access(ref, transforms, st)
-    st.check_access(buf, view, write=True)
+    st.check_access(buf, view, write=True, reads=reads)
     old = read_view(st.bufs[buf], view)
     st.write(buf, write_view(st.bufs[buf], view, new(old)))
     return old
 
 
 @_rule(jc.get_p)
-def _get(eqn: Any, invals: list[Any], st: LaunchState, grid: GridContext) -> list[Any]:
+def _get(eqn: Any, invals: list[Any], st: TracedState) -> list[Any]:
     value = _load(invals[0], eqn.params["tree"].unflatten(invals[1:]), st)
     return [value.astype(eqn.outvars[0].aval.dtype)]
 
 
 @_rule(jc.swap_p, jc.addupdate_p)
-def _put(eqn: Any, invals: list[Any], st: LaunchState, grid: GridContext) -> list[Any]:
+def _put(eqn: Any, invals: list[Any], st: TracedState) -> list[Any]:
     ref, value, *idx = invals
     add = eqn.primitive is jc.addupdate_p
     old = _update(ref, eqn.params["tree"].unflatten(idx), st,
-                  lambda old: (old + value).astype(old.dtype) if add else value)
+                  lambda old: (old + value).astype(old.dtype) if add else value,
+                  add or st.old_read is None or eqn.outvars[0] in st.old_read)
     return [] if add else [old]
 
 
 @_rule(jc.load_p, jc.masked_swap_p)
-def _masked(eqn: Any, invals: list[Any], st: LaunchState, grid: GridContext) -> list[Any]:
+def _masked(eqn: Any, invals: list[Any], st: TracedState) -> list[Any]:
     """``pltpu.load``/``pltpu.store`` (``pl.load``/``pl.store``): an access with an
     optional mask. The region is checked whole (bounds and DMAs in flight), even where
     masked off: a masked-off element out of bounds raises a flag, and the simulator,
     which reads only the True elements, decides."""
     ref, transforms, third, fourth = eqn.params["args_tree"].unflatten(invals)
+    if st.masks is not None:
+        raise UnsupportedFeatureError("a masked access where masks of initialised elements are kept")
     if eqn.primitive is jc.load_p:
         mask, other = third, fourth
         if mask is not None and other is None:
@@ -216,28 +229,34 @@ def _masked(eqn: Any, invals: list[Any], st: LaunchState, grid: GridContext) -> 
 
 
 # --- grid ---------------------------------------------------------------------------------
+def _grid(st: TracedState) -> Any:
+    if st.grid is None:
+        raise UnsupportedFeatureError("a program id outside a traced grid")
+    return st.grid
+
+
 @_rule(jc.program_id_p)
-def _program_id(eqn: Any, invals: list[Any], st: LaunchState, grid: GridContext) -> list[Any]:
-    return [jnp.asarray(grid.ids[eqn.params["axis"]], jnp.int32)]
+def _program_id(eqn: Any, invals: list[Any], st: TracedState) -> list[Any]:
+    return [jnp.asarray(_grid(st).ids[eqn.params["axis"]], jnp.int32)]
 
 
 @_rule(jc.num_programs_p)
-def _num_programs(eqn: Any, invals: list[Any], st: LaunchState, grid: GridContext) -> list[Any]:
-    return [jnp.int32(grid.counts[eqn.params["axis"]])]
+def _num_programs(eqn: Any, invals: list[Any], st: TracedState) -> list[Any]:
+    return [jnp.int32(_grid(st).counts[eqn.params["axis"]])]
 
 
 @_rule(jc.multiple_of_p)
-def _multiple_of(eqn: Any, invals: list[Any], st: LaunchState, grid: GridContext) -> list[Any]:
+def _multiple_of(eqn: Any, invals: list[Any], st: TracedState) -> list[Any]:
     return [invals[0]]
 
 
 @_rule(jc.tpu_bitcast_p)
-def _bitcast(eqn: Any, invals: list[Any], st: LaunchState, grid: GridContext) -> list[Any]:
+def _bitcast(eqn: Any, invals: list[Any], st: TracedState) -> list[Any]:
     return [_tpu_bitcast(invals[0], np.dtype(eqn.outvars[0].aval.dtype))]
 
 
 # --- DMAs -----------------------------------------------------------------------------------
-def _semaphore(value: Any, st: LaunchState) -> Any:
+def _semaphore(value: Any, st: TracedState) -> Any:
     ref, transforms = split_transformed(value)
     if not isinstance(ref, SemHandle):
         raise UnsupportedFeatureError("a compiled launch takes semaphore arrays only")
@@ -251,7 +270,10 @@ def _semaphore(value: Any, st: LaunchState) -> Any:
     return im.traced_index(im.add(ref.base, flat))
 
 
-def _dma_parts(eqn: Any, invals: list[Any], st: LaunchState) -> tuple[Any, ...]:
+def _dma_parts(eqn: Any, invals: list[Any], st: TracedState) -> tuple[Any, ...]:
+    """(source, destination, semaphore, bytes, the DMA table) of a DMA."""
+    if st.dma is None:
+        raise UnsupportedFeatureError("a DMA where the traced state has no DMA table")
     src, dst, dst_sem, src_sem, device_id = jc.dma_operands(eqn.params["tree"], invals)
     if device_id is not None or src_sem is not None:
         raise UnsupportedFeatureError("a compiled launch runs no remote DMA")
@@ -260,32 +282,32 @@ def _dma_parts(eqn: Any, invals: list[Any], st: LaunchState) -> tuple[Any, ...]:
     if st.bufs[s[0]].dtype != st.bufs[d[0]].dtype or s[1].shape != d[1].shape:
         raise UnsupportedFeatureError("a DMA between views of other shapes or dtypes")
     nbytes = int(np.prod(s[1].shape, dtype=np.int64)) * np.dtype(st.bufs[s[0]].dtype).itemsize
-    return s, d, _semaphore(dst_sem, st), nbytes
+    return s, d, _semaphore(dst_sem, st), nbytes, st.dma
 
 
 @_rule(jc.dma_start_p)
-def _dma_start(eqn: Any, invals: list[Any], st: LaunchState, grid: GridContext) -> list[Any]:
+def _dma_start(eqn: Any, invals: list[Any], st: TracedState) -> list[Any]:
     if eqn.params.get("add", False):
         raise UnsupportedFeatureError("a compiled launch runs no DMA that adds")
-    (sbuf, sview), (dbuf, dview), sem, nbytes = _dma_parts(eqn, invals, st)
-    st.start_dma((sbuf, sview), (dbuf, dview), sem, nbytes)
+    (sbuf, sview), (dbuf, dview), sem, nbytes, table = _dma_parts(eqn, invals, st)
+    table.start(st, (sbuf, sview), (dbuf, dview), sem, nbytes)
     st.write(dbuf, write_view(st.bufs[dbuf], dview, read_view(st.bufs[sbuf], sview)))
     return []
 
 
 @_rule(jc.dma_wait_p)
-def _dma_wait(eqn: Any, invals: list[Any], st: LaunchState, grid: GridContext) -> list[Any]:
-    _s, _d, sem, nbytes = _dma_parts(eqn, invals, st)
-    st.wait_dma(sem, nbytes)
+def _dma_wait(eqn: Any, invals: list[Any], st: TracedState) -> list[Any]:
+    _s, _d, sem, nbytes, table = _dma_parts(eqn, invals, st)
+    table.wait(st, sem, nbytes)
     return []
 
 
 # --- control flow ---------------------------------------------------------------------------
-@_rule(*_CALLS)
-def _call(eqn: Any, invals: list[Any], st: LaunchState, grid: GridContext) -> list[Any]:
+@_rule(*CALLS)
+def _call(eqn: Any, invals: list[Any], st: TracedState) -> list[Any]:
     p = eqn.params
     inner = p["jaxpr"] if eqn.primitive is jc.jit_p else p["call_jaxpr"]
-    return run_jaxpr(inner, [], invals, st, grid)
+    return run_jaxpr(inner, [], invals, st)
 
 
 def _split(values: Sequence[Any]) -> tuple[list[int], list[Any]]:
@@ -300,7 +322,7 @@ def _join(values: Sequence[Any], handles: list[int], traced: Sequence[Any]) -> l
 
 
 @_rule(jc.cond_p)
-def _cond(eqn: Any, invals: list[Any], st: LaunchState, grid: GridContext) -> list[Any]:
+def _cond(eqn: Any, invals: list[Any], st: TracedState) -> list[Any]:
     index, *args = invals
     handles, traced = _split(args)
 
@@ -308,7 +330,7 @@ def _cond(eqn: Any, invals: list[Any], st: LaunchState, grid: GridContext) -> li
         def run(operands: Any) -> Any:
             carry, traced = operands
             inner = st.child(carry)
-            out = run_jaxpr(jaxpr, [], _join(args, handles, traced), inner, grid)
+            out = run_jaxpr(jaxpr, [], _join(args, handles, traced), inner)
             if any(isinstance(o, Handle | SemHandle) for o in out):
                 raise UnsupportedFeatureError("a conditional that returns a ref")
             return out, inner.carry()
@@ -322,7 +344,7 @@ def _cond(eqn: Any, invals: list[Any], st: LaunchState, grid: GridContext) -> li
 
 
 @_rule(jc.while_p)
-def _while(eqn: Any, invals: list[Any], st: LaunchState, grid: GridContext) -> list[Any]:
+def _while(eqn: Any, invals: list[Any], st: TracedState) -> list[Any]:
     """The loop's test runs as often as the simulator runs it (before the first iteration
     and after each): its value and the flags its reads raise (bounds, DMAs in flight) are
     carried, so a test that reads refs keeps its checks. A test that writes, or starts
@@ -336,8 +358,8 @@ def _while(eqn: Any, invals: list[Any], st: LaunchState, grid: GridContext) -> l
                     and e.primitive is not jc.get_p):
         raise UnsupportedFeatureError("a loop whose test writes a ref or moves data")
 
-    def test(state: LaunchState, values: Any) -> Any:
-        return run_jaxpr(p["cond_jaxpr"], [], [*cconsts, *values], state, grid)[0]
+    def test(state: TracedState, values: Any) -> Any:
+        return run_jaxpr(p["cond_jaxpr"], [], [*cconsts, *values], state)[0]
 
     def keep_going(c: Any) -> Any:
         n, going, _, _ = c
@@ -346,7 +368,7 @@ def _while(eqn: Any, invals: list[Any], st: LaunchState, grid: GridContext) -> l
     def body(c: Any) -> Any:
         n, _, carry, values = c
         inner = st.child(carry)
-        values = run_jaxpr(p["body_jaxpr"], [], [*bconsts, *values], inner, grid)
+        values = run_jaxpr(p["body_jaxpr"], [], [*bconsts, *values], inner)
         going = test(inner, values)  # (its reads' flags go into inner's)
         return n + 1, going, inner.carry(), values
 
@@ -359,7 +381,7 @@ def _while(eqn: Any, invals: list[Any], st: LaunchState, grid: GridContext) -> l
 
 
 @_rule(jc.scan_p)
-def _scan(eqn: Any, invals: list[Any], st: LaunchState, grid: GridContext) -> list[Any]:
+def _scan(eqn: Any, invals: list[Any], st: TracedState) -> list[Any]:
     p = eqn.params
     nc, ncarry = p["num_consts"], p["num_carry"]
     consts, init, xs = invals[:nc], invals[nc: nc + ncarry], invals[nc + ncarry:]
@@ -368,17 +390,19 @@ def _scan(eqn: Any, invals: list[Any], st: LaunchState, grid: GridContext) -> li
 
     def body(c: Any, x: Any) -> Any:
         carry, values = c
-        inner = st.child(carry)
-        out = run_jaxpr(p["jaxpr"], [], [*consts, *values, *x], inner, grid)
-        return (inner.carry(), out[:ncarry]), out[ncarry:]
+        inner = st.child(carry, log=True)
+        out = run_jaxpr(p["jaxpr"], [], [*consts, *values, *x], inner)
+        return (inner.carry(), out[:ncarry]), (out[ncarry:], inner.log or [])
 
-    (carry, values), ys = lax.scan(body, (st.carry(), list(init)), list(xs),
-                                   length=p["length"], reverse=p["reverse"],
-                                   unroll=p.get("unroll", 1))
+    (carry, values), (ys, log) = lax.scan(body, (st.carry(), list(init)), list(xs),
+                                          length=p["length"], reverse=p["reverse"],
+                                          unroll=p.get("unroll", 1))
     st.restore(carry)
+    if st.log is not None:
+        st.log.extend(log)  # one array per access, stacked over the iterations
     return [*values, *ys]
 
 
 @_rule(jc.run_scoped_p)
-def _run_scoped(eqn: Any, invals: list[Any], st: LaunchState, grid: GridContext) -> list[Any]:
+def _run_scoped(eqn: Any, invals: list[Any], st: TracedState) -> list[Any]:
     raise UnsupportedFeatureError("a compiled launch allocates no scoped buffer")
