@@ -23,7 +23,7 @@ class RuleRegistry:
     A primitive has a rule in one of two forms: a plain rule, or a *rule compiler*,
     which the evaluator calls once per equation (when it compiles the jaxpr) to get the
     rule of that equation: static operands resolved, a per-equation cache (the ref
-    accesses, ``access_path.ACCESS_PRIMITIVES``). Registering a plain rule for a
+    accesses, ``primitive_groups.ACCESS_PRIMITIVES``). Registering a plain rule for a
     primitive replaces its compiler (a plugin's rule for a built-in primitive); the
     built-in table never holds both for one primitive (tested).
     """

@@ -24,6 +24,7 @@ from jax import lax
 from palladium.interpret import _jax_compat as jc
 from palladium.interpret.eval import chip_arithmetic
 from palladium.interpret.eval.jaxprs import evaluate, nested_jaxprs
+from palladium.interpret.eval.primitive_groups import CALLS, INDEXED_ACCESSES, call_body
 
 __all__ = ["WHILE_LIMIT", "fusible", "is_ref", "segment_function"]
 
@@ -31,8 +32,6 @@ __all__ = ["WHILE_LIMIT", "fusible", "is_ref", "segment_function"]
 #: equation by equation (where the watchdog sees a loop that never ends).
 WHILE_LIMIT = 1 << 20
 
-_ACCESS = (jc.get_p, jc.swap_p, jc.addupdate_p)
-_CALLS = (jc.jit_p, jc.custom_jvp_call_p, jc.custom_vjp_call_p)
 
 
 def is_ref(atom: Any) -> bool:
@@ -61,12 +60,12 @@ def fusible(eqn: Any, has_own_rule: Callable[[Any], bool]) -> bool:
     the interpreter evaluates that primitive itself (DMAs, semaphores, program ids, ...),
     so it must stay outside."""
     prim = eqn.primitive
-    if prim in _ACCESS:
+    if prim in INDEXED_ACCESSES:
         return (not is_ref(eqn.outvars[0]) and
-                _plain_indexer(eqn, 1 if prim is jc.get_p else 2))
-    if prim is jc.while_p and any(e.primitive in _ACCESS for e in eqn.params["cond_jaxpr"].jaxpr.eqns):
+                _plain_indexer(eqn, INDEXED_ACCESSES[prim]))
+    if prim is jc.while_p and any(e.primitive in INDEXED_ACCESSES for e in eqn.params["cond_jaxpr"].jaxpr.eqns):
         return False  # a loop test that reads a ref: its bounds are checked one by one
-    if prim in (jc.scan_p, jc.while_p, jc.cond_p, *_CALLS):
+    if prim in (jc.scan_p, jc.while_p, jc.cond_p, *CALLS):
         return all(fusible(e, has_own_rule) for j in nested_jaxprs(eqn) for e in j.eqns)
     if has_own_rule(prim) or eqn.effects:
         return False
@@ -174,9 +173,8 @@ def _eqn(eqn: Any, invals: list[Any], state: _State) -> list[Any]:
         return _while(eqn, invals, state)
     if prim is jc.cond_p:
         return _cond(eqn, invals, state)
-    if prim in _CALLS:
-        inner = p["jaxpr"] if prim is jc.jit_p else p["call_jaxpr"]
-        return _run(inner, [], invals, state)
+    if prim in CALLS:
+        return _run(call_body(eqn), [], invals, state)
     return chip_arithmetic.bind(prim, invals, prim.get_bind_params(p))
 
 

@@ -49,6 +49,7 @@ from palladium.interpret import _jax_compat as jc
 from palladium.interpret.eval.chip_arithmetic import NEGATIVE_ZERO, chip_function
 from palladium.interpret.eval.context import Equation, KernelContext, Value
 from palladium.interpret.eval.jaxprs import any_equation, nested_jaxprs
+from palladium.interpret.eval.primitive_groups import INDEXED_ACCESSES
 from palladium.interpret.eval.refs import MemRef
 from palladium.interpret.eval.segment_races import access_log_plan, replay
 from palladium.interpret.eval.segment_trace import fusible, is_ref, segment_function
@@ -151,7 +152,7 @@ def _written(eqns: Sequence[Any], accesses: Callable[[Any], bool] = _stores) -> 
     out: set[Any] = set()
     for eqn in eqns:
         prim, p = eqn.primitive, eqn.params
-        if prim in (jc.get_p, jc.swap_p, jc.addupdate_p):
+        if prim in INDEXED_ACCESSES:
             if accesses(eqn):
                 out.add(eqn.invars[0])
             continue

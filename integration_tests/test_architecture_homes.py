@@ -1,0 +1,75 @@
+"""One home per fact (issue 43): each of these facts is written down in one module, and
+these tests (reading the source with ``ast``) keep it so.
+
+- the groups of primitives (calls, ref accesses, DMAs): ``eval/primitive_groups.py``.
+"""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+INTERPRET = ROOT / "packages" / "interpret" / "src" / "palladium" / "interpret"
+
+
+def _interpret_modules() -> dict[str, pathlib.Path]:
+    return {f.relative_to(INTERPRET).as_posix(): f for f in sorted(INTERPRET.rglob("*.py"))}
+
+
+MODULES = _interpret_modules()
+
+# --- the primitive groups ---------------------------------------------------------------
+#: The primitives the groups of ``eval/primitive_groups.py`` name (their jax names).
+_GROUPED = {"get", "swap", "addupdate", "load", "masked_swap", "dma_start", "dma_wait",
+            "jit", "pjit", "custom_jvp_call", "custom_vjp_call", "closed_call", "remat",
+            "remat2", "checkpoint"}
+_GROUPS_HOME = "eval/primitive_groups.py"
+#: perf/costs.py's per-primitive cost classes are by name, and are the performance
+#: model's own tables (being recalibrated): named here so that a new table is a decision.
+_NAMED_ELSEWHERE = {"perf/costs.py"}
+
+
+def _grouped_member(node: ast.AST) -> str | None:
+    """The grouped primitive ``node`` names: ``jc.get_p``-like, or a string ``"get"``."""
+    if isinstance(node, ast.Attribute) and node.attr.endswith("_p"):
+        name = node.attr[:-2]
+        return name if name in _GROUPED or f"{name}2" in _GROUPED else None
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value if node.value in _GROUPED else None
+    return None
+
+
+def _groups_defined(path: pathlib.Path) -> list[str]:
+    """Literal tuples, lists, sets and dict keys in ``path`` that name two or more of the
+    grouped primitives (a group written out again)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Tuple | ast.List | ast.Set):
+            items = node.elts
+        elif isinstance(node, ast.Dict):
+            items = [k for k in node.keys if k is not None]
+        else:
+            continue
+        names = {n for item in items if (n := _grouped_member(item))}
+        if len(names) >= 2:
+            found.append(f"{sorted(names)} (line {node.lineno})")
+    return found
+
+
+def test_the_primitive_groups_are_defined_once():
+    offenders = {m: found for m, p in MODULES.items()
+                 if m != _GROUPS_HOME and m not in _NAMED_ELSEWHERE
+                 and (found := _groups_defined(p))}
+    assert offenders == {}, offenders
+    assert _groups_defined(MODULES[_GROUPS_HOME])
+
+
+def test_the_group_check_finds_a_group_written_out(tmp_path):
+    f = tmp_path / "m.py"
+    f.write_text("from palladium.interpret import _jax_compat as jc\n"
+                 "_CALLS = (jc.jit_p, jc.custom_jvp_call_p)\n"
+                 "ONE = (jc.scan_p, jc.get_p)\n"
+                 "SKIP = {'get': 1, 'swap': 2}.get\n")
+    assert _groups_defined(f) == ["['custom_jvp_call', 'jit'] (line 2)",
+                                  "['get', 'swap'] (line 4)"]
