@@ -1,7 +1,8 @@
 """One home per fact (issue 43): each of these facts is written down in one module, and
 these tests (reading the source with ``ast``) keep it so.
 
-- the groups of primitives (calls, ref accesses, DMAs): ``eval/primitive_groups.py``.
+- the groups of primitives (calls, ref accesses, DMAs): ``eval/primitive_groups.py``;
+- the chip names: ``chip.py`` (no ``"v5e"`` literal elsewhere: ``DEFAULT_CHIP``).
 """
 
 from __future__ import annotations
@@ -73,3 +74,72 @@ def test_the_group_check_finds_a_group_written_out(tmp_path):
                  "SKIP = {'get': 1, 'swap': 2}.get\n")
     assert _groups_defined(f) == ["['custom_jvp_call', 'jit'] (line 2)",
                                   "['get', 'swap'] (line 4)"]
+
+
+# --- the chip names ---------------------------------------------------------------------
+_CHIP_HOME = "chip.py"
+#: perf/model.py's per-chip constants (clock, ICI bandwidth) are the performance model's
+#: own tables, keyed by chip name.
+_CHIP_TABLES_ELSEWHERE = {"perf/model.py"}
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    ids = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+            body = node.body
+            if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+                ids.add(id(body[0].value))
+    return ids
+
+
+def _chip_literals(path: pathlib.Path, chip: str = "v5e") -> list[int]:
+    tree = ast.parse(path.read_text())
+    docs = _docstrings(tree)
+    return [n.lineno for n in ast.walk(tree)
+            if isinstance(n, ast.Constant) and n.value == chip and id(n) not in docs]
+
+
+def test_no_chip_name_literal_outside_chip_py():
+    offenders = {m: lines for m, p in MODULES.items()
+                 if m != _CHIP_HOME and m not in _CHIP_TABLES_ELSEWHERE
+                 and (lines := _chip_literals(p))}
+    assert offenders == {}, offenders
+    assert _chip_literals(MODULES[_CHIP_HOME])
+
+
+def test_the_chip_literal_check_skips_docstrings(tmp_path):
+    f = tmp_path / "m.py"
+    f.write_text('"""On a "v5e"."""\ndef f(chip="v5e"):\n    """v5e"""\n    return "v5e"\n')
+    assert _chip_literals(f) == [2, 4]
+
+
+# --- what the TPU compiler rejects ------------------------------------------------------
+#: The folders that run kernels: what they find the compiler rejects, they ask
+#: ``fidelity/compiler_rejects.py`` (or the approximation's rules) about.
+_RUNNING = ("eval/", "compiled/", "kernel/", "run/", "hook/")
+#: Words of the compiler's verdicts (its own messages are quoted after them).
+_VERDICT_WORDS = ("compiler rejects", "compiler for TPU", "Unimplemented DMA", "Explicit MXU ops")
+
+
+def _verdicts(path: pathlib.Path) -> list[int]:
+    """Lines of ``path`` whose strings (not docstrings) word a compiler verdict."""
+    tree = ast.parse(path.read_text())
+    docs = _docstrings(tree)
+    return sorted({n.lineno for n in ast.walk(tree)
+                   if isinstance(n, ast.Constant) and isinstance(n.value, str)
+                   and id(n) not in docs and any(w in n.value for w in _VERDICT_WORDS)})
+
+
+def test_what_the_compiler_rejects_is_decided_only_in_fidelity():
+    offenders = {m: lines for m, p in MODULES.items()
+                 if m.startswith(_RUNNING) and (lines := _verdicts(p))}
+    assert offenders == {}, offenders
+    assert _verdicts(MODULES["fidelity/compiler_rejects.py"])
+
+
+def test_the_verdict_check_finds_one(tmp_path):
+    f = tmp_path / "m.py"
+    f.write_text('"""The compiler rejects nothing here."""\n'
+                 'def f(chip):\n    return f"the TPU compiler rejects it on {chip}"\n')
+    assert _verdicts(f) == [3]

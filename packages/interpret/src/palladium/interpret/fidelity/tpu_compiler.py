@@ -46,6 +46,7 @@ import numpy as np
 
 from palladium.interpret import _jax_compat as jc
 from palladium.interpret._version import __version__ as palladium_version
+from palladium.interpret.chip import CHIPS, chip_record
 from palladium.interpret.fidelity.call_key import call_key
 from palladium.interpret.fidelity.compiler_process import COMPILER_PROCESS, PRESTART_VARIABLE
 from palladium.interpret.fidelity.compiler_protocol import describe_failure
@@ -63,14 +64,10 @@ __all__ = [
 
 INSTALL_COMMAND = "pip install 'palladium-interpret[compiler]'"
 
-#: palladium's chip name -> the topology family libtpu knows it by, and whether its
-#: topologies are 3-D. Chips absent here (v4i, v7, TPU8i) are not compiled for by the
-#: libtpu jax 0.10.x pins ("Invalid TPU external name"): their verdict is the
+#: The chips libtpu compiles for (``chip.Chip.compiler_topology``: the family libtpu knows
+#: each by, and whether its topologies are 3-D); for the others, the verdict is the
 #: approximation's.
-_TOPOLOGY_FAMILY: dict[str, tuple[str, bool]] = {
-    "v2": ("v2", False), "v3": ("v3", False), "v5e": ("v5e", False), "v6e": ("v6e", False),
-    "v4": ("v4", True), "v5p": ("v5p", True), "v7x": ("tpu7x", True),
-}
+_COMPILED_CHIPS = tuple(c for c in CHIPS if chip_record(c).compiler_topology is not None)
 _SHAPES_2D = ("2x2", "2x4", "4x4", "4x8", "8x8", "8x16", "16x16")
 _SHAPES_3D = ("2x2x1", "2x2x2", "2x2x4", "2x4x4", "4x4x4", "4x4x8", "4x8x8", "8x8x8")
 
@@ -111,17 +108,20 @@ def checker_name() -> str:
 
 def can_compile_for(chip: str) -> bool:
     """Whether the installed libtpu compiles for ``chip``."""
-    return compiler_version() is not None and chip in _TOPOLOGY_FAMILY
+    return compiler_version() is not None and chip in _COMPILED_CHIPS
 
 
 def compilable_chips() -> list[str]:
     """The chips the installed libtpu compiles for (none without libtpu)."""
-    return list(_TOPOLOGY_FAMILY) if compiler_version() is not None else []
+    return list(_COMPILED_CHIPS) if compiler_version() is not None else []
 
 
 def topology_name(chip: str, num_devices: int) -> str:
     """The smallest topology of ``chip`` with at least ``num_devices`` devices."""
-    family, three_d = _TOPOLOGY_FAMILY[chip]
+    topology = chip_record(chip).compiler_topology
+    if topology is None:
+        raise ValueError(f"the installed libtpu does not compile for TPU {chip}")
+    family, three_d = topology
     for shape in (_SHAPES_3D if three_d else _SHAPES_2D):
         name = f"{family}:{shape}"
         if len(_topology(name).devices) >= num_devices:

@@ -2,7 +2,7 @@
 
 Every number below says where it comes from. Chip facts (MXU peaks, HBM bandwidth,
 VMEM capacity and XLA's default scoped-VMEM limit, MXU shape, TensorCores per chip) are
-palladium's one chip table, ``palladium.interpret.chip.chip_facts`` (read from jax's own
+palladium's one chip record, ``palladium.interpret.chip.chip_record`` (read from jax's own
 ``TpuInfo``, per TensorCore); what ``TpuInfo`` lacks (clock, ICI bandwidth, latencies,
 per-step overhead) is tabled here, next to it, with its public source or marked as an
 assumption.
@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 
-from palladium.interpret.chip import chip_facts
+from palladium.interpret.chip import chip_record
 
 __all__ = ["ChipModel", "chip_model"]
 
@@ -107,7 +107,7 @@ class ChipModel:
 @functools.cache
 def chip_model(chip: str) -> ChipModel:
     """The model of ``chip`` (a palladium chip name: ``"v5e"``, ``"v6e"`` ...)."""
-    facts = chip_facts(chip)
+    facts = chip_record(chip).facts
     bf16 = float(facts.bf16_ops_per_second)
     clock = _CLOCK_HZ.get(chip) or bf16 / (2 * 4 * facts.mxu_column_size ** 2)
     return ChipModel(
