@@ -143,3 +143,91 @@ def test_the_verdict_check_finds_one(tmp_path):
     f.write_text('"""The compiler rejects nothing here."""\n'
                  'def f(chip):\n    return f"the TPU compiler rejects it on {chip}"\n')
     assert _verdicts(f) == [3]
+
+
+# --- the process's stores ---------------------------------------------------------------
+#: What makes a module-level store: a container, a memo of a function.
+_STORE_MAKERS = {"dict", "list", "set", "Counter", "OrderedDict", "defaultdict", "deque",
+                 "WeakKeyDictionary", "WeakValueDictionary", "WeakSet", "KeySet"}
+_MEMOS = {"functools.cache", "functools.lru_cache", "cache", "lru_cache"}
+#: Module-level tables that are registries (filled while the package imports, the same
+#: in every process) and memos of pure functions of their arguments (a chip's facts, an
+#: installed version): not per-process state.
+_NOT_STORES = {
+    "compiled/launch_trace.py": {"RULES"},
+    "eval/shadow_rules.py": {"SHADOW_RULES"},
+    "eval/shadow_propagation.py": {"_SHADOW_OF"},
+    "numpy_rules/common.py": {"NUMPY_RULES", "PREFLUSHED_RULES", "DETERMINISTIC_RULES"},
+    "fidelity/approx_registry.py": {"_RULES", "_KERNEL_RULES"},
+    "hook/ffi_callback.py": {"_REGISTERED"},  # the FFI targets registered with jax
+    "_jax_compat/mosaic.py": {"_CPU_ANSWER"},  # the answer installed for tpu_info
+    "chip.py": {"chip_facts", "chip_record"},
+    "perf/model.py": {"chip_model"},
+    "_jax_compat/__init__.py": {"xla_divides_by_scalar_reciprocal"},
+    "fidelity/tpu_compiler.py": {"compiler_version"},
+    "fidelity/call_key.py": {"_kept_aval_text"},
+    "run/grid_order.py": {"_parallel_orders"},
+    "state/environment.py": {"version", "_source_digest", "_host"},
+}
+
+
+def _is_keep(node: ast.AST | None) -> bool:
+    return (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "keep")
+
+
+def _makes_store(node: ast.AST | None) -> bool:
+    if isinstance(node, ast.Dict | ast.List | ast.Set):
+        return not getattr(node, "keys", None) and not getattr(node, "elts", None)
+    if isinstance(node, ast.Call):
+        name = ast.unparse(node.func)
+        return (name.rpartition(".")[2] in _STORE_MAKERS and not node.args
+                or any(name.startswith(m) for m in _MEMOS))
+    return False
+
+
+def _stores(path: pathlib.Path) -> tuple[set[str], set[str]]:
+    """(the module-level stores ``path`` makes, the names it registers with ``keep``)."""
+    tree = ast.parse(path.read_text())
+    made, kept = set(), set()
+    for node in tree.body:
+        if isinstance(node, ast.Assign | ast.AnnAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names = {t.id for t in targets
+                     if isinstance(t, ast.Name) and not t.id.startswith("__")}
+            if _makes_store(node.value):
+                made |= names
+            elif _is_keep(node.value):
+                kept |= names
+        elif isinstance(node, ast.FunctionDef) and any(
+                ast.unparse(d).split("(")[0] in _MEMOS for d in node.decorator_list):
+            made.add(node.name)
+    for node in ast.walk(tree):
+        if (_is_keep(node) and len(node.args) > 1
+                and isinstance(node.args[1], ast.Name | ast.Attribute)):
+            kept.add(ast.unparse(node.args[1]).rpartition(".")[2])
+    return made, kept
+
+
+def test_every_module_level_store_is_registered_in_state():
+    registered = set().union(*(_stores(p)[1] for p in MODULES.values()))
+    offenders = {m: sorted(_stores(p)[0] - registered - _NOT_STORES.get(m, set()))
+                 for m, p in MODULES.items() if m != "state/process_state.py"}
+    assert {m: v for m, v in offenders.items() if v} == {}
+
+
+def test_the_store_check_finds_one(tmp_path):
+    f = tmp_path / "m.py"
+    f.write_text("import functools, weakref\n_A = {}\n_B: dict = STATE.keep('b', {}, owner='m', "
+                 "holds='')\n_C = weakref.WeakKeyDictionary()\nK = (1, 2)\n"
+                 "@functools.cache\ndef f(x):\n    return x\n")
+    assert _stores(f) == ({"_A", "_C", "f"}, {"_B"})
+
+
+def test_the_docs_name_every_registered_store():
+    from palladium.interpret.state.process_state import STATE
+
+    doc = (ROOT / "docs" / "architecture.md").read_text()
+    assert len(STATE.stores) > 10
+    missing = sorted(name for name in STATE.stores if f"`{name}`" not in doc)
+    assert missing == []

@@ -45,12 +45,13 @@ import jax
 import numpy as np
 
 from palladium.interpret import _jax_compat as jc
-from palladium.interpret._version import __version__ as palladium_version
 from palladium.interpret.chip import CHIPS, chip_record
 from palladium.interpret.fidelity.call_key import call_key
 from palladium.interpret.fidelity.compiler_process import COMPILER_PROCESS, PRESTART_VARIABLE
 from palladium.interpret.fidelity.compiler_protocol import describe_failure
 from palladium.interpret.state.disk_cache import DiskCache
+from palladium.interpret.state.environment import environment_digest, version
+from palladium.interpret.state.process_state import STATE
 
 __all__ = [
     "INSTALL_COMMAND",
@@ -87,10 +88,7 @@ def compiler_version() -> str | None:
         from jax.experimental import topologies  # noqa: F401
     except ImportError:
         return None
-    try:
-        return importlib.metadata.version("libtpu")
-    except importlib.metadata.PackageNotFoundError:
-        return "unknown"
+    return version("libtpu") or "unknown"
 
 
 def prestart() -> None:
@@ -160,6 +158,11 @@ def _topology(name: str) -> Any:
         return topologies.get_topology_desc(platform="tpu", topology_name=name)
 
 
+STATE.keep("tpu_topologies", _topology, owner=__name__,
+           holds="libtpu's topologies by name (made once: they take seconds)",
+           clear=_topology.cache_clear)
+
+
 @dataclasses.dataclass(frozen=True)
 class Verdict:
     """What the TPU compiler said of one kernel.
@@ -195,10 +198,14 @@ class Verdict:
 # Bumped whenever what a cached verdict holds, or how its message is made, changes.
 _FORMAT = 2
 
-_MEMORY: dict[str, Verdict] = {}
+_MEMORY: dict[str, Verdict] = STATE.keep(
+    "tpu_verdicts", {}, owner=__name__, holds="the TPU compiler's verdicts by module key",
+    clear=lambda: clear_memory_cache())
 # Accepted verdicts by the call's key (``call_key``: the pallas_call's parameters and
 # operand types, not its lowered module): a call seen before skips its TPU lowering.
-_CALLS: dict[str, Verdict] = {}
+_CALLS: dict[str, Verdict] = STATE.keep(
+    "tpu_accepted_calls", {}, owner=__name__,
+    holds="the TPU compiler's accepted verdicts by call key", clear=lambda: clear_memory_cache())
 _MEMORY_LOCK = threading.Lock()
 
 
@@ -250,10 +257,8 @@ def _known_or_compiled(bind: Callable[..., Any], avals_in: Sequence[Any], *, chi
     compiler's thread: the key holds jax's configuration as its lowering sees it."""
     start = time.perf_counter()
     by_call = None if call is None else call_key(
-        call, avals_in, "tpu-compiler-accepted", _FORMAT, palladium_version,
-        compiler_version(), jax.__version__, _jaxlib_version(), chip,
-        sorted(mesh_axes.items()), [list(h) for h in host], sorted(jax.config.values.items()),
-        [os.environ.get(v, "") for v in ("XLA_FLAGS", "LIBTPU_INIT_ARGS")])
+        call, avals_in, "tpu-compiler-accepted", _FORMAT, environment_digest(), chip,
+        sorted(mesh_axes.items()), [list(h) for h in host], sorted(jax.config.values.items()))
     if by_call is not None:
         known = _accepted_call(by_call, use_disk)
         if known is not None:
@@ -375,19 +380,9 @@ def _kind_of_text(message: str) -> str:
 
 def _key(module: bytes, chip: str, topology: str) -> str:
     h = hashlib.sha256()
-    versions = (_FORMAT, palladium_version, compiler_version(), jax.__version__,
-                _jaxlib_version(), chip, topology)
-    h.update(repr(versions).encode())
+    h.update(repr((_FORMAT, environment_digest(), chip, topology)).encode())
     h.update(module)
     return h.hexdigest()
-
-
-@functools.cache
-def _jaxlib_version() -> str:
-    try:
-        return importlib.metadata.version("jaxlib")
-    except importlib.metadata.PackageNotFoundError:
-        return "unknown"
 
 
 def _read_disk(key: str, cache: DiskCache = VERDICTS) -> Verdict | None:

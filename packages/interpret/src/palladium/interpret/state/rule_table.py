@@ -5,16 +5,17 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from palladium.interpret.eval.context import Equation, KernelContext, Value
+if TYPE_CHECKING:  # (the rules' types: the evaluator's, a layer above)
+    from palladium.interpret.eval.context import Equation, KernelContext, Value
 
 __all__ = ["Rule", "RuleCompiler", "RuleRegistry", "RuleSnapshot"]
 
 # rule(context, eqn, invals) -> list of output values (the context is all a rule sees)
-Rule = Callable[[KernelContext, Equation, list[Value]], list[Value]]
+Rule = Callable[["KernelContext", "Equation", list["Value"]], list["Value"]]
 # compiler(eqn, used variables) -> a rule specialised to that one equation
-RuleCompiler = Callable[[Equation, frozenset[Any]], Rule]
+RuleCompiler = Callable[["Equation", frozenset[Any]], Rule]
 
 
 class RuleRegistry:
