@@ -44,9 +44,9 @@ def _worker(name: str, order: str, warmup: bool) -> dict:
     from interpret_kernels import _forced
 
     import palladium.interpret as pi
-    from palladium.interpret.eval import segment_cache
     from palladium.interpret.fidelity import checks, tpu_compiler
     from palladium.interpret.hook import jax_hook
+    from palladium.interpret.state import segment_cache
 
     def forced(value):
         return _forced(value)()

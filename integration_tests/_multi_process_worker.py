@@ -221,14 +221,15 @@ def remote_reads_scenario() -> None:
     ``Simulation`` over this run's key-value store: device d reads device d+1's ``x``
     into its ``out``, adds its ``x`` into device d+1's ``acc``, and copies half of
     device d+2's ``x`` into device d+1's ``fwd``. Race-free, race detection on."""
-    from palladium.interpret.hook.multi_process import KvTransport, ProcessLayouts
+    from palladium.interpret.hook.multi_process import KvTransport
+    from palladium.interpret.state.process_state import STATE
     from palladium.shared_memory import MemorySpace, Partition, SemaphoreKind, Simulation
 
     per = DEVICES // PROCESSES
     local = range(PROCESS * per, (PROCESS + 1) * per)
     partition = None
     if PROCESSES > 1:
-        layout = ProcessLayouts().current()
+        layout = STATE.processes.current()
         assert layout is not None
         transport = KvTransport(layout, "test/remote_reads", "remote reads")
         transport.meet(30.0)

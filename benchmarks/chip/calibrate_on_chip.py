@@ -65,7 +65,7 @@ def _is_kernel(op: dict) -> bool:
 def measure_batch(batch: list[tuple[str, object, tuple]], iters: int) -> dict[str, dict]:
     with tempfile.TemporaryDirectory() as tmp:
         with jax.profiler.trace(tmp, create_perfetto_trace=True):
-            for tag, jitted, args in batch:
+            for _tag, jitted, args in batch:
                 for _ in range(iters):
                     jax.block_until_ready(jitted(*args))
         events = _events(Path(tmp))
@@ -113,7 +113,7 @@ def main() -> None:
         "jax": jax.__version__,
         "libtpu": next((md.version(p) for p in ("libtpu", "libtpu-nightly")
                         if _installed(md, p)), "?"),
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "script": "benchmarks/chip/calibrate_on_chip.py",
         "iters": a.iters,
         "kernels": {},

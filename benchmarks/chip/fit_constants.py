@@ -46,8 +46,8 @@ def main() -> None:
     # --- vector unit: seconds per f32 vreg and jaxpr equation -------------------------
     vregs = 512 * 1024 // VREG
     per: dict[str, float] = {}
-    for op, eqns, extra in (("add", 1, ()), ("mul", 1, ()), ("max", 3, ()), ("select", 3, ()),
-                            ("int_xor_shift", 3, ())):
+    for op, eqns in (("add", 1), ("mul", 1), ("max", 3), ("select", 3),
+                     ("int_xor_shift", 3)):
         dt = "int32" if op.startswith("int") else "float32"
         n16, n64 = f"vpu/{op}/{dt}/n16", f"vpu/{op}/{dt}/n64"
         per[op] = slope(n16, n64, 48) / vregs / eqns

@@ -69,7 +69,7 @@ def main() -> None:
         print(f"{g:10s} {within}/{len(errs)} within 10%, geometric-mean error {gm:.1%}, "
               f"worst {min(errs):+.1%} / {max(errs):+.1%}")
     sweeps: dict[str, list[dict]] = {}
-    for n, r in rows.items():
+    for r in rows.values():
         if r["group"].startswith("sweep:"):
             sweeps.setdefault(r["group"], []).append(r)
     for g, rs in sweeps.items():

@@ -381,7 +381,11 @@ def test_the_cache_key_changes_with_the_compiler_and_jax_versions(monkeypatch):
     monkeypatch.setattr(jax, "__version__", "0.10.1")
     assert key != tpu_compiler._key(b"module", "v5e", "v5e:2x2")
     monkeypatch.undo()
-    monkeypatch.setattr(tpu_compiler, "compiler_version", lambda: "0.0.43")
+    from palladium.interpret.state import environment
+
+    installed = environment.version
+    monkeypatch.setattr(environment, "version",
+                        lambda d: "0.0.43" if d == "libtpu" else installed(d))
     assert key != tpu_compiler._key(b"module", "v5e", "v5e:2x2")
 
 

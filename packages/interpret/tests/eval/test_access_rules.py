@@ -10,7 +10,8 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from palladium.interpret import InterpretParams, UnsupportedFeatureError, errors_as_raised
-from palladium.interpret.eval.access_path import ACCESS_PRIMITIVES, PlanCache, operand_key
+from palladium.interpret.eval.access_path import PlanCache, operand_key
+from palladium.interpret.eval.primitive_groups import ACCESS_PRIMITIVES
 from palladium.interpret.eval.registry import RULES
 from palladium.interpret.state.process_state import STATE
 

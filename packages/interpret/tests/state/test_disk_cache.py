@@ -22,9 +22,9 @@ import pytest
 
 import palladium.interpret as pi
 from palladium.interpret import ConfigError
-from palladium.interpret.eval.segment_cache import SegmentExecutables
 from palladium.interpret.state import disk_cache
 from palladium.interpret.state.disk_cache import DiskCache
+from palladium.interpret.state.segment_cache import SegmentExecutables
 
 pytestmark = pytest.mark.timeout(120)
 TESTS = os.path.dirname(os.path.dirname(__file__))
@@ -131,7 +131,7 @@ def test_a_secret_others_can_read_disables_the_cache_with_one_warning(root):
     cache = DiskCache("things")
     cache.put("k", b"v")
     (root / "secret.key").chmod(0o644)
-    disk_cache._SECRET.forget()
+    disk_cache.SECRET.forget()
     with pytest.warns(RuntimeWarning, match=r"readable or writable by others \(mode 644"):
         assert cache.get("k") is None
     with warnings.catch_warnings():
@@ -141,7 +141,7 @@ def test_a_secret_others_can_read_disables_the_cache_with_one_warning(root):
     assert cache.get("k2") is None
     assert not pi.cache_info().trusted
     (root / "secret.key").chmod(0o600)
-    disk_cache._SECRET.forget()
+    disk_cache.SECRET.forget()
     assert cache.get("k") == b"v"
 
 
@@ -180,7 +180,7 @@ def test_stale_temporary_files_are_swept_on_the_first_write(root):
     fresh.write_bytes(b"partial")
     old = time.time() - disk_cache.STALE_TMP - 60
     os.utime(stale, (old, old))
-    disk_cache._BUDGET.forget()
+    disk_cache.BUDGET.forget()
     DiskCache("things").put("k", b"v")
     assert not stale.exists() and fresh.exists()
 
@@ -201,7 +201,7 @@ def test_a_failed_write_removes_its_temporary_file(root, monkeypatch):
 def test_the_size_limit_evicts_the_least_recently_used_entries(root, monkeypatch):
     monkeypatch.setenv("PALLADIUM_CACHE_SIZE", "5K")
     assert disk_cache.cache_limit() == 5 * 1024
-    disk_cache._BUDGET.forget()
+    disk_cache.BUDGET.forget()
     cache = DiskCache("things")
     for i in range(4):
         cache.put(f"k{i}", bytes(1000))

@@ -148,3 +148,24 @@ def test_reset_tpu_interpret_mode_state_keeps_registrations():
     pi.reset_tpu_interpret_mode_state()
     assert len(STATE.failures) == 0
     assert quad_p in RULES and STATE.launch_observers == [factory]
+
+
+def test_a_parts_store_is_registered_kept_by_reset_and_emptied_by_clear_caches():
+    from palladium.interpret.fidelity import tpu_compiler
+
+    store = {}
+    try:
+        assert STATE.keep("test_store", store, owner=__name__, holds="a test's entries",
+                          clear=store.clear) is store
+        store["k"] = 1
+        assert f"test_store ({__name__}): a test's entries" in STATE.describe()
+        reset()
+        assert store == {"k": 1}  # a cache: reset() leaves it
+        verdicts = STATE.stores["tpu_verdicts"]
+        assert verdicts.owner == tpu_compiler.__name__ and verdicts.clear is not None
+        STATE.clear_caches()
+        assert store == {}
+        with pytest.raises(ConfigError, match="a process store named 'test_store' is"):
+            STATE.keep("test_store", {}, owner="another.module", holds="")
+    finally:
+        STATE.stores.pop("test_store", None)

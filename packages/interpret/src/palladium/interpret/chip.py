@@ -21,6 +21,17 @@ when it is a TPU; else :data:`DEFAULT_CHIP`.
 (128, 32)
 >>> chip_facts("v5p").tensor_cores_per_chip, chip_facts("v5p").megacore
 (2, True)
+
+Code asks for a chip's one record by name, :func:`chip_record`: its facts, what its
+compiler rejects and its topology, in one frozen :class:`Chip` (the performance model's
+constants, ``perf.model.chip_model``, are derived from it; they live in ``perf/``, above
+the evaluator and beside the launch, which ask for this record too).
+
+>>> v5p = chip_record("v5p")
+>>> v5p.cores_per_device, v5p.compiler_topology, v5p.compiler.core_parallel_cores
+(2, ('v5p', True), 2)
+>>> chip_record(DEFAULT_CHIP).facts is chip_facts(DEFAULT_CHIP)
+True
 """
 
 from __future__ import annotations
@@ -39,11 +50,13 @@ __all__ = [
     "CHIP_GENERATIONS",
     "DEFAULT_CHIP",
     "DEFAULT_SCOPED_VMEM_LIMIT_BYTES",
+    "Chip",
     "ChipFacts",
     "CompilerFacts",
     "chip_facts",
     "compiler_facts",
     "chip_of_device_kind",
+    "chip_record",
     "device_kind",
     "resolve_chip",
 ]
@@ -308,3 +321,47 @@ def compiler_facts(chip: str) -> CompilerFacts | None:
     """What the TPU compiler rejects on ``chip`` (see :class:`CompilerFacts`), or None for
     a chip it was not measured on (then the approximation adds no rule of its own)."""
     return _COMPILER_FACTS.get(chip)
+
+
+#: palladium's chip name -> the topology family libtpu knows it by, and whether its
+#: topologies are 3-D. Chips absent here (v4i, v7, TPU8i) are not compiled for by the
+#: libtpu jax 0.10.x pins ("Invalid TPU external name"): their verdict is the
+#: approximation's.
+_COMPILER_TOPOLOGIES: dict[str, tuple[str, bool]] = {
+    "v2": ("v2", False), "v3": ("v3", False), "v5e": ("v5e", False), "v6e": ("v6e", False),
+    "v4": ("v4", True), "v5p": ("v5p", True), "v7x": ("tpu7x", True),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Chip:
+    """One simulated TPU chip: everything palladium knows of it, asked for by name
+    (:func:`chip_record`)."""
+
+    name: str  #: palladium's name: "v5e", "v7x", ...
+    facts: ChipFacts  #: jax's ``tpu_info`` facts, per TensorCore
+    #: what its compiler rejects beyond jax's lowering; None where it was not measured
+    compiler: CompilerFacts | None
+    #: TensorCores one jax device of it has: two on a megacore chip, else one (what jax's
+    #: tables take, and the cores a megacore kernel's "parallel" dimensions spread over)
+    cores_per_device: int
+    #: the topology family libtpu compiles for it by, and whether its topologies are 3-D;
+    #: None where the installed libtpu does not compile for it
+    compiler_topology: tuple[str, bool] | None
+
+    @property
+    def generation(self) -> int:
+        return self.facts.generation
+
+
+@functools.cache
+def chip_record(name: str) -> Chip:
+    """The record of chip ``name`` (one of :data:`CHIPS`); ``ConfigError`` for another."""
+    facts = chip_facts(name)
+    return Chip(
+        name=name,
+        facts=facts,
+        compiler=compiler_facts(name),
+        cores_per_device=facts.tensor_cores_per_chip if facts.megacore else 1,
+        compiler_topology=_COMPILER_TOPOLOGIES.get(name),
+    )

@@ -42,9 +42,13 @@ _SLICE = 0.05  # seconds between two looks at the watchdog and Ctrl-C
 
 # The registry of this module: the compiled launches waiting now (Ctrl-C cancels them)
 # and the worker threads' pool (made on first use; its threads are daemons).
-_WAITING: set[_Waiter] = set()
+_WAITING: set[_Waiter] = STATE.keep(
+    "bounded_calls_waiting", set(), owner=__name__,
+    holds="the compiled launches waiting now (Ctrl-C cancels them)")
 _LOCK = threading.Lock()
-_POOL: list[concurrent.futures.ThreadPoolExecutor] = []
+_POOL: list[concurrent.futures.ThreadPoolExecutor] = STATE.keep(
+    "bounded_call_threads", [], owner=__name__,
+    holds="the worker threads' pool of bounded calls (made on first use; daemons)")
 
 
 class _Waiter:

@@ -51,7 +51,6 @@ from palladium.interpret.compiled.traced_eval import compile_traced
 from palladium.interpret.compiled.traced_state import FLAGS, TraceFacts
 from palladium.interpret.eval.chip_arithmetic import NEGATIVE_ZERO
 from palladium.interpret.eval.jaxprs import any_equation
-from palladium.interpret.eval.segment_cache import BackgroundCompile
 from palladium.interpret.eval.segments import HOT_LAUNCH, work
 from palladium.interpret.kernel.prepared_kernel import PreparedKernel
 from palladium.interpret.observe.observers import may_observe
@@ -59,6 +58,7 @@ from palladium.interpret.params import InterpretParams
 from palladium.interpret.run.grid_loop import schedule
 from palladium.interpret.run.launch import launch_grid
 from palladium.interpret.state.process_state import STATE
+from palladium.interpret.state.segment_cache import BackgroundCompile
 
 __all__ = ["MAX_GRIDS", "MAX_KEPT", "MAX_POINTS", "MIN_EQUATIONS_PER_LAUNCH", "STATS", "compiled_launch", "worth_compiling"]
 
@@ -77,7 +77,9 @@ MAX_KEPT = 4
 MAX_GRIDS = 8
 #: Launches of the process that ran compiled ("compiled") and that ran simulated after
 #: their flags were raised (by the flag's text, ``traced_state.FLAGS``).
-STATS: collections.Counter[str] = collections.Counter()
+STATS: collections.Counter[str] = STATE.keep(
+    "compiled_launch_stats", collections.Counter(), owner=__name__,
+    holds="launches that ran compiled, and simulated by the flag that stopped them")
 
 
 def worth_compiling(kernel: PreparedKernel, grid_points: int) -> bool:
@@ -184,7 +186,9 @@ def _run(exe: Any, operands: list[np.ndarray]) -> tuple[list[np.ndarray], Any]:
 
 #: Per executable: the seconds its last run took and whether its kernel has a ``while``
 #: loop (``bounded_call``'s choice of running inline).
-_LAST_RUN: weakref.WeakKeyDictionary[Any, tuple[float, bool]] = weakref.WeakKeyDictionary()
+_LAST_RUN: weakref.WeakKeyDictionary[Any, tuple[float, bool]] = STATE.keep(
+    "compiled_launch_last_run", weakref.WeakKeyDictionary(), owner=__name__,
+    holds="an executable's last run (seconds, ...), kept weakly by the executable")
 
 
 def _may_loop(kernel: PreparedKernel) -> bool:

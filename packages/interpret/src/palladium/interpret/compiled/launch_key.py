@@ -2,7 +2,7 @@
 
 Tracing and compiling a kernel's whole launch (``compiled_launch.py``) costs seconds
 (paged attention: ~1.6 s of tracing and ~3.5 s of XLA's compile on a 2-core machine);
-loading the executable from the disk cache (``eval.segment_cache``, which adds the
+loading the executable from the disk cache (``state.segment_cache``, which adds the
 versions, the host CPU, ``XLA_FLAGS`` and palladium's own source to every key) costs a
 tenth of that. The key writes down (``fidelity.call_key``) what the launch function is
 a function of: the kernel's jaxpr, grid mapping, blocks, scratch, aliases and compiler

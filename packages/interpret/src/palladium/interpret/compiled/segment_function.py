@@ -26,10 +26,11 @@ from palladium.interpret import _jax_compat as jc
 from palladium.interpret.compiled.traced_eval import CALLS, run_equation
 from palladium.interpret.compiled.traced_state import Handle, TracedState, TraceFacts
 from palladium.interpret.eval.jaxprs import nested_jaxprs
+from palladium.interpret.eval.primitive_groups import INDEXED_ACCESSES
 
 __all__ = ["fusible", "is_ref", "segment_function"]
 
-_ACCESS = (jc.get_p, jc.swap_p, jc.addupdate_p)
+_ACCESS = INDEXED_ACCESSES  # (ref[...] reads and writes: eval/primitive_groups)
 
 
 def is_ref(atom: Any) -> bool:

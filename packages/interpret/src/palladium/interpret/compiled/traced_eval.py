@@ -38,6 +38,7 @@ from palladium.interpret.compiled.traced_state import (
 from palladium.interpret.errors import UnsupportedFeatureError
 from palladium.interpret.eval import chip_arithmetic
 from palladium.interpret.eval.jaxprs import any_equation, evaluate
+from palladium.interpret.eval.primitive_groups import ACCESS_PRIMITIVES, CALLS, call_body
 from palladium.interpret.eval.refs import split_transformed
 from palladium.interpret.eval.registry import RULES as RULES_OWN
 from palladium.interpret.eval.registry import rule_by_name
@@ -47,9 +48,6 @@ __all__ = ["CALLS", "RULES", "WHILE_LIMIT", "compile_traced", "run_equation", "r
 #: Iterations a traced ``while`` loop may run before it raises ``FLAG_LOOP`` (the
 #: equations then run simulated, where the watchdog sees a loop that never ends).
 WHILE_LIMIT = 1 << 20
-CALLS = (jc.jit_p, jc.custom_jvp_call_p, jc.custom_vjp_call_p)
-_ACCESSES = (jc.get_p, jc.swap_p, jc.addupdate_p, jc.load_p, jc.masked_swap_p,
-             jc.dma_start_p, jc.dma_wait_p)
 
 
 Rule = Callable[[Any, list[Any], TracedState], list[Any]]
@@ -305,9 +303,7 @@ def _dma_wait(eqn: Any, invals: list[Any], st: TracedState) -> list[Any]:
 # --- control flow ---------------------------------------------------------------------------
 @_rule(*CALLS)
 def _call(eqn: Any, invals: list[Any], st: TracedState) -> list[Any]:
-    p = eqn.params
-    inner = p["jaxpr"] if eqn.primitive is jc.jit_p else p["call_jaxpr"]
-    return run_jaxpr(inner, [], invals, st)
+    return run_jaxpr(call_body(eqn), [], invals, st)
 
 
 def _split(values: Sequence[Any]) -> tuple[list[int], list[Any]]:
@@ -354,7 +350,7 @@ def _while(eqn: Any, invals: list[Any], st: TracedState) -> list[Any]:
     cconsts, bconsts, init = invals[:nc], invals[nc: nc + nb], invals[nc + nb:]
     if any(isinstance(v, Handle | SemHandle) for v in init):
         raise UnsupportedFeatureError("a loop that carries a ref")
-    if any_equation(p["cond_jaxpr"].jaxpr, lambda e: e.primitive in _ACCESSES
+    if any_equation(p["cond_jaxpr"].jaxpr, lambda e: e.primitive in ACCESS_PRIMITIVES
                     and e.primitive is not jc.get_p):
         raise UnsupportedFeatureError("a loop whose test writes a ref or moves data")
 

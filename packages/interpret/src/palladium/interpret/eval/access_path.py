@@ -25,17 +25,11 @@ from typing import Any, Generic, NamedTuple, TypeVar
 
 import numpy as np
 
-from palladium.interpret import _jax_compat as jc
 from palladium.interpret.eval.refs import Access, MemRef, RefView, SemaphoreRef
 from palladium.shared_memory import AccessPlan
 
-__all__ = ["ACCESS_PRIMITIVES", "LIMIT", "DmaPlan", "DmaWaitPlan", "PlanCache",
+__all__ = ["LIMIT", "DmaPlan", "DmaWaitPlan", "PlanCache",
            "ResolvedAccess", "base_refs", "operand_key"]
-
-#: The primitives that access a ref's contents through this module: each has one rule, a
-#: rule compiler (``registry.rule_compiler``), whose cache is a ``PlanCache``.
-ACCESS_PRIMITIVES = (jc.get_p, jc.swap_p, jc.addupdate_p, jc.load_p, jc.masked_swap_p,
-                     jc.dma_start_p, jc.dma_wait_p)
 
 #: Entries a cache keeps before it starts again (a kernel whose indices take more values
 #: than this, e.g. a DMA per page of a large page table, re-resolves; nothing is wrong).

@@ -26,8 +26,8 @@ from palladium.shared_memory import BufferRef, Simulation
 if TYPE_CHECKING:  # program.py resolves rules, which take a KernelContext
     from palladium.interpret.eval.program import ProgramCache
 
-__all__ = ["CoreId", "CoreMemory", "CoreState", "Equation", "KernelContext", "LaunchServices",
-           "Value", "Where"]
+__all__ = ["CoreId", "CoreMemory", "CoreState", "Equation", "KernelContext", "LaunchQuestions",
+           "LaunchServices", "Value", "Where"]
 
 CoreId: TypeAlias = tuple[int, int]
 
@@ -86,12 +86,37 @@ class CoreState:
     mxu: Any = None
 
 
-class LaunchServices(Protocol):
+class LaunchQuestions(Protocol):
+    """The questions about its launch that the evaluator asks of the launch
+    (``LaunchServices``) and a rule asks of its context (``KernelContext``), declared
+    once. The others differ only by whom they are about: the launch answers
+    ``program_ids``, ``axis_index`` and ``remote_core`` for a core and grid point it is
+    told, a context for its own; its ``launch_number`` is the launch's ``number``."""
+
+    @property
+    def sim(self) -> Simulation: ...
+
+    @property
+    def params(self) -> InterpretParams: ...
+
+    @property
+    def collective_id(self) -> int | None:
+        """The kernel's ``CompilerParams(collective_id=...)`` (None without one)."""
+        ...
+
+    @property
+    def debug_checks(self) -> bool:
+        """Whether ``pl.debug_check`` checks: ``pl.enable_debug_checks`` was on when the
+        kernel was lowered (as jax's Mosaic lowering decides)."""
+        ...
+
+    def program_counts(self) -> tuple[int, ...]: ...
+
+
+class LaunchServices(LaunchQuestions, Protocol):
     """What the evaluator may ask of the launch it runs in (``launch.Launch``)."""
 
     kernel_name: str
-    params: InterpretParams
-    sim: Simulation
 
     @property
     def memory(self) -> CoreMemory: ...
@@ -107,15 +132,7 @@ class LaunchServices(Protocol):
     @property
     def inherited_sources(self) -> dict[int, Any]: ...
 
-    @property
-    def collective_id(self) -> int | None: ...
-
-    @property
-    def debug_checks(self) -> bool: ...
-
     def program_ids(self, grid_point: tuple[int, ...] | None) -> tuple[int, ...]: ...
-
-    def program_counts(self) -> tuple[int, ...]: ...
 
     def axis_index(self, core: CoreId, grid_point: tuple[int, ...] | None, name: Any,
                    where: Where) -> tuple[int, int]: ...
@@ -125,7 +142,7 @@ class LaunchServices(Protocol):
 
 
 
-class KernelContext(Protocol):
+class KernelContext(LaunchQuestions, Protocol):
     """The only face of a launch a rule may use (see the module docstring)."""
 
     core: CoreId
@@ -147,25 +164,8 @@ class KernelContext(Protocol):
     store_shadow: Any
 
     @property
-    def sim(self) -> Simulation: ...
-
-    @property
     def launch_number(self) -> int:
         """Which launch of this kernel in the process this is (1 for the first)."""
-        ...
-
-    @property
-    def params(self) -> InterpretParams: ...
-
-    @property
-    def collective_id(self) -> int | None:
-        """The kernel's ``CompilerParams(collective_id=...)`` (None without one)."""
-        ...
-
-    @property
-    def debug_checks(self) -> bool:
-        """Whether ``pl.debug_check`` checks: ``pl.enable_debug_checks`` was on when the
-        kernel was lowered (as jax's Mosaic lowering decides)."""
         ...
 
     def site(self, eqn: Equation | None = None, what: str | None = None) -> Site: ...
@@ -191,8 +191,6 @@ class KernelContext(Protocol):
         ...
 
     def program_ids(self) -> tuple[int, ...]: ...
-
-    def program_counts(self) -> tuple[int, ...]: ...
 
     def axis_index(self, name: Any, eqn: Equation) -> tuple[int, int]: ...
 

@@ -22,14 +22,19 @@ import numpy as np
 
 from palladium.interpret import _jax_compat as jc
 from palladium.interpret.eval.jaxprs import nested_jaxprs
+from palladium.interpret.state.process_state import STATE
 
 __all__ = ["SteeredDecision", "float_steered", "is_float_steered_loop"]
 
 SteeredDecision = tuple[str, str]  # (what: "a while loop's test" / "a conditional", "file.py:line")
 
-_MEMO: weakref.WeakKeyDictionary[Any, tuple[SteeredDecision, ...]] = weakref.WeakKeyDictionary()
+_MEMO: weakref.WeakKeyDictionary[Any, tuple[SteeredDecision, ...]] = STATE.keep(
+    "float_steered_decisions", weakref.WeakKeyDictionary(), owner=__name__,
+    holds="a jaxpr's float-steered decisions, kept weakly by the jaxpr")
 # (per while equation's cond jaxpr: equations cannot be weakly referred to)
-_LOOPS: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
+_LOOPS: weakref.WeakKeyDictionary[Any, bool] = STATE.keep(
+    "float_steered_loops", weakref.WeakKeyDictionary(), owner=__name__,
+    holds="whether a while loop's test is float-steered, kept weakly by its jaxpr")
 
 
 def _is_float(atom: Any) -> bool:

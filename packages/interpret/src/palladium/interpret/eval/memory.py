@@ -7,13 +7,13 @@ from typing import Any
 
 import numpy as np
 
-from palladium.interpret import _jax_compat as jc
 from palladium.interpret.errors import (
     KernelError,
     UnsupportedFeatureError,
     jax_hbm_reference_phrase,
 )
 from palladium.interpret.eval.context import Equation, KernelContext
+from palladium.interpret.eval.primitive_groups import jax_access_name
 from palladium.interpret.eval.refs import Access, Bitcast, MemRef, resolve, tpu_bitcast
 from palladium.interpret.eval.value_shadows import (
     read_origin,
@@ -22,22 +22,6 @@ from palladium.interpret.eval.value_shadows import (
     view_shadow,
 )
 from palladium.shared_memory import AccessPlan, MemorySpace
-
-# The primitives that read or write a ref's contents, and the name jax's interpreter
-# gives each in its message.
-REF_ACCESSES = {
-    jc.get_p: ("read", "get_p"),
-    jc.swap_p: ("write", "swap_p"),
-    jc.addupdate_p: ("accumulate into", "addupdate_p"),
-    jc.load_p: ("read", "load_p"),
-    jc.masked_swap_p: ("write", "swap_p"),
-}
-
-
-def jax_access_name(primitive: Any) -> str:
-    """The name jax's interpreter gives a ref access primitive in its messages."""
-    access = REF_ACCESSES.get(primitive)
-    return access[1] if access is not None else f"{primitive}_p"
 
 
 def checked(ev: KernelContext, ref: Any, eqn: Equation, op: str) -> MemRef:

@@ -20,12 +20,13 @@ from palladium.interpret import _jax_compat as jc
 from palladium.interpret.compiled.segment_function import is_ref
 from palladium.interpret.errors import UnsupportedPrimitiveError
 from palladium.interpret.eval.context import Equation, KernelContext, Value
+from palladium.interpret.eval.primitive_groups import INDEXED_ACCESSES
 from palladium.interpret.eval.refs import MemRef, RefView, SemaphoreRef
 from palladium.interpret.eval.registry import RULES, Rule, rule_by_name
 from palladium.interpret.eval.rules_unsupported import UNSUPPORTED, refusal
 from palladium.interpret.eval.segments import Segment, find_segments, segment_io
 from palladium.interpret.eval.shadow_rules import PASS_THROUGH, SHADOW_RULES
-from palladium.interpret.eval.traced_rule import VIEW_PRIMITIVES, ref_view_rule
+from palladium.interpret.eval.traced_rule import ref_view_rule
 from palladium.interpret.numpy_rules import (
     DETERMINISTIC_RULES,
     FLUSHING,
@@ -348,7 +349,7 @@ def compile_jaxpr(jaxpr: Any, *, segments: bool = True, races_ok: bool = False,
         for v in eqn.outvars:
             mark_flushed(v, known)
         step_rule = resolve_rule(eqn, used, operands_flushed)
-        if ref_views and eqn.primitive in VIEW_PRIMITIVES:
+        if ref_views and eqn.primitive in INDEXED_ACCESSES:
             step_rule = ref_view_rule(eqn, step_rule, functools.partial(resolve_rule, used=used))
         steps.append(Step(step_rule, eqn, ins, outs))
 

@@ -6,8 +6,8 @@ from collections.abc import Callable
 from typing import Any
 
 from palladium.interpret import _jax_compat as jc
-from palladium.interpret.eval.rule_table import Rule, RuleCompiler, RuleRegistry
 from palladium.interpret.state.process_state import STATE
+from palladium.interpret.state.rule_table import Rule, RuleCompiler, RuleRegistry
 
 __all__ = ["RULES", "Rule", "RuleCompiler", "RuleRegistry", "register_interpret_rule", "rule",
            "rule_compiler"]

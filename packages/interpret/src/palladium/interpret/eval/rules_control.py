@@ -10,6 +10,7 @@ import numpy as np
 from palladium.interpret import _jax_compat as jc
 from palladium.interpret.eval.context import Equation, KernelContext, Value
 from palladium.interpret.eval.float_steering import is_float_steered_loop
+from palladium.interpret.eval.primitive_groups import CALLS
 from palladium.interpret.eval.registry import Rule, rule, rule_compiler
 from palladium.interpret.eval.segments import WHILE_GUESS
 
@@ -104,7 +105,7 @@ def _jit(ev: KernelContext, eqn: Equation, invals: list[Value]) -> list[Value]:
     return ev.eval_closed(eqn.params["jaxpr"], invals)
 
 
-@rule(jc.custom_jvp_call_p, jc.custom_vjp_call_p, jex_prims.closed_call_p)
+@rule(*(p for p in CALLS if p is not jc.jit_p))
 def _call_jaxpr(ev: KernelContext, eqn: Equation, invals: list[Value]) -> list[Value]:
     return ev.eval_closed(eqn.params["call_jaxpr"], invals)
 

@@ -7,7 +7,6 @@ from typing import Any
 import numpy as np
 
 from palladium.interpret import _jax_compat as jc
-from palladium.interpret.chip import chip_facts
 from palladium.interpret.errors import KernelError, TpuLoweringError
 from palladium.interpret.eval.access_path import (
     DmaPlan,
@@ -30,6 +29,7 @@ from palladium.interpret.eval.refs import (
     split_transformed,
 )
 from palladium.interpret.eval.registry import Rule, rule_compiler
+from palladium.interpret.fidelity import compiler_rejects
 from palladium.shared_memory import MemorySpace
 
 
@@ -57,32 +57,16 @@ def _check_same_dtype(src: MemRef, dst: MemRef, site: Any) -> None:
         )
 
 
-# What the TPU compiler accepts for DMAs to and from the host's memory (pl.HOST), asked of
-# libtpu 0.0.42.1 for v4, v5e, v5p, v6e and v7x (tests/compiler/test_host_memory.py): from
-# the host only into HBM ("Unimplemented DMA from host to vmem" / "to smem" / "to host");
-# into the host from HBM, and from VMEM and SMEM from v5 on (v4's compiler aborts on VMEM:
-# "Unexpected opcode: kDmaVmemToHost", and rejects SMEM: "Unimplemented DMA from smem to
-# host").
 _HOST = MemorySpace.HOST
 
 
 def _check_host_dma(ev: KernelContext, src: MemRef, dst: MemRef, eqn: Equation) -> None:
+    """A DMA to or from the host's memory the TPU compiler rejects (``compiler_rejects``
+    decides) is ``TpuLoweringError`` where the kernel starts it."""
     src_space, dst_space = src.buffer.space, dst.buffer.space
     if src_space is not _HOST and dst_space is not _HOST:
         return
-    rejected = None
-    if src_space is _HOST and dst_space is not MemorySpace.HBM:
-        rejected = (f"the TPU compiler rejects a DMA from the host's memory to "
-                    f"{dst_space.value} (\"Unimplemented DMA from host to "
-                    f"{dst_space.value.lower()}\"): a DMA reads the host's memory only into "
-                    "HBM. Copy it into an HBM ref (memory space pl.ANY) first")
-    elif (dst_space is _HOST and src_space in (MemorySpace.VMEM, MemorySpace.SMEM)
-          and ev.params.chip is not None and chip_facts(ev.params.chip).generation < 5):
-        said = ("it aborts: \"Unexpected opcode: kDmaVmemToHost\"" if src_space is
-                MemorySpace.VMEM else "\"Unimplemented DMA from smem to host\"")
-        rejected = (f"the TPU compiler for TPU {ev.params.chip} cannot compile a DMA from "
-                    f"{src_space.value} to the host's memory ({said}; v5e and newer accept "
-                    "it). Copy it into an HBM ref (memory space pl.ANY) first")
+    rejected = compiler_rejects.host_dma(ev.params.chip, src_space, dst_space)
     if rejected is not None:
         raise TpuLoweringError(
             f"DMA from '{src.name}' ({src_space.value}) to '{dst.name}' "

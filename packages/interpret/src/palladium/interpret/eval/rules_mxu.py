@@ -4,7 +4,8 @@
 Each MXU of a core (``num_mxus`` of jax's ``tpu_info``) has staging registers, the
 weights (RHS) it multiplies by, and an accumulator memory of ``num_accumulators``
 (8, 256) 32-bit buffers. What the TPU compiler (libtpu 0.0.42.1, v7x) accepts was
-measured (``tests/compiler/test_mxu.py``), and is checked here:
+measured (``tests/compiler/test_mxu.py``); ``fidelity/compiler_rejects.py`` decides
+it, and these rules ask it:
 
 * ``matmul_push_rhs(rhs, staging_register, mxu_index, transpose=)``: a 256x256 RHS of
   f32, bf16 or float8 into staging register 0 or 1 ("invalid staging register: 2"),
@@ -31,17 +32,14 @@ import dataclasses
 import numpy as np
 
 from palladium.interpret import _jax_compat as jc
-from palladium.interpret.chip import chip_facts
+from palladium.interpret.chip import DEFAULT_CHIP, chip_record
 from palladium.interpret.errors import KernelError, TpuLoweringError
 from palladium.interpret.eval.context import Equation, KernelContext, Value
 from palladium.interpret.eval.registry import rule
+from palladium.interpret.fidelity import compiler_rejects as rejects
 
 __all__ = ["MxuState"]
 
-_RHS_SIZE = 256
-_STAGING_REGISTERS = 2
-_ROWS_PER_ADDRESS = 4
-_PUSH_DTYPES = frozenset({"float32", "bfloat16", "float8_e4m3fn", "float8_e5m2"})
 
 
 @dataclasses.dataclass(eq=False)
@@ -57,7 +55,7 @@ class MxuState:
     live: np.ndarray = dataclasses.field(init=False)
 
     def __post_init__(self) -> None:
-        shape = (self.num_mxus, self.accumulator_rows, _RHS_SIZE)
+        shape = (self.num_mxus, self.accumulator_rows, rejects.RHS_SIZE)
         self.accumulators = np.zeros(shape, np.float32)
         self.live = np.zeros(shape[:2], bool)
 
@@ -74,23 +72,24 @@ class MxuState:
 def _state(ev: KernelContext, eqn: Equation) -> MxuState:
     state = ev.state.mxu
     if state is None:
-        chip = ev.params.chip or "v5e"
-        facts = chip_facts(chip)
-        if facts.generation < 7 or not facts.num_accumulators:
+        chip = ev.params.chip or DEFAULT_CHIP
+        rejected = rejects.explicit_mxu(chip)
+        if rejected is not None:
             raise TpuLoweringError(
-                f"{eqn.primitive}: the TPU compiler rejects the explicit MXU operations on "
-                f"TPU {chip} (\"Explicit MXU ops not supported on TPU generations < 7\"); "
-                "simulate a v7x (InterpretParams(chip='v7x')) or write the product with "
-                f"jnp.dot ({ev.site(eqn)})")
+                f"{eqn.primitive}: {rejected}; simulate a v7x (InterpretParams(chip='v7x')) "
+                f"or write the product with jnp.dot ({ev.site(eqn)})")
+        facts = chip_record(chip).facts
         state = MxuState(facts.num_mxus, facts.num_accumulators * facts.num_sublanes)
         ev.state.mxu = state
     return state
 
 
-def _refuse(ev: KernelContext, eqn: Equation, why: str) -> TpuLoweringError:
-    return TpuLoweringError(
-        f"{eqn.primitive}: {why}; a TPU rejects this kernel at compile time "
-        f"({ev.site(eqn)})")
+def _refuse_if(ev: KernelContext, eqn: Equation, why: str | None) -> None:
+    """``TpuLoweringError`` for what ``compiler_rejects`` found, if anything."""
+    if why is not None:
+        raise TpuLoweringError(
+            f"{eqn.primitive}: {why}; a TPU rejects this kernel at compile time "
+            f"({ev.site(eqn)})")
 
 
 def _value(ev: KernelContext, eqn: Equation, value: Value, what: str) -> np.ndarray:
@@ -102,20 +101,13 @@ def _value(ev: KernelContext, eqn: Equation, value: Value, what: str) -> np.ndar
 
 def _mxu(ev: KernelContext, eqn: Equation, state: MxuState) -> int:
     index = int(eqn.params["mxu_index"])
-    if not 0 <= index < state.num_mxus:
-        raise _refuse(ev, eqn, f"mxu_index={index}, but a TPU {ev.params.chip} core has "
-                               f"{state.num_mxus} MXUs")
+    _refuse_if(ev, eqn, rejects.mxu_index(index, state.num_mxus, ev.params.chip))
     return index
 
 
 def _rows(ev: KernelContext, eqn: Equation, state: MxuState, addr: int, m: int) -> slice:
-    units = state.accumulator_rows // _ROWS_PER_ADDRESS
-    if addr % 2 or addr < 0:
-        raise _refuse(ev, eqn, f"acc_addr={addr} is not an even accumulator address")
-    if addr + -(-m // _ROWS_PER_ADDRESS) > units:
-        raise _refuse(ev, eqn, f"acc_addr={addr} with {m} rows ends past the {units} "
-                               "accumulator addresses (\"OOB accumulator access\")")
-    start = addr * _ROWS_PER_ADDRESS
+    _refuse_if(ev, eqn, rejects.accumulator_slice(addr, m, state.accumulator_rows))
+    start = addr * rejects.ROWS_PER_ADDRESS
     return slice(start, start + m)
 
 
@@ -125,16 +117,9 @@ def _push_rhs(ev: KernelContext, eqn: Equation, invals: list[Value]) -> list[Val
     mxu = _mxu(ev, eqn, state)
     rhs = _value(ev, eqn, invals[0], "RHS")
     register = int(eqn.params["staging_register"])
-    if rhs.shape != (_RHS_SIZE, _RHS_SIZE):
-        raise _refuse(ev, eqn, f"the pushed RHS must be 256x256, got {rhs.shape}")
-    if rhs.dtype.name not in _PUSH_DTYPES:
-        raise _refuse(ev, eqn, f"unsupported element type for matmul push rhs: {rhs.dtype}")
-    if not 0 <= register < _STAGING_REGISTERS:
-        raise _refuse(ev, eqn, f"invalid staging register: {register} (0 or 1)")
+    _refuse_if(ev, eqn, rejects.pushed_rhs(rhs.shape, rhs.dtype.name, register))
     if (mxu, register) in state.staged:
-        raise _refuse(ev, eqn, f"staging register {register} of MXU {mxu} already holds an "
-                               "RHS not yet loaded by matmul_acc_lhs (\"Cannot schedule FIFO "
-                               "push instruction when the FIFO is full\")")
+        _refuse_if(ev, eqn, rejects.full_staging_register(register, mxu))
     state.staged[(mxu, register)] = rhs.T if eqn.params.get("transpose") else rhs
     return []
 
@@ -144,12 +129,7 @@ def _acc_lhs(ev: KernelContext, eqn: Equation, invals: list[Value]) -> list[Valu
     state = _state(ev, eqn)
     mxu = _mxu(ev, eqn, state)
     lhs = _value(ev, eqn, invals[0], "LHS")
-    if lhs.ndim != 2 or lhs.shape[1] != _RHS_SIZE:
-        raise _refuse(ev, eqn, f"the LHS must be M x 256, got {lhs.shape}")
-    rows_multiple = 8 * max(1, 4 // lhs.dtype.itemsize)
-    if lhs.shape[0] % rows_multiple:
-        raise _refuse(ev, eqn, f"the non-contracting dimension of the LHS must be a multiple "
-                               f"of {rows_multiple} for {lhs.dtype}, got {lhs.shape[0]}")
+    _refuse_if(ev, eqn, rejects.lhs_operand(lhs.shape, str(lhs.dtype), lhs.dtype.itemsize))
     load = eqn.params.get("load_staged_rhs")
     if load is not None:
         weights = state.staged.pop((mxu, int(load)), None)
@@ -177,8 +157,7 @@ def _pop(ev: KernelContext, eqn: Equation, invals: list[Value]) -> list[Value]:
     state = _state(ev, eqn)
     mxu = _mxu(ev, eqn, state)
     m, n = (int(d) for d in eqn.params["shape"])
-    if n != _RHS_SIZE:
-        raise _refuse(ev, eqn, f"the popped shape must be M x 256, got {(m, n)}")
+    _refuse_if(ev, eqn, rejects.popped_shape(m, n))
     rows = _rows(ev, eqn, state, int(eqn.params["acc_addr"]), m)
     out = state.accumulators[mxu, rows].astype(np.dtype(eqn.params["dtype"]))
     state.accumulators[mxu, rows] = 0.0

@@ -22,6 +22,12 @@ import numpy as np
 from palladium.interpret import _jax_compat as jc
 from palladium.interpret.eval.context import KernelContext
 from palladium.interpret.eval.jaxprs import any_equation, nested_jaxprs
+from palladium.interpret.eval.primitive_groups import (
+    CALLS,
+    INDEXED_ACCESSES,
+    REF_ACCESSES,
+    call_body,
+)
 
 __all__ = ["LoggedAccess", "LoggedLoop", "access_log_plan", "replay"]
 
@@ -49,10 +55,6 @@ class LoggedLoop:
     body: tuple[Any, ...]
 
 
-_KINDS = {jc.get_p: (False,), jc.swap_p: (True,), jc.addupdate_p: (False, True)}
-_CALLS = (jc.jit_p, jc.custom_jvp_call_p, jc.custom_vjp_call_p)
-
-
 def _window(eqn: Any, shape: tuple[int, ...], n_lead: int) -> tuple[tuple[int, ...], frozenset[int]]:
     transforms = eqn.params["tree"].unflatten(eqn.invars[n_lead:])
     if not transforms:
@@ -76,17 +78,17 @@ def access_log_plan(eqns: Sequence[Any], refs: Sequence[Any]) -> tuple[Any, ...]
         items: list[Any] = []
         for eqn in eqns:
             prim, p = eqn.primitive, eqn.params
-            if prim in _KINDS:
+            if prim in INDEXED_ACCESSES:
                 ref = eqn.invars[0]
-                sizes, dropped = _window(eqn, tuple(ref.aval.shape), 1 if prim is jc.get_p else 2)
-                items.append(LoggedAccess(eqn, where[ref], _KINDS[prim], counter[0], sizes, dropped))
+                sizes, dropped = _window(eqn, tuple(ref.aval.shape), INDEXED_ACCESSES[prim])
+                writes = REF_ACCESSES[prim].writes
+                items.append(LoggedAccess(eqn, where[ref], writes, counter[0], sizes, dropped))
                 counter[0] += 1
                 continue
             if prim is jc.scan_p:
                 inner = p["jaxpr"].jaxpr
-            elif prim in _CALLS:
-                inner = p["jaxpr"] if prim is jc.jit_p else p["call_jaxpr"]
-                inner = getattr(inner, "jaxpr", inner)
+            elif prim in CALLS:
+                inner = call_body(eqn).jaxpr
             elif prim is jc.cond_p or prim is jc.while_p:
                 if _has_access(eqn):
                     return None
@@ -110,7 +112,8 @@ def access_log_plan(eqns: Sequence[Any], refs: Sequence[Any]) -> tuple[Any, ...]
 
 
 def _has_access(eqn: Any) -> bool:
-    return any(any_equation(j, lambda e: e.primitive in _KINDS) for j in nested_jaxprs(eqn))
+    return any(any_equation(j, lambda e: e.primitive in INDEXED_ACCESSES)
+               for j in nested_jaxprs(eqn))
 
 
 def replay(ev: KernelContext, plan: tuple[Any, ...], log: Sequence[Any],

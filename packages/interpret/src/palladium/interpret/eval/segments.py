@@ -51,6 +51,7 @@ from palladium.interpret.compiled.traced_eval import compile_traced
 from palladium.interpret.eval.chip_arithmetic import NEGATIVE_ZERO
 from palladium.interpret.eval.context import Equation, KernelContext, Value
 from palladium.interpret.eval.jaxprs import any_equation, nested_jaxprs
+from palladium.interpret.eval.primitive_groups import INDEXED_ACCESSES
 from palladium.interpret.eval.refs import MemRef
 from palladium.interpret.eval.segment_races import access_log_plan, replay
 from palladium.interpret.eval.value_shadows import Tainted
@@ -152,7 +153,7 @@ def _written(eqns: Sequence[Any], accesses: Callable[[Any], bool] = _stores) -> 
     out: set[Any] = set()
     for eqn in eqns:
         prim, p = eqn.primitive, eqn.params
-        if prim in (jc.get_p, jc.swap_p, jc.addupdate_p):
+        if prim in INDEXED_ACCESSES:
             if accesses(eqn):
                 out.add(eqn.invars[0])
             continue

@@ -11,12 +11,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import jax.extend.core.primitives as jex_prims
 import numpy as np
 
 from palladium.interpret import _jax_compat as jc
 from palladium.interpret.eval.context import Equation, KernelContext, Value
 from palladium.interpret.eval.float_steering import is_float_steered_loop
+from palladium.interpret.eval.primitive_groups import NESTED_CALLS, REF_ACCESSES
 from palladium.interpret.eval.segments import WHILE_GUESS
 from palladium.interpret.eval.shadow_propagation import propagate
 from palladium.interpret.eval.value_shadows import (
@@ -163,8 +163,7 @@ def _passthrough(ev: KernelContext, rule: Any, eqn: Equation, ops: list[Value]) 
 
 
 PASS_THROUGH = _passthrough
-_shadow_rule(jc.run_scoped_p, jc.jit_p, jc.custom_jvp_call_p, jc.custom_vjp_call_p,
-             jex_prims.closed_call_p, jex_prims.remat_p)(_passthrough)
+_shadow_rule(jc.run_scoped_p, *NESTED_CALLS)(_passthrough)
 
 
 # Ref accesses: ``memory.py`` notes the shadow of what a read returns
@@ -259,5 +258,5 @@ def _mask_at(eqn: Equation) -> int:
     return next(i for i, r in _roles(eqn).items() if r == "mask")
 
 
-_shadow_rule(jc.get_p, jc.swap_p, jc.addupdate_p, jc.load_p, jc.masked_swap_p)(_access)
+_shadow_rule(*REF_ACCESSES)(_access)
 

@@ -28,9 +28,10 @@ import jax
 from palladium.interpret import _jax_compat as jc
 from palladium.interpret.errors import KernelError
 from palladium.interpret.eval.context import Equation, KernelContext, Value
+from palladium.interpret.eval.primitive_groups import INDEXED_ACCESSES
 from palladium.interpret.eval.refs import RefView, split_transformed
 
-__all__ = ["EVALUATE", "TRACE", "VIEW_PRIMITIVES", "evaluation_rule", "ref_view_rule",
+__all__ = ["EVALUATE", "TRACE", "evaluation_rule", "ref_view_rule",
            "traced_rule"]
 
 #: The two forms of a plugin rule (``register_interpret_rule(..., form=...)``).
@@ -145,8 +146,7 @@ def _declaration(primitive: Any, fn: Callable[..., Any], ev: KernelContext,
 
 # -- loads and stores through a ref with transforms (programs of evaluations) ------------
 #: Primitives whose rule takes the ref as its first operand and its own transforms as
-#: the ``tree`` parameter (the leaves after the ref and, for stores, the value).
-VIEW_PRIMITIVES: dict[Any, int] = {jc.get_p: 1, jc.swap_p: 2, jc.addupdate_p: 2}
+#: the ``tree`` parameter: ``primitive_groups.INDEXED_ACCESSES``.
 
 
 def ref_view_rule(eqn: Any, plain: Any, resolve: Callable[[Any], Any]) -> Any:
@@ -158,7 +158,7 @@ def ref_view_rule(eqn: Any, plain: Any, resolve: Callable[[Any], Any]) -> Any:
     The ref's transforms are concrete (numpy index values), which jax's pytrees keep as
     static data: a structure per value of them (a buffer slot), at most ``_VIEWS_LIMIT``
     kept per equation. The equation's own index operands stay operands."""
-    head = VIEW_PRIMITIVES[eqn.primitive]
+    head = INDEXED_ACCESSES[eqn.primitive]
     theirs = jax.tree_util.treedef_children(eqn.params["tree"])
     made: dict[int, tuple[Any, Any, Any]] = {}
 

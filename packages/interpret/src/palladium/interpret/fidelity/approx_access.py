@@ -12,6 +12,7 @@ import jax
 import numpy as np
 
 from palladium.interpret import _jax_compat as jc
+from palladium.interpret.eval.primitive_groups import INDEXED_ACCESSES
 from palladium.interpret.fidelity.approx_registry import Site, rule
 from palladium.interpret.kernel.blocks import memory_space_of
 from palladium.shared_memory import MemorySpace
@@ -20,8 +21,9 @@ __all__ = ["static_row_offset", "strided_access", "unproven_alignment"]
 
 
 def _indexers(eqn: Any) -> tuple[Any, Any] | None:
-    """(ref aval, the NDIndexer of a get/swap) when it has one."""
-    skip = {"get": 1, "swap": 2}.get(eqn.primitive.name)
+    """(ref aval, the NDIndexer of a get/swap) when it has one (the rules calling this
+    are registered for loads and stores, never ``addupdate``)."""
+    skip = INDEXED_ACCESSES.get(eqn.primitive)
     if skip is None:
         return None
     try:

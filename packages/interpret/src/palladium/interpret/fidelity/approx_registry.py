@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from palladium.interpret import _jax_compat as jc
-from palladium.interpret.chip import CompilerFacts, compiler_facts
+from palladium.interpret.chip import CompilerFacts, chip_record
 from palladium.interpret.eval.jaxprs import jaxprs_in
 from palladium.interpret.kernel.prepared_kernel import PreparedKernel
 
@@ -83,7 +83,7 @@ def kernel_rule(fn: KernelRule) -> KernelRule:
 
 def first_violation(kernel: PreparedKernel, chip: str) -> Violation | None:
     """The first rule ``kernel`` breaks on ``chip``, or None."""
-    facts = compiler_facts(chip)
+    facts = chip_record(chip).compiler
     if facts is None:
         return None
     for krule in _KERNEL_RULES:

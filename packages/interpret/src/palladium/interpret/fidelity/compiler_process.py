@@ -19,6 +19,7 @@ import threading
 from typing import Any
 
 from palladium.interpret.fidelity.compiler_protocol import read_frame, write_frame
+from palladium.interpret.state.process_state import STATE
 
 __all__ = ["COMPILER_PROCESS", "COMPILE_TIMEOUT", "PRESTART_VARIABLE", "CompilerProcess"]
 
@@ -134,5 +135,7 @@ def _last_words(stderr: Any) -> str:
     return checks[0].strip() if checks else ""
 
 
-COMPILER_PROCESS = CompilerProcess()
+COMPILER_PROCESS = STATE.keep(
+    "compiler_process", CompilerProcess(), owner=__name__,
+    holds="the process libtpu compiles in (started on the first compile)")
 atexit.register(COMPILER_PROCESS.close)

@@ -38,7 +38,6 @@ from typing import Any
 import jax
 
 from palladium.interpret import _jax_compat as jc
-from palladium.interpret._version import __version__ as palladium_version
 from palladium.interpret.chip import device_kind
 from palladium.interpret.errors import TpuLoweringError, TpuLoweringWarning
 from palladium.interpret.eval.registry import RULES
@@ -46,6 +45,8 @@ from palladium.interpret.fidelity import approx_access, approx_rules, tpu_compil
 from palladium.interpret.fidelity.approx_registry import Violation, first_violation
 from palladium.interpret.fidelity.call_key import KeySet, call_key
 from palladium.interpret.kernel.prepared_kernel import PreparedKernel
+from palladium.interpret.state.environment import environment_digest
+from palladium.interpret.state.process_state import STATE
 
 #: Said under every verdict of the approximation: which checker spoke.
 APPROXIMATION_NOTE = (
@@ -112,14 +113,17 @@ def _lowering_key(kernel: PreparedKernel, ctx: Any, chip: str, num_cores: int) -
     return call_key(
         {"grid_mapping": kernel.grid_mapping, "jaxpr": kernel.jaxpr,
          "compiler_params": kernel.compiler_params}, ctx.avals_in,
-        "mosaic-lowers", palladium_version, jax.__version__, device_kind(chip), num_cores,
+        "mosaic-lowers", environment_digest(), device_kind(chip), num_cores,
         jc.mosaic_context(ctx), sorted(jax.config.values.items()))
 
 
 #: The kernels (by ``_lowering_key``) jax's Mosaic lowering lowered without a failure,
 #: in memory and on disk: lowered again, such a kernel is not handed to Mosaic again. A
 #: failure is never kept: it is reported from a fresh lowering every time.
-MOSAIC_LOWERED = KeySet("mosaic-lowered")
+MOSAIC_LOWERED: KeySet = STATE.keep(
+    "mosaic_lowered", KeySet("mosaic-lowered"), owner=__name__,
+    holds="the kernels jax's Mosaic lowering lowered clean (also on disk)",
+    clear=lambda: MOSAIC_LOWERED.clear())
 
 
 def _where(kernel: PreparedKernel) -> str:

@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 
 from palladium.interpret import _jax_compat as jc
-from palladium.interpret.chip import CHIP_GENERATIONS, CompilerFacts, chip_facts, compiler_facts
+from palladium.interpret.chip import CompilerFacts, chip_record
 from palladium.interpret.errors import TpuResourceError
 from palladium.interpret.eval.jaxprs import jaxprs_in
 from palladium.interpret.fidelity.confidence import uncertainty
@@ -157,9 +157,9 @@ class _Layout:
 
 def measure(kernel: PreparedKernel, chip: str) -> MemoryUse:
     """Count ``kernel``'s VMEM and SMEM per core on ``chip`` (see the module docs)."""
-    facts = chip_facts(chip)
-    compiler = compiler_facts(chip)
-    generation = _Layout(CHIP_GENERATIONS[chip], compiler)
+    record = chip_record(chip)
+    facts, compiler = record.facts, record.compiler
+    generation = _Layout(record.generation, compiler)
     vmem: list[Buffer] = []
     smem: list[Buffer] = []
     pipelined = bool(tuple(kernel.grid_mapping.grid))

@@ -45,11 +45,13 @@ import jax
 import numpy as np
 
 from palladium.interpret import _jax_compat as jc
-from palladium.interpret._version import __version__ as palladium_version
+from palladium.interpret.chip import CHIPS, chip_record
 from palladium.interpret.fidelity.call_key import call_key
 from palladium.interpret.fidelity.compiler_process import COMPILER_PROCESS, PRESTART_VARIABLE
 from palladium.interpret.fidelity.compiler_protocol import describe_failure
 from palladium.interpret.state.disk_cache import DiskCache
+from palladium.interpret.state.environment import environment_digest, version
+from palladium.interpret.state.process_state import STATE
 
 __all__ = [
     "INSTALL_COMMAND",
@@ -63,14 +65,10 @@ __all__ = [
 
 INSTALL_COMMAND = "pip install 'palladium-interpret[compiler]'"
 
-#: palladium's chip name -> the topology family libtpu knows it by, and whether its
-#: topologies are 3-D. Chips absent here (v4i, v7, TPU8i) are not compiled for by the
-#: libtpu jax 0.10.x pins ("Invalid TPU external name"): their verdict is the
+#: The chips libtpu compiles for (``chip.Chip.compiler_topology``: the family libtpu knows
+#: each by, and whether its topologies are 3-D); for the others, the verdict is the
 #: approximation's.
-_TOPOLOGY_FAMILY: dict[str, tuple[str, bool]] = {
-    "v2": ("v2", False), "v3": ("v3", False), "v5e": ("v5e", False), "v6e": ("v6e", False),
-    "v4": ("v4", True), "v5p": ("v5p", True), "v7x": ("tpu7x", True),
-}
+_COMPILED_CHIPS = tuple(c for c in CHIPS if chip_record(c).compiler_topology is not None)
 _SHAPES_2D = ("2x2", "2x4", "4x4", "4x8", "8x8", "8x16", "16x16")
 _SHAPES_3D = ("2x2x1", "2x2x2", "2x2x4", "2x4x4", "4x4x4", "4x4x8", "4x8x8", "8x8x8")
 
@@ -90,10 +88,7 @@ def compiler_version() -> str | None:
         from jax.experimental import topologies  # noqa: F401
     except ImportError:
         return None
-    try:
-        return importlib.metadata.version("libtpu")
-    except importlib.metadata.PackageNotFoundError:
-        return "unknown"
+    return version("libtpu") or "unknown"
 
 
 def prestart() -> None:
@@ -111,17 +106,20 @@ def checker_name() -> str:
 
 def can_compile_for(chip: str) -> bool:
     """Whether the installed libtpu compiles for ``chip``."""
-    return compiler_version() is not None and chip in _TOPOLOGY_FAMILY
+    return compiler_version() is not None and chip in _COMPILED_CHIPS
 
 
 def compilable_chips() -> list[str]:
     """The chips the installed libtpu compiles for (none without libtpu)."""
-    return list(_TOPOLOGY_FAMILY) if compiler_version() is not None else []
+    return list(_COMPILED_CHIPS) if compiler_version() is not None else []
 
 
 def topology_name(chip: str, num_devices: int) -> str:
     """The smallest topology of ``chip`` with at least ``num_devices`` devices."""
-    family, three_d = _TOPOLOGY_FAMILY[chip]
+    topology = chip_record(chip).compiler_topology
+    if topology is None:
+        raise ValueError(f"the installed libtpu does not compile for TPU {chip}")
+    family, three_d = topology
     for shape in (_SHAPES_3D if three_d else _SHAPES_2D):
         name = f"{family}:{shape}"
         if len(_topology(name).devices) >= num_devices:
@@ -160,6 +158,11 @@ def _topology(name: str) -> Any:
         return topologies.get_topology_desc(platform="tpu", topology_name=name)
 
 
+STATE.keep("tpu_topologies", _topology, owner=__name__,
+           holds="libtpu's topologies by name (made once: they take seconds)",
+           clear=_topology.cache_clear)
+
+
 @dataclasses.dataclass(frozen=True)
 class Verdict:
     """What the TPU compiler said of one kernel.
@@ -195,10 +198,14 @@ class Verdict:
 # Bumped whenever what a cached verdict holds, or how its message is made, changes.
 _FORMAT = 2
 
-_MEMORY: dict[str, Verdict] = {}
+_MEMORY: dict[str, Verdict] = STATE.keep(
+    "tpu_verdicts", {}, owner=__name__, holds="the TPU compiler's verdicts by module key",
+    clear=lambda: clear_memory_cache())
 # Accepted verdicts by the call's key (``call_key``: the pallas_call's parameters and
 # operand types, not its lowered module): a call seen before skips its TPU lowering.
-_CALLS: dict[str, Verdict] = {}
+_CALLS: dict[str, Verdict] = STATE.keep(
+    "tpu_accepted_calls", {}, owner=__name__,
+    holds="the TPU compiler's accepted verdicts by call key", clear=lambda: clear_memory_cache())
 _MEMORY_LOCK = threading.Lock()
 
 
@@ -250,10 +257,8 @@ def _known_or_compiled(bind: Callable[..., Any], avals_in: Sequence[Any], *, chi
     compiler's thread: the key holds jax's configuration as its lowering sees it."""
     start = time.perf_counter()
     by_call = None if call is None else call_key(
-        call, avals_in, "tpu-compiler-accepted", _FORMAT, palladium_version,
-        compiler_version(), jax.__version__, _jaxlib_version(), chip,
-        sorted(mesh_axes.items()), [list(h) for h in host], sorted(jax.config.values.items()),
-        [os.environ.get(v, "") for v in ("XLA_FLAGS", "LIBTPU_INIT_ARGS")])
+        call, avals_in, "tpu-compiler-accepted", _FORMAT, environment_digest(), chip,
+        sorted(mesh_axes.items()), [list(h) for h in host], sorted(jax.config.values.items()))
     if by_call is not None:
         known = _accepted_call(by_call, use_disk)
         if known is not None:
@@ -375,19 +380,9 @@ def _kind_of_text(message: str) -> str:
 
 def _key(module: bytes, chip: str, topology: str) -> str:
     h = hashlib.sha256()
-    versions = (_FORMAT, palladium_version, compiler_version(), jax.__version__,
-                _jaxlib_version(), chip, topology)
-    h.update(repr(versions).encode())
+    h.update(repr((_FORMAT, environment_digest(), chip, topology)).encode())
     h.update(module)
     return h.hexdigest()
-
-
-@functools.cache
-def _jaxlib_version() -> str:
-    try:
-        return importlib.metadata.version("jaxlib")
-    except importlib.metadata.PackageNotFoundError:
-        return "unknown"
 
 
 def _read_disk(key: str, cache: DiskCache = VERDICTS) -> Verdict | None:

@@ -32,6 +32,7 @@ import numpy as np
 
 from palladium.interpret import _jax_compat as jc
 from palladium.interpret.state.failures import is_recorded
+from palladium.interpret.state.process_state import STATE
 
 __all__ = ["available", "lower_ffi_callback", "supports"]
 
@@ -115,7 +116,9 @@ class _Call:
     results: tuple[tuple[tuple[int, ...], np.dtype], ...]
 
 
-_CALLS: dict[int, _Call] = {}
+_CALLS: dict[int, _Call] = STATE.keep(
+    "ffi_host_calls", {}, owner=__name__,
+    holds="the host callbacks of the compiled calls alive now, by key")
 _KEYS = itertools.count(1)
 _LOCK = threading.Lock()
 

@@ -53,9 +53,10 @@ from palladium.interpret.hook.peer_links import (
     local_host,
 )
 from palladium.interpret.hook.socket_transport import SocketTransport
+from palladium.interpret.state.process_state import STATE
 from palladium.shared_memory import Partition
 
-__all__ = ["KvTransport", "ProcessLayout", "ProcessLayouts", "SocketTransport", "SplitLaunch"]
+__all__ = ["KvTransport", "ProcessLayout", "SocketTransport", "SplitLaunch"]
 
 HEARTBEAT_INTERVAL = 0.25  # seconds between a process's heartbeats
 class ProcessLayout:
@@ -176,40 +177,13 @@ class ProcessLayout:
             time.sleep(HEARTBEAT_INTERVAL)
 
 
-class ProcessLayouts:
-    """The process-wide ``ProcessLayout`` (``process_state.STATE.processes``): made at
-    the first split launch, kept for the ``jax.distributed`` client it belongs to (its
-    heartbeat thread runs from then on)."""
+def _layout(client: Any, index: int, count: int) -> ProcessLayout:
+    """This process's ``ProcessLayout`` (the transport ``PALLADIUM_PROCESS_TRANSPORT``
+    names), made by ``STATE.processes`` for the current ``jax.distributed`` client."""
+    return ProcessLayout(client, index, count, os.environ.get(TRANSPORT_ENV, "sockets") != "kv")
 
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._layout: ProcessLayout | None = None
 
-    def current(self) -> ProcessLayout | None:
-        """This process's layout in a ``jax.distributed`` run of 2+ processes, else None."""
-        client = jc.distributed_client()
-        if client is None:
-            return None
-        import jax
-
-        count = jax.process_count()
-        if count < 2:
-            return None
-        with self._lock:
-            if self._layout is None or self._layout.client is not client:
-                sockets = os.environ.get(TRANSPORT_ENV, "sockets") != "kv"
-                self._layout = ProcessLayout(client, jax.process_index(), count, sockets)
-            return self._layout
-
-    def start_heartbeat(self) -> None:
-        """Start this process's heartbeat if it is part of a ``jax.distributed`` run of 2+
-        processes (at import and when a kernel is lowered: a process that dies before
-        its first launch is then seen by the others within ``PEER_TIMEOUT``)."""
-        if jc.distributed_client() is None:
-            return
-        layout = self.current()
-        if layout is not None:
-            layout.start_heartbeat()
+STATE.processes.make = _layout
 
 
 class SplitLaunch:

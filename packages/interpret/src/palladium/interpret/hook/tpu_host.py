@@ -18,7 +18,7 @@ from typing import Any
 import jax
 
 from palladium.interpret import _jax_compat as jc
-from palladium.interpret.chip import DEFAULT_CHIP, chip_facts, device_kind
+from palladium.interpret.chip import DEFAULT_CHIP, chip_record, device_kind
 from palladium.interpret.errors import ConfigError
 from palladium.interpret.params import InterpretParams
 
@@ -65,8 +65,7 @@ def _traced_chip() -> tuple[str, int]:
     forced = jc.tpu_interpret_mode_config().value
     chip = getattr(forced, "chip", None) if isinstance(forced, InterpretParams) else None
     chip = chip or DEFAULT_CHIP
-    facts = chip_facts(chip)
-    return device_kind(chip), facts.tensor_cores_per_chip if facts.megacore else 1
+    return device_kind(chip), chip_record(chip).cores_per_device
 
 
 def install() -> None:

@@ -27,18 +27,15 @@ from typing import Any, NamedTuple
 
 from palladium.interpret import _jax_compat as jc
 from palladium.interpret.eval.jaxprs import jaxprs_in
-from palladium.interpret.eval.memory import REF_ACCESSES
+from palladium.interpret.eval.primitive_groups import DMA_PRIMITIVES, NESTED_CALLS, REF_ACCESSES
 
 __all__ = ["RefReach", "private_positions", "read_only_positions", "ref_reach"]
 
 
-_DMA = frozenset({jc.dma_start_p, jc.dma_wait_p})
 # The ref accesses that write (the access table's stores and accumulations).
-_STORES = frozenset(p for p, (kind, _) in REF_ACCESSES.items() if kind != "read")
+_STORES = frozenset(p for p, access in REF_ACCESSES.items() if any(access.writes))
 # Equations whose nested jaxprs take the equation's operands one for one.
-_CALLS = frozenset(p for p in (jc.scan_p, jc.jit_p, jc.custom_jvp_call_p, jc.custom_vjp_call_p,
-                               getattr(jc, "closed_call_p", None),
-                               getattr(jc, "remat_p", None)) if p is not None)
+_CALLS = frozenset((jc.scan_p, *NESTED_CALLS))
 
 
 class RefReach(NamedTuple):
@@ -97,7 +94,7 @@ def _walk(jaxpr: Any, named: set[Any], written: set[Any]) -> None:
         prim = eqn.primitive
         if any(_is_ref(v) for v in eqn.outvars):
             raise _Unknown(prim)
-        if prim in _DMA:
+        if prim in DMA_PRIMITIVES:
             named.update(v for v in eqn.invars if _is_ref(v))
             if prim is jc.dma_start_p:
                 written.update(_dma_destination(eqn))

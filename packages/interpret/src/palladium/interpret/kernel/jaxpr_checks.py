@@ -18,7 +18,7 @@ from typing import Any
 from palladium.interpret import _jax_compat as jc
 from palladium.interpret import errors
 from palladium.interpret.eval.jaxprs import jaxprs_in
-from palladium.interpret.eval.memory import REF_ACCESSES
+from palladium.interpret.eval.primitive_groups import REF_ACCESSES
 from palladium.interpret.kernel.blocks import memory_space_of
 from palladium.interpret.params_validation import check_cores_per_device
 from palladium.shared_memory import MemorySpace
@@ -75,7 +75,7 @@ def check_jaxpr(jaxpr: Any, kernel_name: str, arg_names: list[str], *,
             if access is not None and eqn.invars and _in_hbm(eqn.invars[0].aval):
                 ref = names.get(id(eqn.invars[0]), "a ref")
                 raise errors.InvalidKernelError(
-                    f"{_where(kernel_name, eqn)}: {access[0]} of '{ref}', which lives in "
+                    f"{_where(kernel_name, eqn)}: {access.verb} of '{ref}', which lives in "
                     f"{_home(eqn.invars[0].aval)} (memory space "
                     f"{eqn.invars[0].aval.memory_space}): a TPU kernel cannot read or write "
                     f"{_home(eqn.invars[0].aval)} directly; copy it with pltpu.sync_copy or "

@@ -2,7 +2,7 @@
 
 Every number below says where it comes from. Chip facts (MXU peaks, HBM bandwidth,
 VMEM capacity and XLA's default scoped-VMEM limit, MXU shape, TensorCores per chip) are
-palladium's one chip table, ``palladium.interpret.chip.chip_facts`` (read from jax's own
+palladium's one chip record, ``palladium.interpret.chip.chip_record`` (read from jax's own
 ``TpuInfo``, per TensorCore); what ``TpuInfo`` lacks (clock, ICI bandwidth, latencies,
 per-step overhead) is tabled here, next to it, with its public source or marked as an
 assumption.
@@ -32,7 +32,7 @@ from collections.abc import Mapping
 from importlib import resources
 from typing import Any
 
-from palladium.interpret.chip import chip_facts
+from palladium.interpret.chip import chip_record
 
 __all__ = ["MEASURED_CHIPS", "ChipModel", "chip_model", "measured_constants"]
 
@@ -270,7 +270,7 @@ def _measured_table(chip: str) -> dict[str, Any]:
 @functools.cache
 def chip_model(chip: str) -> ChipModel:
     """The model of ``chip`` (a palladium chip name: ``"v5e"``, ``"v6e"`` ...)."""
-    facts = chip_facts(chip)
+    facts = chip_record(chip).facts
     bf16 = float(facts.bf16_ops_per_second)
     clock = _CLOCK_HZ.get(chip) or bf16 / (2 * 4 * facts.mxu_column_size ** 2)
     base = ChipModel(
@@ -315,16 +315,16 @@ def _from_reference(base: ChipModel, reference: str) -> ChipModel:
         dma_latency_hbm_s=ref.dma_latency_hbm_s, block_copy_latency_s=ref.block_copy_latency_s,
         f32_highest_passes=ref.f32_highest_passes, hbm_mixed_factor=ref.hbm_mixed_factor,
         # chips from v6e on have bf16 vector units: the packed default
-        narrow_valu_factor=(ref.narrow_valu_factor if chip_facts(base.chip).generation <= 5
+        narrow_valu_factor=(ref.narrow_valu_factor if chip_record(base.chip).facts.generation <= 5
                             else 0.5),
         narrow_transcendental_factor=(ref.narrow_transcendental_factor
-                                      if chip_facts(base.chip).generation <= 5 else 0.5),
+                                      if chip_record(base.chip).facts.generation <= 5 else 0.5),
     )
 
 
 def chip_model_peak(chip: str) -> float:
     """TpuInfo's bf16 peak of ``chip`` per TensorCore."""
-    return float(chip_facts(chip).bf16_ops_per_second)
+    return float(chip_record(chip).facts.bf16_ops_per_second)
 
 
 def _times(value: float | None, factor: float) -> float | None:

@@ -48,6 +48,8 @@ import types
 import weakref
 from collections.abc import Callable, Iterator
 
+from palladium.interpret.state.process_state import STATE
+
 __all__ = ["LaunchInterrupted", "abandon_on_interrupt", "install", "main_thread_launch"]
 
 
@@ -57,10 +59,13 @@ class LaunchInterrupted(KeyboardInterrupt):
 
 # The registry of this module (the only state it keeps): the watcher's socket pair once
 # installed, the interrupt callback, and the deferred-Ctrl-C flag of the main thread.
-_installed: list[socket.socket] = []
-_hooks: dict[str, Callable[[BaseException], None]] = {}
+_installed: list[socket.socket] = STATE.keep(
+    "interrupt_watcher", [], owner=__name__, holds="the Ctrl-C watcher's socket pair")
+_hooks: dict[str, Callable[[BaseException], None]] = STATE.keep(
+    "interrupt_hooks", {}, owner=__name__, holds="the interrupt callback")
 _deferred = threading.Event()  # a Ctrl-C seen inside a launch, to raise after it
-_retrips: list[weakref.ref] = []  # the weak reference that trips SIGINT again (below)
+_retrips: list[weakref.ref] = STATE.keep(  # the weak reference that trips SIGINT again
+    "interrupt_retrips", [], owner=__name__, holds="the reference that trips SIGINT again")
 
 # The frames "inside palladium's host callback": any of ``host_call.py`` and
 # ``ffi_callback.py`` (palladium's FFI handler) and the launch entry points of

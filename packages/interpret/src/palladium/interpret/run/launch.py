@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from palladium.interpret import _jax_compat as jc
-from palladium.interpret.chip import DEFAULT_CHIP, chip_facts
+from palladium.interpret.chip import DEFAULT_CHIP, chip_record
 from palladium.interpret.errors import (
     KernelError,
     PalladiumError,
@@ -94,7 +94,7 @@ class Launch:
         self.inherited_sources: dict[int, Any] = kernel.inherited_sources
         gm = kernel.grid_mapping
         self.chip = params.chip or DEFAULT_CHIP
-        self.chip_facts = chip_facts(self.chip)
+        self.chip_record = chip_record(self.chip)
         self.num_cores = (
             math.prod(kernel.mesh.shape.values()) if kernel.is_core_map
             else params.num_cores_or_threads
@@ -105,7 +105,7 @@ class Launch:
         self.sim = Simulation(
             self.num_devices,
             self.num_cores,
-            options=params.simulation_options(self.chip_facts.generation),
+            options=params.simulation_options(self.chip_record.generation),
             watchdog_hint=("Raise InterpretParams(watchdog_timeout=...) if the kernel is "
                            "merely slow, or pass None to turn the watchdog off."),
             out_of_bounds_hint=_OUT_OF_BOUNDS_HINT,

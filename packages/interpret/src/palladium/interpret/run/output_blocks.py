@@ -28,14 +28,17 @@ from typing import Any
 
 import numpy as np
 
+from palladium.interpret.state.process_state import STATE
+
 __all__ = ["KEPT", "kept_blocks", "output_storage"]
 
 KEPT = 2  # blocks kept per kernel and output shape (a launch and one still referred to)
 
 _LOCK = threading.Lock()
 # kernel -> {(devices, shape, dtype): [blocks]}; a kernel's blocks go with the kernel.
-_BLOCKS: weakref.WeakKeyDictionary[Any, dict[tuple[Any, ...], list[np.ndarray]]] = (
-    weakref.WeakKeyDictionary())
+_BLOCKS: weakref.WeakKeyDictionary[Any, dict[tuple[Any, ...], list[np.ndarray]]] = STATE.keep(
+    "output_blocks", weakref.WeakKeyDictionary(), owner=__name__,
+    holds="output buffers of finished launches for the next ones, kept weakly by the kernel")
 
 
 def _count(kept: list[np.ndarray], i: int) -> int:

@@ -184,7 +184,7 @@ class _Untrusted(Exception):
     pass
 
 
-_SECRET = _Secret()
+SECRET = _Secret()
 
 
 class _Budget:
@@ -217,7 +217,7 @@ class _Budget:
             self._swept.clear()
 
 
-_BUDGET = _Budget()
+BUDGET = _Budget()
 
 
 class DiskCache:
@@ -249,7 +249,7 @@ class DiskCache:
             data = path.read_bytes()
         except OSError:
             return None
-        secret = _SECRET.get(cache_root(), create=False)
+        secret = SECRET.get(cache_root(), create=False)
         if secret is None:
             return None
         tag = data[len(MAGIC):len(MAGIC) + _TAG]
@@ -271,18 +271,18 @@ class DiskCache:
         root = cache_root()
         folder = self.folder
         try:
-            secret = _SECRET.get(root, create=True)
+            secret = SECRET.get(root, create=True)
             if secret is None:
                 return
             folder.mkdir(parents=True, exist_ok=True)
         except OSError:
             return
-        _BUDGET.sweep_once(folder)
+        BUDGET.sweep_once(folder)
         digest = hashlib.sha256(key.encode()).digest()
         data = MAGIC + self._tag(secret, digest, payload) + digest + payload
         if not _write_atomic(self._path(digest), data):
             return
-        _BUDGET.added(root, len(data), limit)
+        BUDGET.added(root, len(data), limit)
 
     def __contains__(self, key: str) -> bool:
         return self.get(key) is not None
@@ -434,5 +434,5 @@ def cache_clear() -> int:
                         with contextlib.suppress(OSError):
                             p.unlink()
                             removed += 1
-    _BUDGET.forget()
+    BUDGET.forget()
     return removed

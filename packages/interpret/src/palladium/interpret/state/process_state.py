@@ -23,7 +23,7 @@ launch_scopes      the ``scoped_launch_observer`` factories   untouched (each bl
                    threads)
 mode_loggers       ``LoggingMode`` -> observer factory        back to the ones at import
 segments           compiled segments of kernel bodies by     untouched (a cache: what it
-                   their equations (``eval.segment_cache``)  holds never changes results)
+                   their equations (``segment_cache``)       holds never changes results)
 progress           the launches running now that report      nothing (empty when no launch
                    their progress, and its one thread        runs)
 processes          this process's place in a jax.distributed  nothing (it belongs to the
@@ -31,11 +31,20 @@ processes          this process's place in a jax.distributed  nothing (it belong
                    thread (from the first split launch)
 =================  ========================================  ==============================
 
+Besides these, each part keeps its own stores, registered here with :meth:`ProcessState.keep`
+(``STATE.stores``, listed by :meth:`ProcessState.describe`): caches of what jax's and
+libtpu's compilers made and of what palladium derived from a kernel (kept weakly by the
+kernel where they belong to one), the compiled launches' counters, the threads that wait
+for bounded calls, the host callbacks of the calls in flight, Ctrl-C's hooks. ``reset()``
+leaves them untouched (a cache's contents never change a result);
+``clear_caches()`` empties each that can be emptied (what a test of a cold start does).
+No other module-level store exists (``integration_tests/test_architecture_homes.py``).
+
 (``palladium.shared_memory.scheduler`` keeps one more set, of the schedulers running
 right now, for Ctrl-C; it is empty whenever no launch runs, so it needs no reset.)
 
 The classes live in their own modules (``failures``, ``race_log``, ``rendezvous``,
-``blas_limit``, ``eval.rule_table``); the modules that *use* the state import it from
+``blas_limit``, ``rule_table``, ``segment_cache``, ``process_layouts``); the modules that *use* the state import it from
 here. ``reset_tpu_interpret_mode_state()`` (jax's name) calls
 ``reset(registrations=False)``: it forgets failures and reports, not what the program
 registered.
@@ -47,19 +56,32 @@ import contextvars
 import dataclasses
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from palladium.interpret.errors import ConfigError
-from palladium.interpret.eval.rule_table import RuleRegistry, RuleSnapshot
-from palladium.interpret.eval.segment_cache import SegmentExecutables
-from palladium.interpret.hook.multi_process import ProcessLayouts
+from palladium.interpret.state import disk_cache
 from palladium.interpret.state.blas_thread_limit import SingleThreadLimit
 from palladium.interpret.state.failures import FailureLog
+from palladium.interpret.state.process_layouts import ProcessLayouts
 from palladium.interpret.state.progress import ProgressMonitor
 from palladium.interpret.state.race_log import RaceLog
 from palladium.interpret.state.rendezvous import RendezvousRegistry
+from palladium.interpret.state.rule_table import RuleRegistry, RuleSnapshot
+from palladium.interpret.state.segment_cache import SegmentExecutables
 
-__all__ = ["STATE", "ProcessState", "reset"]
+__all__ = ["STATE", "ProcessState", "Store", "reset"]
+
+T = TypeVar("T")
+
+
+@dataclasses.dataclass(frozen=True)
+class Store:
+    """A part's module-level store, registered with :meth:`ProcessState.keep`."""
+
+    name: str
+    owner: str  #: the module that keeps it
+    holds: str  #: what it holds, for a reader of :meth:`ProcessState.describe`
+    clear: Callable[[], Any] | None  #: how ``clear_caches()`` empties it; None: it is kept
 
 
 @dataclasses.dataclass(eq=False)
@@ -75,7 +97,7 @@ class ProcessState:
     rules: RuleRegistry = dataclasses.field(default_factory=RuleRegistry)
     # this process's place in a jax.distributed run (multi_process.py)
     processes: ProcessLayouts = dataclasses.field(default_factory=ProcessLayouts)
-    # compiled segments of kernel bodies, by their equations' text (eval/segment_cache.py)
+    # compiled segments of kernel bodies, by their equations' text (segment_cache.py)
     segments: SegmentExecutables = dataclasses.field(default_factory=SegmentExecutables)
     # factory(LaunchInfo) -> Observer | None, in registration order (observers.py)
     launch_observers: list[Callable[[Any], Any]] = dataclasses.field(default_factory=list)
@@ -88,8 +110,31 @@ class ProcessState:
         default_factory=dict)
     # LoggingMode -> factory(LaunchInfo) -> Observer (logging_observer.py)
     mode_loggers: dict[Any, Callable[[Any], Any]] = dataclasses.field(default_factory=dict)
+    # the parts' own stores by name (keep())
+    stores: dict[str, Store] = dataclasses.field(default_factory=dict)
     _rules_at_import: RuleSnapshot | None = None
     _mode_loggers_at_import: dict[Any, Callable[[Any], Any]] | None = None
+
+    def keep(self, name: str, store: T, *, owner: str, holds: str,
+             clear: Callable[[], Any] | None = None) -> T:
+        """Register ``store``, a module-level store of module ``owner``, and return it
+        (``_CACHE = STATE.keep("name", {}, owner=__name__, holds="...", clear=...)``)."""
+        known = self.stores.get(name)
+        if known is not None and known.owner != owner:
+            raise ConfigError(f"a process store named {name!r} is {known.owner}'s")
+        self.stores[name] = Store(name, owner, holds, clear)
+        return store
+
+    def clear_caches(self) -> None:
+        """Empty every registered store that can be emptied (the caches)."""
+        for store in list(self.stores.values()):
+            if store.clear is not None:
+                store.clear()
+
+    def describe(self) -> str:
+        """One line per registered store: its name, owner and what it holds."""
+        return "\n".join(f"{s.name} ({s.owner}): {s.holds}"
+                         for s in sorted(self.stores.values(), key=lambda s: s.name))
 
     def mark_imported(self) -> None:
         """Remember the registrations made while the package imported (what
@@ -125,6 +170,10 @@ class ProcessState:
 
 
 STATE = ProcessState()
+STATE.keep("disk_cache_secret", disk_cache.SECRET, owner=disk_cache.__name__,
+           holds="the disk cache's secret, read once", clear=disk_cache.SECRET.forget)
+STATE.keep("disk_cache_budget", disk_cache.BUDGET, owner=disk_cache.__name__,
+           holds="the bytes the disk cache holds, counted once", clear=disk_cache.BUDGET.forget)
 
 
 def reset(*, registrations: bool = True) -> None:

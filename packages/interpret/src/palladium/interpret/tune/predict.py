@@ -28,6 +28,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from palladium.interpret.chip import DEFAULT_CHIP
 from palladium.interpret.errors import (
     ConfigError,
     KernelError,
@@ -186,7 +187,7 @@ def checker_label(params: InterpretParams) -> str:
 def predict(
     kernel_fn: Callable[..., Any],
     *args: Any,
-    chip: str = "v5e",
+    chip: str = DEFAULT_CHIP,
     compile_check: str = "auto",
     **params: Any,
 ) -> Prediction:

@@ -19,6 +19,7 @@ from typing import Any, TextIO
 
 import jax
 
+from palladium.interpret.chip import DEFAULT_CHIP
 from palladium.interpret.errors import ConfigError, PalladiumError
 from palladium.interpret.tune.measure import NO_TPU
 from palladium.interpret.tune.measure import measure as measure_on_chip
@@ -97,7 +98,7 @@ def sweep(
     make_call: Callable[[Any], Callable[..., Any]],
     configs: Iterable[Any],
     *args: Any,
-    chip: str = "v5e",
+    chip: str = DEFAULT_CHIP,
     compile_check: str = "auto",
     processes: int = 1,
     progress: bool | None = None,

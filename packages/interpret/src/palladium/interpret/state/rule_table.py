@@ -5,16 +5,17 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from palladium.interpret.eval.context import Equation, KernelContext, Value
+if TYPE_CHECKING:  # (the rules' types: the evaluator's, a layer above)
+    from palladium.interpret.eval.context import Equation, KernelContext, Value
 
 __all__ = ["Rule", "RuleCompiler", "RuleRegistry", "RuleSnapshot"]
 
 # rule(context, eqn, invals) -> list of output values (the context is all a rule sees)
-Rule = Callable[[KernelContext, Equation, list[Value]], list[Value]]
+Rule = Callable[["KernelContext", "Equation", list["Value"]], list["Value"]]
 # compiler(eqn, used variables) -> a rule specialised to that one equation
-RuleCompiler = Callable[[Equation, frozenset[Any]], Rule]
+RuleCompiler = Callable[["Equation", frozenset[Any]], Rule]
 
 
 class RuleRegistry:
@@ -23,7 +24,7 @@ class RuleRegistry:
     A primitive has a rule in one of two forms: a plain rule, or a *rule compiler*,
     which the evaluator calls once per equation (when it compiles the jaxpr) to get the
     rule of that equation: static operands resolved, a per-equation cache (the ref
-    accesses, ``access_path.ACCESS_PRIMITIVES``). Registering a plain rule for a
+    accesses, ``primitive_groups.ACCESS_PRIMITIVES``). Registering a plain rule for a
     primitive replaces its compiler (a plugin's rule for a built-in primitive); the
     built-in table never holds both for one primitive (tested).
     """

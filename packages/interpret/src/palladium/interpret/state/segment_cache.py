@@ -1,9 +1,9 @@
 """Compiled segments kept across launches and processes.
 
 A segment's executable (``segments.py``) is keyed by the text of its equations (shapes,
-dtypes, parameters and literals included), the versions of jax, jaxlib and palladium,
-a digest of palladium's source, ``XLA_FLAGS`` and the host CPU (an executable holds the
-host's instructions): in memory for the process (``STATE.segments``: a kernel traced
+dtypes, parameters and literals included) and ``state.environment.host_digest`` (the
+versions, a digest of palladium's source, the flags and the host CPU: an executable
+holds the host's instructions): in memory for the process (``STATE.segments``: a kernel traced
 again after ``jax.clear_caches()`` finds its segments compiled) and in palladium's
 disk cache (``state.disk_cache``, folder ``executables``: a new process loads one in
 ~10 ms instead of compiling it in ~0.2-0.5 s). Whether a segment is compiled never
@@ -22,17 +22,14 @@ import atexit
 import collections
 import functools
 import hashlib
-import importlib.metadata
-import os
 import pickle
-import platform
 import queue
 import threading
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from palladium.interpret.state.disk_cache import DiskCache
+from palladium.interpret.state.environment import host_digest
 
 __all__ = ["EXECUTABLES", "RUNNING_WAIT", "BackgroundCompile", "SegmentExecutables"]
 
@@ -42,48 +39,12 @@ _FORMAT = 2
 EXECUTABLES = DiskCache("executables")
 
 
-@functools.cache
-def _environment() -> str:
-    versions = []
-    for dist in ("jax", "jaxlib", "palladium-interpret"):
-        try:
-            versions.append(f"{dist}={importlib.metadata.version(dist)}")
-        except importlib.metadata.PackageNotFoundError:
-            versions.append(f"{dist}=?")
-    cpu = platform.processor()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu += "".join(line for line in f if line.startswith(("flags", "Features")))[:4096]
-    except OSError:
-        pass
-    return "\n".join([f"format={_FORMAT}", *versions, platform.machine(), cpu,
-                      os.environ.get("XLA_FLAGS", ""), _source_digest()])
-
-
 def _local_device() -> Any:
     """The device this process's executables run on: its own first CPU device (under
     ``jax.distributed``, ``jax.devices("cpu")[0]`` is process 0's)."""
     import jax
 
     return jax.local_devices(backend="cpu")[0]
-
-
-def _source_digest() -> str:
-    """A digest of palladium's installed source: an executable is a function of the code
-    that traced it (a compiled launch's of the whole interpreter), and a checkout whose
-    code changed keeps its version number."""
-    import palladium.race_detect
-    import palladium.shared_memory
-
-    folders = [Path(__file__).resolve().parents[1]]  # palladium/interpret
-    for package in (palladium.shared_memory, palladium.race_detect):
-        folders += [Path(f) for f in package.__path__]
-    h = hashlib.sha256()
-    for folder in folders:
-        for path in sorted(folder.rglob("*.py")):
-            h.update(str(path.relative_to(folder)).encode())
-            h.update(path.read_bytes())
-    return h.hexdigest()
 
 
 class SegmentExecutables:
@@ -110,7 +71,8 @@ class SegmentExecutables:
         # (an executable names the device it was compiled for: under jax.distributed
         # each process's first CPU device is another, and needs its own)
         key = hashlib.sha256(
-            f"{_environment()}\ndevice={_local_device().id}\n{text}".encode()).hexdigest()
+            f"format={_FORMAT}\n{host_digest()}\ndevice={_local_device().id}\n{text}".encode()
+        ).hexdigest()
         with self._lock:
             hit = self._memory.get(key)
             if hit is not None:
