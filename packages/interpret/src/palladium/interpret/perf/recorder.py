@@ -47,8 +47,12 @@ class TimelineRecorder(Observer):
         self.info = info
         self.chip = chip
         self.events: dict[CoreId, list[tuple[Any, ...]]] = defaultdict(list)
-        # per core, the busy time of each unit since the core's last event
-        self.pending: dict[CoreId, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+        # per core, how often each equation (by id) ran since the core's last event: a
+        # count per equation, not its costs added per run (an equation runs thousands of
+        # times; its cost is looked up once per chunk); the totals over the launch in
+        # ``_counts``, turned into the fields below when the launch ends
+        self.pending: dict[CoreId, dict[int, int]] = defaultdict(dict)
+        self._counts: dict[int, int] = defaultdict(int)
         self.by_primitive: dict[str, float] = defaultdict(float)
         self.by_unit: dict[str, float] = defaultdict(float)
         self.flops = 0.0
@@ -66,8 +70,16 @@ class TimelineRecorder(Observer):
         # The TensorCore is VLIW: MXU, vector ALU, EUP and vector load/store slots issue
         # in parallel, so a compute chunk (the equations between two events) takes as
         # long as its busiest unit (an optimistic, perfectly overlapped schedule).
-        units = self.pending.pop(core, None)
-        dt = max(units.values()) if units else 0.0
+        ran = self.pending.pop(core, None)
+        dt = 0.0
+        if ran:
+            units: dict[str, float] = defaultdict(float)
+            costs, counts = self._costs, self._counts
+            for key, n in ran.items():
+                cost = costs[key][1]
+                units[cost.unit] += cost.seconds * n
+                counts[key] += n
+            dt = max(units.values())
         events = self.events[core]
         if dt:
             events.append(("c", dt))
@@ -75,19 +87,34 @@ class TimelineRecorder(Observer):
 
     # -- the interpreter's events ----------------------------------------------------
     def compute(self, core: CoreId, op: Any) -> None:
-        hit = self._costs.get(id(op))
+        ran = self.pending[core]
+        key = id(op)
+        n = ran.get(key)
+        if n is not None:
+            ran[key] = n + 1
+            return
+        hit = self._costs.get(key)
         if hit is None or hit[0] is not op:
             hit = (op, equation_cost(op, self.chip))  # holds op: its id stays unique
-            self._costs[id(op)] = hit
-        cost = hit[1]
-        if cost.seconds:
-            self.pending[core][cost.unit] += cost.seconds
-            self.by_primitive[str(op.primitive)] += cost.seconds
-            self.by_unit[cost.unit] += cost.seconds
-            self.flops += cost.flops
-            if cost.vector_flops or cost.transcendentals:
-                self.vector_flops += cost.vector_flops
-                self.transcendentals += cost.transcendentals
+            self._costs[key] = hit
+        if hit[1].seconds:
+            ran[key] = 1
+
+    def _totals(self) -> None:
+        """The launch's costs by primitive and unit, its flops and transcendentals,
+        from how often each equation ran (also those after a failed launch's last
+        event)."""
+        for ran in self.pending.values():
+            for key, n in ran.items():
+                self._counts[key] += n
+        for key, n in self._counts.items():
+            op, cost = self._costs[key]
+            self.by_primitive[str(op.primitive)] += cost.seconds * n
+            self.by_unit[cost.unit] += cost.seconds * n
+            self.flops += cost.flops * n
+            self.vector_flops += cost.vector_flops * n
+            self.transcendentals += cost.transcendentals * n
+        self._counts.clear()
 
     def grid_step_begin(self, core: CoreId, step: int, grid_point: tuple[int, ...]) -> None:
         self._push(core, ("step", step, grid_point))
@@ -135,6 +162,7 @@ class TimelineRecorder(Observer):
         self._done()
 
     def _done(self) -> None:
+        self._totals()
         done, self.on_done = self.on_done, None
         if done is not None:
             done(self)
