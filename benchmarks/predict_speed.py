@@ -126,6 +126,35 @@ def _cases() -> dict[str, Callable[[], tuple[Callable[..., Any], tuple[Any, ...]
     }
 
 
+def _parts() -> dict[str, float]:
+    """CPU seconds of predict's parts, counted from here on: ``lower`` (trace, lower with
+    the compile-and-fit check, compile: ``tune.predict._lowered``; before issue 40.4 the
+    abstract lowering, the run traced and lowered again) and ``replay`` (the
+    timeline's replay of a launch: ``perf.record.LaunchRecord``); the rest of a
+    prediction is the simulated launch."""
+    import importlib
+
+    predict_module = importlib.import_module("palladium.interpret.tune.predict")
+    timeline = importlib.import_module("palladium.interpret.perf.timeline")
+    record = importlib.import_module("palladium.interpret.perf.record")
+    spent = {"lower": 0.0, "replay": 0.0}
+
+    def timed(part: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*a: Any, **kw: Any) -> Any:
+            t0 = time.process_time()
+            try:
+                return fn(*a, **kw)
+            finally:
+                spent[part] += time.process_time() - t0
+        return call
+
+    for lowering in ("_lowered", "_float_steered"):  # (the latter: before issue 40.4)
+        if hasattr(predict_module, lowering):
+            setattr(predict_module, lowering, timed("lower", getattr(predict_module, lowering)))
+    timeline.LaunchRecord = timed("replay", record.LaunchRecord)  # type: ignore[misc]
+    return spent
+
+
 def _worker(name: str, compile_check: str, repeats: int) -> dict[str, Any]:
     import warnings
 
@@ -133,6 +162,7 @@ def _worker(name: str, compile_check: str, repeats: int) -> dict[str, Any]:
 
     fn, args = _cases()[name]()
     out: dict[str, Any] = {"kernel": name}
+    spent = _parts()
     for i in range(repeats):
         c0, w0 = time.process_time(), time.perf_counter()
         with warnings.catch_warnings():
@@ -141,6 +171,9 @@ def _worker(name: str, compile_check: str, repeats: int) -> dict[str, Any]:
         cpu, wall = time.process_time() - c0, time.perf_counter() - w0
         tag = "first" if i == 0 else "repeat"
         out[f"{tag}_cpu_s"], out[f"{tag}_wall_s"] = cpu, wall
+        for part in spent:
+            out[f"{tag}_{part}_cpu_s"] = spent[part]
+            spent[part] = 0.0
         out[f"{tag}_predicted_s"] = p.predicted_seconds
         out["grid_steps"] = p.grid_steps
         out["bound"] = p.bound
@@ -184,8 +217,9 @@ def main(argv: list[str]) -> None:
           f"seconds, each kernel in a fresh process"
           + (" with an empty disk cache" if args.cold else ""))
     print()
-    print("| kernel | grid steps | predicted | first: CPU / wall | repeat: CPU / wall |")
-    print("|---|---|---|---|---|")
+    print("| kernel | grid steps | predicted | first: CPU / wall | first: lower / replay CPU "
+          "| repeat: CPU / wall | repeat: replay CPU |")
+    print("|---|---|---|---|---|---|---|")
     rows = []
     for name in chosen:
         cmd = [sys.executable, os.path.abspath(__file__), "--worker", name,
@@ -197,14 +231,16 @@ def main(argv: list[str]) -> None:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
         if proc.returncode != 0:
             print(f"| {name} | failed: {(proc.stderr.strip().splitlines() or ['?'])[-1]} |"
-                  " | | |", flush=True)
+                  " | | | | |", flush=True)
             continue
         row = json.loads(proc.stdout.strip().splitlines()[-1])
         rows.append(row)
-        rep = (f"{row['repeat_cpu_s']:.2f} s / {row['repeat_wall_s']:.2f} s"
-               if "repeat_cpu_s" in row else "")
+        rep = (f"{row['repeat_cpu_s']:.2f} s / {row['repeat_wall_s']:.2f} s | "
+               f"{row['repeat_replay_cpu_s']:.2f} s" if "repeat_cpu_s" in row else " | ")
         print(f"| {name} | {row['grid_steps']:,} | {row['first_predicted_s'] * 1e6:,.2f} us | "
-              f"{row['first_cpu_s']:.2f} s / {row['first_wall_s']:.2f} s | {rep} |", flush=True)
+              f"{row['first_cpu_s']:.2f} s / {row['first_wall_s']:.2f} s | "
+              f"{row['first_lower_cpu_s']:.2f} s / {row['first_replay_cpu_s']:.2f} s | {rep} |",
+              flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
