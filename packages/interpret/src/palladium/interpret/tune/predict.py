@@ -6,10 +6,13 @@ schedule and the integer work (index maps, scalar prefetch) are walked, no float
 arithmetic is done. Abstract operands (``jax.ShapeDtypeStruct``) are given zeros; pass
 concrete arrays for operands whose values steer the kernel (scalar prefetch indices).
 
-Before any operand is made, the call is lowered on the abstract operands: the
-compile-and-fit check runs in the lowering, so a configuration that does not fit is
-rejected without allocating it (a 16 GiB spec ran out of memory before, a 1 GiB one
-took +947 MiB). Control flow steered by floating-point values (``eval/float_steering``:
+Before any operand is made, the call is traced and lowered once on the abstract operands
+(and that lowering compiled is what then runs): the compile-and-fit check runs in the
+lowering, so a configuration that does not fit is rejected without allocating it (a 16
+GiB spec ran out of memory before, a 1 GiB one took +947 MiB). What cannot change the
+answer is not walked: no uninitialised-value tracking (``PREDICT_DEFAULTS``), and a grid
+step whose body touches only floating-point memory is walked once per value of the
+``program_id``s it reads (``run/body_memo.py``). Control flow steered by floating-point values (``eval/float_steering``:
 a ``while`` on ``jnp.max(v) > 1``, a ``pl.when(x[0, 0] > 0.5)`` around DMAs) cannot be
 followed without the float arithmetic: such a loop runs ``WHILE_GUESS`` iterations
 instead of until the watchdog, and the prediction lists the decisions in ``float_steered``
