@@ -33,6 +33,8 @@ SCRIPTS = {
     "deterministic_dot.py": ["--quick"],
     "compiler_agreement.py": ["--quick"],
     "tune_published.py": ["--quick"],
+    "predict_speed.py": ["-k", "flash forward causal h8", "-k", "paged attention b8",
+                         "-k", "(512, 1024, 1024)"],
     "pipeline_primitive.py": ["--repeats", "1", "--calls", "3"],
 }
 

@@ -296,6 +296,9 @@ def test_docs_architecture_names_every_module():
 # every other module of the interpreter is the simulator or asks it.
 _TRACED_BUILDERS = {"scan", "while_loop", "fori_loop", "switch", "cond", "dynamic_slice",
                     "dynamic_update_slice"}
+#: Modules that compile the *user's* function, not a kernel body: ``predict`` lowers and
+#: compiles the call it is asked about once (issue 40, item 4).
+_USER_FUNCTION_COMPILERS = {"palladium.interpret.tune.predict"}
 
 
 def _traced_builds(path: pathlib.Path) -> list[str]:
@@ -315,7 +318,9 @@ def test_only_compiled_builds_traced_computations():
     offenders = {m: found for m, p in MODULES.items()
                  if m.startswith("palladium.interpret.")
                  and not m.startswith("palladium.interpret.compiled.")
-                 and (found := _traced_builds(p))}
+                 and m not in _USER_FUNCTION_COMPILERS
+                 and (found := [f for f in _traced_builds(p)
+                                if not (m in _USER_FUNCTION_COMPILERS and ".compile" in f)])}
     assert offenders == {}, offenders
     builders = {m for m, p in MODULES.items() if _traced_builds(p)
                 and m.startswith("palladium.interpret.")}

@@ -155,12 +155,15 @@ def _compute_rule(eqn: Any, operands_flushed: bool = False) -> Rule:
     multiple = prim.multiple_results
     params = dict(eqn.params)
     float_outs = bool(eqn.outvars) and all(_is_float(v.aval) for v in eqn.outvars)
+    skipped: list[list[Value]] = []  # the skipped results, made once (read-only)
 
     def rule(ev: KernelContext, eqn: Equation, invals: list[Value]) -> list[Value]:
         if float_outs and ev.skip_floating_point_ops:
             # read-only zero-stride arrays: no memory to fill per skipped operation
-            return [np.broadcast_to(np.array(np.inf, v.aval.dtype), v.aval.shape)
-                    for v in eqn.outvars]
+            if not skipped:
+                skipped.append([np.broadcast_to(np.array(np.inf, v.aval.dtype), v.aval.shape)
+                                for v in eqn.outvars])
+            return list(skipped[0])
         if ordered_rule is not None and ev.deterministic_dot:
             out = ordered_rule(*invals, **params)
             if out is not NotImplemented:

@@ -12,6 +12,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
+from palladium.interpret.eval.primitive_groups import REF_ACCESSES
 from palladium.interpret.observe.observers import LaunchInfo
 from palladium.interpret.perf.costs import Cost, equation_cost
 from palladium.interpret.perf.model import ChipModel
@@ -26,9 +27,6 @@ from palladium.shared_memory import (
 )
 
 CoreId = tuple[int, int]
-
-#: Equations whose first operand is a ref they read or write.
-_ACCESSES = frozenset({"get", "load", "swap", "masked_swap", "addupdate"})
 
 # Event tuples, first item the kind:
 #   ("c", seconds)                             compute chunk
@@ -50,8 +48,12 @@ class TimelineRecorder(Observer):
         self.info = info
         self.chip = chip
         self.events: dict[CoreId, list[tuple[Any, ...]]] = defaultdict(list)
-        # per core, the busy time of each unit since the core's last event
-        self.pending: dict[CoreId, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+        # per core, how often each equation (by id) ran since the core's last event: a
+        # count per equation, not its costs added per run (an equation runs thousands of
+        # times; its cost is looked up once per chunk); the totals over the launch in
+        # ``_counts``, turned into the fields below when the launch ends
+        self.pending: dict[CoreId, dict[int, int]] = defaultdict(dict)
+        self._counts: dict[int, int] = defaultdict(int)
         self.by_primitive: dict[str, float] = defaultdict(float)
         self.by_unit: dict[str, float] = defaultdict(float)
         self.flops = 0.0
@@ -68,6 +70,7 @@ class TimelineRecorder(Observer):
         self._chain: dict[CoreId, float] = defaultdict(float)
         self._seen: dict[CoreId, set[int]] = defaultdict(set)
         self._anchor: dict[CoreId, int] = {}
+        self._chained = bool(chip.dependent_op_seconds)
         # Called once with this recorder when the launch ended (finished or failed): the
         # timeline then keeps what it needs and nothing holds the events any more.
         self.on_done: Callable[[TimelineRecorder], None] | None = None
@@ -76,8 +79,16 @@ class TimelineRecorder(Observer):
         # The TensorCore is VLIW: MXU, vector ALU, EUP and vector load/store slots issue
         # in parallel, so a compute chunk (the equations between two events) takes as
         # long as its busiest unit (an optimistic, perfectly overlapped schedule).
-        units = self.pending.pop(core, None)
-        dt = max(units.values()) if units else 0.0
+        ran = self.pending.pop(core, None)
+        dt = 0.0
+        if ran:
+            units: dict[str, float] = defaultdict(float)
+            costs, counts = self._costs, self._counts
+            for key, n in ran.items():
+                cost = costs[key][1]
+                units[cost.unit] += cost.seconds * n
+                counts[key] += n
+            dt = max(units.values())
         # ... or as long as its chain of dependent results, where that is longer (a
         # recurrence of one row per loop step waits on latencies, not throughput)
         dt = max(dt, self._chain.pop(core, 0.0))
@@ -91,21 +102,22 @@ class TimelineRecorder(Observer):
 
     # -- the interpreter's events ----------------------------------------------------
     def compute(self, core: CoreId, op: Any) -> None:
-        hit = self._costs.get(id(op))
+        ran = self.pending[core]
+        key = id(op)
+        n = ran.get(key)
+        if n is not None:
+            ran[key] = n + 1
+            if self._chained:
+                self._on_chain(core, op, self._costs[key][1])
+            return
+        hit = self._costs.get(key)
         if hit is None or hit[0] is not op:
             hit = (op, equation_cost(op, self.chip))  # holds op: its id stays unique
-            self._costs[id(op)] = hit
-        cost = hit[1]
-        if self.chip.dependent_op_seconds:
-            self._on_chain(core, op, cost)
-        if cost.seconds:
-            self.pending[core][cost.unit] += cost.seconds
-            self.by_primitive[str(op.primitive)] += cost.seconds
-            self.by_unit[cost.unit] += cost.seconds
-            self.flops += cost.flops
-            if cost.vector_flops or cost.transcendentals:
-                self.vector_flops += cost.vector_flops
-                self.transcendentals += cost.transcendentals
+            self._costs[key] = hit
+        if self._chained:
+            self._on_chain(core, op, hit[1])
+        if hit[1].seconds:
+            ran[key] = 1
 
     def _on_chain(self, core: CoreId, op: Any, cost: Cost) -> None:
         """The equation's place on the chunk's dataflow: each value has the time its
@@ -126,14 +138,13 @@ class TimelineRecorder(Observer):
         else:
             seen.add(key)
         first = whole = 0.0
-        name = str(op.primitive)
-        access = name in _ACCESSES
+        access = REF_ACCESSES.get(op.primitive)  # (its first operand: the ref)
         for i, v in enumerate(op.invars):
             if type(v).__name__ == "Literal":
                 continue
             if not getattr(v.aval, "shape", (1,)):
                 continue  # a scalar (a loop counter, an index): the scalar unit runs ahead
-            if access and i == 0:
+            if access is not None and i == 0:
                 # a ref: ready when its last store on this chunk's chain is (a loop that
                 # carries its state in VMEM waits on it; loads of inputs do not)
                 f, w = ready.get(("ref", v), (0.0, 0.0))
@@ -148,9 +159,25 @@ class TimelineRecorder(Observer):
             out = (f, max(whole + cost.latency, f + cost.seconds))
         for v in op.outvars:
             ready[v] = out
-        if access and name != "get" and name != "load" and op.invars:
+        if access is not None and True in access.writes and op.invars:
             ready[("ref", op.invars[0])] = out
         self._chain[core] = max(chain, out[1])
+
+    def _totals(self) -> None:
+        """The launch's costs by primitive and unit, its flops and transcendentals,
+        from how often each equation ran (also those after a failed launch's last
+        event)."""
+        for ran in self.pending.values():
+            for key, n in ran.items():
+                self._counts[key] += n
+        for key, n in self._counts.items():
+            op, cost = self._costs[key]
+            self.by_primitive[str(op.primitive)] += cost.seconds * n
+            self.by_unit[cost.unit] += cost.seconds * n
+            self.flops += cost.flops * n
+            self.vector_flops += cost.vector_flops * n
+            self.transcendentals += cost.transcendentals * n
+        self._counts.clear()
 
     def grid_step_begin(self, core: CoreId, step: int, grid_point: tuple[int, ...]) -> None:
         self._push(core, ("step", step, grid_point))
@@ -198,6 +225,7 @@ class TimelineRecorder(Observer):
         self._done()
 
     def _done(self) -> None:
+        self._totals()
         done, self.on_done = self.on_done, None
         if done is not None:
             done(self)

@@ -333,8 +333,9 @@ class Replay:
             self._active[dma.resource].append(dma)
         for res, active in self._active.items():
             finished = [d for d in active if d.remaining <= 1e-6 * max(d.nbytes, 1)]
-            if finished:
-                self._active[res] = [d for d in active if d not in finished]
+            if finished:  # (by identity: a dataclass's == compares every field)
+                self._active[res] = [d for d in active
+                                     if d.remaining > 1e-6 * max(d.nbytes, 1)]
                 done.extend(finished)
         for dma in sorted(done, key=lambda d: (d.start, d.id)):
             dma.end = t

@@ -26,6 +26,7 @@ from palladium.interpret.kernel.grid_blocks import GridBlocks
 from palladium.interpret.kernel.jaxpr_checks import is_parallel
 from palladium.interpret.kernel.prepared_kernel import PreparedKernel
 from palladium.interpret.run.block_messages import BlockIndexHeadline, BlockIndexHint
+from palladium.interpret.run.body_memo import BodyMemo
 from palladium.interpret.run.grid_points import grid_points
 from palladium.shared_memory import AccessPlan, BlockCopy
 
@@ -193,6 +194,7 @@ class CoreRun:
         # runs ahead of its input) is a race, as on the chip (issue 42, item 3).
         # input -> (block, data, agent, site)
         prefetched: dict[int, tuple[tuple[int, ...], Any, Any, Any]] = {}
+        body = self.body = BodyMemo(k.jaxpr, params)  # (bodies that cannot differ: once)
         writing: list[Any] = []  # the agents of the last step's write-backs
         for step, point in enumerate(self.points):
             self.point = point
@@ -223,7 +225,7 @@ class CoreRun:
             nxt = self._block_indices(self.points[step + 1]) if step + 1 < len(self.points) else None
             if nxt is not None:
                 self._prefetch(nxt, cur, step + 1, prefetched)
-            ev.eval_jaxpr(k.jaxpr, [], self.operands)
+            body.run(ev, point, self.operands, self.core, obs)
             if obs is not None:
                 obs.grid_step_end(self.core, step, point)
             done, writing = writing, []

@@ -6,10 +6,13 @@ schedule and the integer work (index maps, scalar prefetch) are walked, no float
 arithmetic is done. Abstract operands (``jax.ShapeDtypeStruct``) are given zeros; pass
 concrete arrays for operands whose values steer the kernel (scalar prefetch indices).
 
-Before any operand is made, the call is lowered on the abstract operands: the
-compile-and-fit check runs in the lowering, so a configuration that does not fit is
-rejected without allocating it (a 16 GiB spec ran out of memory before, a 1 GiB one
-took +947 MiB). Control flow steered by floating-point values (``eval/float_steering``:
+Before any operand is made, the call is traced and lowered once on the abstract operands
+(and that lowering compiled is what then runs): the compile-and-fit check runs in the
+lowering, so a configuration that does not fit is rejected without allocating it (a 16
+GiB spec ran out of memory before, a 1 GiB one took +947 MiB). What cannot change the
+answer is not walked: no uninitialised-value tracking (``PREDICT_DEFAULTS``), and a grid
+step whose body touches only floating-point memory is walked once per value of the
+``program_id``s it reads (``run/body_memo.py``). Control flow steered by floating-point values (``eval/float_steering``:
 a ``while`` on ``jnp.max(v) > 1``, a ``pl.when(x[0, 0] > 0.5)`` around DMAs) cannot be
 followed without the float arithmetic: such a loop runs ``WHILE_GUESS`` iterations
 instead of until the watchdog, and the prediction lists the decisions in ``float_steered``
@@ -45,7 +48,17 @@ from palladium.interpret.hook.jax_hook import errors_as_raised, force_tpu_interp
 from palladium.interpret.params import InterpretParams
 from palladium.interpret.perf import LaunchRecord, timeline
 
-__all__ = ["Prediction", "REJECTING_ERRORS", "UncertainPredictionWarning", "predict"]
+__all__ = ["PREDICT_DEFAULTS", "Prediction", "REJECTING_ERRORS", "UncertainPredictionWarning",
+           "predict"]
+
+#: The ``InterpretParams`` a prediction runs with unless the caller passes others: no
+#: floating-point arithmetic and no floating-point data (the model needs the schedule,
+#: the DMAs and the costs, never the values), and no tracking of uninitialised values
+#: (a diagnostic of values predict does not compute; it cost a quarter of paged
+#: attention's prediction: benchmarks/predict_speed.py).
+PREDICT_DEFAULTS: dict[str, Any] = {
+    "skip_floating_point_ops": True, "keep_float_data": False, "uninitialized_reads": "off",
+}
 
 
 class UncertainPredictionWarning(UserWarning):
@@ -220,20 +233,18 @@ def predict(
     >>> p.compiles, p.bound, round(p.predicted_seconds * 1e6)
     (True, 'HBM', 13)
     """
-    ip = InterpretParams(
-        **{"skip_floating_point_ops": True, "keep_float_data": False, **params, "chip": chip,
-           "compile_check": compile_check}
-    )
+    ip = InterpretParams(**{**PREDICT_DEFAULTS, **params, "chip": chip,
+                            "compile_check": compile_check})
     checker = checker_label(ip)
     t0 = time.perf_counter()
     try:
         with errors_as_raised(), force_tpu_interpret_mode(ip):
             # (abstract: the compile-and-fit check runs in the lowering, before any
             # operand exists; also the kernels' jaxprs, for their float-steered decisions)
-            steered = _float_steered(kernel_fn, args)
+            steered, run = _lowered(kernel_fn, args)
             with timeline(chip) as tl:
                 concrete = [concrete_argument(a) for a in args]
-                jax.block_until_ready(kernel_fn(*concrete))
+                jax.block_until_ready(run(*concrete))
     except ValueError as e:
         if "Only interpret mode is supported" not in str(e):
             raise
@@ -274,22 +285,30 @@ def predict(
                                float_steered=steered)
 
 
-def _float_steered(kernel_fn: Callable[..., Any], args: tuple[Any, ...]) -> tuple[str, ...]:
-    """Lower ``kernel_fn`` on abstract operands (a configuration that does not fit
-    raises its rejection here) and list its kernels' float-steered decisions."""
+def _lowered(kernel_fn: Callable[..., Any], args: tuple[Any, ...],
+             ) -> tuple[tuple[str, ...], Callable[..., Any]]:
+    """Trace and lower ``kernel_fn`` once on abstract operands (a configuration that
+    does not fit raises its rejection here): its kernels' float-steered decisions, and
+    what runs it on concrete operands (the compiled lowering: the kernel is not traced
+    and lowered again; ``kernel_fn`` itself where it cannot be traced abstractly)."""
     abstract = [jax.ShapeDtypeStruct(jnp.shape(a), jnp.result_type(a)) for a in args]
     try:
-        jax.jit(kernel_fn).lower(*abstract)
-        closed = jax.make_jaxpr(kernel_fn)(*abstract)
+        traced = jax.jit(kernel_fn).trace(*abstract)
+        compiled = traced.lower().compile()
     except REJECTING_ERRORS:
         raise
     except Exception:  # noqa: BLE001 - a kernel_fn that needs concrete values: run it
-        return ()
+        return (), kernel_fn
     found: list[str] = []
-    for eqn in closed.jaxpr.eqns:
+    for eqn in traced.jaxpr.jaxpr.eqns:
         for jaxpr in _kernel_jaxprs(eqn):
             found.extend(f"{what} ({line})" for what, line in float_steered(jaxpr))
-    return tuple(dict.fromkeys(found))
+
+    def run(*concrete: Any) -> Any:
+        # (the operands as the lowering saw them: same dtypes, not weakly typed)
+        return compiled(*[jnp.asarray(c, s.dtype) for c, s in zip(concrete, abstract)])
+
+    return tuple(dict.fromkeys(found)), run
 
 
 def _kernel_jaxprs(eqn: Any) -> list[Any]:
