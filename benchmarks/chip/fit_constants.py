@@ -26,6 +26,7 @@ VREG = 8 * 128  # 32-bit elements of one vreg
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--chip", default="v5e")
+    ap.add_argument("--out", default=None, help="where to write (default: the package's table)")
     a = ap.parse_args()
     src = ROOT / "benchmarks" / "results_tpu" / f"calibration.{a.chip}.json"
     data = json.loads(src.read_text())
@@ -77,7 +78,8 @@ def main() -> None:
                                ("transpose", "transpose", mul + add, 512 * 512 // VREG)):
         if f"vpu2/{op}/n4" in t:
             ops[prim] = slope(f"vpu2/{op}/n4", f"vpu2/{op}/n16", 12) / nv - rest
-    put("vector_op_vreg_seconds", ops, [f"vpu/{o}/float32/*" for o in ops]
+    put("vector_op_vreg_seconds", ops, [f"vpu/{o}/float32/*" for o in ops
+                                        if o not in ("reduce_max", "reduce_sum", "transpose")]
         + ["vpu2/lane_max/*", "vpu2/lane_sum/*", "vpu2/transpose/*"],
         "per primitive, seconds per f32 vreg: the chain's slope less its add/mul "
         "(reductions per input vreg, with the broadcast of their result)")
@@ -219,7 +221,7 @@ def main() -> None:
     n = "grid/copy/s512/b256x1024"
     blk = 256 * 1024 * 4
     alone = 512 * blk * (1 / bw["in"] + 1 / bw["out"])
-    put("hbm_mixed_factor", t[n] / alone, [n, "hbm_read/write_bytes_per_second"],
+    put("hbm_mixed_factor", t[n] / alone, [n, *reads, *writes],
         "a pipeline of 1 MiB blocks in and out (HBM-bound): its time over the same bytes "
         "read and written one after the other at the measured rates")
 
@@ -228,11 +230,14 @@ def main() -> None:
            "fitted_by": "benchmarks/chip/fit_constants.py", "constants": out}
     dst = (ROOT / "packages" / "interpret" / "src" / "palladium" / "interpret" / "perf"
            / "measured" / f"{a.chip}.json")
+    if a.out:
+        dst = Path(a.out)
     dst.parent.mkdir(exist_ok=True)
     dst.write_text(json.dumps(doc, indent=1) + "\n")
     for name, c in out.items():
         v = c["value"]
         print(f"{name:32s} {v if isinstance(v, dict) else f'{v:.4g}'}")
+    print(f"written to {dst}")
 
 
 def _ls_slope(xs: list[float], ys: list[float]) -> float:
