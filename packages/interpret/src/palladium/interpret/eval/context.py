@@ -105,6 +105,11 @@ class LaunchServices(Protocol):
         ...
 
     @property
+    def plan(self) -> Any:
+        """How the launch runs (``run.execution_plan.ExecutionPlan``)."""
+        ...
+
+    @property
     def inherited_sources(self) -> dict[int, Any]: ...
 
     @property
@@ -156,6 +161,12 @@ class KernelContext(Protocol):
 
     @property
     def params(self) -> InterpretParams: ...
+
+    @property
+    def plan(self) -> Any:
+        """How the launch runs (``run.execution_plan.ExecutionPlan``: its tier, whether
+        hot segments run compiled), decided once for the launch."""
+        ...
 
     @property
     def collective_id(self) -> int | None:

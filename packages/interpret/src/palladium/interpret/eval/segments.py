@@ -267,15 +267,13 @@ class Segment:
                 self._pending[log] = STATE.segments.get_in_background(*self._job(log))
 
     def _mode(self, ev: KernelContext) -> bool | None:
-        """None: run equation by equation; else whether to log the accesses."""
-        if ev.skip_floating_point_ops or ev.deterministic_dot or ev.observes_equations:
+        """None: run equation by equation; else whether to log the accesses. The
+        launch's execution plan (``run/execution_plan.py``) says whether segments run
+        and whether hot ones do yet; this segment, whether its accesses need replaying."""
+        plan = ev.plan
+        if not plan.segments or self.hot and not (plan.hot or plan.warming):
             return None
-        params = ev.params
-        if (not params.compile_segments or params.uninitialized_reads not in ("off", "on_use")
-                or not params.keep_float_data
-                or self.hot and params.compile_segments == "static"):
-            return None
-        if self.races_ok or not params.detect_races:
+        if self.races_ok or not plan.replay_races:
             return False
         return None if self.log_plan is None else True
 
@@ -300,8 +298,8 @@ class Segment:
             contents.append(data)
         tracked = self._tracked(unclean)
         variant = (log, tracked)
-        if self.hot and ev.launch_number < HOT_LAUNCH:
-            if ev.launch_number == HOT_LAUNCH - 1 and variant not in self._compiled:
+        if self.hot and not ev.plan.hot:  # warming: compiled for the next launch
+            if variant not in self._compiled:
                 self._prefetch(variant)
             return ev.run_program(self.fallback, invals)
         compiled = self._compiled.get(variant) or self._compile(variant)

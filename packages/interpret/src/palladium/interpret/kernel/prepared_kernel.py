@@ -21,6 +21,7 @@ from palladium.interpret.kernel.dma_reach import (
     read_only_positions,
     ref_reach,
 )
+from palladium.interpret.kernel.launches import KernelLaunches
 from palladium.race_detect import RaceMemo
 
 # Names that say nothing: a ``core_map`` body written as ``@pl.core_map(mesh) def _():``
@@ -110,6 +111,8 @@ class PreparedKernel:
     #: merge of output rows, decided by its group offsets.
     reads_uninitialized: bool = False
     clean_scalar_keys: set[bytes] = dataclasses.field(default_factory=set)
+    #: Its launches in the process: their numbers, the latest plan, compiled launches.
+    launches: KernelLaunches = dataclasses.field(default_factory=KernelLaunches)
 
     def scalar_key(self, args: Any) -> bytes:
         """The bytes of a launch's dynamic grid bounds and scalar-prefetch operands
