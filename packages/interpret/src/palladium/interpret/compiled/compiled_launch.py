@@ -10,6 +10,9 @@ not reached yet (it compiles one kernel at a time, for every thread of the proce
 compiles it itself at once (``segment_cache.BackgroundCompile``): it never waits behind
 other kernels' compiles, and its tier never depends on the machine's load.
 
+Whether a launch may run compiled is its execution plan's decision
+(``run/execution_plan.py``, from the params, the observers and the launch number); this
+module runs a ``"compiled"`` plan and says why a launch runs simulated after all.
 The simulator stays the oracle. A launch whose flags say it could differ from the
 simulated one (``launch_state.FLAGS``: an access out of bounds, an access to a DMA in
 flight, a deadlock, a leak, a revisit, a runaway loop) runs again simulated, which

@@ -9,7 +9,8 @@ segment's first run and kept with the kernel's programs for every later launch.
 
 The equation-by-equation path stays the oracle and runs instead whenever the compiled
 one could differ from it in anything but XLA's own arithmetic bits:
-- ``skip_floating_point_ops``, ``deterministic_dot``, ``uninitialized_reads="raise"``
+- a launch whose execution plan (``run/execution_plan.py``) is ``"simulated"``:
+  ``skip_floating_point_ops``, ``deterministic_dot``, ``uninitialized_reads="raise"``
   or ``"warn"``, ``keep_float_data=False`` and an observer of every equation (the
   timeline) need each equation seen;
 - with ``uninitialized_reads="on_use"`` (the default), an input value that carries a
@@ -31,7 +32,8 @@ one could differ from it in anything but XLA's own arithmetic bits:
   watchdog: the same error at the same site);
 - a segment XLA cannot compile (a primitive with no CPU lowering).
 Hot segments (``HOT_MIN_WORK``, ``HOT_LAUNCH``): runs too small to pay back their compile
-within one call are compiled for a kernel's third and later launches in the process;
+within one call are compiled for a kernel's third and later launches in the process
+(the plan's ``hot``; ``warming``: compiled in the background during the launch before);
 ``InterpretParams(compile_segments="static")`` keeps them equation by equation (every
 call the same bits), ``compile_segments=False`` turns the compiled path off.
 """
