@@ -57,7 +57,6 @@ def _calls(fn, args, check, n: int, tiers: list[str] | None = None) -> list[floa
 
 
 def measure(case, calls: int) -> dict:
-    import jax
     import numpy as np
 
     import palladium.interpret as pi
@@ -110,7 +109,6 @@ def main(argv: list[str]) -> int:
     _setup_cache(opts.warm)
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import jax
-
     import kernel_cases
 
     cases = kernel_cases.all_cases(opts.quick)
@@ -121,25 +119,26 @@ def main(argv: list[str]) -> int:
           f"steady = median of calls 3-{opts.calls}; ratios palladium / HLO")
     print()
     print("| kernel | HLO 1 / 2 / steady | palladium 1 / 2 / steady | first | second | "
-          "steady | palladium's tiers |")
-    print("|---|---|---|---|---|---|---|")
-    ratios: dict[str, list[float]] = {"first": [], "second": [], "steady": []}
+          "steady | calls 1-3 | palladium's tiers |")
+    print("|---|---|---|---|---|---|---|---|")
+    ratios: dict[str, list[float]] = {"first": [], "second": [], "steady": [], "three": []}
     for case in cases:
         res = measure(case, opts.calls)
         h, p = res["hlo"], res["palladium"]
         hs, ps = statistics.median(h[2:]), statistics.median(p[2:])
-        r = (p[0] / h[0], p[1] / h[1], ps / hs)
+        r = (p[0] / h[0], p[1] / h[1], ps / hs, sum(p[:3]) / sum(h[:3]))
         for key, v in zip(ratios, r):
             ratios[key].append(v)
         tiers = "".join(res["tiers"])
         print(f"| {case.name} | {_ms(h[0])} / {_ms(h[1])} / {_ms(hs)} | {_ms(p[0])} / "
-              f"{_ms(p[1])} / {_ms(ps)} | {r[0]:.2f}x | {r[1]:.2f}x | {r[2]:.2f}x | {tiers} |",
+              f"{_ms(p[1])} / {_ms(ps)} | {r[0]:.2f}x | {r[1]:.2f}x | {r[2]:.2f}x | {r[3]:.2f}x | "
+              f"{tiers} |",
               flush=True)
     if cases:
         geo = {k: math.exp(statistics.mean(math.log(x) for x in v)) for k, v in ratios.items()}
         print()
         print(f"Geometric means: first {geo['first']:.2f}x, second {geo['second']:.2f}x, "
-              f"steady {geo['steady']:.2f}x; load {os.getloadavg()[0]:.1f} at the end.")
+              f"steady {geo['steady']:.2f}x, calls 1-3 {geo['three']:.2f}x; load {os.getloadavg()[0]:.1f} at the end.")
     return 0
 
 
