@@ -56,7 +56,7 @@ def test_many_dynamic_grids_compile_a_bounded_number_of_executables(monkeypatch)
     assert [g for _, g in compiles] == [(n,) for n in range(1, grids + 1)]
     assert pi.STATE.segments.compiled - executables <= grids
     prepared = compiles[0][0]
-    assert len(prepared.programs.whole_launches) <= compiled_launch.MAX_KEPT
+    assert len(prepared.launches.whole_launches) <= compiled_launch.MAX_KEPT
     # the kernel is hot from its third launch: each compiled grid's calls but the first
     # two of grid 1 ran compiled; grids past MAX_GRIDS ran simulated
     assert compiled_launch.STATS["compiled"] - before == 1 + 3 * (grids - 1)

@@ -27,6 +27,7 @@ from palladium.interpret.numpy_rules import (
     PREFLUSHED_RULES,
     has_subnormal_f32,
 )
+from palladium.interpret.run.execution_plan import plan_launch
 
 jax.config.update("jax_platforms", "cpu")
 
@@ -99,8 +100,9 @@ def test_flushing_rules_leave_no_subnormals(prim):
 def _evaluate(fn, *args):
     closed = jax.make_jaxpr(fn)(*args)
     # equation by equation (the rules under test), no compiled segment
-    launch = types.SimpleNamespace(programs=ProgramCache(), kernel=None,
-                                   params=InterpretParams(compile_segments=False),
+    params = InterpretParams(compile_segments=False)
+    launch = types.SimpleNamespace(programs=ProgramCache(), kernel=None, params=params,
+                                   plan=plan_launch(None, params, 1),
                                    kernel_name="test", memory=None)
     ev = CoreEvaluator(launch, (0, 0))
     return ev.eval_jaxpr(closed.jaxpr, list(closed.consts), list(args))

@@ -10,6 +10,9 @@ not reached yet (it compiles one kernel at a time, for every thread of the proce
 compiles it itself at once (``segment_cache.BackgroundCompile``): it never waits behind
 other kernels' compiles, and its tier never depends on the machine's load.
 
+Whether a launch may run compiled is its execution plan's decision
+(``run/execution_plan.py``, from the params, the observers and the launch number); this
+module runs a ``"compiled"`` plan and says why a launch runs simulated after all.
 The simulator stays the oracle. A launch whose flags say it could differ from the
 simulated one (``traced_state.FLAGS``: an access out of bounds, an access to a DMA in
 flight, a deadlock, a leak, a revisit, a runaway loop) runs again simulated, which
@@ -51,10 +54,10 @@ from palladium.interpret.compiled.traced_eval import compile_traced
 from palladium.interpret.compiled.traced_state import FLAGS, TraceFacts
 from palladium.interpret.eval.chip_arithmetic import NEGATIVE_ZERO
 from palladium.interpret.eval.jaxprs import any_equation
-from palladium.interpret.eval.segments import HOT_LAUNCH, work
+from palladium.interpret.eval.segments import work
 from palladium.interpret.kernel.prepared_kernel import PreparedKernel
-from palladium.interpret.observe.observers import may_observe
 from palladium.interpret.params import InterpretParams
+from palladium.interpret.run.execution_plan import COMPILED, ExecutionPlan
 from palladium.interpret.run.grid_loop import schedule
 from palladium.interpret.run.launch import launch_grid
 from palladium.interpret.state.process_state import STATE
@@ -88,46 +91,32 @@ def worth_compiling(kernel: PreparedKernel, grid_points: int) -> bool:
     return work(kernel.jaxpr.eqns) * grid_points >= MIN_EQUATIONS_PER_LAUNCH
 
 
-def _params_allow(params: InterpretParams) -> bool:
-    return (params.compile_segments is True and not params.skip_floating_point_ops
-            and not params.deterministic_dot
-            and params.uninitialized_reads in ("off", "on_use")
-            and params.keep_float_data and params.num_cores_or_threads == 1
-            and params.grid_point_recorder is None and params.buffer_bounds == "logical"
-            and params.out_of_bounds_reads == "raise" and params.dma_order == "issue"
-            and not params.dma_order_trials and params.dma_execution_mode == "on_wait"
-            and not params.logging_mode)
-
-
 _LOCK = threading.Lock()
 
 
-def compiled_launch(kernel: PreparedKernel, params: InterpretParams, num_devices: int,
-                    device_args: list[list[np.ndarray]], number: int
-                    ) -> list[list[np.ndarray]] | None:
-    """The outputs of launch ``number`` of ``kernel`` run compiled, or None: run it
-    simulated (not compiled whole, not yet hot, or its flags say so)."""
-    if (number < HOT_LAUNCH - 1 or num_devices > 1 or len(device_args) != 1
-            or kernel.is_core_map or not _params_allow(params) or may_observe(params)):
-        return None
-    if (kernel.reads_uninitialized and params.uninitialized_reads == "on_use"
-            and kernel.scalar_key(device_args[0]) not in kernel.clean_scalar_keys):
-        return None  # simulated: values carry shadows there
+def compiled_launch(kernel: PreparedKernel, params: InterpretParams,
+                    device_args: list[list[np.ndarray]], plan: ExecutionPlan
+                    ) -> tuple[list[list[np.ndarray]] | None, str]:
+    """The outputs of a launch of ``kernel`` whose ``plan`` (``run/execution_plan.py``)
+    is ``"compiled"`` run compiled, or (None, why it runs simulated instead: this grid
+    is not compiled whole, or the launch's flags say so). A plan that compiles ahead
+    starts the executable's compile in the background and runs simulated."""
     gm = kernel.grid_mapping
     n_dyn = gm.num_dynamic_grid_bounds
     args = device_args[0]
     grid = launch_grid(kernel, args[:n_dyn])
     if any(n < 0 for n in grid):
-        return None  # the simulated launch reports it
+        return None, "its grid is negative (the simulator reports it)"
     # per grid and order: the executable's compile (None: the kernel cannot be compiled whole)
-    futures: dict[Any, BackgroundCompile] = kernel.programs.whole_launches
+    futures: dict[Any, BackgroundCompile] = kernel.launches.whole_launches
     key = (grid, params.seed, params.uninitialized_memory)
     with _LOCK:
         future = futures.pop(key, None)
         if future is not None:
             futures[key] = future  # (the most recently used last)
-        elif _new_grid_refused(kernel.programs.whole_launch_keys, key):
-            return None  # a kernel of many grids: its other grids run simulated
+        elif _new_grid_refused(kernel.launches.whole_launch_keys, key):
+            return None, (f"the kernel was compiled whole for {MAX_GRIDS} other grids "
+                          f"(its other grids run simulated)")
         else:
             while len(futures) >= MAX_KEPT:
                 futures.pop(next(iter(futures)))  # the least recently used
@@ -141,14 +130,15 @@ def compiled_launch(kernel: PreparedKernel, params: InterpretParams, num_devices
                 job = _compile_job(kernel, grid, list(points), tuple(gm.vmapped_dims),
                                    params.uninitialized_memory, specs)
                 futures[key] = future = STATE.segments.get_in_background(None, job)
-    if number < HOT_LAUNCH:
-        return None
+    if plan.tier != COMPILED:
+        return None, plan.reason  # (compiled ahead, for the next launch)
     try:
         exe = future.result()  # (compiled here if the background thread has not begun it)
     except Exception:  # noqa: BLE001 - not modelled: simulated
-        return None
+        exe = None
     if exe is None:
-        return None
+        return None, ("the kernel is not compiled whole for this grid (too little work, "
+                      "too many grid points, or something its tracing does not model)")
     # the scalar prefetch operands, then the inputs; under the watchdog, the progress
     # reports and Ctrl-C (``bounded_call``): on a worker thread, with operands of its own,
     # unless the launch's duration is fixed and its last run was short
@@ -162,10 +152,12 @@ def compiled_launch(kernel: PreparedKernel, params: InterpretParams, num_devices
                       _may_loop(kernel) if last is None else last[1])
     flag = int(flag)
     if flag:
-        STATS.update(text for bit, text in FLAGS.items() if flag & bit)
-        return None
+        raised = [text for bit, text in FLAGS.items() if flag & bit]
+        STATS.update(raised)
+        return None, (f"its compiled run raised the flag '{'; '.join(raised)}' (run again "
+                      f"simulated, which reports what the simulator reports)")
     STATS["compiled"] += 1
-    return [outs]
+    return [outs], plan.reason
 
 
 def _new_grid_refused(seen: set[Any], key: Any) -> bool:

@@ -130,6 +130,11 @@ class LaunchServices(LaunchQuestions, Protocol):
         ...
 
     @property
+    def plan(self) -> Any:
+        """How the launch runs (``run.execution_plan.ExecutionPlan``)."""
+        ...
+
+    @property
     def inherited_sources(self) -> dict[int, Any]: ...
 
     def program_ids(self, grid_point: tuple[int, ...] | None) -> tuple[int, ...]: ...
@@ -166,6 +171,12 @@ class KernelContext(LaunchQuestions, Protocol):
     @property
     def launch_number(self) -> int:
         """Which launch of this kernel in the process this is (1 for the first)."""
+        ...
+
+    @property
+    def plan(self) -> Any:
+        """How the launch runs (``run.execution_plan.ExecutionPlan``: its tier, whether
+        hot segments run compiled), decided once for the launch."""
         ...
 
     def site(self, eqn: Equation | None = None, what: str | None = None) -> Site: ...

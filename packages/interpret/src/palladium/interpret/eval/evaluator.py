@@ -199,6 +199,10 @@ class CoreEvaluator:
         return self.launch.params
 
     @property
+    def plan(self) -> Any:
+        return self.launch.plan
+
+    @property
     def collective_id(self) -> int | None:
         return self.launch.collective_id
 

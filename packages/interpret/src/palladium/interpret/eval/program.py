@@ -382,22 +382,11 @@ class ProgramCache:
         # The kernel body runs once per grid point: its segments' work counts that often.
         self._body, self._grid_points = body, max(int(grid_points), 1)
         self._lock = threading.Lock()
-        self._launches = 0
-        # The kernel's compiled launches (``compiled/compiled_launch.py``), by grid and order.
-        self.whole_launches: dict[Any, Any] = {}
-        # The keys it was compiled whole for (at most ``compiled_launch.MAX_GRIDS``).
-        self.whole_launch_keys: set[Any] = set()
 
     @property
     def races_ok(self) -> bool:
         """Whether the kernel starts no DMA and uses no semaphore."""
         return self._races_ok
-
-    def next_launch(self) -> int:
-        """Count one more launch of the kernel; its number (1 for the first)."""
-        with self._lock:
-            self._launches += 1
-            return self._launches
 
     def get(self, jaxpr: Any, ref_views: bool = False) -> Program:
         key = (id(jaxpr), ref_views)

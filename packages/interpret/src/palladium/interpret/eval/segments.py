@@ -9,7 +9,8 @@ segment's first run and kept with the kernel's programs for every later launch.
 
 The equation-by-equation path stays the oracle and runs instead whenever the compiled
 one could differ from it in anything but XLA's own arithmetic bits:
-- ``skip_floating_point_ops``, ``deterministic_dot``, ``uninitialized_reads="raise"``
+- a launch whose execution plan (``run/execution_plan.py``) is ``"simulated"``:
+  ``skip_floating_point_ops``, ``deterministic_dot``, ``uninitialized_reads="raise"``
   or ``"warn"``, ``keep_float_data=False`` and an observer of every equation (the
   timeline) need each equation seen;
 - with ``uninitialized_reads="on_use"`` (the default), an input value that carries a
@@ -31,7 +32,8 @@ one could differ from it in anything but XLA's own arithmetic bits:
   watchdog: the same error at the same site);
 - a segment XLA cannot compile (a primitive with no CPU lowering).
 Hot segments (``HOT_MIN_WORK``, ``HOT_LAUNCH``): runs too small to pay back their compile
-within one call are compiled for a kernel's third and later launches in the process;
+within one call are compiled for a kernel's third and later launches in the process
+(the plan's ``hot``; ``warming``: compiled in the background during the launch before);
 ``InterpretParams(compile_segments="static")`` keeps them equation by equation (every
 call the same bits), ``compile_segments=False`` turns the compiled path off.
 """
@@ -268,15 +270,13 @@ class Segment:
                 self._pending[log] = STATE.segments.get_in_background(*self._job(log))
 
     def _mode(self, ev: KernelContext) -> bool | None:
-        """None: run equation by equation; else whether to log the accesses."""
-        if ev.skip_floating_point_ops or ev.deterministic_dot or ev.observes_equations:
+        """None: run equation by equation; else whether to log the accesses. The
+        launch's execution plan (``run/execution_plan.py``) says whether segments run
+        and whether hot ones do yet; this segment, whether its accesses need replaying."""
+        plan = ev.plan
+        if not plan.segments or self.hot and not (plan.hot or plan.warming):
             return None
-        params = ev.params
-        if (not params.compile_segments or params.uninitialized_reads not in ("off", "on_use")
-                or not params.keep_float_data
-                or self.hot and params.compile_segments == "static"):
-            return None
-        if self.races_ok or not params.detect_races:
+        if self.races_ok or not plan.replay_races:
             return False
         return None if self.log_plan is None else True
 
@@ -301,8 +301,8 @@ class Segment:
             contents.append(data)
         tracked = self._tracked(unclean)
         variant = (log, tracked)
-        if self.hot and ev.launch_number < HOT_LAUNCH:
-            if ev.launch_number == HOT_LAUNCH - 1 and variant not in self._compiled:
+        if self.hot and not ev.plan.hot:  # warming: compiled for the next launch
+            if variant not in self._compiled:
                 self._prefetch(variant)
             return ev.run_program(self.fallback, invals)
         compiled = self._compiled.get(variant) or self._compile(variant)

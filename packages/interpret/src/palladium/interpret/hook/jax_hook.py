@@ -38,9 +38,11 @@ from palladium.interpret.hook import multi_process, tpu_host, typed_failures
 from palladium.interpret.hook.host_call import host_call
 from palladium.interpret.kernel.jaxpr_checks import check_prepared_kernel
 from palladium.interpret.kernel.prepared_kernel import PreparedKernel
+from palladium.interpret.observe.observers import may_observe
 from palladium.interpret.params import InterpretParams
 from palladium.interpret.run import interrupts
 from palladium.interpret.run.devices import DeviceMesh
+from palladium.interpret.run.execution_plan import COMPILED, ExecutionPlan, plan_launch
 from palladium.interpret.run.launch import Launch
 from palladium.interpret.run.order_check import check_dma_order
 from palladium.interpret.run.single_threaded_blas import single_threaded_blas
@@ -95,22 +97,29 @@ def _execute(kernel: PreparedKernel, params: InterpretParams, mesh: DeviceMesh,
         return None if split is None else split.partition()
 
     try:
-        number = kernel.programs.next_launch()
-        compiled = compiled_launch(kernel, params, mesh.num_devices, device_args, number)
-        if compiled is not None:
-            return compiled
+        plan = plan_launch(kernel, params, kernel.launches.next(),
+                           num_devices=max(mesh.num_devices, len(device_args)),
+                           observed=may_observe(params),
+                           scalars=device_args[0] if len(device_args) == 1 else None)
+        if plan.tier == COMPILED or plan.compile_ahead:
+            compiled, why = compiled_launch(kernel, params, device_args, plan)
+            if compiled is not None:
+                kernel.launches.last_plan = plan
+                return compiled
+            plan = plan.fall_back(why)
         if views:
             device_args = [[np.array(a, copy=True) for a in args] for args in device_args]
         # The launches are dropped inside the frozen heap: a large one's cyclic garbage
         # is collected there, without walking the whole jax heap (shared_memory.collector).
         with frozen_heap(collect=True), single_threaded_blas():
-            results = _attempt(kernel, params, mesh, device_args, partition=partition(),
-                               number=number).results
+            results = _attempt(kernel, params, mesh, device_args, plan,
+                               partition=partition()).results
             if params.dma_order_trials:
+                # (reruns of this launch: its number, counted by nothing)
                 check_dma_order(
-                    lambda p: _attempt(kernel, p, mesh, device_args, observe=False,
-                                       partition=partition()).results,
-                    lambda p: _race_reports(kernel, p, mesh, device_args, partition()),
+                    lambda p: _attempt(kernel, p, mesh, device_args, plan.as_trial(p),
+                                       observe=False, partition=partition()).results,
+                    lambda p: _race_reports(kernel, p, mesh, device_args, plan, partition()),
                     params, results, kernel.name, [o.name for o in kernel.outputs],
                     agree=bool if split is None else split.agree,
                 )
@@ -129,10 +138,9 @@ class _Attempt:
 
 
 def _attempt(kernel: PreparedKernel, params: InterpretParams, mesh: DeviceMesh,
-             device_args: list[list[np.ndarray]], observe: bool = True,
-             partition: shared_memory.Partition | None = None,
-             number: int | None = None) -> _Attempt:
-    launch = Launch(kernel, params, mesh, observe=observe, partition=partition, number=number)
+             device_args: list[list[np.ndarray]], plan: ExecutionPlan, observe: bool = True,
+             partition: shared_memory.Partition | None = None) -> _Attempt:
+    launch = Launch(kernel, params, mesh, observe=observe, partition=partition, plan=plan)
     try:
         return _Attempt(launch, launch.execute_devices(device_args))
     finally:
@@ -144,10 +152,11 @@ def _attempt(kernel: PreparedKernel, params: InterpretParams, mesh: DeviceMesh,
 
 
 def _race_reports(kernel: PreparedKernel, params: InterpretParams, mesh: DeviceMesh,
-                  device_args: list[list[np.ndarray]],
+                  device_args: list[list[np.ndarray]], plan: ExecutionPlan,
                   partition: shared_memory.Partition | None = None) -> list[RaceReport]:
-    launch = Launch(kernel, dataclasses.replace(params, detect_races=True, on_race="collect"),
-                    mesh, observe=False, partition=partition)
+    params = dataclasses.replace(params, detect_races=True, on_race="collect")
+    launch = Launch(kernel, params, mesh, observe=False, partition=partition,
+                    plan=plan.as_trial(params))
     try:
         launch.execute_devices(device_args)
     finally:

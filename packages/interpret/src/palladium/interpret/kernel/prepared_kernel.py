@@ -12,6 +12,7 @@ from palladium.interpret.eval.access_path import PlanCache
 from palladium.interpret.eval.evaluator import ProgramCache
 from palladium.interpret.eval.segments import uses_async
 from palladium.interpret.kernel.kernel_spec import KernelSpec, static_grid_points
+from palladium.interpret.kernel.launches import KernelLaunches
 from palladium.race_detect import RaceMemo
 
 __all__ = ["COPY_PLAN_LIMIT", "PreparedKernel"]
@@ -27,7 +28,7 @@ class PreparedKernel:
     cannot be set here by mistake)."""
 
     spec: KernelSpec
-    #: The compiled programs of its jaxprs, and its launch counter.
+    #: The compiled programs of its jaxprs.
     programs: ProgramCache
     # (operand, block index) -> the simulator's plans of a block copy (grid_loop.py),
     # kept across launches: a plan serves every buffer of the same shapes and bounds
@@ -48,6 +49,8 @@ class PreparedKernel:
     #: merge of output rows, decided by its group offsets.
     reads_uninitialized: bool = False
     clean_scalar_keys: set[bytes] = dataclasses.field(default_factory=set)
+    #: Its launches in the process: their numbers, the latest plan, compiled launches.
+    launches: KernelLaunches = dataclasses.field(default_factory=KernelLaunches)
 
     @classmethod
     def of(cls, spec: KernelSpec) -> PreparedKernel:

@@ -30,6 +30,8 @@ class LoggingObserver(Observer):
             logger.debug("launch %s: grid %s on %d device(s) x %d core(s), chip %s",
                          info.kernel_name, info.grid, info.num_devices, info.num_cores,
                          info.chip)
+            if info.plan is not None:  # "launch 3 ran segments, because ..."
+                logger.debug("launch %s: %s", info.kernel_name, info.plan)
             if info.memory is not None:
                 logger.debug("launch %s: %s", info.kernel_name, info.memory.summary())
         # A hook the mode does not ask for is the no-op again: ObserverSet skips it.
@@ -82,16 +84,19 @@ class LoggingObserver(Observer):
                          space)
 
 
-def logging_observers(info: LaunchInfo) -> list[Observer]:
-    """The logging observers of a launch (none without a ``logging_mode``)."""
+def launch_logger(info: LaunchInfo) -> list[Observer]:
+    """The ``LoggingObserver`` of a launch (none without a ``logging_mode``): it logs
+    ``info`` (with the launch's final execution plan) when made."""
+    mode = getattr(info.params, "logging_mode", None)
+    return [LoggingObserver(info, mode)] if mode else []
+
+
+def mode_loggers(info: LaunchInfo) -> list[Observer]:
+    """The observers of the logging modes built elsewhere (``register_mode_logger``)."""
     mode = getattr(info.params, "logging_mode", None)
     if not mode:
         return []
-    out: list[Observer] = [LoggingObserver(info, mode)]
-    for flag, factory in _MODE_LOGGERS.items():
-        if flag in mode:
-            out.append(factory(info))
-    return out
+    return [factory(info) for flag, factory in _MODE_LOGGERS.items() if flag in mode]
 
 
 # The observers of logging modes built elsewhere, registered by the module that builds
@@ -101,5 +106,5 @@ _MODE_LOGGERS = STATE.mode_loggers
 
 
 def register_mode_logger(mode: LoggingMode, factory: Callable[[LaunchInfo], Observer]) -> None:
-    """Have ``logging_observers`` add ``factory(info)`` to each launch logging ``mode``."""
+    """Have ``mode_loggers`` add ``factory(info)`` to each launch logging ``mode``."""
     _MODE_LOGGERS[mode] = factory

@@ -29,7 +29,7 @@ import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from palladium.interpret.observe.logging_observer import logging_observers
+from palladium.interpret.observe.logging_observer import launch_logger, mode_loggers
 from palladium.interpret.state.process_state import STATE
 from palladium.shared_memory import Observer
 
@@ -49,7 +49,11 @@ class LaunchInfo:
     """What an observer factory learns about a launch before it runs.
 
     ``kernel`` is the prepared kernel (``palladium.interpret.kernel.prepared_kernel.PreparedKernel``:
-    its jaxpr, operands and their block specs); ``params`` the ``InterpretParams``.
+    its jaxpr, operands and their block specs); ``params`` the ``InterpretParams``;
+    ``plan`` the launch's ``run.execution_plan.ExecutionPlan`` as decided before its
+    observers were made (an observed launch is never compiled whole; ``str(plan)``:
+    "launch 2 ran segments, because ..."). The logging mode's ``LoggingObserver`` gets
+    the final plan (``simulated`` where an observer is told of every equation).
     """
 
     kernel_name: str
@@ -60,6 +64,7 @@ class LaunchInfo:
     params: Any
     kernel: Any
     launch_location: str | None = None
+    plan: Any = None
 
     @property
     def memory(self) -> Any:
@@ -157,13 +162,18 @@ def may_observe(params: Any) -> bool:
     return bool(_SCOPES.get()) or (_on_xla_thread() and bool(_OPEN))
 
 
-def launch_observers(info: LaunchInfo) -> list[Observer]:
+def launch_observers(info: LaunchInfo,
+                     final: Callable[[list[Observer]], LaunchInfo] | None = None
+                     ) -> list[Observer]:
     """The observers of one launch: the registered factories', the scoped ones of the
-    context the launch runs in (see ``scoped_launch_observer``) and the logging mode's."""
+    context the launch runs in (see ``scoped_launch_observer``) and the logging mode's.
+    ``final(observers)``: the launch's info once those others are known (its execution
+    plan may change with them), which the logging mode's ``LoggingObserver`` logs."""
     with _LOCK:
         factories = list(_FACTORIES)
     scoped = _SCOPES.get()
     if not scoped and _on_xla_thread():
         scoped = _foreign_scopes(info)
     out = [obs for obs in (f(info) for f in (*factories, *scoped)) if obs is not None]
-    return out + logging_observers(info)
+    out += mode_loggers(info)
+    return out + launch_logger(info if final is None else final(out))

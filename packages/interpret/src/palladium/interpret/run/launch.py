@@ -10,6 +10,7 @@ point it is given.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -28,14 +29,22 @@ from palladium.interpret.eval.program import ProgramCache
 from palladium.interpret.eval.value_shadows import describe_origin, fix_hint
 from palladium.interpret.kernel.jaxpr_checks import negative_grid_message
 from palladium.interpret.kernel.prepared_kernel import PreparedKernel
-from palladium.interpret.observe.observers import LaunchInfo, launch_observers
+from palladium.interpret.observe.observers import LaunchInfo, launch_observers, may_observe
 from palladium.interpret.params import InterpretParams
 from palladium.interpret.run.devices import DeviceMesh
+from palladium.interpret.run.execution_plan import SIMULATED, ExecutionPlan, plan_launch
 from palladium.interpret.run.grid_loop import CoreRun, schedule
 from palladium.interpret.run.memory_map import MemoryMap
 from palladium.interpret.state.process_state import STATE
 from palladium.race_detect.call_log import MAX_KEYS
-from palladium.shared_memory import BufferRef, Partition, SemaphoreLeakError, Simulation
+from palladium.shared_memory import (
+    BufferRef,
+    Observer,
+    ObserverSet,
+    Partition,
+    SemaphoreLeakError,
+    Simulation,
+)
 
 _UNINITIALIZED_HINT = (
     "Write every element before it is read (initialise scratch and accumulators, e.g. "
@@ -82,15 +91,18 @@ class Launch:
 
     def __init__(self, kernel: PreparedKernel, params: InterpretParams,
                  mesh: DeviceMesh | None = None, *, observe: bool = True,
-                 partition: Partition | None = None, number: int | None = None) -> None:
+                 partition: Partition | None = None, plan: ExecutionPlan | None = None) -> None:
         self.kernel = kernel
         self.params = params
         self.observe = observe  # False: a re-run (order trials), not shown to observers
+        #: How this launch runs, and why (``execution_plan.py``); without one (a launch
+        #: made outside ``jax_hook``), the plan of the kernel's next launch number.
+        self.plan: ExecutionPlan = plan if plan is not None else plan_launch(
+            kernel, params, kernel.launches.next(), observed=may_observe(params))
         self.mesh = mesh if mesh is not None else DeviceMesh()
         self.num_devices = max(self.mesh.num_devices, 1)
         self.kernel_name = kernel.name
         self.programs: ProgramCache = kernel.programs
-        self._number = self.programs.next_launch() if number is None else number
         self.inherited_sources: dict[int, Any] = kernel.inherited_sources
         gm = kernel.grid_mapping
         self.chip = params.chip or DEFAULT_CHIP
@@ -128,8 +140,9 @@ class Launch:
     # --- what the evaluator may ask (eval.context.LaunchServices) -----------------------
     @property
     def number(self) -> int:
-        """Which launch of the kernel in this process this is (1 for the first)."""
-        return self._number
+        """Which launch of the kernel in this process this is (1 for the first; a trial
+        rerun has the number of the launch it checks)."""
+        return self.plan.number
 
     @property
     def collective_id(self) -> int | None:
@@ -226,9 +239,12 @@ class Launch:
         if self.observe:
             launch_info = LaunchInfo(self.kernel_name, self.grid, len(device_args),
                                      self.num_cores, self.chip, self.params, k,
-                                     k.launch_location)
-            for observer in launch_observers(launch_info):
+                                     k.launch_location, self.plan)
+            for observer in launch_observers(
+                    launch_info, lambda observers: self._final_info(launch_info, observers)):
                 self.sim.add_observer(observer)
+        if not self.plan.trial:
+            k.launches.last_plan = self.plan
         aliases = {o: i - n_idx for i, o in k.input_output_aliases}
         if any(i < 0 for i in aliases.values()):
             raise UnsupportedFeatureError("aliasing a scalar-prefetch operand to an output")
@@ -300,6 +316,14 @@ class Launch:
         # freed now, not by the collection of the dropped launch (jax_hook._execute).
         self.sim.semaphores.clear()
         return results
+
+    def _final_info(self, info: LaunchInfo, observers: list[Observer]) -> LaunchInfo:
+        """The launch's info once its observers are known: with an observer of every
+        equation (the timeline), its compiled segments run one by one."""
+        if ObserverSet(observers).wants("compute"):
+            self.plan = self.plan.fall_back(
+                "an observer is told of every equation (a timeline)", SIMULATED)
+        return dataclasses.replace(info, plan=self.plan)
 
     def _run(self, bodies: dict[CoreId, Any]) -> None:
         """Run the cores (with progress reports while it lasts)."""

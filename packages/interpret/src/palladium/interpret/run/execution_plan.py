@@ -1,0 +1,155 @@
+"""Which tier runs a launch, and why: one plan, decided once per launch.
+
+A launch of a kernel runs in one of three tiers, fastest first:
+
+- ``"compiled"``: the whole launch is one XLA executable (``compiled/compiled_launch.py``),
+  from the kernel's ``HOT_LAUNCH``-th launch in the process on (compiled in the
+  background during the launch before);
+- ``"segments"``: the simulator, whose runs of pure array code run as compiled segments
+  (``eval/segments.py``): those worth it at once from launch 1, the hot ones (``hot``)
+  from launch ``HOT_LAUNCH`` on;
+- ``"simulated"``: the simulator, every equation one by one (the oracle).
+
+:func:`plan_launch` decides it from the params, the observers (``may_observe``: any
+launch observer, the logging mode, a timeline) and the launch's number among the
+kernel's launches (``kernel/launches.py``, per kernel): never from timing, so a call's
+results depend only on the kernel, its operands and the call's number. DMA-order trial
+launches and race-report reruns share the number of the launch they check and count
+for nothing. The plan rides with the launch (``Launch.plan``, the ``KernelContext``'s
+``plan`` a compiled segment reads), is shown to observers (``LaunchInfo.plan``) and
+logged by ``logging_mode=LoggingMode.LAUNCH`` ("launch 3 ran compiled, because ...").
+
+What a plan cannot know before the launch runs changes it once, visibly
+(:meth:`ExecutionPlan.fall_back`): a compiled launch that is not possible for this
+grid (too small to be worth it, too many grids, its tracing met something unmodelled)
+or whose flags say the simulator could report something (an access out of bounds, a
+race, a deadlock, ...) runs simulated; a launch with an observer of every equation (the
+timeline) runs its segments one by one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from palladium.interpret.eval.segments import HOT_LAUNCH
+
+__all__ = ["COMPILED", "SEGMENTS", "SIMULATED", "ExecutionPlan", "plan_launch"]
+
+COMPILED, SEGMENTS, SIMULATED = "compiled", "segments", "simulated"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ExecutionPlan:
+    """How one launch runs: its ``tier`` and the ``reason``, its ``number`` among its
+    kernel's launches in the process (1 for the first), ``hot`` (hot segments run
+    compiled), ``warming`` (they are compiled in the background for the next launch),
+    ``compile_ahead`` (the whole launch is compiled in the background for the
+    next launch), ``replay_races`` (a compiled segment in a kernel with DMAs replays its
+    accesses to the race detector) and ``trial`` (a DMA-order trial or race-report
+    rerun of launch ``number``)."""
+
+    number: int
+    tier: str
+    reason: str
+    hot: bool = False
+    warming: bool = False
+    compile_ahead: bool = False
+    replay_races: bool = False
+    trial: bool = False
+
+    @property
+    def segments(self) -> bool:
+        """Whether compiled segments may run (a simulated launch with segments)."""
+        return self.tier == SEGMENTS
+
+    def fall_back(self, reason: str, tier: str = SEGMENTS) -> ExecutionPlan:
+        """This plan, run in ``tier`` instead (never a faster one) because of ``reason``."""
+        if self.tier == SIMULATED or tier == self.tier == SEGMENTS:
+            return self
+        return dataclasses.replace(self, tier=tier, reason=reason, compile_ahead=False)
+
+    def as_trial(self, params: Any) -> ExecutionPlan:
+        """The plan of a rerun of this launch with ``params`` (a DMA-order trial, a
+        race-report rerun): simulated, under the same number, counted by nothing."""
+        tier = SEGMENTS if self.tier == COMPILED else self.tier
+        return dataclasses.replace(self, tier=tier, compile_ahead=False, trial=True,
+                                   replay_races=bool(params.detect_races))
+
+    def __str__(self) -> str:
+        what = "trial of launch" if self.trial else "launch"
+        return f"{what} {self.number} ran {self.tier}, because {self.reason}"
+
+
+def _simulated_because(params: Any) -> str | None:
+    """Why ``params`` have every equation run one by one, or None."""
+    if not params.compile_segments:
+        return "compile_segments=False"
+    if params.skip_floating_point_ops:
+        return "skip_floating_point_ops=True (each equation is seen)"
+    if params.deterministic_dot:
+        return "deterministic_dot=True (each dot runs palladium's ordered sum)"
+    if params.uninitialized_reads not in ("off", "on_use"):
+        return f"uninitialized_reads={params.uninitialized_reads!r} (each read is checked)"
+    if not params.keep_float_data:
+        return "keep_float_data=False"
+    return None
+
+
+def _not_whole_because(params: Any) -> str | None:
+    """Why ``params`` keep a launch from being compiled whole, or None."""
+    if params.compile_segments == "static":
+        return "compile_segments='static' (no code compiled for hot kernels)"
+    for name, value, whole in (
+            ("num_cores_or_threads", params.num_cores_or_threads, 1),
+            ("grid_point_recorder", params.grid_point_recorder, None),
+            ("buffer_bounds", params.buffer_bounds, "logical"),
+            ("out_of_bounds_reads", params.out_of_bounds_reads, "raise"),
+            ("dma_order", params.dma_order, "issue"),
+            ("dma_execution_mode", params.dma_execution_mode, "on_wait")):
+        if value != whole:
+            return f"{name}={value!r} (a compiled launch models {whole!r} only)"
+    if params.dma_order_trials:
+        return "dma_order_trials (each trial reruns the launch simulated)"
+    return None
+
+
+def plan_launch(kernel: Any, params: Any, number: int, *, num_devices: int = 1,
+                observed: bool = False, scalars: list[Any] | None = None) -> ExecutionPlan:
+    """The plan of launch ``number`` of ``kernel`` (a ``PreparedKernel``) with ``params``
+    on ``num_devices`` devices; ``observed``: a launch observer may watch it
+    (``may_observe``); ``scalars``: the one device's operands (its scalar prefetch
+    operands tell a launch like one that read uninitialised memory and reported
+    nothing, see ``PreparedKernel.clean_scalar_keys``)."""
+    hot = number >= HOT_LAUNCH and params.compile_segments is True
+    warming = number == HOT_LAUNCH - 1 and params.compile_segments is True
+    replay = bool(params.detect_races)
+    why = _simulated_because(params)
+    if why is not None:
+        return ExecutionPlan(number, SIMULATED, why, replay_races=replay)
+
+    def segments(reason: str, ahead: bool = False) -> ExecutionPlan:
+        return ExecutionPlan(number, SEGMENTS, reason, hot=hot, warming=warming,
+                             compile_ahead=ahead, replay_races=replay)
+
+    why = _not_whole_because(params)
+    if why is not None:
+        return segments(why)
+    if observed:
+        return segments("a launch observer watches it (logging_mode, a timeline, a "
+                        "registered factory): observed launches are simulated")
+    if num_devices > 1:
+        return segments(f"it runs on {num_devices} devices (a compiled launch runs one)")
+    if kernel.is_core_map:
+        return segments("it is a core_map (a compiled launch runs a pallas_call's grid)")
+    if (kernel.reads_uninitialized and params.uninitialized_reads == "on_use"
+            and (scalars is None or kernel.scalar_key(scalars) not in kernel.clean_scalar_keys)):
+        return segments("an earlier launch read uninitialised memory (values carry shadows "
+                        "in the simulator)")
+    if number < HOT_LAUNCH:
+        return segments(f"launch {number} < {HOT_LAUNCH}: the kernel is not hot yet (its "
+                        f"whole launch compiles in the background)",
+                        ahead=number == HOT_LAUNCH - 1)
+    return ExecutionPlan(number, COMPILED, f"the kernel is hot (launch {number} >= "
+                         f"{HOT_LAUNCH}) and nothing asks for the simulator", hot=hot,
+                         replay_races=replay)
