@@ -89,8 +89,10 @@ _VPU_OPS: dict[str, Callable[[Any, int], Any]] = {
 }
 
 
-def _chain(op: str, dtype: Any, n: int):
-    fn = _VPU_OPS[op]
+def _chain(op: str, dtype: Any, n: int, ops: dict[str, Any] | None = None,
+           shape: tuple[int, int] = VPU_SHAPE):
+    """n of ``ops[op]`` one after the other over a block of ``shape`` in VMEM."""
+    fn = (ops or _VPU_OPS)[op]
 
     def body(x_ref, o_ref):
         x = x_ref[...]
@@ -99,7 +101,7 @@ def _chain(op: str, dtype: Any, n: int):
         o_ref[...] = x
 
     def make():
-        x = _arr(VPU_SHAPE, dtype)
+        x = _arr(shape, dtype)
         return (lambda x: _whole(body, None, jax.ShapeDtypeStruct(x.shape, x.dtype))(x),
                 (x,))
     return make
@@ -537,19 +539,8 @@ _REDUCE_OPS: dict[str, Callable[[Any, int], Any]] = {
 
 
 def _reduce_chain(op: str, n: int):
-    fn = _REDUCE_OPS[op]
-    shape = (512, 512) if op == "transpose" else VPU_SHAPE
-
-    def body(x_ref, o_ref):
-        x = x_ref[...]
-        for i in range(n):
-            x = fn(x, i)
-        o_ref[...] = x
-
-    def make():
-        x = _arr(shape)
-        return (lambda x: _whole(body, None, jax.ShapeDtypeStruct(x.shape, x.dtype))(x), (x,))
-    return make
+    return _chain(op, jnp.float32, n, _REDUCE_OPS,
+                  (512, 512) if op == "transpose" else VPU_SHAPE)
 
 
 for _op in _REDUCE_OPS:
