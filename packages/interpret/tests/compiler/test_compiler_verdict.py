@@ -285,7 +285,7 @@ def test_a_chip_libtpu_cannot_compile_for_is_a_config_error_when_the_compiler_is
         call(jnp.ones((8, 128), jnp.int8))
     assert str(info.value) == (
         f"InterpretParams(compile_check='compiler'): libtpu {tpu_compiler.compiler_version()} "
-        "cannot compile for TPU v4i; it compiles for ('v2', 'v3', 'v5e', 'v6e', 'v4', 'v5p', "
+        "cannot compile for TPU v4i; it compiles for ('v2', 'v3', 'v4', 'v5e', 'v5p', 'v6e', "
         "'v7x'). Use compile_check='auto' (palladium's approximate checks for this chip).")
 
 
