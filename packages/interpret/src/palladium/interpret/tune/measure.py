@@ -55,8 +55,11 @@ class Measurement:
 
 def module_durations(events: list[dict[str, Any]], name: str) -> list[float]:
     """Durations (seconds), in trace order, of the events of the ``XLA Modules`` thread
-    of the ``/device:TPU:0`` process whose name contains ``name`` (Chrome trace-event
-    records, as jax's Perfetto trace holds them)."""
+    of the ``/device:TPU:0`` process that ran the jitted function named ``name`` (Chrome
+    trace-event records, as jax's Perfetto trace holds them). jax names that program
+    ``jit_<name>(<fingerprint>)`` with ``name``'s trailing underscores dropped (seen on a
+    v5e, jax 0.10.2: ``calib_0_`` ran as ``jit_calib_0(2126091101726819190)``)."""
+    program = f"jit_{name.rstrip('_')}"
     processes = {e["pid"]: e.get("args", {}).get("name", "") for e in events
                  if e.get("ph") == "M" and e.get("name") == "process_name"}
     threads = {(e["pid"], e["tid"]): e.get("args", {}).get("name", "") for e in events
@@ -64,7 +67,8 @@ def module_durations(events: list[dict[str, Any]], name: str) -> list[float]:
     tpu = {pid for pid, pname in processes.items() if "/device:TPU:0" in pname}
     found = [e for e in events if e.get("ph") == "X" and e.get("pid") in tpu
              and threads.get((e["pid"], e.get("tid"))) == "XLA Modules"
-             and name in e.get("name", "")]
+             and (e.get("name", "") == program
+                  or e.get("name", "").startswith(program + "("))]
     return [float(e["dur"]) * 1e-6 for e in sorted(found, key=lambda e: e["ts"])]
 
 
@@ -95,7 +99,7 @@ def measure(fn: Callable[..., Any], *args: Any, iters: int = 20,
         return fn(*a)
 
     # A name no other program of the trace has: the events are found by it.
-    call.__name__ = call.__qualname__ = f"palladium_measure_{next(_NAMES)}_"
+    call.__name__ = call.__qualname__ = f"palladium_measure_{next(_NAMES)}"
     jitted = jax.jit(call)
     for _ in range(warmup):
         jax.block_until_ready(jitted(*args))
