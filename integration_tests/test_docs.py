@@ -28,6 +28,7 @@ import re
 import tomllib
 
 import pytest
+from test_architecture import MODULES  # every palladium module by dotted name
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -122,18 +123,6 @@ def _path_exists(path: str) -> bool:
     return any(f == path or f.endswith("/" + path) for f in _repository_files())
 
 
-def _source_modules() -> dict[str, pathlib.Path]:
-    mods = {}
-    for src in sorted(ROOT.glob("packages/*/src")):
-        for f in sorted(src.rglob("*.py")):
-            parts = list(f.relative_to(src).with_suffix("").parts)
-            if parts[-1] == "__init__":
-                parts.pop()
-            mods[".".join(parts)] = f
-    return mods
-
-
-MODULES = _source_modules()
 
 
 def _entry_point_groups() -> set[str]:
