@@ -622,3 +622,215 @@ _add("heldout2/flash-backward/h2/s2048", "heldout2", _case(kc.flash_backward_cas
      kind="flash-bwd")
 _add("heldout2/ragged-paged/s16/q4/kv1024", "heldout2", _ragged_paged(16, 4, 1024, 8),
      kind="ragged-paged")
+
+
+# --- round 3 (2026-12-06, second session): the patterns the held-out errors pointed at --
+# independent against dependent dots (is a dot's fixed cost the MXU's time or only its
+# result's latency?), one flash-attention step on resident blocks (the softmax's
+# bookkeeping between two dots), and a page-gather loop (paged attention's many small
+# DMAs, each started from a page index read in SMEM)
+
+def _dots(mode: str, n: int, m: int, k: int, reps: int, dtype: Any = jnp.float32):
+    def body(x_ref, w_ref, o_ref):
+        o_ref[...] = jnp.zeros(o_ref.shape, o_ref.dtype)
+
+        def step(i, c):
+            if mode == "indep":
+                for j in range(n):
+                    o_ref[j] += jax.lax.dot(x_ref[j], w_ref[j],
+                                            preferred_element_type=jnp.float32)
+            else:
+                h = x_ref[0]
+                for j in range(n):
+                    h = jax.lax.dot(h, w_ref[j], preferred_element_type=jnp.float32
+                                    ).astype(dtype)
+                o_ref[0] += h.astype(jnp.float32)
+            return c
+        jax.lax.fori_loop(0, reps, step, 0)
+
+    def make():
+        x, w = _arr((n, m, k), dtype, 1, 0.1), _arr((n, k, k), dtype, 2, 0.1)
+        out = jax.ShapeDtypeStruct((n, m, k), jnp.float32)
+        return (lambda x, w: _whole(body, None, out)(x, w), (x, w))
+    return make
+
+
+for _m, _k in ((128, 128), (256, 256)):
+    for _mode, _n in (("indep", 1), ("indep", 4), ("dep", 4)):
+        for _r in (64, 256):
+            _add(f"r3/dots/{_mode}/n{_n}/{_m}x{_k}/r{_r}", "micro",
+                 _dots(_mode, _n, _m, _k, _r), kind="dots", mode=_mode, n=_n, m=_m, k=_k,
+                 reps=_r)
+
+
+def _flash_step(block: int, steps: int, part: str):
+    """One online-softmax step per grid step on the same resident q, k, v blocks (no
+    copies after the first): ``dot`` the scores only (added to acc), ``qk`` the scores
+    and their row max, ``exp`` also p = exp(s - m) (added to acc), ``softmax`` p and the
+    row sum instead, ``full`` also acc = acc * alpha + p @ v."""
+    def body(q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, acc_ref):
+        @pl.when(pl.program_id(0) == 0)
+        def _():
+            m_ref[...] = jnp.full(m_ref.shape, -1e30, jnp.float32)
+            l_ref[...] = jnp.zeros(l_ref.shape, jnp.float32)
+            acc_ref[...] = jnp.zeros(acc_ref.shape, jnp.float32)
+
+        s = jax.lax.dot_general(q_ref[...], k_ref[...], (((1,), (1,)), ((), ())),
+                                preferred_element_type=jnp.float32)
+        if part == "dot":
+            acc_ref[...] += s[:, :128]
+        else:
+            m_prev = m_ref[...]
+            m_new = jnp.maximum(m_prev, jnp.max(s, axis=-1, keepdims=True))
+            m_ref[...] = m_new
+            if part == "exp":
+                acc_ref[...] += jnp.exp(s - m_new[:, :1])[:, :128]
+            elif part != "qk":
+                p = jnp.exp(s - m_new[:, :1])
+                alpha = jnp.exp(m_prev - m_new)
+                l_ref[...] = alpha * l_ref[...] + jnp.sum(p, axis=-1, keepdims=True)
+                if part == "full":
+                    acc_ref[...] = acc_ref[...] * alpha[:, :1] + jnp.dot(
+                        p, v_ref[...], preferred_element_type=jnp.float32)
+
+        @pl.when(pl.program_id(0) == steps - 1)
+        def _():
+            o_ref[...] = acc_ref[...] + m_ref[:, :1] + l_ref[:, :1]
+
+    def make():
+        q, k, v = (_arr((block, 128), seed=i, scale=0.1) for i in range(3))
+        spec = pl.BlockSpec((block, 128), lambda i: (0, 0))
+        fn = _lazy(body, out_shape=jax.ShapeDtypeStruct((block, 128), jnp.float32),
+                   grid=(steps,), in_specs=[spec] * 3, out_specs=spec,
+                   scratch_shapes=[pltpu.VMEM((block, 1), jnp.float32),
+                                   pltpu.VMEM((block, 1), jnp.float32),
+                                   pltpu.VMEM((block, 128), jnp.float32)],
+                   compiler_params=pltpu.CompilerParams(
+                       dimension_semantics=("arbitrary",)))
+        return (lambda q, k, v: fn(q, k, v)), (q, k, v)
+    return make
+
+
+for _b in (128, 256):
+    for _part in ("qk", "softmax", "full"):
+        for _s in (256, 1024):
+            _add(f"r3/flash-step/{_part}/b{_b}/s{_s}", "micro", _flash_step(_b, _s, _part),
+                 kind="flash-step", part=_part, block=_b, steps=_s)
+
+
+def _page_gather(pages_per_step: int, steps: int, dtype: Any):
+    """Per grid step, ``pages_per_step`` (16, 128) pages copied HBM -> VMEM one DMA each,
+    started in a loop from page indices in SMEM (scalar prefetch), then waited in a loop,
+    as jax's paged attention does; a row sum of the pages keeps them used."""
+    total = pages_per_step * steps
+
+    def body(idx_ref, pages_hbm, o_ref, buf, sem):
+        def copy(j):
+            page = idx_ref[pl.program_id(0) * pages_per_step + j]
+            return pltpu.make_async_copy(pages_hbm.at[page], buf.at[j], sem)
+
+        def start(j, c):
+            copy(j).start()
+            return c
+
+        def wait(j, c):
+            copy(j).wait()
+            return c
+        jax.lax.fori_loop(0, pages_per_step, start, 0)
+        jax.lax.fori_loop(0, pages_per_step, wait, 0)
+        o_ref[...] = jnp.sum(buf[...].astype(jnp.float32), axis=0)[None]
+
+    def make():
+        pages = _arr((total, 16, 128), dtype)
+        idx = jnp.asarray(np.random.default_rng(3).permutation(total), jnp.int32)
+        grid_spec = pltpu.PrefetchScalarGridSpec(
+            num_scalar_prefetch=1, grid=(steps,),
+            in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
+            out_specs=pl.BlockSpec((1, 16, 128), lambda i, idx: (i, 0, 0)),
+            scratch_shapes=[pltpu.VMEM((pages_per_step, 16, 128), dtype),
+                            pltpu.SemaphoreType.DMA(())])
+        fn = _lazy(body, out_shape=jax.ShapeDtypeStruct((steps, 16, 128), jnp.float32),
+                   grid_spec=grid_spec)
+        return (lambda idx, p: fn(idx, p)), (idx, pages)
+    return make
+
+
+for _dt in (jnp.float32, jnp.bfloat16):
+    for _pp in (4, 16):
+        for _s in (64, 256):
+            _add(f"r3/page-gather/{jnp.dtype(_dt).name}/p{_pp}/s{_s}", "micro",
+                 _page_gather(_pp, _s, _dt), kind="page-gather", dtype=jnp.dtype(_dt).name,
+                 pages=_pp, steps=_s)
+
+
+# round 3b: the flash step's other parts, the latency of a row reduction and of a
+# column's broadcast across lanes, and the page gather as jax's paged attention writes it
+# (its starts and waits unrolled)
+for _b in (128, 256):
+    for _part in ("dot", "exp"):
+        for _s in (256, 1024):
+            _add(f"r3/flash-step/{_part}/b{_b}/s{_s}", "micro", _flash_step(_b, _s, _part),
+                 kind="flash-step", part=_part, block=_b, steps=_s)
+
+_ROW_LATENCY_OPS: dict[str, Callable[[Any], Any]] = {
+    "lane_max": lambda h: h - jnp.max(h, axis=-1, keepdims=True) * 0.5,
+    "lane_sum": lambda h: h - jnp.sum(h, axis=-1, keepdims=True) * (1.0 / 256),
+    "lane_bcast": lambda h: h * 0.5 + h[:, :1],
+    "sublane_sum": lambda h: h - jnp.sum(h, axis=0, keepdims=True) * (1.0 / 64),
+}
+
+
+def _row_latency(op: str, steps: int):
+    f = _ROW_LATENCY_OPS[op]
+
+    def body(x_ref, o_ref):
+        def step(i, h):
+            return f(h)
+        o_ref[pl.ds(0, 8), :] = jax.lax.fori_loop(0, steps, step, x_ref[pl.ds(0, 8), :])
+
+    def make():
+        x = _arr((8, 128))
+        return (lambda x: _whole(body, None, jax.ShapeDtypeStruct(x.shape, x.dtype))(x), (x,))
+    return make
+
+
+for _op in _ROW_LATENCY_OPS:
+    for _steps in (512, 4096):
+        _add(f"r3/latency/{_op}/steps{_steps}", "micro", _row_latency(_op, _steps),
+             kind="row-latency", op=_op, steps=_steps)
+
+
+def _page_gather_unrolled(pages_per_step: int, steps: int, dtype: Any):
+    total = pages_per_step * steps
+
+    def body(idx_ref, pages_hbm, o_ref, buf, sem):
+        copies = [pltpu.make_async_copy(
+            pages_hbm.at[idx_ref[pl.program_id(0) * pages_per_step + j]], buf.at[j], sem)
+            for j in range(pages_per_step)]
+        for c in copies:
+            c.start()
+        for c in copies:
+            c.wait()
+        o_ref[...] = jnp.sum(buf[...].astype(jnp.float32), axis=0)[None]
+
+    def make():
+        pages = _arr((total, 16, 128), dtype)
+        idx = jnp.asarray(np.random.default_rng(3).permutation(total), jnp.int32)
+        grid_spec = pltpu.PrefetchScalarGridSpec(
+            num_scalar_prefetch=1, grid=(steps,),
+            in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
+            out_specs=pl.BlockSpec((1, 16, 128), lambda i, idx: (i, 0, 0)),
+            scratch_shapes=[pltpu.VMEM((pages_per_step, 16, 128), dtype),
+                            pltpu.SemaphoreType.DMA(())])
+        fn = _lazy(body, out_shape=jax.ShapeDtypeStruct((steps, 16, 128), jnp.float32),
+                   grid_spec=grid_spec)
+        return (lambda idx, p: fn(idx, p)), (idx, pages)
+    return make
+
+
+for _dt in (jnp.float32, jnp.bfloat16):
+    for _pp in (4, 16):
+        for _s in (64, 256):
+            _add(f"r3/page-gather-unrolled/{jnp.dtype(_dt).name}/p{_pp}/s{_s}", "micro",
+                 _page_gather_unrolled(_pp, _s, _dt), kind="page-gather",
+                 dtype=jnp.dtype(_dt).name, pages=_pp, steps=_s, unrolled=True)

@@ -31,10 +31,14 @@ def main() -> None:
     src = ROOT / "benchmarks" / "results_tpu" / f"calibration.{a.chip}.json"
     data = json.loads(src.read_text())
     k = {n: r for n, r in data["kernels"].items() if r.get("group") == "micro"}
-    round2 = src.with_name(f"calibration2.{a.chip}.json")
-    if round2.exists():  # the second round's microbenchmarks (reductions, latencies ...)
-        data2 = json.loads(round2.read_text())
-        k.update({n: r for n, r in data2["kernels"].items() if r.get("group") == "micro"})
+    for later in ("calibration2", "calibration3"):
+        # the second round's microbenchmarks (reductions, latencies ...) and the third's
+        # (dependent and independent dots, a flash step, a page gather)
+        path = src.with_name(f"{later}.{a.chip}.json")
+        if path.exists():
+            more = json.loads(path.read_text())["kernels"]
+            k.update({n: r for n, r in more.items() if r.get("meta", {}).get("kind") != "held"
+                      and (r.get("group") == "micro")})
     t = {n: r["seconds"] for n, r in k.items() if r.get("seconds")}
     out: dict[str, dict] = {}
 
@@ -115,6 +119,21 @@ def main() -> None:
         put("vector_op_latency_seconds", lat, [f"loop2/{o}/steps512..4096" for o in lat],
             "a transcendental's latency: the iteration time of h = f(h) on one vreg less "
             "the loop's own cost and the chain's other op")
+    # cross-lane ops on the chain: a column spread over the lanes (h * 0.5 + h[:, :1]),
+    # checked by a lane reduction and its broadcast back (h - max(h, -1) * 0.5), and a
+    # reduction over sublanes (h - sum(h, 0) * c)
+    def per_it(name: str) -> float:
+        return slope(f"r3/latency/{name}/steps512", f"r3/latency/{name}/steps4096", 3584)
+    xlu = per_it("lane_bcast") - loop_it - b
+    put("xlu_latency_seconds", xlu, ["r3/latency/lane_bcast/steps512..4096"],
+        "a cross-lane op's latency: the iteration of h = h * 0.5 + h[:, :1] less the loop "
+        f"and the add; a lane max and its broadcast back take {per_it('lane_max') * 1e9:.1f} "
+        f"ns an iteration, a lane sum {per_it('lane_sum') * 1e9:.1f} (one cross-lane op: "
+        "the reduction leaves its result in every lane)")
+    put("sublane_reduce_latency_seconds", per_it("sublane_sum") - loop_it - 2 * b,
+        ["r3/latency/sublane_sum/steps512..4096"],
+        "a reduction over sublanes on the chain: the iteration of h - sum(h, 0) * c less "
+        "the loop and its two other ops")
     rows = slope("loop/k1/steps512/rows", "loop/k1/steps4096/rows", 3584) - its[1]
     put("load_use_seconds", rows / 2, ["loop/k1/steps512..4096/rows", "loop/k1/.../reg"],
         "a (8,128) row load and store on the dependent chain, each: half the extra "
@@ -145,14 +164,25 @@ def main() -> None:
     over = statistics.mean(ys) - inv_rate * statistics.mean(xs)
     put("mxu_bf16_flops", 1 / inv_rate, [p[2] for p in pts],
         "1 / slope of the time per dot over its flops (bf16, M >= 128)")
-    put("mxu_dot_seconds", max(over, 0.0), [p[2] for p in pts],
-        "the same fit's intercept: one dot's fixed cost (fill and drain)")
+    # a dot's latency and a weight tile's load, from two dots' iterations: four
+    # dependent 128^3 dots (r3/dots/dep: each waits for the last one's result) and an
+    # M=8 dot bound by its 16 weight tiles; each iteration also loads, adds, stores
+    # and loops (the chain's other costs, fitted above)
+    extras = (2 * out["load_use_seconds"]["value"] + out["dependent_op_seconds"]["value"]
+              + out["loop_iteration_seconds"]["value"])
+    dep = slope("r3/dots/dep/n4/128x128/r64", "r3/dots/dep/n4/128x128/r256", 192)
     small = "mxu/8x512x512/bfloat16/r953"
-    per_dot = (t[small.replace("r953", "r3812")] - t[small]) / (3 * 953)
-    tiles = 512 * 512 / (128 * 128)
-    put("mxu_weight_tile_seconds", max(per_dot - over - 2 * 8 * 512 * 512 * inv_rate, 0) / tiles,
-        [small], "an M=8 dot is bound by loading its 16 (128,128) weight tiles: what is left "
-        "of its time per tile")
+    per_small = (t[small.replace("r953", "r3812")] - t[small]) / (3 * 953)
+    a_ = per_small - extras - 2 * 8 * 512 * 512 * inv_rate  # latency + 16 tiles
+    b_ = (dep - extras) / 4 - 2 * 128 ** 3 * inv_rate  # latency + 1 tile
+    tile = max((a_ - b_) / 15, 0.0)
+    put("mxu_dot_seconds", b_ - tile, ["r3/dots/dep/n4/128x128/r64..r256", small],
+        "a dot's latency (fill and drain; the MXU meanwhile takes independent dots): a "
+        "dependent 128^3 dot's time less its flops and weight tile, from four in a chain; "
+        f"iteration {dep * 1e9:.1f} ns")
+    put("mxu_weight_tile_seconds", tile, [small, "r3/dots/dep/n4/128x128/r64..r256"],
+        "an M=8 dot is bound by loading its 16 (128,128) weight tiles: its time less its "
+        "latency and flops, over the 15 tiles more than a 128^3 dot's")
     hi_r = []
     for shape in ("256x256x256", "512x512x512", "512x128x512"):
         mm, kk_, nn = (int(v) for v in shape.split("x"))
@@ -217,6 +247,23 @@ def main() -> None:
     put("launch_overhead_seconds", max(launch, 0.0), ["grid/revisit/s256"],
         "half of what a 256-step launch of one revisited block takes beyond its steps and "
         "its two copies (prologue and epilogue)")
+
+    # a kernel's own DMAs started one by one in a loop (paged attention's page gather):
+    # per page beyond the same loop with 4 pages, its bytes flowing meanwhile
+    # a kernel's own DMAs started one after the other (paged attention's page gather,
+    # as jax writes it: the starts and the waits unrolled): the time per page over 4 to
+    # 16 pages a step, for 8 KiB (f32) and 4 KiB (bf16) pages
+    per_page = {dt: statistics.mean((t[f"r3/page-gather-unrolled/{dt}/p16/s{st}"]
+                                     - t[f"r3/page-gather-unrolled/{dt}/p4/s{st}"]) / (12 * st)
+                                    for st in (64, 256)) for dt in ("float32", "bfloat16")}
+    setup = [per_page[dt] - nb / bw["in"] for dt, nb in (("float32", 8192), ("bfloat16", 4096))]
+    put("dma_setup_seconds", statistics.mean(setup),
+        ["r3/page-gather-unrolled/{float32,bfloat16}/p4..p16/s64,s256"],
+        "a kernel's own DMA's time on the DMA engine beyond its bytes: the time per page "
+        "of a page gather (one DMA per page, its index read from SMEM, starts and waits "
+        f"unrolled as jax's paged attention has them: { {d: round(v * 1e9, 1) for d, v in per_page.items()} } "
+        "ns for 8 and 4 KiB pages) less the page's bytes at the read rate; per dtype "
+        f"{[round(v * 1e9, 1) for v in setup]} ns")
 
     n = "grid/copy/s512/b256x1024"
     blk = 256 * 1024 * 4

@@ -38,10 +38,10 @@ def main() -> None:
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     measured = json.loads(Path(a.measured).read_text())["kernels"]
-    round2 = Path(a.measured).with_name(Path(a.measured).name.replace("calibration.",
-                                                                     "calibration2."))
-    if round2.exists():
-        measured.update(json.loads(round2.read_text())["kernels"])
+    for later in ("calibration2.", "calibration3."):  # the later rounds' kernels
+        path = Path(a.measured).with_name(Path(a.measured).name.replace("calibration.", later))
+        if path.exists():
+            measured.update(json.loads(path.read_text())["kernels"])
     rows = {}
     for name in ck.names(a.only):
         m = measured.get(name, {})

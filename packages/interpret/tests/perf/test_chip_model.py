@@ -96,3 +96,95 @@ def test_a_transposed_right_operand_costs_its_transpose():
     nn = _record(dot(((1,), (0,))), x).by_primitive["dot_general"]
     nt = _record(dot(((1,), (1,))), x).by_primitive["dot_general"]
     assert nt - nn == pytest.approx(64 * V5E.mxu_transposed_rhs_vreg_seconds)  # 64 vregs
+
+
+def _loop_compute(body, x, steps):
+    """The compute time per iteration of ``steps`` iterations of ``body(i, x_ref, o_ref)``
+    (a loop over rows of one VMEM block)."""
+    def kernel(x_ref, o_ref):
+        def step(i, c):
+            body(i, x_ref, o_ref)
+            return c
+        jax.lax.fori_loop(0, steps, step, 0)
+
+    rec = _record(kernel, x)
+    return (rec.predicted_seconds - rec.exposed_dma_seconds) / steps
+
+
+@pytest.mark.timeout(120)
+def test_a_loop_iteration_starts_when_the_last_one_ended():
+    # one row a step with no carried value: on the chip a loop body is one basic block,
+    # so each iteration costs its whole chain (load, 4 dependent ops, store), not its
+    # throughput (measured: the RG-LRU scan, one row a step, ran 41% slower than
+    # iterations overlapping predicted)
+    def body(i, x_ref, o_ref):
+        y = x_ref[pl.ds(i, 1), :]
+        for _ in range(2):
+            y = y * 0.5 + 1.0
+        o_ref[pl.ds(i, 1), :] = y
+
+    per = _loop_compute(body, jnp.ones((256, 128), jnp.float32), 256)
+    chain = (2 * V5E.load_use_seconds + 4 * V5E.dependent_op_seconds
+             + V5E.loop_iteration_seconds)
+    assert per == pytest.approx(chain, rel=0.1)
+
+
+def _dots(dependent: bool, rows: int, n: int = 4):
+    def kernel(x_ref, w_ref, o_ref):
+        h = x_ref[...]
+        outs = []
+        for j in range(n):
+            y = jnp.dot(h if dependent else x_ref[...], w_ref[j],
+                        preferred_element_type=jnp.float32)
+            h = y
+            outs.append(y)
+        o_ref[...] = outs[-1] if dependent else sum(outs)
+
+    x = jnp.ones((rows, 128), jnp.float32)
+    w = jnp.ones((4, 128, 128), jnp.float32)
+    f = pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+                       interpret=InterpretParams(chip="v5e", skip_floating_point_ops=True))
+    with pi.timeline() as tl:
+        jax.block_until_ready(f(x, w))
+    rec = tl.launches[-1]
+    return rec.predicted_seconds - rec.exposed_dma_seconds
+
+
+@pytest.mark.timeout(120)
+def test_independent_dots_overlap_their_latency_dependent_dots_wait_for_it():
+    # measured (r3/dots): four independent 128^3 dots cost one dot's latency and four
+    # dots' MXU time; four dependent ones four latencies
+    busy = 2 * 128**3 / V5E.mxu_bf16_flops + V5E.mxu_weight_tile_seconds
+    dep, indep = _dots(True, 128), _dots(False, 128)
+    assert dep - indep == pytest.approx(3 * V5E.mxu_dot_seconds, rel=0.15)
+    assert indep - _dots(False, 128, 1) == pytest.approx(3 * busy, abs=10e-9)
+    # 256 rows stream through in two blocks of 128: a dependent dot starts on the
+    # first, so four dependent dots of twice the rows cost about one block more, not
+    # four dots' more (measured: r3/dots/dep/n4/256x256 took what four independent did)
+    more = _dots(True, 256) - dep
+    assert 0 < more < 2 * busy  # (waiting for whole results: about 4 * busy more)
+
+
+@pytest.mark.timeout(120)
+def test_cross_lane_ops_cost_their_latency_once():
+    x = jnp.ones((8, 128), jnp.float32)
+
+    def carried(f):
+        def kernel(x_ref, o_ref):
+            o_ref[...] = jax.lax.fori_loop(0, 512, lambda i, h: f(h), x_ref[...])
+        rec = _record(kernel, x)
+        return (rec.predicted_seconds - rec.exposed_dma_seconds) / 512
+
+    loop, dep = V5E.loop_iteration_seconds, V5E.dependent_op_seconds
+    # a column spread over the lanes (measured: r3/latency/lane_bcast, 80 ns a step)
+    spread = carried(lambda h: h * 0.5 + h[:, :1])
+    assert spread == pytest.approx(V5E.xlu_latency_seconds + dep + loop, rel=0.05)
+    # a lane max and its broadcast back: one cross-lane op (the reduction leaves its
+    # value in every lane; measured the same 80 ns)
+    lane_max = carried(lambda h: h - jnp.max(h, axis=-1, keepdims=True) * 0.5)
+    assert lane_max == pytest.approx(V5E.xlu_latency_seconds + 2 * dep + loop, rel=0.05)
+    # over sublanes: a short tree (measured 11 ns a step)
+    sublanes = carried(lambda h: h - jnp.sum(h, axis=0, keepdims=True) * 0.5)
+    assert sublanes == pytest.approx(V5E.sublane_reduce_latency_seconds + 2 * dep + loop,
+                                     rel=0.1)
+    assert sublanes < lane_max / 4

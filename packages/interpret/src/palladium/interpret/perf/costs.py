@@ -38,6 +38,16 @@ class Cost:
     #: its latency on a chain of dependent equations (a loop's carry, one row a step):
     #: what it adds when the next equation must wait for its result
     latency: float = 0.0
+    #: the parts the unit streams one after the other (a dot's blocks of ``mxu_rows``
+    #: left-operand rows): a dependent equation may start on the first part
+    parts: int = 1
+    #: a reduction over the lanes (on the chain: the cross-lane unit's latency; its
+    #: result holds the value in every lane)
+    lanes: bool = False
+    #: the operands (by position) whose one lane is spread over the lanes (a (n, 1)
+    #: column broadcast against (n, m)): the cross-lane unit's latency on the chain,
+    #: unless the column came from a lane reduction
+    spread: tuple[int, ...] = ()
 
 
 FREE = Cost(0.0, "")
@@ -94,10 +104,27 @@ def _nbytes(aval: Any) -> int:
 
 
 def _vregs(aval: Any, chip: ChipModel) -> int:
-    """The (8, 128) vregs an array occupies: its 32-bit words, rounded up to vregs
-    (a 16-bit array packs two elements per word)."""
-    nbytes = _nbytes(aval)
-    return max(1, math.ceil(nbytes / chip.vreg_bytes)) if nbytes else 0
+    """The vregs an array occupies: a 2-D (or higher) array whole (8, 128) tiles of
+    32-bit words over its last two dimensions (16-bit types packing two rows in one
+    sublane), a 1-D array its words rounded up to vregs."""
+    shape = getattr(aval, "shape", ())
+    try:
+        itemsize = np.dtype(aval.dtype).itemsize
+    except TypeError:
+        return 0
+    return _tiles(shape, itemsize, chip)
+
+
+def _tiles(shape: tuple[int, ...], itemsize: int, chip: ChipModel) -> int:
+    if not shape or not math.prod(shape):
+        return 0
+    if len(shape) == 1:
+        return max(1, math.ceil(int(shape[0]) * itemsize / chip.vreg_bytes))
+    sublanes, lanes = chip.vreg_tile
+    pack = max(1, 4 // itemsize)
+    return (math.prod(int(d) for d in shape[:-2])
+            * math.ceil(int(shape[-2]) / (sublanes * pack)) * math.ceil(int(shape[-1]) / lanes)
+            * max(1, itemsize // 4))
 
 
 def _dot_cost(eqn: Any, chip: ChipModel) -> Cost:
@@ -127,11 +154,17 @@ def _dot_cost(eqn: Any, chip: ChipModel) -> Cost:
     n = math.prod(int(s) for i, s in enumerate(rhs.shape)
                   if i not in _rc and i not in (_batch[1] or ()))
     tiles = batch * math.ceil(contract / 128) * math.ceil(max(n, 1) / 128)
-    fixed = chip.mxu_dot_seconds + tiles * chip.mxu_weight_tile_seconds
+    seconds = flops / rate + tiles * chip.mxu_weight_tile_seconds
     if chip.mxu_transposed_rhs_vreg_seconds and len(rhs.shape) - 1 in _rc:
-        fixed += _vregs(rhs, chip) * chip.mxu_transposed_rhs_vreg_seconds  # q @ k.T
-    seconds = flops / rate + fixed
-    return Cost(seconds, "mxu", flops, latency=seconds)
+        seconds += _vregs(rhs, chip) * chip.mxu_transposed_rhs_vreg_seconds  # q @ k.T
+    # the fixed cost (fill and drain) is latency: the MXU takes the next independent
+    # dot meanwhile, a result's user waits for it; the left operand's rows stream
+    # through in blocks of mxu_rows, so a dependent dot starts on the first block
+    # (measured: benchmarks/chip/calibration_kernels.py's r3/dots group)
+    rows = math.prod(int(s) for i, s in enumerate(lhs.shape)
+                     if i not in lc and i not in (_batch[0] or ()))
+    parts = batch * max(1, math.ceil(rows / max(chip.mxu_rows, 1)))
+    return Cost(seconds, "mxu", flops, latency=seconds + chip.mxu_dot_seconds, parts=parts)
 
 
 def _explicit_mxu_cost(eqn: Any, chip: ChipModel) -> Cost:
@@ -158,6 +191,15 @@ _EXPLICIT_MXU = frozenset({"matmul_push_rhs", "matmul_acc_lhs", "matmul_pop"})
 def equation_cost(eqn: Any, chip: ChipModel) -> Cost:
     """The cost of one equation on ``chip``'s TensorCore."""
     name = str(eqn.primitive)
+    cost = _equation_cost(eqn, chip, name)
+    if chip.xlu_latency_seconds and not cost.lanes and cost.unit in ("vpu", ""):
+        spread = _spread(eqn, name)
+        if spread:
+            return dataclasses.replace(cost, spread=spread)
+    return cost
+
+
+def _equation_cost(eqn: Any, chip: ChipModel, name: str) -> Cost:
     if name in _FREE or any(hasattr(p, "eqns") or hasattr(p, "jaxpr")
                             for p in eqn.params.values()):
         return FREE
@@ -192,8 +234,14 @@ def equation_cost(eqn: Any, chip: ChipModel) -> Cost:
     n = 0
     if name in _REDUCTIONS:
         # a reduction reads every vreg once (a VALU op each) and finishes with a
-        # cross-lane step per output vreg: model it as one op per input vreg.
+        # cross-lane step per output vreg: model it as one op per input vreg; on the
+        # chain, one over the lanes waits for the cross-lane unit, one over sublanes
+        # or leading dimensions for a short tree of ops
         n = _elements(eqn.invars) if floating and name in _ARITHMETIC else 0
+        if chip.xlu_latency_seconds and _over_lanes(eqn):
+            return Cost(vregs * per_vreg, "vpu", vector_flops=n,
+                        latency=chip.xlu_latency_seconds, lanes=True)
+        latency = max(latency, chip.sublane_reduce_latency_seconds)
     elif name in _ARITHMETIC and floating:
         n = _elements(eqn.outvars)
     return Cost(vregs * per_vreg, "vpu", vector_flops=n, latency=latency)
@@ -212,17 +260,42 @@ def _vector_vregs(eqn: Any, chip: ChipModel, transcendental: bool) -> float:
             dtype = np.dtype(aval.dtype)
         except TypeError:
             continue
-        elements = math.prod(aval.shape)
-        if not elements:
+        if not math.prod(aval.shape):
             continue
         if dtype.name in ("bfloat16", "float16"):
             factor = (chip.narrow_transcendental_factor if transcendental
                       else chip.narrow_valu_factor)
-            words = elements * factor
+            words = _tiles(aval.shape, 4, chip) * factor
         else:
-            words = elements * dtype.itemsize / 4
-        best = max(best, max(1.0, math.ceil(words / (chip.vreg_bytes / 4))))
+            words = _tiles(aval.shape, dtype.itemsize, chip)
+        best = max(best, max(1.0, math.ceil(words)))
     return best
+
+
+def _over_lanes(eqn: Any) -> bool:
+    """A reduction over its operand's last (lane) dimension."""
+    shape = getattr(eqn.invars[0].aval, "shape", ())
+    axes = eqn.params.get("axes", eqn.params.get("axis", ()))
+    axes = axes if isinstance(axes, tuple | list) else (axes,)
+    return bool(shape) and shape[-1] > 1 and (len(shape) - 1) in tuple(axes)
+
+
+def _spread(eqn: Any, name: str) -> tuple[int, ...]:
+    """The operands whose last dimension of 1 is spread over an output's lanes (a
+    broadcast, or an elementwise op broadcasting a column)."""
+    if name in _REDUCTIONS or not eqn.outvars:
+        return ()
+    out = getattr(eqn.outvars[0].aval, "shape", ())
+    if len(out) < 2 or out[-1] <= 1:
+        return ()
+    found = []
+    for i, v in enumerate(eqn.invars):
+        shape = getattr(v.aval, "shape", ())
+        if len(shape) >= 2 and shape[-1] == 1 and (
+                name != "broadcast_in_dim"
+                or tuple(eqn.params.get("broadcast_dimensions", ()))[-1:] == (len(out) - 1,)):
+            found.append(i)
+    return tuple(found)
 
 
 def _is_float(aval: Any) -> bool:

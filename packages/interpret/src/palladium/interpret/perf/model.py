@@ -121,6 +121,9 @@ _MEASURED_FIELDS = {
     "hbm_mixed_factor": "hbm_mixed_factor",
     "vector_op_latency_seconds": "vector_op_latency_seconds",
     "mxu_transposed_rhs_vreg_seconds": "mxu_transposed_rhs_vreg_seconds",
+    "dma_setup_seconds": "dma_setup_seconds",
+    "xlu_latency_seconds": "xlu_latency_seconds",
+    "sublane_reduce_latency_seconds": "sublane_reduce_latency_seconds",
 }
 
 #: Constants counted in cycles of the measured chip: a chip that was not measured gets
@@ -128,7 +131,8 @@ _MEASURED_FIELDS = {
 _CYCLE_FIELDS = ("valu_vreg_seconds", "dependent_op_seconds", "loop_iteration_seconds",
                  "load_use_seconds", "vmem_vreg_seconds", "mxu_dot_seconds",
                  "mxu_weight_tile_seconds", "mxu_transposed_rhs_vreg_seconds",
-                 "step_overhead_s", "launch_overhead_s")
+                 "step_overhead_s", "launch_overhead_s", "dma_setup_seconds",
+                 "xlu_latency_seconds", "sublane_reduce_latency_seconds")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -157,6 +161,12 @@ class ChipModel:
     eup_vreg_ops_per_cycle: float = EUP_VREG_OPS_PER_CYCLE
     vmem_vregs_per_cycle: float = VMEM_VREGS_PER_CYCLE
     vreg_bytes: int = VREG_BYTES
+    #: (sublanes, lanes) of a vreg: a 2-D array occupies whole (8, 128) tiles of 32-bit
+    #: words (a (128, 1) column as many vregs as a (128, 128) block)
+    vreg_tile: tuple[int, int] = (8, 128)
+    #: rows of a dot's left operand the MXU streams as one unit: a dot's first rows come
+    #: out (and a dependent dot starts) before its last ones (TpuInfo's MXU size)
+    mxu_rows: int = 128
     # --- measured on the chip (see MEASURED_CHIPS); None: derived from the above -------
     #: HBM bytes per second of reads into VMEM, writes from VMEM, and HBM -> HBM copies
     #: (bytes moved); a device's DMAs share one HBM: each byte costs 1 / its rate.
@@ -185,9 +195,16 @@ class ChipModel:
     vector_op_latency_seconds: Mapping[str, float] = dataclasses.field(default_factory=dict)
     loop_iteration_seconds: float = 0.0
     load_use_seconds: float = 0.0
+    #: Latency of a cross-lane op on the chain (a reduction over the lanes, a column
+    #: spread over them) and of a reduction over sublanes (0: not modelled)
+    xlu_latency_seconds: float = 0.0
+    sublane_reduce_latency_seconds: float = 0.0
     #: The MXU: one dot's fixed cost, each (128, 128) weight tile's load, and the passes
     #: of a precision=HIGHEST f32 dot.
     mxu_dot_seconds: float = 0.0
+    #: a kernel's own DMA's time on the DMA engine beyond its bytes (a page gather's
+    #: small DMAs are bound by it)
+    dma_setup_seconds: float = 0.0
     mxu_weight_tile_seconds: float = 0.0
     #: a dot contracting its right operand's last dimension (``q @ k.T``): per vreg of
     #: that operand (its transpose)
@@ -285,6 +302,8 @@ def chip_model(chip: str) -> ChipModel:
         vmem_limit_bytes=int(facts.default_scoped_vmem_limit_bytes),
         tensor_cores_per_chip=int(facts.tensor_cores_per_chip),
         vreg_bytes=int(facts.num_sublanes * facts.num_lanes * 4),
+        vreg_tile=(int(facts.num_sublanes), int(facts.num_lanes)),
+        mxu_rows=int(facts.mxu_column_size),
     )
     table = measured_constants(chip)
     if table is not None:

@@ -41,6 +41,14 @@ CoreId = tuple[int, int]
 #   ("mem", delta_bytes)                       VMEM in use changes
 
 
+def _all_in(variables: Any, replicated: set[Any]) -> bool:
+    """Whether every array among ``variables`` holds its values in every lane (and
+    there is one): an elementwise op of such values leaves its result so too."""
+    arrays = [v for v in variables
+              if type(v).__name__ != "Literal" and getattr(v.aval, "shape", ())]
+    return bool(arrays) and all(v in replicated for v in arrays)
+
+
 class TimelineRecorder(Observer):
     """Per-core event lists of one launch (created per launch by the timeline)."""
 
@@ -70,6 +78,13 @@ class TimelineRecorder(Observer):
         self._chain: dict[CoreId, float] = defaultdict(float)
         self._seen: dict[CoreId, set[int]] = defaultdict(set)
         self._anchor: dict[CoreId, int] = {}
+        # per core, when the current loop iteration began: a loop body is one basic block
+        # on the chip, so an iteration's loads cannot start before the last one ended
+        self._start: dict[CoreId, float] = {}
+        # per core, when the chunk's MXU takes its next dot, and the values that hold
+        # a lane reduction's result in every lane (spreading them over lanes is free)
+        self._mxu_free: dict[CoreId, float] = {}
+        self._replicated: dict[CoreId, set[Any]] = defaultdict(set)
         self._chained = bool(chip.dependent_op_seconds)
         # Called once with this recorder when the launch ended (finished or failed): the
         # timeline then keeps what it needs and nothing holds the events any more.
@@ -95,6 +110,9 @@ class TimelineRecorder(Observer):
         self._ready.pop(core, None)
         self._seen.pop(core, None)
         self._anchor.pop(core, None)
+        self._start.pop(core, None)
+        self._mxu_free.pop(core, None)
+        self._replicated.pop(core, None)
         events = self.events[core]
         if dt:
             events.append(("c", dt))
@@ -135,10 +153,14 @@ class TimelineRecorder(Observer):
             anchor = self._anchor.setdefault(core, key)
             if anchor == key:
                 chain += self.chip.loop_iteration_seconds
+                self._start[core] = chain
         else:
             seen.add(key)
-        first = whole = 0.0
+        start = self._start.get(core, 0.0)
+        first = whole = start
+        need = start  # a dot's right operand (its weights): all of it before the first part
         access = REF_ACCESSES.get(op.primitive)  # (its first operand: the ref)
+        mxu = cost.unit == "mxu"
         for i, v in enumerate(op.invars):
             if type(v).__name__ == "Literal":
                 continue
@@ -147,14 +169,29 @@ class TimelineRecorder(Observer):
             if access is not None and i == 0:
                 # a ref: ready when its last store on this chunk's chain is (a loop that
                 # carries its state in VMEM waits on it; loads of inputs do not)
-                f, w = ready.get(("ref", v), (0.0, 0.0))
+                f, w = ready.get(("ref", v), (start, start))
             else:
                 f, w = ready.get(v, (chain, chain))
+            if i in cost.spread and v not in self._replicated[core]:
+                # its one lane spread over the lanes by the cross-lane unit
+                f, w = f + self.chip.xlu_latency_seconds, w + self.chip.xlu_latency_seconds
+            if mxu and i > 0:
+                need = max(need, w)
             first, whole = max(first, f), max(whole, w)
-        if cost.unit == "mxu":
-            end = whole + cost.seconds
-            out = (end, end)
+        if mxu:
+            # the left operand's row blocks stream through the MXU, each out one
+            # latency after it went in: a dependent dot starts on the first block;
+            # independent dots queue for the MXU
+            part = cost.seconds / cost.parts
+            lag = max(cost.latency - cost.seconds, 0.0)
+            go = max(first, need, self._mxu_free.get(core, 0.0))
+            self._mxu_free[core] = max(go + cost.seconds, whole + part)
+            f = go + part + lag
+            out = (f, max(f + cost.seconds - part, whole + part + lag))
         else:
+            replicated = self._replicated[core]
+            if cost.lanes or (not cost.spread and _all_in(op.invars, replicated)):
+                replicated.update(op.outvars)  # a lane reduction's value in every lane
             f = first + cost.latency
             out = (f, max(whole + cost.latency, f + cost.seconds))
         for v in op.outvars:

@@ -244,15 +244,18 @@ class Replay:
             if kind == "dma":
                 _, dma_id, name, res, nbytes, signals, args, kind = action
                 direction = kind.split()[-1]
+                block = kind.startswith("block")
                 work = float(nbytes)
                 if res[0] == "hbm":
                     work *= (self.chip.hbm_byte_seconds(direction, self._cores_per_device)
                              * self.bandwidth["hbm"])
+                    if not block:  # a kernel's own DMA: the engine's time beyond its bytes
+                        work += self.chip.dma_setup_seconds * self.bandwidth["hbm"]
                 dma = _Dma(dma_id, name, core[0], res, nbytes, signals, t, args, work,
                            direction=direction)
                 self.dmas.append(dma)
                 self.resource_bytes[res] += nbytes
-                latency = self.chip.dma_latency("block" if kind.startswith("block") else direction)
+                latency = self.chip.dma_latency("block" if block else direction)
                 heapq.heappush(self._pending, (t + latency, len(self.dmas), dma))
             elif kind == "signal":
                 self._signal(action[1], action[2], t, "sem")
