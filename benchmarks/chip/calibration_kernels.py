@@ -679,6 +679,8 @@ def _flash_step(block: int, steps: int, part: str):
                                 preferred_element_type=jnp.float32)
         if part == "dot":
             acc_ref[...] += s[:, :128]
+        elif part == "pv":
+            acc_ref[...] += jnp.dot(s, v_ref[...], preferred_element_type=jnp.float32)
         else:
             m_prev = m_ref[...]
             m_new = jnp.maximum(m_prev, jnp.max(s, axis=-1, keepdims=True))
@@ -692,6 +694,12 @@ def _flash_step(block: int, steps: int, part: str):
                 if part == "full":
                     acc_ref[...] = acc_ref[...] * alpha[:, :1] + jnp.dot(
                         p, v_ref[...], preferred_element_type=jnp.float32)
+                elif part == "full-bf16p":
+                    acc_ref[...] = acc_ref[...] * alpha[:, :1] + jnp.dot(
+                        p.astype(jnp.bfloat16), v_ref[...].astype(jnp.bfloat16),
+                        preferred_element_type=jnp.float32)
+                elif part == "full-norescale":
+                    acc_ref[...] += jnp.dot(p, v_ref[...], preferred_element_type=jnp.float32)
 
         @pl.when(pl.program_id(0) == steps - 1)
         def _():
@@ -834,3 +842,57 @@ for _dt in (jnp.float32, jnp.bfloat16):
             _add(f"r3/page-gather-unrolled/{jnp.dtype(_dt).name}/p{_pp}/s{_s}", "micro",
                  _page_gather_unrolled(_pp, _s, _dt), kind="page-gather",
                  dtype=jnp.dtype(_dt).name, pages=_pp, steps=_s, unrolled=True)
+
+
+# round 3c: what the step's second dot costs with and without the softmax before it
+for _b in (128, 256):
+    for _part in ("pv", "full-bf16p", "full-norescale"):
+        for _s in (256, 1024):
+            _add(f"r3/flash-step/{_part}/b{_b}/s{_s}", "micro", _flash_step(_b, _s, _part),
+                 kind="flash-step", part=_part, block=_b, steps=_s)
+
+
+# round 3d: a grid step's own cost by the number of operands (each revisited: no copies)
+def _grid_operands(n_in: int, steps: int):
+    def body(*refs):
+        *ins, o_ref = refs
+        acc = ins[0][...]
+        for r in ins[1:]:
+            acc = acc + r[...]
+        o_ref[...] += acc
+
+    def make():
+        spec = pl.BlockSpec((8, 128), lambda i: (0, 0))
+        xs = tuple(_arr((8, 128), seed=j) for j in range(n_in))
+        fn = _lazy(body, out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32),
+                   grid=(steps,), in_specs=[spec] * n_in, out_specs=spec)
+        return (lambda *xs: fn(*xs)), xs
+    return make
+
+
+for _n in (1, 3, 6):
+    for _s in (256, 4096):
+        _add(f"r3/grid-operands/in{_n}/s{_s}", "micro", _grid_operands(_n, _s),
+             kind="grid-operands", inputs=_n, steps=_s)
+
+
+# ... and a step whose values outgrow the 64 vregs (two (rows, 128) f32 values live)
+def _live(rows: int, steps: int):
+    def body(x_ref, o_ref):
+        s = x_ref[...]
+        p = jnp.exp(s)
+        o_ref[...] += (p * s + s) + p
+
+    def make():
+        spec = pl.BlockSpec((rows, 128), lambda i: (0, 0))
+        x = _arr((rows, 128), scale=0.1)
+        fn = _lazy(body, out_shape=jax.ShapeDtypeStruct((rows, 128), jnp.float32),
+                   grid=(steps,), in_specs=[spec], out_specs=spec)
+        return (lambda x: fn(x)), (x,)
+    return make
+
+
+for _rows in (128, 256, 512):
+    for _s in (256, 1024):
+        _add(f"r3/live/r{_rows}/s{_s}", "micro", _live(_rows, _s), kind="live", rows=_rows,
+             steps=_s)

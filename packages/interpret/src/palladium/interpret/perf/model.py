@@ -121,7 +121,7 @@ _MEASURED_FIELDS = {
     "hbm_mixed_factor": "hbm_mixed_factor",
     "vector_op_latency_seconds": "vector_op_latency_seconds",
     "mxu_transposed_rhs_vreg_seconds": "mxu_transposed_rhs_vreg_seconds",
-    "dma_setup_seconds": "dma_setup_seconds",
+    "dma_min_seconds": "dma_min_seconds",
     "xlu_latency_seconds": "xlu_latency_seconds",
     "sublane_reduce_latency_seconds": "sublane_reduce_latency_seconds",
 }
@@ -131,7 +131,7 @@ _MEASURED_FIELDS = {
 _CYCLE_FIELDS = ("valu_vreg_seconds", "dependent_op_seconds", "loop_iteration_seconds",
                  "load_use_seconds", "vmem_vreg_seconds", "mxu_dot_seconds",
                  "mxu_weight_tile_seconds", "mxu_transposed_rhs_vreg_seconds",
-                 "step_overhead_s", "launch_overhead_s", "dma_setup_seconds",
+                 "step_overhead_s", "launch_overhead_s", "dma_min_seconds",
                  "xlu_latency_seconds", "sublane_reduce_latency_seconds")
 
 
@@ -202,9 +202,9 @@ class ChipModel:
     #: The MXU: one dot's fixed cost, each (128, 128) weight tile's load, and the passes
     #: of a precision=HIGHEST f32 dot.
     mxu_dot_seconds: float = 0.0
-    #: a kernel's own DMA's time on the DMA engine beyond its bytes (a page gather's
-    #: small DMAs are bound by it)
-    dma_setup_seconds: float = 0.0
+    #: the least time a kernel's own DMA holds the DMA engine, however few its bytes
+    #: (a page gather's small DMAs are bound by it; a big DMA's bytes hide it)
+    dma_min_seconds: float = 0.0
     mxu_weight_tile_seconds: float = 0.0
     #: a dot contracting its right operand's last dimension (``q @ k.T``): per vreg of
     #: that operand (its transpose)

@@ -249,8 +249,8 @@ class Replay:
                 if res[0] == "hbm":
                     work *= (self.chip.hbm_byte_seconds(direction, self._cores_per_device)
                              * self.bandwidth["hbm"])
-                    if not block:  # a kernel's own DMA: the engine's time beyond its bytes
-                        work += self.chip.dma_setup_seconds * self.bandwidth["hbm"]
+                    if not block:  # a kernel's own DMA: the engine's least time for one
+                        work = max(work, self.chip.dma_min_seconds * self.bandwidth["hbm"])
                 dma = _Dma(dma_id, name, core[0], res, nbytes, signals, t, args, work,
                            direction=direction)
                 self.dmas.append(dma)
