@@ -219,10 +219,6 @@ class Launch:
         return (device, core)
 
     # --- the launch itself ------------------------------------------------------------------
-    def execute(self, args: list[np.ndarray]) -> list[np.ndarray]:
-        """Run the launch on one device with the callback's operands; its outputs."""
-        return self.execute_devices([args])[0]
-
     def execute_devices(self, device_args: list[list[np.ndarray]]) -> list[list[np.ndarray]]:
         """Run the launch on every device at once (``device_args[d]``: device ``d``'s
         operands) in one simulation; each device's outputs."""
