@@ -62,7 +62,6 @@ SEMAPHORE = mosaic_core.MemorySpace.SEMAPHORE
 VMEM_SHARED = mosaic_core.MemorySpace.VMEM_SHARED
 BarrierSemaphoreDType = pallas_core.BarrierSemaphore
 DMASemaphoreDType = mosaic_core.DMASemaphore
-AbstractSemaphoreTy = pallas_core.AbstractSemaphoreTy
 
 # --- refs and transforms -----------------------------------------------------------------
 AbstractRef = state_types.AbstractRef
@@ -84,7 +83,6 @@ semaphore_read_p = pallas_primitives.semaphore_read_p
 semaphore_signal_p = pallas_primitives.semaphore_signal_p
 semaphore_wait_p = pallas_primitives.semaphore_wait_p
 delay_p = pallas_primitives.delay_p
-get_global_p = pallas_primitives.get_global_p
 DeviceIdType = pallas_primitives.DeviceIdType
 
 get_p = state_primitives.get_p
