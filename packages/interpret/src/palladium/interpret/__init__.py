@@ -17,7 +17,6 @@ from palladium.interpret.eval import (  # noqa: F401  (registers the rules)
     rules_memory,
     rules_misc,
     rules_mxu,
-    rules_semaphore,
     rules_unsupported,
 )
 from palladium.interpret.eval.registry import register_interpret_rule
