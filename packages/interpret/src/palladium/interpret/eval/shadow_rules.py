@@ -17,6 +17,7 @@ from palladium.interpret import _jax_compat as jc
 from palladium.interpret.eval.context import Equation, KernelContext, Value
 from palladium.interpret.eval.primitive_groups import NESTED_CALLS, REF_ACCESSES
 from palladium.interpret.eval.rules_control import run_scan, run_while
+from palladium.interpret.eval.rules_memory import masked_access_parts
 from palladium.interpret.eval.shadow_propagation import propagate
 from palladium.interpret.eval.value_shadows import (
     Tainted,
@@ -141,20 +142,16 @@ def _access_roles(eqn: Equation) -> dict[int, str]:
     if prim is jc.swap_p or prim is jc.addupdate_p:
         return {1: "value"}
     if prim is jc.load_p or prim is jc.masked_swap_p:
-        import jax
-        args_tree = eqn.params["args_tree"]
-        children: list[Any] = jax.tree_util.treedef_children(args_tree)
-        ref_tree, transforms_tree, third, fourth = children
-        n = ref_tree.num_leaves + transforms_tree.num_leaves
+        _, n, third, fourth = masked_access_parts(eqn)
         roles: dict[int, str] = {}
         if prim is jc.load_p:
-            if third.num_leaves:
+            if third:
                 roles[n] = "mask"
-            if fourth.num_leaves:
-                roles[n + int(third.num_leaves > 0)] = "other"
+            if fourth:
+                roles[n + int(third)] = "other"
         else:
             roles[n] = "value"
-            if fourth.num_leaves:
+            if fourth:
                 roles[n + 1] = "mask"
         return roles
     return {}
