@@ -133,6 +133,15 @@ def _entry_point_groups() -> set[str]:
     return groups
 
 
+def _exported(module: str) -> set[str]:
+    """The names in ``module``'s ``__all__`` (a list of string literals)."""
+    for node in ast.parse(MODULES[module].read_text()).body:
+        if isinstance(node, ast.Assign) and any(
+                isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets):
+            return {e.value for e in node.value.elts if isinstance(e, ast.Constant)}
+    return set()
+
+
 @functools.cache
 def _top_level_names(module: str) -> frozenset[str]:
     """The names ``module`` defines or imports at its top level (inside ``if`` and
@@ -145,6 +154,8 @@ def _top_level_names(module: str) -> frozenset[str]:
         node = todo.pop()
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             names.add(node.name)
+        elif isinstance(node, ast.ImportFrom) and node.names[0].name == "*":
+            names.update(_exported(node.module or ""))  # what the star import brings
         elif isinstance(node, (ast.Import, ast.ImportFrom)):
             names.update((a.asname or a.name).partition(".")[0] for a in node.names)
         elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):

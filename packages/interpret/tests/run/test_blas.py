@@ -15,7 +15,9 @@ from jax.experimental import pallas as pl
 from threadpoolctl import ThreadpoolController
 
 import palladium.interpret as pi
-from palladium.interpret.run.single_threaded_blas import blas_threads, single_threaded_blas
+from palladium.interpret.state.process_state import STATE
+
+blas_threads, single_threaded_blas = STATE.blas.threads, STATE.blas.held
 
 
 @pytest.fixture

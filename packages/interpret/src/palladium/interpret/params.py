@@ -261,88 +261,52 @@ class InterpretParams:
         if _is_jax_logging_mode(self.logging_mode):  # jax's own flag: palladium's equivalent
             object.__setattr__(self, "logging_mode", LoggingMode.from_jax(self.logging_mode))
         for field in _BOOLS:
-            if not isinstance(getattr(self, field), bool):
-                raise ConfigError(
-                    f"InterpretParams.{field} must be True or False, got "
-                    f"{getattr(self, field)!r}."
-                )
-        if not isinstance(self.compile_segments, bool) and self.compile_segments != "static":
-            raise ConfigError(
-                f"InterpretParams.compile_segments must be True, False or 'static', got "
-                f"{self.compile_segments!r}."
-            )
+            self._require(field, isinstance(getattr(self, field), bool), "True or False")
+        self._require("compile_segments", isinstance(self.compile_segments, bool)
+                      or self.compile_segments == "static", "True, False or 'static'")
         for field, option in _OPTION_OF_FIELD.items():
             check_choice(option, getattr(self, field), name=f"InterpretParams.{field}")
         check_on_race(self.on_race, name="InterpretParams.on_race")
-        if not isinstance(self.num_cores_or_threads, int) or self.num_cores_or_threads < 1:
-            raise ConfigError(
-                "InterpretParams.num_cores_or_threads must be an int >= 1, got "
-                f"{self.num_cores_or_threads!r}."
-            )
-        if self.random_seed is not None and not isinstance(self.random_seed, int):
-            raise ConfigError(
-                f"InterpretParams.random_seed must be an int or None, got {self.random_seed!r}."
-            )
-        if self.vector_clock_size is not None and (
-            not isinstance(self.vector_clock_size, int) or self.vector_clock_size < 1
-        ):
-            raise ConfigError(
-                "InterpretParams.vector_clock_size must be None or an int >= 1, got "
-                f"{self.vector_clock_size!r}."
-            )
-        if self.logging_mode is not None and not isinstance(self.logging_mode, LoggingMode):
-            raise ConfigError(
-                "InterpretParams.logging_mode must be None or a LoggingMode flag (palladium."
-                f"interpret.LoggingMode or jax's pltpu interpret LoggingMode), got "
-                f"{self.logging_mode!r}."
-            )
-        p = self.progress_interval
-        if p is not None and (isinstance(p, bool) or not isinstance(p, int | float)
-                              or not 0 < p < 1e9):
-            raise ConfigError(
-                "InterpretParams.progress_interval must be a number of seconds > 0 (and "
-                f"< 1e9), or None for no progress reports, got {p!r}."
-            )
+        n = self.num_cores_or_threads
+        self._require("num_cores_or_threads", isinstance(n, int) and n >= 1, "an int >= 1")
+        self._require("random_seed", self.random_seed is None
+                      or isinstance(self.random_seed, int), "an int or None")
+        v = self.vector_clock_size
+        self._require("vector_clock_size", v is None or isinstance(v, int) and v >= 1,
+                      "None or an int >= 1")
+        self._require("logging_mode", self.logging_mode is None
+                      or isinstance(self.logging_mode, LoggingMode),
+                      "None or a LoggingMode flag (palladium.interpret.LoggingMode or jax's "
+                      "pltpu interpret LoggingMode)")
+        self._require("progress_interval", _seconds_or_none(self.progress_interval),
+                      "a number of seconds > 0 (and < 1e9), or None for no progress reports")
         b = self.failure_snapshot_bytes
-        if isinstance(b, bool) or not isinstance(b, int) or b < 0:
-            raise ConfigError(
-                f"InterpretParams.failure_snapshot_bytes must be an int >= 0, got {b!r}."
-            )
-        if not isinstance(self.dma_order_trials, int) or self.dma_order_trials < 0:
-            raise ConfigError(
-                "InterpretParams.dma_order_trials must be an int >= 0, got "
-                f"{self.dma_order_trials!r}."
-            )
+        self._require("failure_snapshot_bytes",
+                      not isinstance(b, bool) and isinstance(b, int) and b >= 0, "an int >= 0")
+        t = self.dma_order_trials
+        self._require("dma_order_trials", isinstance(t, int) and t >= 0, "an int >= 0")
         if self.dma_order_trials and self.dma_order != "random":
             raise ConfigError(
                 "InterpretParams.dma_order_trials needs dma_order='random' (with 'issue' every "
                 "trial runs the same order)."
             )
-        w = self.watchdog_timeout
-        if w is not None and (isinstance(w, bool) or not isinstance(w, int | float)
-                              or not 0 < w < 1e9):
-            raise ConfigError(
-                "InterpretParams.watchdog_timeout must be a number of seconds > 0 (and "
-                f"< 1e9), or None for no watchdog, got {w!r}."
-            )
-        if not isinstance(self.rendezvous_timeout, int | float) or self.rendezvous_timeout <= 0:
-            raise ConfigError(
-                "InterpretParams.rendezvous_timeout must be a number of seconds > 0, got "
-                f"{self.rendezvous_timeout!r}."
-            )
-        if self.compile_check not in COMPILE_CHECKS:
-            raise ConfigError(
-                f"InterpretParams.compile_check must be one of {COMPILE_CHECKS}, got "
-                f"{self.compile_check!r}."
-            )
-        if self.chip is not None and self.chip not in CHIPS:
-            raise ConfigError(f"InterpretParams.chip must be one of {CHIPS}, got {self.chip!r}.")
-        if self.grid_point_recorder is not None and not callable(self.grid_point_recorder):
-            raise ConfigError(
-                "InterpretParams.grid_point_recorder must be None or a callable "
-                f"(grid_point, core) -> None, got {self.grid_point_recorder!r}."
-            )
+        self._require("watchdog_timeout", _seconds_or_none(self.watchdog_timeout),
+                      "a number of seconds > 0 (and < 1e9), or None for no watchdog")
+        r = self.rendezvous_timeout
+        self._require("rendezvous_timeout", isinstance(r, int | float) and not r <= 0,
+                      "a number of seconds > 0")
+        self._require("compile_check", self.compile_check in COMPILE_CHECKS,
+                      f"one of {COMPILE_CHECKS}")
+        self._require("chip", self.chip is None or self.chip in CHIPS, f"one of {CHIPS}")
+        self._require("grid_point_recorder", self.grid_point_recorder is None
+                      or callable(self.grid_point_recorder),
+                      "None or a callable (grid_point, core) -> None")
         validate_values(self)
+
+    def _require(self, field: str, ok: bool, what: str) -> None:
+        if not ok:
+            raise ConfigError(
+                f"InterpretParams.{field} must be {what}, got {getattr(self, field)!r}.")
 
     def grid_point_recorder_call(self) -> Callable[[tuple[int, ...], int], None] | None:
         """``grid_point_recorder`` as a ``(grid_point, core)`` callable, calling the
@@ -397,6 +361,10 @@ class InterpretParams:
     def seed(self) -> int:
         """``random_seed``, with None meaning 0."""
         return self.random_seed or 0
+
+
+def _seconds_or_none(x: Any) -> bool:
+    return x is None or (not isinstance(x, bool) and isinstance(x, int | float) and 0 < x < 1e9)
 
 
 def _takes_token(recorder: Callable[..., Any]) -> bool:

@@ -47,7 +47,6 @@ DynamicGridDim = pallas_core.DynamicGridDim
 GridMapping = pallas_core.GridMapping
 BlockMapping = pallas_core.BlockMapping
 TensorCoreMesh = mosaic_core.TensorCoreMesh
-TPUCompilerParams = mosaic_core.CompilerParams
 PARALLEL = getattr(mosaic_core, "PARALLEL", None)
 
 # --- memory spaces and semaphore dtypes -------------------------------------------------
@@ -61,10 +60,8 @@ VMEM = mosaic_core.MemorySpace.VMEM
 SMEM = mosaic_core.MemorySpace.SMEM
 SEMAPHORE = mosaic_core.MemorySpace.SEMAPHORE
 VMEM_SHARED = mosaic_core.MemorySpace.VMEM_SHARED
-RegularSemaphoreDType = pallas_core.Semaphore
 BarrierSemaphoreDType = pallas_core.BarrierSemaphore
 DMASemaphoreDType = mosaic_core.DMASemaphore
-AbstractSemaphoreTy = pallas_core.AbstractSemaphoreTy
 
 # --- refs and transforms -----------------------------------------------------------------
 AbstractRef = state_types.AbstractRef
@@ -86,7 +83,6 @@ semaphore_read_p = pallas_primitives.semaphore_read_p
 semaphore_signal_p = pallas_primitives.semaphore_signal_p
 semaphore_wait_p = pallas_primitives.semaphore_wait_p
 delay_p = pallas_primitives.delay_p
-get_global_p = pallas_primitives.get_global_p
 DeviceIdType = pallas_primitives.DeviceIdType
 
 get_p = state_primitives.get_p
@@ -270,13 +266,6 @@ def trace_to_closed_jaxpr(fn: Any, avals: Any, name: str) -> Any:
 def axis_sizes() -> dict:
     """``{axis name: size}`` of the named axes in scope (a ``shard_map``'s mesh axes)."""
     return dict(jax_core.get_axis_env().axis_sizes)
-
-
-def lowering_call_site(ctx: Any) -> tuple[str, int] | None:
-    """(file, line) of the user code that called ``pl.pallas_call(...)(x)`` whose
-    equation a lowering rule lowers, or None (see ``lowering_call_frame``)."""
-    frame = lowering_call_frame(ctx)
-    return None if frame is None else (frame[0], frame[1])
 
 
 def lowering_call_frame(ctx: Any) -> tuple[str, int, str] | None:

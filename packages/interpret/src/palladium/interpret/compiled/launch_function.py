@@ -1,11 +1,7 @@
-"""A whole kernel launch as one pure function of its operands, for ``jax.jit``.
-
-The grid loop of ``run/grid_loop.py`` traced: the same grid order (``schedule``), the
-same HBM buffers (padded to whole blocks, filled with the launch's uninitialised value),
-a block copied HBM -> VMEM only when its index changes and back when the next grid
-point's differs, the revisit check; the body is the traced evaluator
-(``traced_eval.run_jaxpr``) on a state with a DMA table (``dma_table.py``) and a grid.
-The function returns the outputs and the flags of ``traced_state.py``.
+"""A whole kernel launch as one pure function of its operands, for ``jax.jit``: the grid
+loop of ``run/grid_loop.py`` traced over the traced evaluator (``traced_eval.run_jaxpr``)
+with a DMA table and a grid (what it keeps of the simulator's loop: docs/architecture.md).
+It returns the outputs and the flags of ``traced_state.py``.
 
 Every grid point's block indices are computed before the loop, at once (the index maps
 ``vmap``-ed over the grid order), and so are which blocks each step copies and the

@@ -108,11 +108,6 @@ class CoreEvaluator:
         XLA's, whose environment does not change while it runs)."""
         self.flushes = hardware_flushes()
 
-    @property
-    def observes_equations(self) -> bool:
-        """Whether an observer is told of every equation (the timeline)."""
-        return self._observers is not None
-
     def run_program(self, prog: Program, args: list[Value]) -> list[Value]:
         """Run a program compiled apart from the kernel's cache (a compiled segment's
         equations, one by one)."""

@@ -126,20 +126,24 @@ def write(ev: KernelContext, ref: MemRef, acc: Access, plan: AccessPlan, value: 
         return
     # Reshape / transpose / index after the region: scatter by element position, and
     # tell the simulator exactly which elements of the region were written.
-    positions = acc.positions()
-    value = np.broadcast_to(np.asarray(value, dtype=ref.buffer.dtype), positions.shape)
     full = np.zeros(math.prod(acc.region_shape), dtype=ref.buffer.dtype)
-    if mask is not None:
-        m = np.broadcast_to(np.asarray(mask, dtype=bool), positions.shape)
-        full[positions[m]] = value[m]
-    else:
-        full[positions.ravel()] = value.ravel()
+    _scatter(full, acc.positions(), value, mask)
     full = full.reshape(acc.region_shape)
     touched = acc.region_mask(mask)
     sim.write(ref.buffer, plan, full, mask=None if touched.all() else touched,
               core=ev.core, site=site)
     if ev.store_shadow is not None:
         _note_store(ev, ref, acc, plan, eqn, None if touched.all() else touched)
+
+
+def _scatter(flat: np.ndarray, positions: np.ndarray, value: Any, mask: Any) -> None:
+    """Store ``value`` (where ``mask``) at the flat ``positions`` of ``flat``."""
+    value = np.broadcast_to(np.asarray(value, dtype=flat.dtype), positions.shape)
+    if mask is not None:
+        m = np.broadcast_to(np.asarray(mask, dtype=bool), positions.shape)
+        flat[positions[m]] = value[m]
+    else:
+        flat[positions.ravel()] = value.ravel()
 
 
 def _note_store(ev: KernelContext, ref: MemRef, acc: Access, plan: AccessPlan,
@@ -172,15 +176,8 @@ def _write_through_bitcast(ev: KernelContext, ref: MemRef, acc: Access, plan: Ac
     old = np.asarray(sim.read(ref.buffer, plan, core=ev.core, site=site,
                               check_written=False))  # the words the store completes
     view = tpu_bitcast(old, post[0].dtype).copy()
-    rest = Access(acc.region, view.shape, post[1:])
-    positions = rest.positions()
-    value = np.broadcast_to(np.asarray(value, dtype=view.dtype), positions.shape)
     flat = view.reshape(-1)
-    if mask is not None:
-        m = np.broadcast_to(np.asarray(mask, dtype=bool), positions.shape)
-        flat[positions[m]] = value[m]
-    else:
-        flat[positions.ravel()] = value.ravel()
+    _scatter(flat, Access(acc.region, view.shape, post[1:]).positions(), value, mask)
     new = tpu_bitcast(flat.reshape(view.shape), old.dtype)
     sim.write(ref.buffer, plan, new, core=ev.core, site=site)
 

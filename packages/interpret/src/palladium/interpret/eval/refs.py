@@ -267,8 +267,7 @@ def dims_region(dims: list[Any]) -> tuple[tuple[int | slice, ...], tuple[int, ..
             region.append(d)
         else:
             start, step, size = d
-            stop = start + (size - 1) * step + 1 if size else start
-            region.append(slice(start, stop, step))
+            region.append(numpy_slice(start, size, step))
             region_shape.append(size)
     return tuple(region), tuple(region_shape)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import jax.extend.core.primitives as jex_prims
@@ -53,8 +54,10 @@ def _cond(eqn: Equation, used: frozenset[Any]) -> Rule:
     return run
 
 
-@rule(jc.while_p)
-def _while(ev: KernelContext, eqn: Equation, invals: list[Value]) -> list[Value]:
+def run_while(ev: KernelContext, eqn: Equation, invals: list[Value],
+              check: Callable[[Value], None] | None = None) -> list[Value]:
+    """A ``while`` loop, each value of its condition first handed to ``check`` (the
+    shadow rules report a shadowed one)."""
     p = eqn.params
     nc, nb = p["cond_nconsts"], p["body_nconsts"]
     cond_consts, body_consts, carry = invals[:nc], invals[nc : nc + nb], invals[nc + nb :]
@@ -65,17 +68,23 @@ def _while(ev: KernelContext, eqn: Equation, invals: list[Value]) -> list[Value]
     limit = (WHILE_GUESS if ev.skip_floating_point_ops and is_float_steered_loop(eqn)
              else None)
     n = 0
-    while bool(np.asarray(ev.eval_closed(cond_jaxpr, [*cond_consts, *carry])[0])):
+    while limit is None or n < limit:
+        pred = ev.eval_closed(cond_jaxpr, [*cond_consts, *carry])[0]
+        if check is not None:
+            check(pred)
+        if not bool(np.asarray(pred)):
+            break
         tick(site)  # the watchdog sees a loop that never ends
         carry = ev.eval_closed(body_jaxpr, [*body_consts, *carry])
         n += 1
-        if limit is not None and n >= limit:
-            break
     return carry
 
 
-@rule(jc.scan_p)
-def _scan(ev: KernelContext, eqn: Equation, invals: list[Value]) -> list[Value]:
+def run_scan(ev: KernelContext, eqn: Equation, invals: list[Value],
+             index: Callable[[Value, int], Value] = lambda x, i: np.asarray(x)[i],
+             stack: Callable[[list[Value], Any], Value] | None = None) -> list[Value]:
+    """A ``scan``: ``index(x, i)`` slices an x, ``stack(ys, aval)`` stacks a y's values
+    (the shadow rules keep the shadows of both)."""
     p = eqn.params
     n_consts, n_carry, length = p["num_consts"], p["num_carry"], p["length"]
     consts, carry, xs = invals[:n_consts], invals[n_consts : n_consts + n_carry], invals[n_consts + n_carry :]
@@ -84,7 +93,7 @@ def _scan(ev: KernelContext, eqn: Equation, invals: list[Value]) -> list[Value]:
     ys: list[list[Any]] = [[] for _ in y_avals]
     steps = range(length - 1, -1, -1) if p["reverse"] else range(length)
     for i in steps:
-        out = ev.eval_closed(body, [*consts, *carry, *(np.asarray(x)[i] for x in xs)])
+        out = ev.eval_closed(body, [*consts, *carry, *(index(x, i) for x in xs)])
         carry = out[:n_carry]
         for acc, y in zip(ys, out[n_carry:]):
             acc.append(y)
@@ -92,12 +101,17 @@ def _scan(ev: KernelContext, eqn: Equation, invals: list[Value]) -> list[Value]:
         for acc in ys:
             acc.reverse()
     stacked = [
-        np.stack([np.asarray(y, dtype=aval.dtype) for y in acc])
-        if acc
-        else np.zeros(aval.shape, aval.dtype)
+        np.zeros(aval.shape, aval.dtype) if not acc
+        else stack(acc, aval) if stack is not None
+        else np.stack([np.asarray(y, dtype=aval.dtype) for y in acc])
         for acc, aval in zip(ys, y_avals)
     ]
     return [*carry, *stacked]
+
+
+rule(jc.while_p)(run_while)
+rule(jc.scan_p)(run_scan)
+
 
 
 @rule(jc.jit_p)

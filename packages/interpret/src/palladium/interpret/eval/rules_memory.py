@@ -76,7 +76,7 @@ def _addupdate(eqn: Equation, used: frozenset[Any]) -> Rule:
 # as jax's ``TransformedRef`` flattens: the ref first), the indexers' leaves, then the
 # mask and fill (load) or the value and mask (store), each present or None in the tree;
 # only the first ``n`` operands are part of the access.
-def _masked_access_parts(eqn: Equation) -> tuple[Any, int, bool, bool]:
+def masked_access_parts(eqn: Equation) -> tuple[Any, int, bool, bool]:
     """(the operands' tree, ``n``, whether the third and fourth parts are given)."""
     args_tree = eqn.params["args_tree"]
     children: list[Any] = jax.tree_util.treedef_children(args_tree)
@@ -99,7 +99,7 @@ def _base(value: Any) -> Any:
 @rule_compiler(jc.load_p)
 def _load(eqn: Equation, used: frozenset[Any]) -> Rule:
     cache: PlanCache[ResolvedAccess] = PlanCache()
-    args_tree, n, masked, other_given = _masked_access_parts(eqn)
+    args_tree, n, masked, other_given = masked_access_parts(eqn)
     aval = eqn.outvars[0].aval
 
     def run(ev: KernelContext, eqn: Equation, invals: list[Value]) -> list[Value]:
@@ -120,7 +120,7 @@ def _load(eqn: Equation, used: frozenset[Any]) -> Rule:
 @rule_compiler(jc.masked_swap_p)
 def _masked_swap(eqn: Equation, used: frozenset[Any]) -> Rule:
     cache: PlanCache[ResolvedAccess] = PlanCache()
-    args_tree, n, _, masked = _masked_access_parts(eqn)
+    args_tree, n, _, masked = masked_access_parts(eqn)
     old_used = eqn.outvars[0] in used  # see ``memory.swap``
 
     def run(ev: KernelContext, eqn: Equation, invals: list[Value]) -> list[Value]:

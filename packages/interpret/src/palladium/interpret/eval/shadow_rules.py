@@ -15,9 +15,9 @@ import numpy as np
 
 from palladium.interpret import _jax_compat as jc
 from palladium.interpret.eval.context import Equation, KernelContext, Value
-from palladium.interpret.eval.float_steering import is_float_steered_loop
 from palladium.interpret.eval.primitive_groups import NESTED_CALLS, REF_ACCESSES
-from palladium.interpret.eval.segments import WHILE_GUESS
+from palladium.interpret.eval.rules_control import run_scan, run_while
+from palladium.interpret.eval.rules_memory import masked_access_parts
 from palladium.interpret.eval.shadow_propagation import propagate
 from palladium.interpret.eval.value_shadows import (
     Tainted,
@@ -95,58 +95,17 @@ def _cond(ev: KernelContext, rule: Any, eqn: Equation, ops: list[Value]) -> list
 
 @_shadow_rule(jc.while_p)
 def _while(ev: KernelContext, rule: Any, eqn: Equation, ops: list[Value]) -> list[Value]:
-    p = eqn.params
-    nc, nb = p["cond_nconsts"], p["body_nconsts"]
-    cond_consts, body_consts, carry = ops[:nc], ops[nc: nc + nb], ops[nc + nb:]
-    tick, site = ev.sim.tick, ev.site(eqn)
-    # (as the plain rule: without float arithmetic a float-steered loop runs WHILE_GUESS
-    # iterations, and ``predict`` says so)
-    limit = (WHILE_GUESS if ev.skip_floating_point_ops and is_float_steered_loop(eqn)
-             else None)
-    n = 0
-    while True:
-        pred = ev.eval_closed(p["cond_jaxpr"], [*cond_consts, *carry])[0]
+    def check(pred: Value) -> None:
         if pred.__class__ is Tainted:
             raise report_use(ev, eqn, pred, "a loop's condition (lax.while_loop / "
                                             "lax.fori_loop bound)")
-        if not bool(np.asarray(pred)) or (limit is not None and n >= limit):
-            return carry
-        tick(site)  # the watchdog sees a loop that never ends
-        carry = ev.eval_closed(p["body_jaxpr"], [*body_consts, *carry])
-        n += 1
+    return run_while(ev, eqn, ops, check)
 
 
 @_shadow_rule(jc.scan_p)
 def _scan(ev: KernelContext, rule: Any, eqn: Equation, ops: list[Value]) -> list[Value]:
-    # (the plain rule's own loop would drop the shadows of its ys when stacking them)
-    p = eqn.params
-    n_consts, n_carry, length = p["num_consts"], p["num_carry"], p["length"]
-    consts, carry, xs = ops[:n_consts], ops[n_consts: n_consts + n_carry], ops[n_consts + n_carry:]
-    y_avals = [v.aval for v in eqn.outvars[n_carry:]]
-    ys: list[list[Any]] = [[] for _ in y_avals]
-    steps = range(length - 1, -1, -1) if p["reverse"] else range(length)
-    for i in steps:
-        sliced = [_index(x, i) for x in xs]
-        out = ev.eval_closed(p["jaxpr"], [*consts, *carry, *sliced])
-        carry = out[:n_carry]
-        for acc, y in zip(ys, out[n_carry:]):
-            acc.append(y)
-    if p["reverse"]:
-        for acc in ys:
-            acc.reverse()
-    stacked: list[Any] = []
-    for acc, aval in zip(ys, y_avals):
-        if not acc:
-            stacked.append(np.zeros(aval.shape, aval.dtype))
-            continue
-        value = np.stack([np.asarray(plain(y), dtype=aval.dtype) for y in acc])
-        first = first_tainted(acc)
-        if first is None:
-            stacked.append(value)
-        else:
-            shadow = np.stack([full_shadow(y) for y in acc])
-            stacked.append(Tainted(value, shadow, first.origin))
-    return [*carry, *stacked]
+    # (the plain rule's own stacking would drop the shadows of its xs and ys)
+    return run_scan(ev, eqn, ops, _index, _stack)
 
 
 def _index(x: Any, i: int) -> Any:
@@ -154,6 +113,14 @@ def _index(x: Any, i: int) -> Any:
         return tainted(np.asarray(x.value)[i], np.broadcast_to(
             x.shadow, np.shape(x.value))[i], x.origin)
     return np.asarray(x)[i]
+
+
+def _stack(ys: list[Value], aval: Any) -> Value:
+    value = np.stack([np.asarray(plain(y), dtype=aval.dtype) for y in ys])
+    first = first_tainted(ys)
+    if first is None:
+        return value
+    return Tainted(value, np.stack([full_shadow(y) for y in ys]), first.origin)
 
 
 def _passthrough(ev: KernelContext, rule: Any, eqn: Equation, ops: list[Value]) -> list[Value]:
@@ -175,34 +142,26 @@ def _access_roles(eqn: Equation) -> dict[int, str]:
     if prim is jc.swap_p or prim is jc.addupdate_p:
         return {1: "value"}
     if prim is jc.load_p or prim is jc.masked_swap_p:
-        import jax
-        args_tree = eqn.params["args_tree"]
-        children: list[Any] = jax.tree_util.treedef_children(args_tree)
-        ref_tree, transforms_tree, third, fourth = children
-        n = ref_tree.num_leaves + transforms_tree.num_leaves
+        _, n, third, fourth = masked_access_parts(eqn)
         roles: dict[int, str] = {}
         if prim is jc.load_p:
-            if third.num_leaves:
+            if third:
                 roles[n] = "mask"
-            if fourth.num_leaves:
-                roles[n + int(third.num_leaves > 0)] = "other"
+            if fourth:
+                roles[n + int(third)] = "other"
         else:
             roles[n] = "value"
-            if fourth.num_leaves:
+            if fourth:
                 roles[n + 1] = "mask"
         return roles
     return {}
-
-
-def _roles(eqn: Equation) -> dict[int, str]:
-    return _access_roles(eqn)  # (asked only where an operand has a shadow)
 
 
 def _access(ev: KernelContext, rule: Any, eqn: Equation, ops: list[Value]) -> list[Value]:
     store: Any = None
     extra: Any = None  # a load's mask / fill, or a store's mask, with a shadow
     if first_tainted(ops) is not None:
-        roles = _roles(eqn)
+        roles = _access_roles(eqn)
         for i, x in enumerate(ops):
             if x.__class__ is not Tainted:
                 continue
@@ -240,7 +199,7 @@ def _access(ev: KernelContext, rule: Any, eqn: Equation, ops: list[Value]) -> li
         shadow, origin = noted
     if extra is not None and prim is jc.load_p:
         role, x, i = extra
-        mask = np.asarray(ops[_mask_at(eqn)]) if "mask" in _roles(eqn).values() else None
+        mask = np.asarray(ops[_mask_at(eqn)]) if "mask" in _access_roles(eqn).values() else None
         if role == "mask":
             add = np.broadcast_to(x.shadow, np.shape(out))
         else:  # the fill: where the mask is False (a fill is given with a mask only)
@@ -255,7 +214,7 @@ def _access(ev: KernelContext, rule: Any, eqn: Equation, ops: list[Value]) -> li
 
 
 def _mask_at(eqn: Equation) -> int:
-    return next(i for i, r in _roles(eqn).items() if r == "mask")
+    return next(i for i, r in _access_roles(eqn).items() if r == "mask")
 
 
 _shadow_rule(*REF_ACCESSES)(_access)

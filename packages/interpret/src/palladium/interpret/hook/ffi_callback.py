@@ -40,7 +40,6 @@ TARGET = "palladium_host_call"
 _METADATA = 1  # XLA_FFI_Extension_Metadata
 _EXECUTE = 3  # XLA_FFI_ExecutionStage_EXECUTE
 _INTERNAL = 13  # XLA_FFI_Error_Code_INTERNAL
-_ARG_BUFFER = 1  # XLA_FFI_ArgType_BUFFER (= XLA_FFI_RetType_BUFFER)
 _ATTR_SCALAR = 3  # XLA_FFI_AttrType_SCALAR
 
 

@@ -45,7 +45,6 @@ from palladium.interpret.run.devices import DeviceMesh
 from palladium.interpret.run.execution_plan import COMPILED, ExecutionPlan, plan_launch
 from palladium.interpret.run.launch import Launch
 from palladium.interpret.run.order_check import check_dma_order
-from palladium.interpret.run.single_threaded_blas import single_threaded_blas
 from palladium.interpret.state.process_state import STATE, reset
 from palladium.race_detect import RaceReport
 from palladium.shared_memory.collector import frozen_heap
@@ -111,7 +110,7 @@ def _execute(kernel: PreparedKernel, params: InterpretParams, mesh: DeviceMesh,
             device_args = [[np.array(a, copy=True) for a in args] for args in device_args]
         # The launches are dropped inside the frozen heap: a large one's cyclic garbage
         # is collected there, without walking the whole jax heap (shared_memory.collector).
-        with frozen_heap(collect=True), single_threaded_blas():
+        with frozen_heap(collect=True), STATE.blas.held():
             results = _attempt(kernel, params, mesh, device_args, plan,
                                partition=partition()).results
             if params.dma_order_trials:

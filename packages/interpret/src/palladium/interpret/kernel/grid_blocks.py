@@ -59,7 +59,3 @@ class GridBlocks:
             tuple(point[v] if kind == "grid" else v for kind, v in picks)
             for picks in self._projections
         ]
-
-    def region(self, operand: int, block: tuple[int, ...]) -> tuple[int | slice, ...]:
-        """The region of ``block`` of operand ``operand``."""
-        return self.infos[operand].region(block)

@@ -18,6 +18,14 @@ logger = logging.getLogger("palladium.interpret")
 CoreId = tuple[int, int]
 
 
+#: The hooks each mode logs by.
+_HOOKS = ((LoggingMode.GRID, ("grid_step_begin",)),
+          (LoggingMode.MEMORY, ("allocate", "block_copy")),
+          (LoggingMode.SEMAPHORE, ("semaphore_signal", "semaphore_wait_begin",
+                                   "semaphore_wait_end")),
+          (LoggingMode.BARRIER, ("barrier_begin", "barrier_end")))
+
+
 class LoggingObserver(Observer):
     """Logs (DEBUG, logger ``palladium.interpret``) what ``mode`` asks for: ``LAUNCH``
     the launch, ``GRID`` every grid point a core runs, ``MEMORY`` every allocation and
@@ -35,17 +43,10 @@ class LoggingObserver(Observer):
             if info.memory is not None:
                 logger.debug("launch %s: %s", info.kernel_name, info.memory.summary())
         # A hook the mode does not ask for is the no-op again: ObserverSet skips it.
-        if LoggingMode.GRID not in mode:
-            vars(self)["grid_step_begin"] = Observer.grid_step_begin.__get__(self)
-        if LoggingMode.MEMORY not in mode:
-            vars(self)["allocate"] = Observer.allocate.__get__(self)
-            vars(self)["block_copy"] = Observer.block_copy.__get__(self)
-        if LoggingMode.SEMAPHORE not in mode:
-            for hook in ("semaphore_signal", "semaphore_wait_begin", "semaphore_wait_end"):
-                vars(self)[hook] = getattr(Observer, hook).__get__(self)
-        if LoggingMode.BARRIER not in mode:
-            for hook in ("barrier_begin", "barrier_end"):
-                vars(self)[hook] = getattr(Observer, hook).__get__(self)
+        for flag, hooks in _HOOKS:
+            if flag not in mode:
+                for hook in hooks:
+                    vars(self)[hook] = getattr(Observer, hook).__get__(self)
 
     def semaphore_signal(self, core: CoreId, sem: SemaphoreInfo, inc: int) -> None:
         logger.debug("%s: device %d core %d signals semaphore %s of device %d core %d by %d",
@@ -74,14 +75,10 @@ class LoggingObserver(Observer):
 
     def block_copy(self, copy: BlockCopy) -> None:
         space = copy.space.name if isinstance(copy.space, MemorySpace) else str(copy.space)
-        if copy.direction == "in":
-            logger.debug("%s: core %d grid point %s: copy block %s of input '%s' HBM -> %s",
-                         self.name, copy.core[1], copy.grid_point, copy.block, copy.operand,
-                         space)
-        else:
-            logger.debug("%s: core %d grid point %s: copy block %s of output '%s' %s -> HBM",
-                         self.name, copy.core[1], copy.grid_point, copy.block, copy.operand,
-                         space)
+        kind, src, dst = (("input", "HBM", space) if copy.direction == "in"
+                          else ("output", space, "HBM"))
+        logger.debug("%s: core %d grid point %s: copy block %s of %s '%s' %s -> %s", self.name,
+                     copy.core[1], copy.grid_point, copy.block, kind, copy.operand, src, dst)
 
 
 def launch_logger(info: LaunchInfo) -> list[Observer]:

@@ -126,13 +126,13 @@ class CoreRun:
             hbm, kernel_ref = self.hbm_inputs[operand], self.input_refs[operand]
         else:
             hbm, kernel_ref = self.hbm_outputs[operand - n_in], self.output_refs[operand - n_in]
-        sim = self.launch.sim
-        part = self.blocks.infos[operand].block_region(block)
+        sim, info = self.launch.sim, self.blocks.infos[operand]
+        part = info.block_region(block)
         if part is None:  # the whole kernel buffer: one plan for every block
             inner = self._plans.get((operand, None), sim.plan, kernel_ref.buffer, None)
         else:
             inner = sim.plan(kernel_ref.buffer, part)
-        return (sim.plan(hbm, self.blocks.region(operand, block)), inner)
+        return (sim.plan(hbm, info.region(block)), inner)
 
     def _block_indices(self, point: tuple[int, ...]) -> list[tuple[int, ...]]:
         fast = self.blocks.indices(point)
@@ -146,18 +146,16 @@ class CoreRun:
             out.append(tuple(int(np.asarray(i)) for i in idx))
         return out
 
-    def _site(self, point: tuple[int, ...], what: str) -> Site:
-        return Site(kernel=self.launch.kernel_name, core=self.core, grid_point=point, what=what,
-                    source_info=self.launch.kernel.launch_location)
-
-    def _copy_site(self, point: tuple[int, ...], what: str, info: BlockSpecInfo,
-                   block: tuple[int, ...], kind: str) -> Site:
-        """A block copy's site: its out-of-bounds error names the index map's answer
-        against the valid blocks and suggests fixing it (``block_messages``)."""
+    def _site(self, point: tuple[int, ...], what: str,
+              copy: tuple[BlockSpecInfo, tuple[int, ...], str] | None = None) -> Site:
+        """Where the loop is; a block copy's (``copy``: operand, block, kind) out-of-bounds
+        error names the index map's answer against the valid blocks and suggests fixing
+        it (``block_messages``)."""
         return Site(kernel=self.launch.kernel_name, core=self.core, grid_point=point, what=what,
                     source_info=self.launch.kernel.launch_location,
-                    out_of_bounds_headline=BlockIndexHeadline(info, block, kind, point),
-                    out_of_bounds_hint=BlockIndexHint(info, block))
+                    out_of_bounds_headline=None if copy is None else BlockIndexHeadline(
+                        *copy, point),
+                    out_of_bounds_hint=None if copy is None else BlockIndexHint(*copy[:2]))
 
     def run(self) -> None:
         self.ev.probe_environment()  # (once per core's run, not per grid step: ~4 us)
@@ -234,8 +232,8 @@ class CoreRun:
                     continue
                 b = cur[n_in + o]
                 if nxt is None or nxt[n_in + o] != b:
-                    site = self._copy_site(point, f"copy of block {b} of output '{info.name}' "
-                                                  "to HBM", info, b, "output")
+                    site = self._site(point, f"copy of block {b} of output '{info.name}' to HBM",
+                                      (info, b, "output"))
                     hbm, vmem = self._copy_plans(n_in + o, b)
                     block = sim.read_block(self.output_refs[o].buffer, vmem, core=self.core,
                                            site=site)
@@ -298,5 +296,5 @@ class CoreRun:
 
     def _copy_in_site(self, i: int, block: tuple[int, ...], point: GridPoint) -> Site:
         info = self.launch.kernel.inputs[i]
-        return self._copy_site(point, f"copy of block {block} of input '{info.name}' into "
-                                      f"{info.space.name}", info, block, "input")
+        return self._site(point, f"copy of block {block} of input '{info.name}' into "
+                                 f"{info.space.name}", (info, block, "input"))

@@ -35,6 +35,7 @@ from palladium.interpret.run.devices import DeviceMesh
 from palladium.interpret.run.execution_plan import SIMULATED, ExecutionPlan, plan_launch
 from palladium.interpret.run.grid_loop import CoreRun, schedule
 from palladium.interpret.run.memory_map import MemoryMap
+from palladium.interpret.run.output_blocks import output_storage
 from palladium.interpret.state.process_state import STATE
 from palladium.race_detect.call_log import MAX_KEYS
 from palladium.shared_memory import (
@@ -219,10 +220,6 @@ class Launch:
         return (device, core)
 
     # --- the launch itself ------------------------------------------------------------------
-    def execute(self, args: list[np.ndarray]) -> list[np.ndarray]:
-        """Run the launch on one device with the callback's operands; its outputs."""
-        return self.execute_devices([args])[0]
-
     def execute_devices(self, device_args: list[list[np.ndarray]]) -> list[list[np.ndarray]]:
         """Run the launch on every device at once (``device_args[d]``: device ``d``'s
         operands) in one simulation; each device's outputs."""
@@ -257,7 +254,7 @@ class Launch:
         points = schedule(k, self.grid, self.num_cores, self.vmapped_dims, self.params.seed)
         bodies = {}
         device_outputs = []
-        storage = {o: self.memory.output_storage(info, len(device_args))
+        storage = {o: output_storage(k, info.padded_shape, info.dtype, len(device_args))
                    for o, info in enumerate(k.outputs) if o not in aliases}
         for device, args in enumerate(device_args):
             scalars, inputs = args[n_dyn : n_dyn + n_idx], args[n_dyn + n_idx :]

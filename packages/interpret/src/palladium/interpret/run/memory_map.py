@@ -18,7 +18,6 @@ from palladium.interpret.eval.refs import MemRef, SemaphoreRef
 from palladium.interpret.kernel.blocks import BlockSpecInfo, memory_space_of
 from palladium.interpret.kernel.prepared_kernel import PreparedKernel
 from palladium.interpret.params import InterpretParams
-from palladium.interpret.run.output_blocks import output_storage
 from palladium.shared_memory import (
     BufferRef,
     MemorySpace,
@@ -233,11 +232,6 @@ class MemoryMap:
         hold it, from ``output_storage``)."""
         return self.allocate((device, 0), _home(info), hbm_name(info), info.padded_shape,
                              info.dtype, storage=storage)
-
-    def output_storage(self, info: BlockSpecInfo, count: int) -> list[np.ndarray]:
-        """``count`` arrays for the HBM buffers of output ``info`` (one per device): slices
-        of one block kept with the kernel for its next launch (``output_blocks``)."""
-        return output_storage(self.kernel, info.padded_shape, info.dtype, count)
 
     def core_operands(self, core: CoreId, scalars: list[Any], hbm_inputs: list[BufferRef],
                       hbm_outputs: list[BufferRef]) -> list[MemRef | SemaphoreRef]:

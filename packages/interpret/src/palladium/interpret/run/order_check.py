@@ -22,7 +22,6 @@ from palladium.interpret.errors import DmaOrderDependenceError, SimulationError
 from palladium.interpret.params import InterpretParams
 
 Results = list[list[np.ndarray]]
-RunFn = Callable[[InterpretParams], Any]  # params -> Launch (already executed or failed)
 
 _MAX_REPORTS = 4
 

@@ -22,7 +22,9 @@ are those of the single-threaded BLAS.
 
 from __future__ import annotations
 
+import contextlib
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 import numpy  # noqa: F401  (loads numpy's BLAS, so that threadpoolctl finds it)
@@ -61,6 +63,21 @@ class SingleThreadLimit:
                 self._limiter = self.controller().limit(limits=1, user_api="blas")
                 _release_control()
             self._depth += 1
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        """Within this context every BLAS library numpy uses runs one thread (the context
+        every launch runs in)."""
+        self.enter()
+        try:
+            yield
+        finally:
+            self.exit()
+
+    def threads(self) -> int:
+        """The largest current thread count of numpy's BLAS libraries (0 if none is found)."""
+        counts = [lib["num_threads"] for lib in self.controller().select(user_api="blas").info()]
+        return max(counts, default=0)
 
     @property
     def depth(self) -> int:

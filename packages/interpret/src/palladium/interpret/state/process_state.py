@@ -1,53 +1,12 @@
 """Everything palladium.interpret keeps per process, in one place, and its one ``reset()``.
 
 Each launch builds its own simulation and drops it at the end; what outlives a launch
-is this, and only this:
-
-=================  ========================================  ==============================
-``STATE.``         what it holds                             ``reset()``
-=================  ========================================  ==============================
-failures           failed launches' exceptions, by failure    forgotten
-                   id, for ``errors_as_raised`` (bounded)
-races              ``on_race="collect"`` reports not yet      dropped
-                   collected (bounded) and open scopes
-rendezvous         multi-device launches waiting for their    must be empty (no launch in
-                   devices                                    flight)
-blas               the reference-counted one-BLAS-thread      must be idle (no launch in
-                   limit of the launches in flight            flight)
-rules              primitive -> interpreter rule              back to the table at import
-                                                              (built-ins + entry points)
-launch_observers   factories of ``add_launch_observer``       removed
-launch_scopes      the ``scoped_launch_observer`` factories   untouched (each block ends
-                   of the current context (a ContextVar) and   its own)
-                   every open block's (for launches on XLA's
-                   threads)
-mode_loggers       ``LoggingMode`` -> observer factory        back to the ones at import
-segments           compiled segments of kernel bodies by     untouched (a cache: what it
-                   their equations (``segment_cache``)       holds never changes results)
-progress           the launches running now that report      nothing (empty when no launch
-                   their progress, and its one thread        runs)
-processes          this process's place in a jax.distributed  nothing (it belongs to the
-                   run of 2+ processes and its heartbeat     jax.distributed client)
-                   thread (from the first split launch)
-=================  ========================================  ==============================
-
-Besides these, each part keeps its own stores, registered here with :meth:`ProcessState.keep`
-(``STATE.stores``, listed by :meth:`ProcessState.describe`): caches of what jax's and
-libtpu's compilers made and of what palladium derived from a kernel (kept weakly by the
-kernel where they belong to one), the compiled launches' counters, the threads that wait
-for bounded calls, the host callbacks of the calls in flight, Ctrl-C's hooks. ``reset()``
-leaves them untouched (a cache's contents never change a result);
-``clear_caches()`` empties each that can be emptied (what a test of a cold start does).
-No other module-level store exists (``integration_tests/test_architecture_homes.py``).
-
-(``palladium.shared_memory.scheduler`` keeps one more set, of the schedulers running
-right now, for Ctrl-C; it is empty whenever no launch runs, so it needs no reset.)
-
-The classes live in their own modules (``failures``, ``race_log``, ``rendezvous``,
-``blas_limit``, ``rule_table``, ``segment_cache``, ``process_layouts``); the modules that *use* the state import it from
-here. ``reset_tpu_interpret_mode_state()`` (jax's name) calls
-``reset(registrations=False)``: it forgets failures and reports, not what the program
-registered.
+is ``STATE``, and only this. What each field holds and what ``reset()`` does to it, and
+the stores each part registers with :meth:`ProcessState.keep` (``reset()`` leaves them;
+``clear_caches()`` empties those that can be emptied): docs/architecture.md, "Process-wide
+state" (every registered store named there: ``integration_tests/test_architecture_homes.py``).
+``reset_tpu_interpret_mode_state()`` (jax's name) calls ``reset(registrations=False)``:
+it forgets failures and reports, not what the program registered.
 """
 
 from __future__ import annotations
