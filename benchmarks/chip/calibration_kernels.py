@@ -896,3 +896,85 @@ for _rows in (128, 256, 512):
     for _s in (256, 1024):
         _add(f"r3/live/r{_rows}/s{_s}", "micro", _live(_rows, _s), kind="live", rows=_rows,
              steps=_s)
+
+
+# round 3e: do short loops overlap their iterations (unrolled by the compiler)? A loop of
+# `trip` rows a grid step, its bounds static (a scan) or read from SMEM (a while loop)
+def _short_loop(trip: int, steps: int, dynamic: bool):
+    def body(n_ref, x_ref, o_ref):
+        def row(i, c):
+            y = x_ref[pl.ds(i, 1), :]
+            y = jax.nn.sigmoid(y * 2.0 + 1.0) * 3.0
+            o_ref[pl.ds(i, 1), :] = y + o_ref[pl.ds(i, 1), :]
+            return c
+        upper = n_ref[0] if dynamic else trip
+        jax.lax.fori_loop(0, upper, row, 0)
+
+    def make():
+        spec = pl.BlockSpec((16, 128), lambda i, n: (0, 0))
+        x = _arr((16, 128))
+        n = jnp.asarray([trip], jnp.int32)
+        grid_spec = pltpu.PrefetchScalarGridSpec(num_scalar_prefetch=1, grid=(steps,),
+                                                 in_specs=[spec], out_specs=spec)
+        fn = _lazy(body, out_shape=jax.ShapeDtypeStruct((16, 128), jnp.float32),
+                   grid_spec=grid_spec)
+        return (lambda n, x: fn(n, x)), (n, x)
+    return make
+
+
+for _trip in (2, 4, 16):
+    for _dyn in (False, True):
+        for _s in (256, 1024):
+            _add(f"r3/short-loop/{'dynamic' if _dyn else 'static'}/t{_trip}/s{_s}", "micro",
+                 _short_loop(_trip, _s, _dyn), kind="short-loop", trip=_trip, dynamic=_dyn,
+                 steps=_s)
+
+
+# ... and the online-softmax step as jax's flash attention keeps its state: m and l
+# replicated over 128 lanes, a causal mask on the scores
+def _flash_step_jax(block: int, steps: int, causal: bool):
+    def body(q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, acc_ref):
+        @pl.when(pl.program_id(0) == 0)
+        def _():
+            m_ref[...] = jnp.full(m_ref.shape, -1e30, jnp.float32)
+            l_ref[...] = jnp.zeros(l_ref.shape, jnp.float32)
+            acc_ref[...] = jnp.zeros(acc_ref.shape, jnp.float32)
+
+        s = jax.lax.dot_general(q_ref[...], k_ref[...], (((1,), (1,)), ((), ())),
+                                preferred_element_type=jnp.float32)
+        if causal:
+            rows = jax.lax.broadcasted_iota(jnp.int32, s.shape, 0)
+            cols = jax.lax.broadcasted_iota(jnp.int32, s.shape, 1)
+            s = s + jnp.where(cols <= rows, 0.0, -1e30)
+        m_prev, l_prev = m_ref[...], l_ref[...]
+        m_next = jnp.maximum(m_prev, jnp.max(s, axis=1)[:, None])
+        reps = block // 128
+        p = jnp.exp(s - (jnp.tile(m_next, (1, reps)) if reps > 1 else m_next))
+        alpha = jnp.exp(m_prev - m_next)
+        l_next = jnp.sum(p, axis=1)[:, None] + alpha * l_prev
+        m_ref[...], l_ref[...] = m_next, l_next
+        acc_ref[...] = acc_ref[...] * alpha + jnp.dot(p, v_ref[...],
+                                                      preferred_element_type=jnp.float32)
+
+        @pl.when(pl.program_id(0) == steps - 1)
+        def _():
+            o_ref[...] = acc_ref[...] / l_ref[...]
+
+    def make():
+        q, k, v = (_arr((block, 128), seed=i, scale=0.1) for i in range(3))
+        spec = pl.BlockSpec((block, 128), lambda i: (0, 0))
+        fn = _lazy(body, out_shape=jax.ShapeDtypeStruct((block, 128), jnp.float32),
+                   grid=(steps,), in_specs=[spec] * 3, out_specs=spec,
+                   scratch_shapes=[pltpu.VMEM((block, 128), jnp.float32)] * 3,
+                   compiler_params=pltpu.CompilerParams(
+                       dimension_semantics=("arbitrary",)))
+        return (lambda q, k, v: fn(q, k, v)), (q, k, v)
+    return make
+
+
+for _b in (128, 256):
+    for _causal in (False, True):
+        for _s in (256, 1024):
+            _add(f"r3/flash-step-jax/{'causal' if _causal else 'full'}/b{_b}/s{_s}", "micro",
+                 _flash_step_jax(_b, _s, _causal), kind="flash-step-jax", block=_b,
+                 causal=_causal, steps=_s)

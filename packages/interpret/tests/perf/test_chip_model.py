@@ -124,8 +124,9 @@ def test_a_loop_iteration_starts_when_the_last_one_ended():
         o_ref[pl.ds(i, 1), :] = y
 
     per = _loop_compute(body, jnp.ones((256, 128), jnp.float32), 256)
-    chain = (2 * V5E.load_use_seconds + 4 * V5E.dependent_op_seconds
-             + V5E.loop_iteration_seconds)
+    # (the next iteration issues after this one's store issued: the store's own latency
+    # is not waited for, nothing reads the row it writes)
+    chain = V5E.load_use_seconds + 4 * V5E.dependent_op_seconds + V5E.loop_iteration_seconds
     assert per == pytest.approx(chain, rel=0.1)
 
 

@@ -84,6 +84,7 @@ class TimelineRecorder(Observer):
         # per core, when the chunk's MXU takes its next dot, and the values that hold
         # a lane reduction's result in every lane (spreading them over lanes is free)
         self._mxu_free: dict[CoreId, float] = {}
+        self._issued: dict[CoreId, float] = {}  # when the chunk's last op issued
         self._replicated: dict[CoreId, set[Any]] = defaultdict(set)
         self._chained = bool(chip.dependent_op_seconds)
         # Called once with this recorder when the launch ended (finished or failed): the
@@ -112,6 +113,7 @@ class TimelineRecorder(Observer):
         self._anchor.pop(core, None)
         self._start.pop(core, None)
         self._mxu_free.pop(core, None)
+        self._issued.pop(core, None)
         self._replicated.pop(core, None)
         events = self.events[core]
         if dt:
@@ -152,8 +154,9 @@ class TimelineRecorder(Observer):
         if key in seen:
             anchor = self._anchor.setdefault(core, key)
             if anchor == key:
-                chain += self.chip.loop_iteration_seconds
-                self._start[core] = chain
+                # the next iteration's first bundle issues after the last one's last
+                # (stores and long ops still in flight; a value it needs, it waits for)
+                self._start[core] = self._issued.get(core, 0.0) + self.chip.loop_iteration_seconds
         else:
             seen.add(key)
         start = self._start.get(core, 0.0)
@@ -185,6 +188,7 @@ class TimelineRecorder(Observer):
             part = cost.seconds / cost.parts
             lag = max(cost.latency - cost.seconds, 0.0)
             go = max(first, need, self._mxu_free.get(core, 0.0))
+            issued = go
             self._mxu_free[core] = max(go + cost.seconds, whole + part)
             f = go + part + lag
             out = (f, max(f + cost.seconds - part, whole + part + lag))
@@ -194,11 +198,14 @@ class TimelineRecorder(Observer):
                 replicated.update(op.outvars)  # a lane reduction's value in every lane
             f = first + cost.latency
             out = (f, max(whole + cost.latency, f + cost.seconds))
+            issued = max(first, whole - cost.seconds) if cost.seconds else first
         for v in op.outvars:
             ready[v] = out
         if access is not None and True in access.writes and op.invars:
             ready[("ref", op.invars[0])] = out
         self._chain[core] = max(chain, out[1])
+        if issued > self._issued.get(core, 0.0):
+            self._issued[core] = issued
 
     def _totals(self) -> None:
         """The launch's costs by primitive and unit, its flops and transcendentals,
