@@ -71,6 +71,11 @@ class TimelineRecorder(Observer):
         self._seen: dict[CoreId, set[int]] = defaultdict(set)
         self._anchor: dict[CoreId, int] = {}
         self._chained = bool(chip.dependent_op_seconds)
+        # compute_run's chunks: per run of equations (by id; the tuple held), the state
+        # a fresh chunk is left in after it
+        self._runs: dict[int, tuple[Any, ...]] = {}
+        # per equation (by id; the equation held): what ``_chain_operands`` answers
+        self._operands: dict[int, tuple[Any, ...]] = {}
         # Called once with this recorder when the launch ended (finished or failed): the
         # timeline then keeps what it needs and nothing holds the events any more.
         self.on_done: Callable[[TimelineRecorder], None] | None = None
@@ -119,6 +124,33 @@ class TimelineRecorder(Observer):
         if hit[1].seconds:
             ran[key] = 1
 
+    def compute_run(self, core: CoreId, ops: tuple[Any, ...]) -> None:
+        """``compute(core, op)`` for each of ``ops`` in order (a grid step's body told
+        again: ``run/body_memo.py``). A run told at the start of a chunk leaves the
+        chunk in the same state each time: kept the first time, restored after."""
+        fresh = (not self.pending.get(core) and not self._ready.get(core)
+                 and not self._seen.get(core) and core not in self._anchor
+                 and self._chain.get(core, 0.0) == 0.0)
+        kept = self._runs.get(id(ops)) if fresh else None
+        if kept is not None and kept[0] is ops:
+            _, counts, chain, ready, seen, anchor = kept
+            self.pending[core] = dict(counts)
+            if self._chained:
+                self._chain[core] = chain
+                self._ready[core] = dict(ready)
+                self._seen[core] = set(seen)
+                if anchor is not None:
+                    self._anchor[core] = anchor
+            return
+        compute = self.compute
+        for op in ops:
+            compute(core, op)
+        if fresh:
+            self._runs[id(ops)] = (
+                ops, dict(self.pending.get(core, {})), self._chain.get(core, 0.0),
+                dict(self._ready.get(core, {})), set(self._seen.get(core, ())),
+                self._anchor.get(core))
+
     def _on_chain(self, core: CoreId, op: Any, cost: Cost) -> None:
         """The equation's place on the chunk's dataflow: each value has the time its
         first vreg is ready and the time all of it is. A vector op streams (its first
@@ -138,18 +170,17 @@ class TimelineRecorder(Observer):
         else:
             seen.add(key)
         first = whole = 0.0
-        access = REF_ACCESSES.get(op.primitive)  # (its first operand: the ref)
-        for i, v in enumerate(op.invars):
-            if type(v).__name__ == "Literal":
-                continue
-            if not getattr(v.aval, "shape", (1,)):
-                continue  # a scalar (a loop counter, an index): the scalar unit runs ahead
-            if access is not None and i == 0:
-                # a ref: ready when its last store on this chunk's chain is (a loop that
-                # carries its state in VMEM waits on it; loads of inputs do not)
-                f, w = ready.get(("ref", v), (0.0, 0.0))
-            else:
-                f, w = ready.get(v, (chain, chain))
+        plan = self._operands.get(key)
+        if plan is None or plan[0] is not op:
+            plan = self._operands[key] = (op, *_chain_operands(op))
+        _, refs, values, written = plan
+        for r in refs:
+            # a ref: ready when its last store on this chunk's chain is (a loop that
+            # carries its state in VMEM waits on it; loads of inputs do not)
+            f, w = ready.get(r, (0.0, 0.0))
+            first, whole = max(first, f), max(whole, w)
+        for v in values:
+            f, w = ready.get(v, (chain, chain))
             first, whole = max(first, f), max(whole, w)
         if cost.unit == "mxu":
             end = whole + cost.seconds
@@ -159,8 +190,8 @@ class TimelineRecorder(Observer):
             out = (f, max(whole + cost.latency, f + cost.seconds))
         for v in op.outvars:
             ready[v] = out
-        if access is not None and True in access.writes and op.invars:
-            ready[("ref", op.invars[0])] = out
+        if written is not None:
+            ready[written] = out
         self._chain[core] = max(chain, out[1])
 
     def _totals(self) -> None:
@@ -229,3 +260,23 @@ class TimelineRecorder(Observer):
         done, self.on_done = self.on_done, None
         if done is not None:
             done(self)
+
+
+def _chain_operands(op: Any) -> tuple[tuple[Any, ...], tuple[Any, ...], Any]:
+    """The keys ``_on_chain`` reads for ``op``'s operands in ``ready``: its ref's (a ref
+    access's first operand, ("ref", var)) and its array values' (scalars and literals
+    are not on the chain: the scalar unit runs ahead), and the ref key it writes (or
+    None)."""
+    access = REF_ACCESSES.get(op.primitive)  # (its first operand: the ref)
+    refs: list[Any] = []
+    values: list[Any] = []
+    for i, v in enumerate(op.invars):
+        if type(v).__name__ == "Literal" or not getattr(v.aval, "shape", (1,)):
+            continue
+        if access is not None and i == 0:
+            refs.append(("ref", v))
+        else:
+            values.append(v)
+    written = (("ref", op.invars[0]) if access is not None and True in access.writes
+               and op.invars else None)
+    return tuple(refs), tuple(values), written
