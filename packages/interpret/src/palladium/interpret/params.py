@@ -127,9 +127,10 @@ class InterpretParams:
         (``palladium.interpret.predict`` sets both).
       skip_unused_integer_ops: do not evaluate integer and boolean array operations
         whose results steer nothing (no index, DMA, semaphore, branch, loop test or
-        SMEM store depends on them: ``eval/steering_values.py``); their results are
-        zeros, and so are the integer outputs they reach. The walk of the kernel (and
-        so its timeline) is unchanged (``palladium.interpret.predict`` sets it).
+        SMEM store depends on them: ``eval/steering_values.py``) where equations run one
+        by one: their results, and the integer outputs they reach, are then zeros. The
+        walk of the kernel (and so its timeline) is unchanged
+        (``palladium.interpret.predict`` sets it).
       num_cores_or_threads: TensorCores per device; the parallel sub-grid is split
         across them (megacore). A ``core_map`` over a ``TensorCoreMesh`` uses the
         mesh's core count instead.
