@@ -211,3 +211,20 @@ def test_outside_predict_steering_integers_are_computed_and_unused_ones_are_zero
                                                         compile_segments=False)):
         out = int8_matmul(_ints((256, 256), 3), _ints((256, 256), 4))
     np.testing.assert_array_equal(np.asarray(out), 0)  # steers nothing: not computed
+
+
+@pytest.mark.timeout(60)
+def test_without_float_data_a_float_operand_is_not_copied_for_the_launch():
+    from palladium.interpret.hook import jax_hook
+
+    params = pi.InterpretParams(keep_float_data=False)
+    f, i = np.ones((64, 128), np.float32), np.arange(12, dtype=np.int32).reshape(3, 4)
+    stand_in = jax_hook._own_copy(f, params)
+    assert stand_in.shape == f.shape and stand_in.dtype == f.dtype
+    assert not any(stand_in.strides) and not stand_in.flags.writeable  # no memory
+    copied = jax_hook._own_copy(i, params)
+    np.testing.assert_array_equal(copied, i)
+    assert copied is not i and copied.flags.writeable
+    kept = jax_hook._own_copy(f, pi.InterpretParams())
+    np.testing.assert_array_equal(kept, f)
+    assert kept.flags.writeable and kept.base is None
