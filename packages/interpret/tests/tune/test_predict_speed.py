@@ -120,7 +120,8 @@ def _full_walk(monkeypatch, fn, args):
     """The prediction as before the fast path: every body walked, shadows tracked."""
     with monkeypatch.context() as m:
         m.setattr(body_memo, "memo_allowed", lambda params: False)
-        return pi.predict(fn, *args, compile_check="approximate", uninitialized_reads="on_use")
+        return pi.predict(fn, *args, compile_check="approximate", uninitialized_reads="on_use",
+                          skip_unused_integer_ops=False)
 
 
 @pytest.mark.timeout(300)

@@ -92,7 +92,8 @@ PROGRESS_INTERVAL_DEFAULT = 60.0
 SNAPSHOT_BYTES_DEFAULT = 2 << 20
 
 _BOOLS = ("detect_races", "skip_floating_point_ops", "allow_hbm_allocation_in_run_scoped",
-          "check_lowering", "check_memory", "deterministic_dot", "keep_float_data")
+          "check_lowering", "check_memory", "deterministic_dot", "keep_float_data",
+          "skip_unused_integer_ops")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -124,6 +125,12 @@ class InterpretParams:
         outputs hold the fill. With ``skip_floating_point_ops`` this is the fastest way
         to walk a kernel whose floating-point values steer nothing
         (``palladium.interpret.predict`` sets both).
+      skip_unused_integer_ops: do not evaluate integer and boolean array operations
+        whose results steer nothing (no index, DMA, semaphore, branch, loop test or
+        SMEM store depends on them: ``eval/steering_values.py``) where equations run one
+        by one: their results, and the integer outputs they reach, are then zeros. The
+        walk of the kernel (and so its timeline) is unchanged
+        (``palladium.interpret.predict`` sets it).
       num_cores_or_threads: TensorCores per device; the parallel sub-grid is split
         across them (megacore). A ``core_map`` over a ``TensorCoreMesh`` uses the
         mesh's core count instead.
@@ -256,6 +263,7 @@ class InterpretParams:
     compile_segments: bool | Literal["static"] = True
     failure_snapshot_bytes: int = SNAPSHOT_BYTES_DEFAULT
     keep_float_data: bool = True
+    skip_unused_integer_ops: bool = False
 
     def __post_init__(self) -> None:
         if _is_jax_logging_mode(self.logging_mode):  # jax's own flag: palladium's equivalent

@@ -159,6 +159,9 @@ class KernelContext(LaunchQuestions, Protocol):
     #: The launch's memory (scoped allocations, peer buffers, fill values).
     memory: CoreMemory
     skip_floating_point_ops: bool
+    #: ``skip_unused_integer_ops``: the kernel body's results of pure equations that
+    #: steer nothing (``steering_values.unused_values``), not computed; else None.
+    unused_values: frozenset[Any] | None
     deterministic_dot: bool
     #: ``uninitialized_reads="on_use"``: values carry shadows (``value_shadows.py``);
     #: a read notes the shadow of what it returns in ``read_shadow`` ((shadow, origin)

@@ -50,6 +50,8 @@ class CoreEvaluator:
     grid_point: tuple[int, ...] | None = None
     memory: CoreMemory = dataclasses.field(init=False, repr=False)
     skip_floating_point_ops: bool = dataclasses.field(init=False, default=False)
+    unused_values: frozenset[Any] | None = dataclasses.field(init=False, default=None,
+                                                             repr=False)
     deterministic_dot: bool = dataclasses.field(init=False, default=False)
     tracks_values: bool = dataclasses.field(init=False, default=False)
     read_shadow: Any = dataclasses.field(init=False, default=None, repr=False)
@@ -69,6 +71,7 @@ class CoreEvaluator:
         self.memory = self.launch.memory
         self.skip_floating_point_ops = bool(getattr(params, "skip_floating_point_ops", False))
         self.deterministic_dot = bool(getattr(params, "deterministic_dot", False))
+        self.unused_values = getattr(self.launch, "unused_values", None)
         self.tracks_values = getattr(params, "uninitialized_reads", "off") == "on_use"
         self._inherited: dict[int, Any] = getattr(self.launch, "inherited_sources", {})
         # The launch's observers, told of every equation (None: the plain loop below).

@@ -143,6 +143,16 @@ def _bind(ev: KernelContext, eqn: Equation, invals: list[Value]) -> list[Value]:
     return [np.asarray(o) for o in out] if prim.multiple_results else [np.asarray(out)]
 
 
+def _skipped(ev: KernelContext, eqn: Equation, float_outs: bool) -> bool:
+    """Whether ``eqn`` is not computed: a floating-point result under
+    ``skip_floating_point_ops``, or integer ones that steer nothing under
+    ``skip_unused_integer_ops`` (``steering_values.py``)."""
+    if float_outs:
+        return ev.skip_floating_point_ops
+    unused = ev.unused_values
+    return unused is not None and bool(eqn.outvars) and all(v in unused for v in eqn.outvars)
+
+
 def _compute_rule(eqn: Any, operands_flushed: bool = False) -> Rule:
     """The rule of one compute equation: numpy fast path, else ``bind``.
 
@@ -158,11 +168,12 @@ def _compute_rule(eqn: Any, operands_flushed: bool = False) -> Rule:
     skipped: list[list[Value]] = []  # the skipped results, made once (read-only)
 
     def rule(ev: KernelContext, eqn: Equation, invals: list[Value]) -> list[Value]:
-        if float_outs and ev.skip_floating_point_ops:
+        if _skipped(ev, eqn, float_outs):
             # read-only zero-stride arrays: no memory to fill per skipped operation
             if not skipped:
-                skipped.append([np.broadcast_to(np.array(np.inf, v.aval.dtype), v.aval.shape)
-                                for v in eqn.outvars])
+                skipped.append([np.broadcast_to(
+                    np.array(np.inf if float_outs else 0, v.aval.dtype), v.aval.shape)
+                    for v in eqn.outvars])
             return list(skipped[0])
         if ordered_rule is not None and ev.deterministic_dot:
             out = ordered_rule(*invals, **params)
@@ -180,7 +191,7 @@ def _compute_rule(eqn: Any, operands_flushed: bool = False) -> Rule:
 
     def fast_rule(ev: KernelContext, eqn: Equation, invals: list[Value]) -> list[Value]:
         # (what ``rule`` decides before its numpy rule stays with ``rule``)
-        if not ((float_outs and ev.skip_floating_point_ops)
+        if not (_skipped(ev, eqn, float_outs)
                 or (ordered_rule is not None and ev.deterministic_dot)):
             out = fast(invals)
             if out is not None:

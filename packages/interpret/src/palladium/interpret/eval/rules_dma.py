@@ -113,6 +113,19 @@ def _region(shape: tuple[int, ...], indexers: tuple[Any, ...],
             invals: list[Any]) -> tuple[int | slice, ...]:
     """The region indexers (``jc.dma_index_layout``'s) select of a buffer of ``shape``,
     from the operands: what ``refs.resolve`` makes of them, without jax's objects."""
+    if len(indexers) == 1 and len(indexers[0]) == len(shape):
+        # one indexer of the whole buffer (a page of paged attention): its entries are
+        # the region's, an index or a slice per dimension
+        region: list[int | slice] = []
+        for entry in indexers[0]:
+            if entry[0] == "index":
+                region.append(as_int(invals[entry[1]], "ref indexer"))
+            else:
+                _, at, start, size, stride = entry
+                if at is not None:
+                    start = as_int(invals[at], "ref indexer")
+                region.append(numpy_slice(start, size, stride))
+        return tuple(region)
     dims: list[Any] = [[0, 1, n] for n in shape]
     for entries in indexers:
         index: list[int | slice] = []

@@ -107,7 +107,7 @@ def _execute(kernel: PreparedKernel, params: InterpretParams, mesh: DeviceMesh,
                 return compiled
             plan = plan.fall_back(why)
         if views:
-            device_args = [[np.array(a, copy=True) for a in args] for args in device_args]
+            device_args = [[_own_copy(a, params) for a in args] for args in device_args]
         # The launches are dropped inside the frozen heap: a large one's cyclic garbage
         # is collected there, without walking the whole jax heap (shared_memory.collector).
         with frozen_heap(collect=True), STATE.blas.held():
@@ -128,6 +128,17 @@ def _execute(kernel: PreparedKernel, params: InterpretParams, mesh: DeviceMesh,
     except BaseException as e:
         _FAILURES.record(e)
         raise
+
+
+def _own_copy(view: Any, params: InterpretParams) -> np.ndarray:
+    """The launch's own copy of an operand the host callback lends (``view``); under
+    ``keep_float_data=False`` a floating-point operand's data is never kept (its buffer
+    holds the fill), so it is not copied: a zero-stride stand-in of its shape (a 256 MiB
+    operand of paged attention cost ``predict`` half a second)."""
+    if not params.keep_float_data and shared_memory.is_float_dtype(np.dtype(view.dtype)) \
+            and np.ndim(view):
+        return np.broadcast_to(np.zeros((), view.dtype), np.shape(view))
+    return np.array(view, copy=True)
 
 
 @dataclasses.dataclass

@@ -114,6 +114,8 @@ class CoreRun:
         # kernel-side plan per operand (key ``(operand, None)``).
         self._plans = k.copy_plans
         self._dmas = not k.programs.races_ok  # the kernel starts DMAs or uses semaphores
+        # (static facts read at every step, looked up once: the spec's, read through)
+        self._inputs, self._outputs, self._location = k.inputs, k.outputs, k.launch_location
 
     def _copy_plans(self, operand: int, block: tuple[int, ...]) -> tuple[AccessPlan, AccessPlan]:
         """(HBM plan, kernel-side plan) of the copy of ``block`` of ``operand`` (inputs
@@ -152,7 +154,7 @@ class CoreRun:
         error names the index map's answer against the valid blocks and suggests fixing
         it (``block_messages``)."""
         return Site(kernel=self.launch.kernel_name, core=self.core, grid_point=point, what=what,
-                    source_info=self.launch.kernel.launch_location,
+                    source_info=self._location,
                     out_of_bounds_headline=None if copy is None else BlockIndexHeadline(
                         *copy, point),
                     out_of_bounds_hint=None if copy is None else BlockIndexHint(*copy[:2]))
@@ -192,6 +194,7 @@ class CoreRun:
         # runs ahead of its input) is a race, as on the chip (issue 42, item 3).
         # input -> (block, data, agent, site)
         prefetched: dict[int, tuple[tuple[int, ...], Any, Any, Any]] = {}
+        inputs, outputs = self._inputs, self._outputs
         body = self.body = BodyMemo(k.jaxpr, params)  # (bodies that cannot differ: once)
         writing: list[Any] = []  # the agents of the last step's write-backs
         for step, point in enumerate(self.points):
@@ -205,7 +208,7 @@ class CoreRun:
                 record(point, self.core[1])
             if obs is not None:
                 obs.grid_step_begin(self.core, step, point)
-            for i, info in enumerate(k.inputs):
+            for i, info in enumerate(inputs):
                 if info.in_hbm or (prev is not None and prev[i] == cur[i]):
                     continue
                 hbm, vmem = self._copy_plans(i, cur[i])
@@ -227,7 +230,7 @@ class CoreRun:
             if obs is not None:
                 obs.grid_step_end(self.core, step, point)
             done, writing = writing, []
-            for o, info in enumerate(k.outputs):
+            for o, info in enumerate(outputs):
                 if info.in_hbm:
                     continue
                 b = cur[n_in + o]
@@ -280,9 +283,9 @@ class CoreRun:
                   prefetched: dict[int, tuple[tuple[int, ...], Any, Any, Any]]) -> None:
         """Start copying grid step ``step``'s input blocks (``nxt``) that differ from this
         step's (``cur``): read from HBM now, each by an agent of its own."""
-        sim, k = self.launch.sim, self.launch.kernel
+        sim = self.launch.sim
         point = self.points[step]
-        for i, info in enumerate(k.inputs):
+        for i, info in enumerate(self._inputs):
             if info.in_hbm or nxt[i] == cur[i]:
                 continue
             site = self._copy_in_site(i, nxt[i], point)
@@ -295,6 +298,6 @@ class CoreRun:
                                                     site=site, agent=agent), agent, site)
 
     def _copy_in_site(self, i: int, block: tuple[int, ...], point: GridPoint) -> Site:
-        info = self.launch.kernel.inputs[i]
+        info = self._inputs[i]
         return self._site(point, f"copy of block {block} of input '{info.name}' into "
                                  f"{info.space.name}", (info, block, "input"))

@@ -26,6 +26,7 @@ from palladium.interpret.errors import (
 )
 from palladium.interpret.eval.context import CoreId, Where
 from palladium.interpret.eval.program import ProgramCache
+from palladium.interpret.eval.steering_values import unused_values
 from palladium.interpret.eval.value_shadows import describe_origin, fix_hint
 from palladium.interpret.kernel.jaxpr_checks import negative_grid_message
 from palladium.interpret.kernel.prepared_kernel import PreparedKernel
@@ -105,6 +106,12 @@ class Launch:
         self.kernel_name = kernel.name
         self.programs: ProgramCache = kernel.programs
         self.inherited_sources: dict[int, Any] = kernel.inherited_sources
+        # skip_unused_integer_ops: what the body computes that steers nothing (not where
+        # an output aliases an input: a block written back may be read again)
+        self.unused_values = (
+            unused_values(kernel.jaxpr)
+            if params.skip_unused_integer_ops and not kernel.spec.input_output_aliases
+            else None)
         gm = kernel.grid_mapping
         self.chip = params.chip or DEFAULT_CHIP
         self.chip_record = chip_record(self.chip)

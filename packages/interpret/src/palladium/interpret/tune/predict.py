@@ -31,6 +31,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from palladium.interpret import _jax_compat as jc
 from palladium.interpret.chip import DEFAULT_CHIP
 from palladium.interpret.errors import (
     ConfigError,
@@ -40,7 +41,7 @@ from palladium.interpret.errors import (
     TpuResourceError,
 )
 from palladium.interpret.eval.float_steering import float_steered
-from palladium.interpret.eval.jaxprs import nested_jaxprs
+from palladium.interpret.eval.jaxprs import any_equation, nested_jaxprs
 from palladium.interpret.eval.segments import WHILE_GUESS
 from palladium.interpret.fidelity import tpu_compiler
 from palladium.interpret.fidelity.checks import APPROXIMATION, uses_compiler
@@ -56,8 +57,12 @@ __all__ = ["PREDICT_DEFAULTS", "Prediction", "REJECTING_ERRORS", "UncertainPredi
 #: the DMAs and the costs, never the values), and no tracking of uninitialised values
 #: (a diagnostic of values predict does not compute; it cost a quarter of paged
 #: attention's prediction: benchmarks/predict_speed.py).
+#: Nor integer arrays that steer nothing (``skip_unused_integer_ops``: an ``int8`` dot
+#: accumulated into an output block), unless a launch's results reach another launch's
+#: operands (then every launch computes them: ``_chained``).
 PREDICT_DEFAULTS: dict[str, Any] = {
     "skip_floating_point_ops": True, "keep_float_data": False, "uninitialized_reads": "off",
+    "skip_unused_integer_ops": True,
 }
 
 
@@ -238,11 +243,16 @@ def predict(
     checker = checker_label(ip)
     t0 = time.perf_counter()
     try:
-        with errors_as_raised(), force_tpu_interpret_mode(ip):
+        with errors_as_raised():
             # (abstract: the compile-and-fit check runs in the lowering, before any
             # operand exists; also the kernels' jaxprs, for their float-steered decisions)
-            steered, run = _lowered(kernel_fn, args)
-            with timeline(chip) as tl:
+            with force_tpu_interpret_mode(ip):
+                steered, run, chained = _lowered(kernel_fn, args)
+            if chained and ip.skip_unused_integer_ops:  # (lowered again, computing them)
+                ip = dataclasses.replace(ip, skip_unused_integer_ops=False)
+                with force_tpu_interpret_mode(ip):
+                    steered, run, _ = _lowered(kernel_fn, args)
+            with force_tpu_interpret_mode(ip), timeline(chip) as tl:
                 concrete = [concrete_argument(a) for a in args]
                 jax.block_until_ready(run(*concrete))
     except ValueError as e:
@@ -286,11 +296,13 @@ def predict(
 
 
 def _lowered(kernel_fn: Callable[..., Any], args: tuple[Any, ...],
-             ) -> tuple[tuple[str, ...], Callable[..., Any]]:
+             ) -> tuple[tuple[str, ...], Callable[..., Any], bool]:
     """Trace and lower ``kernel_fn`` once on abstract operands (a configuration that
-    does not fit raises its rejection here): its kernels' float-steered decisions, and
-    what runs it on concrete operands (the compiled lowering: the kernel is not traced
-    and lowered again; ``kernel_fn`` itself where it cannot be traced abstractly)."""
+    does not fit raises its rejection here): its kernels' float-steered decisions, what
+    runs it on concrete operands (the compiled lowering: the kernel is not traced and
+    lowered again; ``kernel_fn`` itself where it cannot be traced abstractly), and
+    whether a launch's results may reach another launch (``_chained``; True when not
+    known)."""
     abstract = [jax.ShapeDtypeStruct(jnp.shape(a), jnp.result_type(a)) for a in args]
     try:
         traced = jax.jit(kernel_fn).trace(*abstract)
@@ -298,7 +310,7 @@ def _lowered(kernel_fn: Callable[..., Any], args: tuple[Any, ...],
     except REJECTING_ERRORS:
         raise
     except Exception:  # noqa: BLE001 - a kernel_fn that needs concrete values: run it
-        return (), kernel_fn
+        return (), kernel_fn, True
     found: list[str] = []
     for eqn in traced.jaxpr.jaxpr.eqns:
         for jaxpr in _kernel_jaxprs(eqn):
@@ -308,7 +320,44 @@ def _lowered(kernel_fn: Callable[..., Any], args: tuple[Any, ...],
         # (the operands as the lowering saw them: same dtypes, not weakly typed)
         return compiled(*[jnp.asarray(c, s.dtype) for c, s in zip(concrete, abstract)])
 
-    return tuple(dict.fromkeys(found)), run
+    return tuple(dict.fromkeys(found)), run, _chained(traced.jaxpr.jaxpr)
+
+
+_LAUNCHES = ("pallas_call", "core_map")
+
+
+def _chained(jaxpr: Any) -> bool:
+    """Whether a launch's results in ``jaxpr`` may reach another launch's operands (a
+    kernel computing the indices another one prefetches: its integers must then be
+    computed). Conservative: a loop or other container around a launch counts."""
+
+    def walk(j: Any, tainted: list[bool]) -> list[bool] | None:
+        j = getattr(j, "jaxpr", j)
+        env = {v for v, t in zip(j.invars, tainted) if t}
+        for eqn in j.eqns:
+            ins = [not isinstance(a, jc.Literal) and a in env for a in eqn.invars]
+            inner = nested_jaxprs(eqn)
+            if eqn.primitive.name in _LAUNCHES:
+                if any(ins):
+                    return None
+                outs = [True] * len(eqn.outvars)
+            elif inner and any(any_equation(i, _is_launch) for i in inner):
+                if len(inner) != 1 or len(inner[0].invars) != len(eqn.invars):
+                    return None
+                got = walk(inner[0], ins)
+                if got is None:
+                    return None
+                outs = got
+            else:
+                outs = [any(ins)] * len(eqn.outvars)
+            env.update(v for v, t in zip(eqn.outvars, outs) if t)
+        return [not isinstance(a, jc.Literal) and a in env for a in j.outvars]
+
+    return walk(jaxpr, [False] * len(jaxpr.invars)) is None
+
+
+def _is_launch(eqn: Any) -> bool:
+    return eqn.primitive.name in _LAUNCHES
 
 
 def _kernel_jaxprs(eqn: Any) -> list[Any]:
