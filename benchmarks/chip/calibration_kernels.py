@@ -978,3 +978,27 @@ for _b in (128, 256):
             _add(f"r3/flash-step-jax/{'causal' if _causal else 'full'}/b{_b}/s{_s}", "micro",
                  _flash_step_jax(_b, _s, _causal), kind="flash-step-jax", block=_b,
                  causal=_causal, steps=_s)
+
+
+# held out, round 3: measured after the third round's model was final (its predictions
+# were committed before the chip ran them: results_tpu/heldout3_predicted.v5e.json)
+for _name, _make, _kind in (
+        ("flash-full/h2/s2048/b256", _flash(2, 2048, 256, False), "flash"),
+        ("flash-causal/h4/s2048/b256", _flash(4, 2048, 256, True), "flash"),
+        ("paged/b4h8/p64/pb8", _case(kc.paged_attention_case(4, 8, 16, 64, 8)), "paged"),
+        ("paged/b16h8/p32/pb4", _case(kc.paged_attention_case(16, 8, 16, 32, 4)), "paged"),
+        ("rglru/4096x256", _case(kc.rglru_scan_case(4096, 256, 64, 128)), "rglru"),
+        ("rglru/512x1024/c128", _case(kc.rglru_scan_case(512, 1024, 128, 256)), "rglru"),
+        ("gated-delta/h4/s1024", _case(kc.gated_delta_chunk_case(1024, 4)), "gated-delta"),
+        ("matmul-bf16/2048/b512k512", _bf16_matmul(2048, 512, 512), "matmul"),
+        ("matmul-f32/2048/b1024", _case(kc.matmul_case(2048, 1024)), "matmul"),
+        ("gmm/8192x512x256", _case(kc.gmm_case(8192, 512, 256, 8)), "gmm"),
+        ("splash-causal/h8/s2048", _case(kc.splash_forward_case(8, 2048, 512)), "splash"),
+        ("ragged-paged/s4/q16/kv2048", _ragged_paged(4, 16, 2048, 8), "ragged-paged"),
+        ("elementwise-exp-bf16/2048x2048/b256",
+         _elementwise(jnp.exp, (2048, 2048), 256, jnp.bfloat16), "elementwise"),
+        ("flash-backward/h4/s1024", _case(kc.flash_backward_case(4, 1024, 256)), "flash-bwd"),
+        ("quantized-matmul/1024x2048x1024",
+         _case(kc.quantized_matmul_case(1024, 2048, 1024, 256)), "quantized"),
+        ("dma-ring/r512/slots2", _ring(32, 512, 2), "ring")):
+    _add(f"heldout3/{_name}", "heldout3", _make, kind=_kind)
