@@ -41,6 +41,11 @@ CoreId = tuple[int, int]
 #   ("mem", delta_bytes)                       VMEM in use changes
 
 
+def _has_array(op: Any) -> bool:
+    return any(getattr(getattr(v, "aval", None), "shape", ())
+               for v in (*op.invars, *op.outvars))
+
+
 def _all_in(variables: Any, replicated: set[Any]) -> bool:
     """Whether every array among ``variables`` holds its values in every lane (and
     there is one): an elementwise op of such values leaves its result so too."""
@@ -70,7 +75,7 @@ class TimelineRecorder(Observer):
         self.cores: tuple[CoreId, ...] = ()
         self.finished = False
         self.error: str | None = None  # "Type: first line" of a failed launch
-        self._costs: dict[int, tuple[Any, Cost]] = {}
+        self._costs: dict[int, tuple[Any, Cost, bool]] = {}
         # per core, the dependent chain of the current compute chunk: when each value's
         # result is ready (by variable), the chain's end, the equations seen (a repeat
         # starts a loop's next iteration) and the first repeated one
@@ -132,14 +137,18 @@ class TimelineRecorder(Observer):
         n = ran.get(key)
         if n is not None:
             ran[key] = n + 1
-            if self._chained:
-                self._on_chain(core, op, self._costs[key][1])
+            hit = self._costs[key]
+            if hit[2]:
+                self._on_chain(core, op, hit[1])
             return
         hit = self._costs.get(key)
         if hit is None or hit[0] is not op:
-            hit = (op, equation_cost(op, self.chip))  # holds op: its id stays unique
+            # (holds op: its id stays unique); on the chain only an equation with an
+            # array among its operands or results (scalar index arithmetic runs ahead
+            # on the scalar unit: most of a page-gather loop's equations)
+            hit = (op, equation_cost(op, self.chip), self._chained and _has_array(op))
             self._costs[key] = hit
-        if self._chained:
+        if hit[2]:
             self._on_chain(core, op, hit[1])
         if hit[1].seconds:
             ran[key] = 1
@@ -251,7 +260,7 @@ class TimelineRecorder(Observer):
             for key, n in ran.items():
                 self._counts[key] += n
         for key, n in self._counts.items():
-            op, cost = self._costs[key]
+            op, cost, _ = self._costs[key]
             self.by_primitive[str(op.primitive)] += cost.seconds * n
             self.by_unit[cost.unit] += cost.seconds * n
             self.flops += cost.flops * n
