@@ -1002,3 +1002,27 @@ for _name, _make, _kind in (
          _case(kc.quantized_matmul_case(1024, 2048, 1024, 256)), "quantized"),
         ("dma-ring/r512/slots2", _ring(32, 512, 2), "ring")):
     _add(f"heldout3/{_name}", "heldout3", _make, kind=_kind)
+
+
+# round 3f: do a step's block copies overlap its compute? 1 MiB in and out a step and a
+# chain of n vector ops on the block (n = 0: copies only; the chain alone ~n x 55 ns)
+def _overlap(n: int, steps: int):
+    def body(x_ref, o_ref):
+        x = x_ref[...]
+        for i in range(n):
+            x = x * (0.999 - i * 1e-4) + 1e-3
+        o_ref[...] = x
+
+    def make():
+        spec = pl.BlockSpec((256, 1024), lambda i: (i, 0))
+        x = _arr((256 * steps, 1024))
+        fn = _lazy(body, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), grid=(steps,),
+                   in_specs=[spec], out_specs=spec)
+        return (lambda x: fn(x)), (x,)
+    return make
+
+
+for _n in (0, 16, 32, 64):
+    for _s in (16, 64):
+        _add(f"r3/overlap/n{_n}/s{_s}", "micro", _overlap(_n, _s), kind="overlap", n=_n,
+             steps=_s)
