@@ -34,9 +34,12 @@ from typing import Any
 
 from palladium.interpret.eval.segments import HOT_LAUNCH
 
-__all__ = ["COMPILED", "SEGMENTS", "SIMULATED", "ExecutionPlan", "plan_launch"]
+__all__ = ["COMPILED", "SEGMENTS", "SIMULATED", "WHOLE_LAUNCH", "ExecutionPlan", "plan_launch"]
 
 COMPILED, SEGMENTS, SIMULATED = "compiled", "segments", "simulated"
+#: The first launch of a kernel that runs compiled whole (its whole launch compiled, or
+#: loaded from the disk cache, in the background from the start of the launch before).
+WHOLE_LAUNCH = 2
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -146,10 +149,10 @@ def plan_launch(kernel: Any, params: Any, number: int, *, num_devices: int = 1,
             and (scalars is None or kernel.scalar_key(scalars) not in kernel.clean_scalar_keys)):
         return segments("an earlier launch read uninitialised memory (values carry shadows "
                         "in the simulator)")
-    if number < HOT_LAUNCH:
-        return segments(f"launch {number} < {HOT_LAUNCH}: the kernel is not hot yet (its "
+    if number < WHOLE_LAUNCH:
+        return segments(f"launch {number} < {WHOLE_LAUNCH}: the kernel is not hot yet (its "
                         f"whole launch compiles in the background)",
-                        ahead=number == HOT_LAUNCH - 1)
+                        ahead=number == WHOLE_LAUNCH - 1)
     return ExecutionPlan(number, COMPILED, f"the kernel is hot (launch {number} >= "
-                         f"{HOT_LAUNCH}) and nothing asks for the simulator", hot=hot,
-                         replay_races=replay)
+                         f"{WHOLE_LAUNCH}) and nothing asks for the simulator", hot=hot,
+                         warming=warming, replay_races=replay)
