@@ -2,9 +2,12 @@
 
 A kernel made of many small operations per grid step (paged attention, a scan one time
 step per iteration) spends its simulated launch in per-equation and per-DMA overhead,
-not in arithmetic. From its ``HOT_LAUNCH``-th launch in the process on, such a kernel's
-launch runs as one executable (``launch_function.py``): compiled in the background
-during the launch before, kept per kernel, grid and order. Its results are XLA's bits,
+not in arithmetic. From its ``WHOLE_LAUNCH``-th launch in the process on (its second:
+``run/execution_plan.py``), such a kernel's launch runs as one executable
+(``launch_function.py``): compiled in the background from the kernel's lowering
+(``compile_ahead``, a static grid) or the start of the launch before, then run once on
+zeros (``_warm_up``: an executable's first run is its slowest), kept per kernel, grid,
+order and operand types. Its results are XLA's bits,
 as a compiled segment's. A hot launch whose compile the shared background thread has
 not reached yet (it compiles one kernel at a time, for every thread of the process)
 compiles it itself at once (``segment_cache.BackgroundCompile``): it never waits behind
@@ -31,7 +34,7 @@ signals, remote DMAs, the MXU, prints, ...). ``compile_segments="static"`` or ``
 keeps every launch simulated.
 
 Which kernels are compiled whole is static (``worth_compiling``), and which launch is the
-first compiled one is its number (``HOT_LAUNCH``): never timing, so a given launch's bits
+first compiled one is its number (``WHOLE_LAUNCH``): never timing, so a given launch's bits
 never depend on the machine's load, on other threads' compiles or on a cache.
 """
 

@@ -3,8 +3,9 @@
 A launch of a kernel runs in one of three tiers, fastest first:
 
 - ``"compiled"``: the whole launch is one XLA executable (``compiled/compiled_launch.py``),
-  from the kernel's ``HOT_LAUNCH``-th launch in the process on (compiled in the
-  background during the launch before);
+  from the kernel's ``WHOLE_LAUNCH``-th launch in the process on, its second (compiled,
+  or loaded from the disk cache, in the background from the kernel's lowering or the
+  start of the launch before; the first compiled launch waits for what is left of it);
 - ``"segments"``: the simulator, whose runs of pure array code run as compiled segments
   (``eval/segments.py``): those worth it at once from launch 1, the hot ones (``hot``)
   from launch ``HOT_LAUNCH`` on;
@@ -38,7 +39,11 @@ __all__ = ["COMPILED", "SEGMENTS", "SIMULATED", "WHOLE_LAUNCH", "ExecutionPlan",
 
 COMPILED, SEGMENTS, SIMULATED = "compiled", "segments", "simulated"
 #: The first launch of a kernel that runs compiled whole (its whole launch compiled, or
-#: loaded from the disk cache, in the background from the start of the launch before).
+#: loaded from the disk cache, in the background from the kernel's lowering or the start
+#: of the launch before). 2, not 3 (issue 43 item 4, ``benchmarks/call_by_call.py``): a
+#: second call with a warm disk cache runs the executable (geomean over the nine kernels
+#: 0.9x of jax's HLO interpreter's second call, against 6x simulated), and one with a cold
+#: cache waits for the compile's rest (~100x, against 13x), which launch 3 paid before.
 WHOLE_LAUNCH = 2
 
 
