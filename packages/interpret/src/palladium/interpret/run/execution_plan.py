@@ -40,10 +40,10 @@ __all__ = ["COMPILED", "SEGMENTS", "SIMULATED", "WHOLE_LAUNCH", "ExecutionPlan",
 COMPILED, SEGMENTS, SIMULATED = "compiled", "segments", "simulated"
 #: The first launch of a kernel that runs compiled whole (its whole launch compiled, or
 #: loaded from the disk cache, in the background from the kernel's lowering or the start
-#: of the launch before). 2, not 3 (issue 43 item 4, ``benchmarks/call_by_call.py``): a
-#: second call with a warm disk cache runs the executable (geomean over the nine kernels
-#: 0.9x of jax's HLO interpreter's second call, against 6x simulated), and one with a cold
-#: cache waits for the compile's rest (~100x, against 13x), which launch 3 paid before.
+#: of the launch before). 2, not 3 (issue 43 item 4, ``benchmarks/call_by_call.py``;
+#: the numbers in benchmarks/README.md): a second call with a warm disk cache runs the
+#: executable, about as fast as jax's HLO interpreter's second call, and one with a cold
+#: cache waits for the rest of the compile, which the third call waited for before.
 WHOLE_LAUNCH = 2
 
 
