@@ -4,10 +4,10 @@ A kernel made of many small operations per grid step (paged attention, a scan on
 step per iteration) spends its simulated launch in per-equation and per-DMA overhead,
 not in arithmetic. From its ``WHOLE_LAUNCH``-th launch in the process on (its second:
 ``run/execution_plan.py``), such a kernel's launch runs as one executable
-(``launch_function.py``): compiled in the background from the kernel's lowering
-(``compile_ahead``, a static grid) or the start of the launch before, then run once on
-zeros (``_warm_up``: an executable's first run is its slowest), kept per kernel, grid,
-order and operand types. Its results are XLA's bits,
+(``launch_function.py``): compiled in the background from the start of the launch
+before, then run once on zeros (``_warm_up``: an executable's first run is its slowest),
+kept per kernel, grid, order and operand types. (Starting the compile at the kernel's
+lowering instead, a few hundred ms earlier, measured no better: benchmarks/LOG.md.) Its results are XLA's bits,
 as a compiled segment's. A hot launch whose compile the shared background thread has
 not reached yet (it compiles one kernel at a time, for every thread of the process)
 compiles it itself at once (``segment_cache.BackgroundCompile``): it never waits behind
@@ -66,8 +66,8 @@ from palladium.interpret.run.launch import launch_grid
 from palladium.interpret.state.process_state import STATE
 from palladium.interpret.state.segment_cache import BackgroundCompile
 
-__all__ = ["MAX_GRIDS", "MAX_KEPT", "MAX_POINTS", "MIN_EQUATIONS_PER_LAUNCH", "STATS", "compile_ahead",
-           "compiled_launch", "worth_compiling"]
+__all__ = ["MAX_GRIDS", "MAX_KEPT", "MAX_POINTS", "MIN_EQUATIONS_PER_LAUNCH", "STATS", "compiled_launch",
+           "worth_compiling"]
 
 #: The least equations a launch evaluates (body work times grid points) for its kernel to
 #: be compiled whole: below it the simulated launch costs about what a compiled one does.
@@ -144,22 +144,6 @@ def compiled_launch(kernel: PreparedKernel, params: InterpretParams,
                       f"simulated, which reports what the simulator reports)")
     STATS["compiled"] += 1
     return [outs], plan.reason
-
-
-def compile_ahead(kernel: PreparedKernel, params: InterpretParams, avals: list[Any]) -> None:
-    """Start the compile of ``kernel``'s whole launch in the background now, at its
-    lowering (``avals``: its operands' shapes and types): what its first launch would
-    start (``compiled_launch`` with a plan that compiles ahead), begun a trace, lowering
-    and XLA compile of the caller's function earlier. Only for a static grid (a dynamic
-    one is known at the launch). The launch's plan, not this, decides whether it runs
-    compiled: a compile started here that no launch uses is work lost, not a result."""
-    if kernel.grid_mapping.num_dynamic_grid_bounds:
-        return
-    grid = launch_grid(kernel, [])
-    if any(n < 0 for n in grid):
-        return
-    _whole_launch(kernel, params, grid,
-                  [jax.ShapeDtypeStruct(tuple(a.shape), np.dtype(a.dtype)) for a in avals])
 
 
 def _whole_launch(kernel: PreparedKernel, params: InterpretParams, grid: tuple[int, ...],

@@ -25,7 +25,7 @@ from palladium import shared_memory
 from palladium.interpret import _jax_compat as jc
 from palladium.interpret.chip import resolve_chip
 from palladium.interpret.compiled import bounded_call
-from palladium.interpret.compiled.compiled_launch import compile_ahead, compiled_launch
+from palladium.interpret.compiled.compiled_launch import compiled_launch
 from palladium.interpret.errors import (
     DataRaceError,
     KernelError,
@@ -296,7 +296,6 @@ def _pallas_call_lowering(ctx: Any, *in_nodes: Any, interpret: Any, **params: An
     out_shapes = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in ctx.avals_out]
     mesh = DeviceMesh.from_axis_env(mesh_axes)
     avals_in = ctx.avals_in
-    _compile_ahead_at_lowering(kernel, interpret, mesh, avals_in)
     site = _LaunchSite(kernel, interpret, mesh,
                        lambda: call_key(params, avals_in, "split launch", mesh.axis_sizes))
 
@@ -309,22 +308,6 @@ def _pallas_call_lowering(ctx: Any, *in_nodes: Any, interpret: Any, **params: An
         return host_call(site.run_device, out_shapes, device, *args)
 
     return jc.lower_fun(impl, multiple_results=True)(ctx, *in_nodes)
-
-
-def _compile_ahead_at_lowering(kernel: PreparedKernel, params: InterpretParams,
-                               mesh: DeviceMesh, avals_in: Any) -> None:
-    """Where the kernel's next launch would compile its whole launch ahead (its plan,
-    ``run/execution_plan.py``, as far as the lowering knows it), start that compile now
-    (``compiled_launch.compile_ahead``): it overlaps the rest of the caller's lowering
-    and XLA compile, and the first launch finds it begun. Timing only: which launch
-    runs compiled stays the plan's, from the launch's number."""
-    try:
-        plan = plan_launch(kernel, params, kernel.launches.count + 1,
-                           num_devices=mesh.num_devices, observed=may_observe(params))
-        if plan.compile_ahead:
-            compile_ahead(kernel, params, list(avals_in))
-    except Exception:  # noqa: BLE001 - the launch starts it (or says why not) itself
-        pass
 
 
 class _PalladiumFailureFilter(logging.Filter):

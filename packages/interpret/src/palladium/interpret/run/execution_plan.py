@@ -4,8 +4,7 @@ A launch of a kernel runs in one of three tiers, fastest first:
 
 - ``"compiled"``: the whole launch is one XLA executable (``compiled/compiled_launch.py``),
   from the kernel's ``WHOLE_LAUNCH``-th launch in the process on, its second (compiled,
-  or loaded from the disk cache, in the background from the kernel's lowering or the
-  start of the launch before; the first compiled launch waits for what is left of it);
+  or loaded from the disk cache, in the background from the start of the launch before; the first compiled launch waits for what is left of it);
 - ``"segments"``: the simulator, whose runs of pure array code run as compiled segments
   (``eval/segments.py``): those worth it at once from launch 1, the hot ones (``hot``)
   from launch ``HOT_LAUNCH`` on;
@@ -39,8 +38,7 @@ __all__ = ["COMPILED", "SEGMENTS", "SIMULATED", "WHOLE_LAUNCH", "ExecutionPlan",
 
 COMPILED, SEGMENTS, SIMULATED = "compiled", "segments", "simulated"
 #: The first launch of a kernel that runs compiled whole (its whole launch compiled, or
-#: loaded from the disk cache, in the background from the kernel's lowering or the start
-#: of the launch before). 2, not 3 (issue 43 item 4, ``benchmarks/call_by_call.py``;
+#: loaded from the disk cache, in the background from the start of the launch before). 2, not 3 (issue 43 item 4, ``benchmarks/call_by_call.py``;
 #: the numbers in benchmarks/README.md): a second call with a warm disk cache runs the
 #: executable, about as fast as jax's HLO interpreter's second call, and one with a cold
 #: cache waits for the rest of the compile, which the third call waited for before.
