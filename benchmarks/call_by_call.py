@@ -14,17 +14,11 @@ palladium's disk cache is a fresh folder (``$PALLADIUM_CACHE_DIR``, cold: nothin
 compiled before) unless ``--warm`` (a second run of the same kernels, as a test suite's
 second run meets it).
 
-Measured 2026-12-06, 01:52-02:35 UTC, the shared 2-core machine at load 3-17 (ratios
-palladium / HLO, geomean over the kernels run; one run each, so a ratio moves 2x with the
-load): branch ``plan`` (one execution plan, the tiers of main: compiled from call 3),
-cold cache, 9 kernels: first 0.29x, second 7.27x, steady 1.04x, calls 1-3 1.46x (main
-before the plan, load 3-5: first 0.20x, second 6.75x, steady 0.50x); warm cache, 6
-kernels (flash fwd/bwd, splash, gmm, paged, int8): second 6.05x (paged attention 216x,
-splash 15.5x, gmm 4.97x). The same code with ``HOT_LAUNCH = 2`` (the whole launch
-compiled in the background during call 1, call 2 compiled, waiting for it): warm cache,
-second 1.38x (flash fwd 0.60x, bwd 0.54x, gmm 0.15x, int8 0.74x, splash 1.77x, paged
-109x); cold cache, second 73.7x (call 2 waits for the compile: flash backward 10.8 s,
-paged attention 7.6 s, at load 9), and 34 tests that name the third launch to update.
+The measured ratios, before and after the whole launch moved to call 2
+(``execution_plan.WHOLE_LAUNCH``), cold and warm: benchmarks/README.md (the issue-43 row)
+and LOG.md ("Each call against HLO's same call"). For a before/after in one sitting, run
+the base's source on ``PYTHONPATH`` (``git archive BASE packages``) with ``--warm`` and a
+fresh ``$PALLADIUM_CACHE_DIR`` (cold), then again with the same folder (warm).
 
     python benchmarks/call_by_call.py              # every kernel (~2 min)
     python benchmarks/call_by_call.py --quick      # small sizes

@@ -402,7 +402,11 @@ def _scan(x):
 def warm_cache_scenario() -> None:
     """A kernel with a compiled segment, on this process's own device and split over
     the processes (run twice with one cache folder: the second run loads the segment's
-    executable from disk)."""
+    executable from disk). Segments only: no launch compiled whole (its compile, from
+    the first launch on, would be counted whenever the background thread finishes it)."""
+    from palladium.interpret.compiled import compiled_launch
+
+    compiled_launch.MIN_EQUATIONS_PER_LAUNCH = 1 << 60
     x = np.linspace(-2, 2, DEVICES * 64 * 128, dtype=np.float32).reshape(DEVICES * 64, 128)
     local = jax.local_devices()[0]
     record("local", lambda: jax.jit(_scan)(jax.device_put(x[:64], local)))

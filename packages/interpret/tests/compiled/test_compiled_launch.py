@@ -1,4 +1,5 @@
-"""Compiled launches (compiled/): from a hot kernel's third launch on, its whole launch
+"""Compiled launches (compiled/): from a hot kernel's ``WHOLE_LAUNCH``-th launch on (its
+second), its whole launch
 runs as one XLA executable with jax's HLO interpreter's bits, and every launch whose
 flags say it could differ from the simulator (a race, an access out of bounds, a
 deadlock, a leak, a revisit) runs simulated and reports exactly what the simulator
@@ -28,6 +29,7 @@ from palladium.interpret import (
     errors_as_raised,
 )
 from palladium.interpret.compiled import compiled_launch
+from palladium.interpret.run.execution_plan import WHOLE_LAUNCH
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -111,7 +113,7 @@ def _mode(m):
     return np.array([m], np.int32)
 
 
-def test_the_third_launch_on_runs_compiled_within_rounding_of_jax_hlo_interpreter(always_worth):
+def test_a_hot_launch_runs_compiled_within_rounding_of_jax_hlo_interpreter(always_worth):
     """The compiled launch is XLA's code for the CPU, but without contracting products
     into FMAs and with NaN-propagating reductions (as the chip; ``eval/chip_arithmetic``):
     jax's HLO interpreter contracts, so the two agree to the last bits, not in them."""
@@ -119,7 +121,7 @@ def test_the_third_launch_on_runs_compiled_within_rounding_of_jax_hlo_interprete
     pages, src = _inputs()
     before = compiled_launch.STATS["compiled"]
     outs = [np.asarray(call(_mode(CLEAN), pages, src)) for _ in range(4)]
-    assert compiled_launch.STATS["compiled"] - before == 2  # launches 3 and 4
+    assert compiled_launch.STATS["compiled"] - before == 5 - WHOLE_LAUNCH  # launches 2-4
     for out in outs:
         np.testing.assert_allclose(out, _reference(pages, src), rtol=1e-5, atol=1e-5)
     hlo = np.asarray(_call(True)(_mode(CLEAN), pages, src))
@@ -131,27 +133,27 @@ def test_the_third_launch_on_runs_compiled_within_rounding_of_jax_hlo_interprete
         pages2, src2 = _inputs(seed)
         np.testing.assert_allclose(np.asarray(call(_mode(CLEAN), pages2, src2)),
                                    _reference(pages2, src2), rtol=1e-5, atol=1e-5)
-    assert compiled_launch.STATS["compiled"] - before == 4
+    assert compiled_launch.STATS["compiled"] - before == 7 - WHOLE_LAUNCH
 
 
 def test_races_on_a_race_free_launch_runs_compiled(always_worth):
     call = _call(InterpretParams(detect_races=True, random_seed=2))
     pages, src = _inputs(3)
     before = compiled_launch.STATS["compiled"]
-    for _ in range(3):
+    for _ in range(WHOLE_LAUNCH):
         out = np.asarray(call(_mode(CLEAN), pages, src))
     assert compiled_launch.STATS["compiled"] - before == 1
     np.testing.assert_allclose(out, _reference(pages, src), rtol=1e-5, atol=1e-5)
 
 
 def _hot_call(seed, **params):
-    """A call of the test kernel made hot: three clean launches (the second compiles it
-    in the background, the third runs compiled). ``seed`` (``random_seed``, which orders
+    """A call of the test kernel made hot: ``WHOLE_LAUNCH`` clean launches (the first
+    compiles it in the background, the last runs compiled). ``seed`` (``random_seed``, which orders
     nothing in this sequential grid) makes the kernel each test's own."""
     call = _call(InterpretParams(random_seed=seed, **params))
     pages, src = _inputs(4)
     before = compiled_launch.STATS["compiled"]
-    for _ in range(3):
+    for _ in range(WHOLE_LAUNCH):
         call(_mode(CLEAN), pages, src).block_until_ready()
     assert compiled_launch.STATS["compiled"] == before + 1
     return call
@@ -194,7 +196,7 @@ def test_an_index_out_of_bounds_on_a_compiled_launch_is_the_simulators_error(alw
 def test_races_off_a_racy_launch_gives_the_simulators_results(always_worth, monkeypatch):
     """Reading a DMA's destination before its wait: the compiled launch would see the
     data already landed; it is flagged and the simulator's results are returned (those
-    of the kernel's fourth launch simulated: its hot segments compiled)."""
+    of the kernel's launch ``WHOLE_LAUNCH + 1`` simulated)."""
     pages, src = _inputs(4)
     call = _hot_call(120)
     before = compiled_launch.STATS["an access to a DMA in flight"]
@@ -202,7 +204,7 @@ def test_races_off_a_racy_launch_gives_the_simulators_results(always_worth, monk
     assert compiled_launch.STATS["an access to a DMA in flight"] == before + 1
     monkeypatch.setattr(compiled_launch, "MIN_EQUATIONS_PER_LAUNCH", 1 << 60)
     simulated_only = _call(InterpretParams(random_seed=121))
-    for _ in range(3):
+    for _ in range(WHOLE_LAUNCH):
         simulated_only(_mode(CLEAN), pages, src).block_until_ready()
     simulated = np.asarray(simulated_only(_mode(RACE), pages, src))
     np.testing.assert_array_equal(later, simulated)
@@ -253,7 +255,7 @@ def test_a_kernel_with_semaphore_signals_stays_simulated(always_worth):
     np.testing.assert_allclose(out, np.tanh(np.float64(x)) * 2.0, rtol=1e-6, atol=1e-6)
 
 
-def test_jax_paged_attention_runs_compiled_from_its_third_launch():
+def test_jax_paged_attention_runs_compiled_once_hot():
     """jax's shipped kernel at a realistic size, by the default rule (no patching)."""
     from jax.experimental.pallas.ops.tpu.paged_attention import paged_attention
 
@@ -269,7 +271,7 @@ def test_jax_paged_attention_runs_compiled_from_its_third_launch():
     before = compiled_launch.STATS["compiled"]
     with pi.force_tpu_interpret_mode(InterpretParams()):
         outs = [np.asarray(fn(q, k, v, lengths, indices)) for _ in range(4)]
-    assert compiled_launch.STATS["compiled"] - before == 2
+    assert compiled_launch.STATS["compiled"] - before == 5 - WHOLE_LAUNCH
     with pi.force_tpu_interpret_mode(True):
         hlo = np.asarray(jax.jit(functools.partial(
             paged_attention, pages_per_compute_block=4))(q, k, v, lengths, indices))
@@ -308,12 +310,12 @@ def test_a_compiled_launch_visits_the_grid_in_the_simulators_order(always_worth,
     params = InterpretParams(random_seed=seed)
     compiled = call(params)
     before = compiled_launch.STATS["compiled"]
-    outs = [np.asarray(compiled(x)) for _ in range(3)]
+    outs = [np.asarray(compiled(x)) for _ in range(WHOLE_LAUNCH)]
     assert compiled_launch.STATS["compiled"] == before + 1
     simulated = np.asarray(call(InterpretParams(random_seed=seed, compile_segments=False))(x))
-    np.testing.assert_array_equal(outs[2], simulated)
+    np.testing.assert_array_equal(outs[-1], simulated)
     np.testing.assert_array_equal(outs[0], simulated)
-    steps = sorted({int(v) for v in np.round(outs[2] - x * 2.0).ravel()})
+    steps = sorted({int(v) for v in np.round(outs[-1] - x * 2.0).ravel()})
     assert steps == list(range(9))
 
 
@@ -331,9 +333,9 @@ def test_an_output_aliasing_its_input_keeps_the_blocks_the_grid_does_not_visit(a
         out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
         interpret=InterpretParams(random_seed=9))(x))
     before = compiled_launch.STATS["compiled"]
-    outs = [np.asarray(call(x)) for _ in range(3)]
+    outs = [np.asarray(call(x)) for _ in range(WHOLE_LAUNCH)]
     assert compiled_launch.STATS["compiled"] == before + 1
-    np.testing.assert_allclose(outs[2], expected, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(outs[-1], expected, rtol=1e-6, atol=1e-6)
     np.testing.assert_allclose(outs[0], expected, rtol=1e-6, atol=1e-6)
 
 
@@ -369,7 +371,7 @@ def test_dmas_in_flight_past_the_rings_size_run_simulated(always_worth, k, compi
     src = np.random.default_rng(k).standard_normal((4 * k, C)).astype(np.float32)
     call = _in_flight_call(k)
     before = compiled_launch.STATS.copy()
-    outs = [np.asarray(call(src)) for _ in range(3)]
+    outs = [np.asarray(call(src)) for _ in range(WHOLE_LAUNCH)]
     expected = np.tanh(np.float64(src)) + np.repeat(np.arange(4.0), k)[:, None]
     for out in outs:
         np.testing.assert_allclose(out, expected, rtol=1e-6, atol=1e-6)
@@ -430,7 +432,7 @@ def test_a_loop_whose_test_reads_a_ref_runs_compiled_with_its_checks(always_wort
     expected = np.stack([np.tanh(np.float64(x[g * R: g * R + n])).sum(axis=0, keepdims=True)
                          for g, n in enumerate(limits)])
     before = compiled_launch.STATS.copy()
-    for _ in range(3):
+    for _ in range(WHOLE_LAUNCH):
         np.testing.assert_allclose(np.asarray(call(limits, x)), expected, rtol=1e-6, atol=1e-6)
     assert compiled_launch.STATS["compiled"] - before["compiled"] == 1
     bad = np.array([-1, 2, 2, 2], np.int32)  # the test reads limits[4]: out of bounds
@@ -440,10 +442,10 @@ def test_a_loop_whose_test_reads_a_ref_runs_compiled_with_its_checks(always_wort
             == before["an access out of bounds"] + 1)
 
 
-def test_jax_ragged_paged_attention_runs_compiled_from_its_third_launch():
+def test_jax_ragged_paged_attention_runs_compiled_once_hot():
     """jax's shipped ragged paged attention (loops whose test reads SMEM, a reshaped
-    ref, strided reads, masked stores), by the default rule: compiled from its third
-    launch, with the simulated launches' values and its reference's."""
+    ref, strided reads, masked stores), by the default rule: compiled from its
+    ``WHOLE_LAUNCH``-th launch, with the simulated launches' values and its reference's."""
     from jax.experimental.pallas.ops.tpu.ragged_paged_attention import kernel as rpa
     from test_jax_kernels import ragged_paged_attention_inputs
 
@@ -453,7 +455,7 @@ def test_jax_ragged_paged_attention_runs_compiled_from_its_third_launch():
     call = jax.jit(kernel)
     before = compiled_launch.STATS["compiled"]
     with pi.force_tpu_interpret_mode(InterpretParams(compile_check="approximate")):
-        outs = [np.asarray(call(*args))[:n] for _ in range(3)]
+        outs = [np.asarray(call(*args))[:n] for _ in range(WHOLE_LAUNCH)]
     assert compiled_launch.STATS["compiled"] - before == 1
     reference = np.asarray(rpa.ref_ragged_paged_attention(*args))[:n]
     for out in outs:
@@ -461,23 +463,23 @@ def test_jax_ragged_paged_attention_runs_compiled_from_its_third_launch():
     # (jax's HLO interpreter fails on this kernel: its discharge of the masked stores
     # raises "'TypedInt' object has no attribute 'shape'"; the simulated launches are the
     # comparison)
-    np.testing.assert_allclose(outs[2], outs[0], rtol=1e-4, atol=5e-5)
+    np.testing.assert_allclose(outs[-1], outs[0], rtol=1e-4, atol=5e-5)
 
 
 def test_a_new_process_loads_the_compiled_launch_from_disk(tmp_path):
     """The whole launch's executable is kept on disk under ``launch_key``: a second
-    process runs its third launch compiled without tracing or compiling anything."""
+    process runs its hot launch compiled without tracing or compiling anything."""
     script = textwrap.dedent(f"""
         import sys
         sys.path.insert(0, {os.path.dirname(__file__)!r})
         import numpy as np
         import palladium.interpret as pi
         from palladium.interpret.compiled import compiled_launch
-        from test_compiled_launch import CLEAN, _call, _inputs, _mode
+        from test_compiled_launch import CLEAN, WHOLE_LAUNCH, _call, _inputs, _mode
         compiled_launch.MIN_EQUATIONS_PER_LAUNCH = 0
         call = _call(pi.InterpretParams())
-        outs = [np.asarray(call(_mode(CLEAN), *_inputs())) for _ in range(3)]
-        print(pi.STATE.segments.compiled, compiled_launch.STATS["compiled"], outs[2].tobytes().hex())
+        outs = [np.asarray(call(_mode(CLEAN), *_inputs())) for _ in range(WHOLE_LAUNCH)]
+        print(pi.STATE.segments.compiled, compiled_launch.STATS["compiled"], outs[-1].tobytes().hex())
     """)
     env = {**os.environ, "PALLADIUM_CACHE_DIR": str(tmp_path), "JAX_PLATFORMS": "cpu"}
     runs = [subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
@@ -570,7 +572,7 @@ def test_a_hot_launch_never_waits_behind_other_compiles_and_runs_compiled(always
     """Issue 42 item 10: a hot launch waited up to 60 s for its compile on the one shared
     background thread, then ran simulated: with 10 threads, third calls stalled and
     whether a call ran compiled depended on the load. Here the shared thread is busy
-    with another compile for the whole test: the third launch compiles its own at once
+    with another compile for the whole test: the hot launch compiles its own at once
     and runs compiled, with the bits it has when the thread is free."""
     import threading
     import time
@@ -582,7 +584,7 @@ def test_a_hot_launch_never_waits_behind_other_compiles_and_runs_compiled(always
         pages, src = _inputs(5)
         before = compiled_launch.STATS["compiled"]
         outs, seconds = [], []
-        for _ in range(3):
+        for _ in range(WHOLE_LAUNCH):
             start = time.perf_counter()
             outs.append(np.asarray(call(_mode(CLEAN), pages, src)))
             seconds.append(time.perf_counter() - start)
@@ -590,8 +592,8 @@ def test_a_hot_launch_never_waits_behind_other_compiles_and_runs_compiled(always
     finally:
         release.set()
     assert compiled_launch.STATS["compiled"] - before == 1
-    assert seconds[2] < 30.0  # (it waited for nobody: no 60 s stall)
+    assert seconds[-1] < 30.0  # (it waited for nobody: no 60 s stall)
     jax.clear_caches()
     free = _call(InterpretParams(random_seed=13))
     np.testing.assert_array_equal(
-        [np.asarray(free(_mode(CLEAN), pages, src)) for _ in range(3)][2], outs[2])
+        [np.asarray(free(_mode(CLEAN), pages, src)) for _ in range(WHOLE_LAUNCH)][-1], outs[-1])

@@ -13,6 +13,7 @@ from jax.experimental.pallas import tpu as pltpu
 
 from palladium.interpret import InterpretParams, OutOfBoundsError, errors_as_raised
 from palladium.interpret.compiled import compiled_launch
+from palladium.interpret.run.execution_plan import WHOLE_LAUNCH
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -85,13 +86,13 @@ def test_an_index_whose_int32_arithmetic_wraps_is_out_of_bounds_on_every_call(
     call = make(seed)
     before = compiled_launch.STATS.copy()
     expected = np.float64(src.reshape(8, R, C)[good // (1 if make is _index_map_call else R)])
-    for _ in range(3):  # hot: the third call runs the whole-launch executable
+    for _ in range(WHOLE_LAUNCH):  # hot: the last call runs the whole-launch executable
         out = np.asarray(call(good, src))
         np.testing.assert_allclose(out, (expected * 2 + 1).reshape(G * R, C), rtol=1e-6)
     assert compiled_launch.STATS["compiled"] == before["compiled"] + 1
     idx = good.copy()
     idx[2] = bad
-    for _ in range(2):  # calls 4 and 5: compiled, flagged, re-run simulated
+    for _ in range(2):  # the next two: compiled, flagged, re-run simulated
         with pytest.raises(OutOfBoundsError, match=r"grid point \(2,\)"), errors_as_raised():
             call(idx, src).block_until_ready()
     assert compiled_launch.STATS["compiled"] == before["compiled"] + 1

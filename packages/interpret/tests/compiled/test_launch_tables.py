@@ -14,6 +14,7 @@ from jax.experimental.pallas import tpu as pltpu
 from palladium.interpret import InterpretParams, OutOfBoundsError, errors_as_raised
 from palladium.interpret.compiled import compiled_launch
 from palladium.interpret.compiled.launch_function import _differs, _revisited
+from palladium.interpret.run.execution_plan import WHOLE_LAUNCH
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -78,7 +79,7 @@ def test_an_index_map_reading_out_of_bounds_on_a_compiled_launch_is_the_simulato
     x = np.random.default_rng(4).standard_normal((G * R, C)).astype(np.float32)
     call = _call(InterpretParams(random_seed=130))
     before = compiled_launch.STATS.copy()
-    for _ in range(3):
+    for _ in range(WHOLE_LAUNCH):
         out = np.asarray(call(sel, x))
         want = np.tanh(x.reshape(G, R, C)[perm].reshape(G * R, C)) * 2.0 + 1.0
         np.testing.assert_allclose(out, want, rtol=1e-6, atol=1e-6)

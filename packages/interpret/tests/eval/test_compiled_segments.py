@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 
 import jax
 import jax.numpy as jnp
@@ -26,9 +27,21 @@ from palladium.interpret import (
     WatchdogError,
     errors_as_raised,
 )
+from palladium.interpret.compiled import compiled_launch
 from palladium.interpret.eval import segments
 
 ROWS, WIDTH = 64, 128
+
+
+@pytest.fixture(autouse=True)
+def segments_only(monkeypatch):
+    """These tests count compiled segments (``STATE.segments.compiled``): no launch is
+    compiled whole (from launch 1 its compile would run in the background and be
+    counted), and the background compiler has finished what earlier tests queued."""
+    monkeypatch.setattr(compiled_launch, "MIN_EQUATIONS_PER_LAUNCH", 1 << 60)
+    idle = threading.Event()
+    pi.STATE.segments.get_in_background(None, idle.set)
+    assert idle.wait(240)
 
 
 def _scan_kernel(x_ref, a_ref, o_ref, h_ref):
@@ -100,7 +113,9 @@ def test_a_new_process_loads_the_compiled_segment_from_disk(tmp_path):
         sys.path.insert(0, {os.path.dirname(__file__)!r})
         import numpy as np
         import palladium.interpret as pi
+        from palladium.interpret.compiled import compiled_launch
         from test_compiled_segments import _inputs, _scan
+        compiled_launch.MIN_EQUATIONS_PER_LAUNCH = 1 << 60  # (segments only)
         out = np.asarray(_scan(pi.InterpretParams(), *_inputs()))
         print(pi.STATE.segments.compiled, out.sum())
     """)

@@ -22,6 +22,7 @@ from palladium.interpret.run.execution_plan import (
     COMPILED,
     SEGMENTS,
     SIMULATED,
+    WHOLE_LAUNCH,
     ExecutionPlan,
     plan_launch,
 )
@@ -108,12 +109,16 @@ def test_a_kernel_that_read_uninitialised_memory_runs_segments_except_for_clean_
 
 
 def test_the_launch_number_alone_decides_when_a_kernel_is_hot():
+    assert WHOLE_LAUNCH <= HOT_LAUNCH
     plans = [_plan(number=n) for n in range(1, HOT_LAUNCH + 2)]
-    assert [p.tier for p in plans] == [SEGMENTS] * (HOT_LAUNCH - 1) + [COMPILED] * 2
+    assert [p.tier for p in plans] == [SEGMENTS] * (WHOLE_LAUNCH - 1) + [COMPILED] * (
+        HOT_LAUNCH + 2 - WHOLE_LAUNCH)
     assert [p.hot for p in plans] == [False] * (HOT_LAUNCH - 1) + [True] * 2
-    # the launch before the first hot one compiles (segments and the whole launch) ahead
+    # the launch before the first compiled one compiles the whole launch ahead; the one
+    # before the first hot one, the hot segments (used if the launch falls back)
+    assert [p.compile_ahead for p in plans] == [n == WHOLE_LAUNCH - 1
+                                                for n in range(1, HOT_LAUNCH + 2)]
     assert [p.warming for p in plans] == [n == HOT_LAUNCH - 1 for n in range(1, HOT_LAUNCH + 2)]
-    assert [p.compile_ahead for p in plans] == [p.warming for p in plans]
     assert "not hot yet" in plans[0].reason and "is hot" in plans[-1].reason
 
 
@@ -191,8 +196,8 @@ def test_a_kernels_launches_run_segments_then_compiled_and_a_flag_falls_back(pla
         np.testing.assert_allclose(np.asarray(call(idx, x)), _reference(x, 3), rtol=1e-5,
                                    atol=1e-5)
     assert [(p.number, p.tier) for _, p in plans] == [
-        (1, SEGMENTS), (2, SEGMENTS), (3, COMPILED), (4, COMPILED)]
-    assert plans[1][1].compile_ahead and plans[2][1].hot
+        (n, SEGMENTS if n < WHOLE_LAUNCH else COMPILED) for n in range(1, 5)]
+    assert plans[WHOLE_LAUNCH - 2][1].compile_ahead and plans[HOT_LAUNCH - 1][1].hot
     # an access out of bounds: the compiled run's flag sends the launch to the simulator,
     # which reports it
     with pytest.raises(OutOfBoundsError), errors_as_raised():

@@ -157,7 +157,9 @@ def test_a_full_disk_leaves_no_temporary_files(tmp_path):
         sys.path.insert(0, {os.path.join(TESTS, "eval")!r})
         import numpy as np
         import palladium.interpret as pi
+        from palladium.interpret.compiled import compiled_launch
         from test_compiled_segments import _inputs, _reference, _scan
+        compiled_launch.MIN_EQUATIONS_PER_LAUNCH = 1 << 60  # (segments only)
         x, a = _inputs()
         out = np.asarray(_scan(pi.InterpretParams(), x, a))
         np.testing.assert_allclose(out, _reference(x, a), rtol=1e-5, atol=1e-5)

@@ -230,8 +230,10 @@ class InterpretParams:
         ``palladium.interpret.eval.segments``). True (the default): runs worth
         compiling for one call are compiled from the first call, smaller ones from the
         kernel's third launch in the process on (compiled in the background during the
-        second), so a kernel called in a loop runs XLA's code; its results from the
-        third call on may then differ in the last place from the first two's where
+        second), and a kernel's whole launch as one executable from its second launch
+        (``run/execution_plan.WHOLE_LAUNCH``), so a kernel called in a loop runs XLA's
+        code; its results from those calls on may then differ in the last place from the
+        first's where
         numpy's and XLA's bits differ (transcendentals, dot sums). ``"static"``: only the
         first kind, so that every call gives the same bits. False: none.
     """

@@ -2,9 +2,12 @@
 
 A kernel made of many small operations per grid step (paged attention, a scan one time
 step per iteration) spends its simulated launch in per-equation and per-DMA overhead,
-not in arithmetic. From its ``HOT_LAUNCH``-th launch in the process on, such a kernel's
-launch runs as one executable (``launch_function.py``): compiled in the background
-during the launch before, kept per kernel, grid and order. Its results are XLA's bits,
+not in arithmetic. From its ``WHOLE_LAUNCH``-th launch in the process on (its second:
+``run/execution_plan.py``), such a kernel's launch runs as one executable
+(``launch_function.py``): compiled in the background from the start of the launch
+before, then run once on zeros (``_warm_up``: an executable's first run is its slowest),
+kept per kernel, grid, order and operand types. (Starting the compile at the kernel's
+lowering instead, a few hundred ms earlier, measured no better: benchmarks/LOG.md.) Its results are XLA's bits,
 as a compiled segment's. A hot launch whose compile the shared background thread has
 not reached yet (it compiles one kernel at a time, for every thread of the process)
 compiles it itself at once (``segment_cache.BackgroundCompile``): it never waits behind
@@ -31,7 +34,7 @@ signals, remote DMAs, the MXU, prints, ...). ``compile_segments="static"`` or ``
 keeps every launch simulated.
 
 Which kernels are compiled whole is static (``worth_compiling``), and which launch is the
-first compiled one is its number (``HOT_LAUNCH``): never timing, so a given launch's bits
+first compiled one is its number (``WHOLE_LAUNCH``): never timing, so a given launch's bits
 never depend on the machine's load, on other threads' compiles or on a cache.
 """
 
@@ -63,7 +66,8 @@ from palladium.interpret.run.launch import launch_grid
 from palladium.interpret.state.process_state import STATE
 from palladium.interpret.state.segment_cache import BackgroundCompile
 
-__all__ = ["MAX_GRIDS", "MAX_KEPT", "MAX_POINTS", "MIN_EQUATIONS_PER_LAUNCH", "STATS", "compiled_launch", "worth_compiling"]
+__all__ = ["MAX_GRIDS", "MAX_KEPT", "MAX_POINTS", "MIN_EQUATIONS_PER_LAUNCH", "STATS", "compiled_launch",
+           "worth_compiling"]
 
 #: The least equations a launch evaluates (body work times grid points) for its kernel to
 #: be compiled whole: below it the simulated launch costs about what a compiled one does.
@@ -101,35 +105,17 @@ def compiled_launch(kernel: PreparedKernel, params: InterpretParams,
     is ``"compiled"`` run compiled, or (None, why it runs simulated instead: this grid
     is not compiled whole, or the launch's flags say so). A plan that compiles ahead
     starts the executable's compile in the background and runs simulated."""
-    gm = kernel.grid_mapping
-    n_dyn = gm.num_dynamic_grid_bounds
+    n_dyn = kernel.grid_mapping.num_dynamic_grid_bounds
     args = device_args[0]
     grid = launch_grid(kernel, args[:n_dyn])
     if any(n < 0 for n in grid):
         return None, "its grid is negative (the simulator reports it)"
-    # per grid and order: the executable's compile (None: the kernel cannot be compiled whole)
-    futures: dict[Any, BackgroundCompile] = kernel.launches.whole_launches
-    key = (grid, params.seed, params.uninitialized_memory)
-    with _LOCK:
-        future = futures.pop(key, None)
-        if future is not None:
-            futures[key] = future  # (the most recently used last)
-        elif _new_grid_refused(kernel.launches.whole_launch_keys, key):
-            return None, (f"the kernel was compiled whole for {MAX_GRIDS} other grids "
-                          f"(its other grids run simulated)")
-        else:
-            while len(futures) >= MAX_KEPT:
-                futures.pop(next(iter(futures)))  # the least recently used
-            points = schedule(kernel, grid, 1, tuple(gm.vmapped_dims), params.seed)[0]
-            if len(points) > MAX_POINTS or not worth_compiling(kernel, len(points)):
-                futures[key] = future = BackgroundCompile.finished(None)
-            else:
-                # (the shapes only: the operands may be views valid during this call)
-                specs = [jax.ShapeDtypeStruct(np.shape(a), np.asarray(a).dtype)
-                         for a in args[n_dyn:]]
-                job = _compile_job(kernel, grid, list(points), tuple(gm.vmapped_dims),
-                                   params.uninitialized_memory, specs)
-                futures[key] = future = STATE.segments.get_in_background(None, job)
+    # (the shapes only: the operands may be views valid during this call)
+    specs = [jax.ShapeDtypeStruct(np.shape(a), np.asarray(a).dtype) for a in args[n_dyn:]]
+    future = _whole_launch(kernel, params, grid, specs)
+    if future is None:
+        return None, (f"the kernel was compiled whole for {MAX_GRIDS} other grids "
+                      f"(its other grids run simulated)")
     if plan.tier != COMPILED:
         return None, plan.reason  # (compiled ahead, for the next launch)
     try:
@@ -158,6 +144,35 @@ def compiled_launch(kernel: PreparedKernel, params: InterpretParams,
                       f"simulated, which reports what the simulator reports)")
     STATS["compiled"] += 1
     return [outs], plan.reason
+
+
+def _whole_launch(kernel: PreparedKernel, params: InterpretParams, grid: tuple[int, ...],
+                  specs: list[Any]) -> BackgroundCompile | None:
+    """The compile of ``kernel``'s whole launch over ``grid`` for operands ``specs``
+    (kept, or queued for the background thread now), or None: the kernel was compiled
+    whole for ``MAX_GRIDS`` other grids."""
+    gm = kernel.grid_mapping
+    # per grid, order and operand types: the executable's compile (None: not compiled whole)
+    futures: dict[Any, BackgroundCompile] = kernel.launches.whole_launches
+    key = (grid, params.seed, params.uninitialized_memory,
+           tuple((tuple(s.shape), np.dtype(s.dtype)) for s in specs))
+    with _LOCK:
+        future = futures.pop(key, None)
+        if future is not None:
+            futures[key] = future  # (the most recently used last)
+            return future
+        if _new_grid_refused(kernel.launches.whole_launch_keys, key):
+            return None
+        while len(futures) >= MAX_KEPT:
+            futures.pop(next(iter(futures)))  # the least recently used
+        points = schedule(kernel, grid, 1, tuple(gm.vmapped_dims), params.seed)[0]
+        if len(points) > MAX_POINTS or not worth_compiling(kernel, len(points)):
+            futures[key] = future = BackgroundCompile.finished(None)
+        else:
+            job = _compile_job(kernel, grid, list(points), tuple(gm.vmapped_dims),
+                               params.uninitialized_memory, specs)
+            futures[key] = future = STATE.segments.get_in_background(None, job)
+    return future
 
 
 def _new_grid_refused(seen: set[Any], key: Any) -> bool:
@@ -236,6 +251,25 @@ def _compile_job(kernel: PreparedKernel, grid: tuple[int, ...], points: list[tup
         # kept across processes under what the executable is a function of (a kernel
         # whose description the key cannot write down is traced and compiled each time)
         key = launch_key(kernel, grid, points, vmapped, fill, specs)
-        return built() if key is None else STATE.segments.get(key, built)
+        exe = built() if key is None else STATE.segments.get(key, built)
+        if exe is not None and not _may_loop(kernel):
+            _warm_up(exe, specs)
+        return exe
 
     return job
+
+
+def _warm_up(exe: Any, specs: list[Any]) -> None:
+    """Run ``exe`` once on zeros, its results dropped, where its compile ran (in the
+    background, during the launch before the first compiled one): an executable's first
+    run costs several of its later ones (gmm 9 against 1-2 ms, paged attention 8 against
+    1 ms: XLA readies its code and buffers), which the first compiled launch then does
+    not pay. Only for a kernel of fixed duration (no ``while`` loop: zeros cannot make it
+    run long), whose run also tells ``bounded_call`` that it is short."""
+    operands = [np.zeros(s.shape, s.dtype) for s in specs]
+    start = time.perf_counter()
+    try:
+        _run(exe, operands)
+    except Exception:  # noqa: BLE001 - only a warm-up: the launch runs it and sees
+        return
+    _LAST_RUN.setdefault(exe, (time.perf_counter() - start, False))
