@@ -14,7 +14,7 @@ palladium's disk cache is a fresh folder (``$PALLADIUM_CACHE_DIR``, cold: nothin
 compiled before) unless ``--warm`` (a second run of the same kernels, as a test suite's
 second run meets it).
 
-The measured ratios, before and after the whole launch moved to call 2
+The measured ratios, with the whole launch compiled from call 3 and from call 2
 (``execution_plan.WHOLE_LAUNCH``), cold and warm: benchmarks/README.md (the issue-43 row)
 and LOG.md ("Each call against HLO's same call"). For a before/after in one sitting, run
 the base's source on ``PYTHONPATH`` (``git archive BASE packages``) with ``--warm`` and a

@@ -2,7 +2,7 @@
 
 A kernel made of many small operations per grid step (paged attention, a scan one time
 step per iteration) spends its simulated launch in per-equation and per-DMA overhead,
-not in arithmetic. From its ``WHOLE_LAUNCH``-th launch in the process on (its second:
+not in arithmetic. From its ``WHOLE_LAUNCH``-th launch in the process on (its third:
 ``run/execution_plan.py``), such a kernel's launch runs as one executable
 (``launch_function.py``): compiled in the background from the start of the launch
 before, then run once on zeros (``_warm_up``: an executable's first run is its slowest),
