@@ -577,8 +577,11 @@ for _r in (119, 476):
 def _eup_latency(op: str, steps: int):
     fns = {"exp": lambda h: jnp.exp(h) * 0.25, "logistic": jax.nn.sigmoid,
            "div": lambda h: 1.0 / (h + 2.0), "tanh": jnp.tanh}
-    f = fns[op]
+    return _carried(fns[op], steps)
 
+
+def _carried(f: Callable[[Any], Any], steps: int):
+    """``h = f(h)`` on one (8, 128) vreg for ``steps`` loop iterations: f's latency."""
     def body(x_ref, o_ref):
         def step(i, h):
             return f(h)
@@ -663,20 +666,42 @@ for _m, _k in ((128, 128), (256, 256)):
                  reps=_r)
 
 
+def _flash_scores(q_ref, k_ref, m_ref, l_ref, acc_ref):
+    """A flash step's scores, q @ k.T (the state zeroed at the first step)."""
+    @pl.when(pl.program_id(0) == 0)
+    def _():
+        m_ref[...] = jnp.full(m_ref.shape, -1e30, jnp.float32)
+        l_ref[...] = jnp.zeros(l_ref.shape, jnp.float32)
+        acc_ref[...] = jnp.zeros(acc_ref.shape, jnp.float32)
+
+    return jax.lax.dot_general(q_ref[...], k_ref[...], (((1,), (1,)), ((), ())),
+                               preferred_element_type=jnp.float32)
+
+
+def _flash_step_make(body: Callable[..., None], block: int, steps: int, state_lanes: int):
+    """``steps`` grid steps of ``body`` on the same (block, 128) q, k, v (copied once),
+    m and l scratch of (block, state_lanes), acc of (block, 128)."""
+    def make():
+        q, k, v = (_arr((block, 128), seed=i, scale=0.1) for i in range(3))
+        spec = pl.BlockSpec((block, 128), lambda i: (0, 0))
+        fn = _lazy(body, out_shape=jax.ShapeDtypeStruct((block, 128), jnp.float32),
+                   grid=(steps,), in_specs=[spec] * 3, out_specs=spec,
+                   scratch_shapes=[pltpu.VMEM((block, state_lanes), jnp.float32),
+                                   pltpu.VMEM((block, state_lanes), jnp.float32),
+                                   pltpu.VMEM((block, 128), jnp.float32)],
+                   compiler_params=pltpu.CompilerParams(
+                       dimension_semantics=("arbitrary",)))
+        return (lambda q, k, v: fn(q, k, v)), (q, k, v)
+    return make
+
+
 def _flash_step(block: int, steps: int, part: str):
     """One online-softmax step per grid step on the same resident q, k, v blocks (no
     copies after the first): ``dot`` the scores only (added to acc), ``qk`` the scores
     and their row max, ``exp`` also p = exp(s - m) (added to acc), ``softmax`` p and the
     row sum instead, ``full`` also acc = acc * alpha + p @ v."""
     def body(q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, acc_ref):
-        @pl.when(pl.program_id(0) == 0)
-        def _():
-            m_ref[...] = jnp.full(m_ref.shape, -1e30, jnp.float32)
-            l_ref[...] = jnp.zeros(l_ref.shape, jnp.float32)
-            acc_ref[...] = jnp.zeros(acc_ref.shape, jnp.float32)
-
-        s = jax.lax.dot_general(q_ref[...], k_ref[...], (((1,), (1,)), ((), ())),
-                                preferred_element_type=jnp.float32)
+        s = _flash_scores(q_ref, k_ref, m_ref, l_ref, acc_ref)
         if part == "dot":
             acc_ref[...] += s[:, :128]
         elif part == "pv":
@@ -705,18 +730,7 @@ def _flash_step(block: int, steps: int, part: str):
         def _():
             o_ref[...] = acc_ref[...] + m_ref[:, :1] + l_ref[:, :1]
 
-    def make():
-        q, k, v = (_arr((block, 128), seed=i, scale=0.1) for i in range(3))
-        spec = pl.BlockSpec((block, 128), lambda i: (0, 0))
-        fn = _lazy(body, out_shape=jax.ShapeDtypeStruct((block, 128), jnp.float32),
-                   grid=(steps,), in_specs=[spec] * 3, out_specs=spec,
-                   scratch_shapes=[pltpu.VMEM((block, 1), jnp.float32),
-                                   pltpu.VMEM((block, 1), jnp.float32),
-                                   pltpu.VMEM((block, 128), jnp.float32)],
-                   compiler_params=pltpu.CompilerParams(
-                       dimension_semantics=("arbitrary",)))
-        return (lambda q, k, v: fn(q, k, v)), (q, k, v)
-    return make
+    return _flash_step_make(body, block, steps, 1)
 
 
 for _b in (128, 256):
@@ -726,12 +740,31 @@ for _b in (128, 256):
                  kind="flash-step", part=_part, block=_b, steps=_s)
 
 
+def _page_gather_make(body: Callable[..., None], pages_per_step: int, steps: int,
+                      dtype: Any):
+    """A page gather's call: (16, 128) pages in HBM, their shuffled indices prefetched
+    into SMEM, ``body`` per grid step, a (16, 128) row sum out per step."""
+    total = pages_per_step * steps
+
+    def make():
+        pages = _arr((total, 16, 128), dtype)
+        idx = jnp.asarray(np.random.default_rng(3).permutation(total), jnp.int32)
+        grid_spec = pltpu.PrefetchScalarGridSpec(
+            num_scalar_prefetch=1, grid=(steps,),
+            in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
+            out_specs=pl.BlockSpec((1, 16, 128), lambda i, idx: (i, 0, 0)),
+            scratch_shapes=[pltpu.VMEM((pages_per_step, 16, 128), dtype),
+                            pltpu.SemaphoreType.DMA(())])
+        fn = _lazy(body, out_shape=jax.ShapeDtypeStruct((steps, 16, 128), jnp.float32),
+                   grid_spec=grid_spec)
+        return (lambda idx, p: fn(idx, p)), (idx, pages)
+    return make
+
+
 def _page_gather(pages_per_step: int, steps: int, dtype: Any):
     """Per grid step, ``pages_per_step`` (16, 128) pages copied HBM -> VMEM one DMA each,
     started in a loop from page indices in SMEM (scalar prefetch), then waited in a loop,
     as jax's paged attention does; a row sum of the pages keeps them used."""
-    total = pages_per_step * steps
-
     def body(idx_ref, pages_hbm, o_ref, buf, sem):
         def copy(j):
             page = idx_ref[pl.program_id(0) * pages_per_step + j]
@@ -748,19 +781,7 @@ def _page_gather(pages_per_step: int, steps: int, dtype: Any):
         jax.lax.fori_loop(0, pages_per_step, wait, 0)
         o_ref[...] = jnp.sum(buf[...].astype(jnp.float32), axis=0)[None]
 
-    def make():
-        pages = _arr((total, 16, 128), dtype)
-        idx = jnp.asarray(np.random.default_rng(3).permutation(total), jnp.int32)
-        grid_spec = pltpu.PrefetchScalarGridSpec(
-            num_scalar_prefetch=1, grid=(steps,),
-            in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
-            out_specs=pl.BlockSpec((1, 16, 128), lambda i, idx: (i, 0, 0)),
-            scratch_shapes=[pltpu.VMEM((pages_per_step, 16, 128), dtype),
-                            pltpu.SemaphoreType.DMA(())])
-        fn = _lazy(body, out_shape=jax.ShapeDtypeStruct((steps, 16, 128), jnp.float32),
-                   grid_spec=grid_spec)
-        return (lambda idx, p: fn(idx, p)), (idx, pages)
-    return make
+    return _page_gather_make(body, pages_per_step, steps, dtype)
 
 
 for _dt in (jnp.float32, jnp.bfloat16):
@@ -789,17 +810,7 @@ _ROW_LATENCY_OPS: dict[str, Callable[[Any], Any]] = {
 
 
 def _row_latency(op: str, steps: int):
-    f = _ROW_LATENCY_OPS[op]
-
-    def body(x_ref, o_ref):
-        def step(i, h):
-            return f(h)
-        o_ref[pl.ds(0, 8), :] = jax.lax.fori_loop(0, steps, step, x_ref[pl.ds(0, 8), :])
-
-    def make():
-        x = _arr((8, 128))
-        return (lambda x: _whole(body, None, jax.ShapeDtypeStruct(x.shape, x.dtype))(x), (x,))
-    return make
+    return _carried(_ROW_LATENCY_OPS[op], steps)
 
 
 for _op in _ROW_LATENCY_OPS:
@@ -809,8 +820,6 @@ for _op in _ROW_LATENCY_OPS:
 
 
 def _page_gather_unrolled(pages_per_step: int, steps: int, dtype: Any):
-    total = pages_per_step * steps
-
     def body(idx_ref, pages_hbm, o_ref, buf, sem):
         copies = [pltpu.make_async_copy(
             pages_hbm.at[idx_ref[pl.program_id(0) * pages_per_step + j]], buf.at[j], sem)
@@ -821,19 +830,7 @@ def _page_gather_unrolled(pages_per_step: int, steps: int, dtype: Any):
             c.wait()
         o_ref[...] = jnp.sum(buf[...].astype(jnp.float32), axis=0)[None]
 
-    def make():
-        pages = _arr((total, 16, 128), dtype)
-        idx = jnp.asarray(np.random.default_rng(3).permutation(total), jnp.int32)
-        grid_spec = pltpu.PrefetchScalarGridSpec(
-            num_scalar_prefetch=1, grid=(steps,),
-            in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
-            out_specs=pl.BlockSpec((1, 16, 128), lambda i, idx: (i, 0, 0)),
-            scratch_shapes=[pltpu.VMEM((pages_per_step, 16, 128), dtype),
-                            pltpu.SemaphoreType.DMA(())])
-        fn = _lazy(body, out_shape=jax.ShapeDtypeStruct((steps, 16, 128), jnp.float32),
-                   grid_spec=grid_spec)
-        return (lambda idx, p: fn(idx, p)), (idx, pages)
-    return make
+    return _page_gather_make(body, pages_per_step, steps, dtype)
 
 
 for _dt in (jnp.float32, jnp.bfloat16):
@@ -934,14 +931,7 @@ for _trip in (2, 4, 16):
 # replicated over 128 lanes, a causal mask on the scores
 def _flash_step_jax(block: int, steps: int, causal: bool):
     def body(q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, acc_ref):
-        @pl.when(pl.program_id(0) == 0)
-        def _():
-            m_ref[...] = jnp.full(m_ref.shape, -1e30, jnp.float32)
-            l_ref[...] = jnp.zeros(l_ref.shape, jnp.float32)
-            acc_ref[...] = jnp.zeros(acc_ref.shape, jnp.float32)
-
-        s = jax.lax.dot_general(q_ref[...], k_ref[...], (((1,), (1,)), ((), ())),
-                                preferred_element_type=jnp.float32)
+        s = _flash_scores(q_ref, k_ref, m_ref, l_ref, acc_ref)
         if causal:
             rows = jax.lax.broadcasted_iota(jnp.int32, s.shape, 0)
             cols = jax.lax.broadcasted_iota(jnp.int32, s.shape, 1)
@@ -960,16 +950,7 @@ def _flash_step_jax(block: int, steps: int, causal: bool):
         def _():
             o_ref[...] = acc_ref[...] / l_ref[...]
 
-    def make():
-        q, k, v = (_arr((block, 128), seed=i, scale=0.1) for i in range(3))
-        spec = pl.BlockSpec((block, 128), lambda i: (0, 0))
-        fn = _lazy(body, out_shape=jax.ShapeDtypeStruct((block, 128), jnp.float32),
-                   grid=(steps,), in_specs=[spec] * 3, out_specs=spec,
-                   scratch_shapes=[pltpu.VMEM((block, 128), jnp.float32)] * 3,
-                   compiler_params=pltpu.CompilerParams(
-                       dimension_semantics=("arbitrary",)))
-        return (lambda q, k, v: fn(q, k, v)), (q, k, v)
-    return make
+    return _flash_step_make(body, block, steps, 128)
 
 
 for _b in (128, 256):

@@ -109,6 +109,21 @@ def _operands(invals: list[Any], cached: bool) -> list[Any]:
     return invals if cached else base_refs(invals)
 
 
+def _indices(entries: Any, invals: Any) -> tuple[int | slice, ...]:
+    """One indexer's entries as numpy indices: an index, or a slice (its start read
+    from the operands where it is dynamic)."""
+    index: list[int | slice] = []
+    for entry in entries:
+        if entry[0] == "index":
+            index.append(as_int(invals[entry[1]], "ref indexer"))
+        else:
+            _, at, start, size, stride = entry
+            if at is not None:
+                start = as_int(invals[at], "ref indexer")
+            index.append(numpy_slice(start, size, stride))
+    return tuple(index)
+
+
 def _region(shape: tuple[int, ...], indexers: tuple[Any, ...],
             invals: list[Any]) -> tuple[int | slice, ...]:
     """The region indexers (``jc.dma_index_layout``'s) select of a buffer of ``shape``,
@@ -116,28 +131,10 @@ def _region(shape: tuple[int, ...], indexers: tuple[Any, ...],
     if len(indexers) == 1 and len(indexers[0]) == len(shape):
         # one indexer of the whole buffer (a page of paged attention): its entries are
         # the region's, an index or a slice per dimension
-        region: list[int | slice] = []
-        for entry in indexers[0]:
-            if entry[0] == "index":
-                region.append(as_int(invals[entry[1]], "ref indexer"))
-            else:
-                _, at, start, size, stride = entry
-                if at is not None:
-                    start = as_int(invals[at], "ref indexer")
-                region.append(numpy_slice(start, size, stride))
-        return tuple(region)
+        return _indices(indexers[0], invals)
     dims: list[Any] = [[0, 1, n] for n in shape]
     for entries in indexers:
-        index: list[int | slice] = []
-        for entry in entries:
-            if entry[0] == "index":
-                index.append(as_int(invals[entry[1]], "ref indexer"))
-            else:
-                _, at, start, size, stride = entry
-                if at is not None:
-                    start = as_int(invals[at], "ref indexer")
-                index.append(numpy_slice(start, size, stride))
-        dims = indexed_dims(dims, tuple(index))
+        dims = indexed_dims(dims, _indices(entries, invals))
     return dims_region(dims)[0]
 
 
