@@ -274,7 +274,7 @@ def _vector_vregs(eqn: Any, chip: ChipModel, transcendental: bool) -> float:
 
 def _over_lanes(eqn: Any) -> bool:
     """A reduction over its operand's last (lane) dimension."""
-    shape = getattr(eqn.invars[0].aval, "shape", ())
+    shape: tuple[int, ...] = tuple(getattr(eqn.invars[0].aval, "shape", ()))
     axes = eqn.params.get("axes", eqn.params.get("axis", ()))
     axes = axes if isinstance(axes, tuple | list) else (axes,)
     return bool(shape) and shape[-1] > 1 and (len(shape) - 1) in tuple(axes)
@@ -285,12 +285,12 @@ def _spread(eqn: Any, name: str) -> tuple[int, ...]:
     broadcast, or an elementwise op broadcasting a column)."""
     if name in _REDUCTIONS or not eqn.outvars:
         return ()
-    out = getattr(eqn.outvars[0].aval, "shape", ())
+    out: tuple[int, ...] = tuple(getattr(eqn.outvars[0].aval, "shape", ()))
     if len(out) < 2 or out[-1] <= 1:
         return ()
     found = []
     for i, v in enumerate(eqn.invars):
-        shape = getattr(v.aval, "shape", ())
+        shape: tuple[int, ...] = tuple(getattr(v.aval, "shape", ()))
         if len(shape) >= 2 and shape[-1] == 1 and (
                 name != "broadcast_in_dim"
                 or tuple(eqn.params.get("broadcast_dimensions", ()))[-1:] == (len(out) - 1,)):

@@ -50,7 +50,7 @@ def _all_in(variables: Any, replicated: set[Any]) -> bool:
     """Whether every array among ``variables`` holds its values in every lane (and
     there is one): an elementwise op of such values leaves its result so too."""
     arrays = [v for v in variables
-              if type(v).__name__ != "Literal" and getattr(v.aval, "shape", ())]
+              if type(v).__name__ != "Literal" and len(getattr(v.aval, "shape", ())) > 0]
     return bool(arrays) and all(v in replicated for v in arrays)
 
 
@@ -137,9 +137,9 @@ class TimelineRecorder(Observer):
         n = ran.get(key)
         if n is not None:
             ran[key] = n + 1
-            hit = self._costs[key]
-            if hit[2]:
-                self._on_chain(core, op, hit[1])
+            known = self._costs[key]
+            if known[2]:
+                self._on_chain(core, op, known[1])
             return
         hit = self._costs.get(key)
         if hit is None or hit[0] is not op:
