@@ -93,16 +93,6 @@ _FREE = frozenset({
 })
 
 
-def _nbytes(aval: Any) -> int:
-    shape = getattr(aval, "shape", ())
-    dtype = getattr(aval, "dtype", None)
-    try:
-        itemsize = np.dtype(dtype).itemsize if dtype is not None else 4
-    except TypeError:
-        return 0
-    return math.prod(shape) * itemsize
-
-
 def _vregs(aval: Any, chip: ChipModel) -> int:
     """The vregs an array occupies: a 2-D (or higher) array whole (8, 128) tiles of
     32-bit words over its last two dimensions (16-bit types packing two rows in one

@@ -8,6 +8,7 @@ threads did.
 
 from __future__ import annotations
 
+import dataclasses
 from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
@@ -46,12 +47,31 @@ def _has_array(op: Any) -> bool:
                for v in (*op.invars, *op.outvars))
 
 
-def _all_in(variables: Any, replicated: set[Any]) -> bool:
-    """Whether every array among ``variables`` holds its values in every lane (and
-    there is one): an elementwise op of such values leaves its result so too."""
-    arrays = [v for v in variables
-              if type(v).__name__ != "Literal" and len(getattr(v.aval, "shape", ())) > 0]
-    return bool(arrays) and all(v in replicated for v in arrays)
+@dataclasses.dataclass
+class _Chunk:
+    """The dataflow chain of one core's current compute chunk (``_on_chain``)."""
+
+    #: when each value (by variable; a ref's last store by ("ref", var)) is ready:
+    #: its first vreg and all of it
+    ready: dict[Any, tuple[float, float]] = dataclasses.field(default_factory=dict)
+    end: float = 0.0  # the chain's end
+    #: the equations seen (a repeat starts a loop's next iteration) and the first
+    #: repeated one
+    seen: set[int] = dataclasses.field(default_factory=set)
+    anchor: int | None = None
+    #: when the current loop iteration began (a loop body is one basic block on the
+    #: chip: an iteration's loads cannot start before the last one's last op issued),
+    #: and when the chunk's last op issued
+    start: float = 0.0
+    issued: float = 0.0
+    mxu_free: float = 0.0  # when the MXU takes its next dot
+    #: the values holding a lane reduction's result in every lane (spreading them over
+    #: the lanes is free)
+    replicated: set[Any] = dataclasses.field(default_factory=set)
+
+    def copy(self) -> _Chunk:
+        return dataclasses.replace(self, ready=dict(self.ready), seen=set(self.seen),
+                                   replicated=set(self.replicated))
 
 
 class TimelineRecorder(Observer):
@@ -76,21 +96,8 @@ class TimelineRecorder(Observer):
         self.finished = False
         self.error: str | None = None  # "Type: first line" of a failed launch
         self._costs: dict[int, tuple[Any, Cost, bool]] = {}
-        # per core, the dependent chain of the current compute chunk: when each value's
-        # result is ready (by variable), the chain's end, the equations seen (a repeat
-        # starts a loop's next iteration) and the first repeated one
-        self._ready: dict[CoreId, dict[Any, tuple[float, float]]] = defaultdict(dict)
-        self._chain: dict[CoreId, float] = defaultdict(float)
-        self._seen: dict[CoreId, set[int]] = defaultdict(set)
-        self._anchor: dict[CoreId, int] = {}
-        # per core, when the current loop iteration began: a loop body is one basic block
-        # on the chip, so an iteration's loads cannot start before the last one ended
-        self._start: dict[CoreId, float] = {}
-        # per core, when the chunk's MXU takes its next dot, and the values that hold
-        # a lane reduction's result in every lane (spreading them over lanes is free)
-        self._mxu_free: dict[CoreId, float] = {}
-        self._issued: dict[CoreId, float] = {}  # when the chunk's last op issued
-        self._replicated: dict[CoreId, set[Any]] = defaultdict(set)
+        # per core, the dependent chain of the current compute chunk
+        self._chunks: dict[CoreId, _Chunk] = {}
         self._chained = bool(chip.dependent_op_seconds)
         # compute_run's chunks: per run of equations (by id; the tuple held), the state
         # a fresh chunk is left in after it
@@ -117,14 +124,9 @@ class TimelineRecorder(Observer):
             dt = max(units.values())
         # ... or as long as its chain of dependent results, where that is longer (a
         # recurrence of one row per loop step waits on latencies, not throughput)
-        dt = max(dt, self._chain.pop(core, 0.0))
-        self._ready.pop(core, None)
-        self._seen.pop(core, None)
-        self._anchor.pop(core, None)
-        self._start.pop(core, None)
-        self._mxu_free.pop(core, None)
-        self._issued.pop(core, None)
-        self._replicated.pop(core, None)
+        chunk = self._chunks.pop(core, None)
+        if chunk is not None:
+            dt = max(dt, chunk.end)
         events = self.events[core]
         if dt:
             events.append(("c", dt))
@@ -157,54 +159,47 @@ class TimelineRecorder(Observer):
         """``compute(core, op)`` for each of ``ops`` in order (a grid step's body told
         again: ``run/body_memo.py``). A run told at the start of a chunk leaves the
         chunk in the same state each time: kept the first time, restored after."""
-        fresh = (not self.pending.get(core) and not self._ready.get(core)
-                 and not self._seen.get(core) and core not in self._anchor
-                 and core not in self._issued and self._chain.get(core, 0.0) == 0.0)
+        fresh = not self.pending.get(core) and core not in self._chunks
         kept = self._runs.get(id(ops)) if fresh else None
         if kept is not None and kept[0] is ops:
-            _, counts, chain, ready, seen, anchor, start, mxu_free, issued, replicated = kept
+            _, counts, chunk = kept
             self.pending[core] = dict(counts)
-            if self._chained:
-                self._chain[core] = chain
-                self._ready[core] = dict(ready)
-                self._seen[core] = set(seen)
-                self._replicated[core] = set(replicated)
-                for store, value in ((self._anchor, anchor), (self._start, start),
-                                     (self._mxu_free, mxu_free), (self._issued, issued)):
-                    if value is not None:
-                        store[core] = value
+            if chunk is not None:
+                self._chunks[core] = chunk.copy()
             return
         compute = self.compute
         for op in ops:
             compute(core, op)
         if fresh:
-            self._runs[id(ops)] = (
-                ops, dict(self.pending.get(core, {})), self._chain.get(core, 0.0),
-                dict(self._ready.get(core, {})), set(self._seen.get(core, ())),
-                self._anchor.get(core), self._start.get(core), self._mxu_free.get(core),
-                self._issued.get(core), set(self._replicated.get(core, ())))
+            chunk = self._chunks.get(core)
+            self._runs[id(ops)] = (ops, dict(self.pending.get(core, {})),
+                                   None if chunk is None else chunk.copy())
 
     def _on_chain(self, core: CoreId, op: Any, cost: Cost) -> None:
         """The equation's place on the chunk's dataflow: each value has the time its
         first vreg is ready and the time all of it is. A vector op streams (its first
         vreg one latency after its operands' first, all of it no sooner than its own
-        throughput allows); a dot needs all of its operands and gives its result at its
-        end. An operand made outside the chunk (a loop's carry, a ref) is ready at the
-        chain's current end, so a loop's iterations follow each other, and each new
-        iteration costs the chip's per-iteration overhead."""
-        ready = self._ready[core]
-        chain = self._chain[core]
+        throughput allows); a dot waits for its weights and its first row block, queues
+        for the MXU and gives its rows block by block after its latency; a column spread
+        over the lanes waits for the cross-lane unit. An operand made outside the chunk
+        (a loop's carry) is ready at the chain's current end, a ref at its last store on
+        the chain; a loop's next iteration issues after the last one's last op did,
+        plus the chip's per-iteration overhead."""
+        st = self._chunks.get(core)
+        if st is None:
+            st = self._chunks[core] = _Chunk()
+        ready, chain = st.ready, st.end
         key = id(op)
-        seen = self._seen[core]
-        if key in seen:
-            anchor = self._anchor.setdefault(core, key)
-            if anchor == key:
+        if key in st.seen:
+            if st.anchor is None:
+                st.anchor = key
+            if st.anchor == key:
                 # the next iteration's first bundle issues after the last one's last
                 # (stores and long ops still in flight; a value it needs, it waits for)
-                self._start[core] = self._issued.get(core, 0.0) + self.chip.loop_iteration_seconds
+                st.start = st.issued + self.chip.loop_iteration_seconds
         else:
-            seen.add(key)
-        start = self._start.get(core, 0.0)
+            st.seen.add(key)
+        start = st.start
         first = whole = start
         need = start  # a dot's right operand (its weights): all of it before the first part
         plan = self._operands.get(key)
@@ -220,7 +215,7 @@ class TimelineRecorder(Observer):
         spread = cost.spread
         for i, v in values:
             f, w = ready.get(v, (chain, chain))
-            if spread and i in spread and v not in self._replicated[core]:
+            if spread and i in spread and v not in st.replicated:
                 # its one lane spread over the lanes by the cross-lane unit
                 f, w = f + self.chip.xlu_latency_seconds, w + self.chip.xlu_latency_seconds
             if mxu and i > 0:
@@ -232,14 +227,15 @@ class TimelineRecorder(Observer):
             # independent dots queue for the MXU
             part = cost.seconds / cost.parts
             lag = max(cost.latency - cost.seconds, 0.0)
-            go = max(first, need, self._mxu_free.get(core, 0.0))
+            go = max(first, need, st.mxu_free)
             issued = go
-            self._mxu_free[core] = max(go + cost.seconds, whole + part)
+            st.mxu_free = max(go + cost.seconds, whole + part)
             f = go + part + lag
             out = (f, max(f + cost.seconds - part, whole + part + lag))
         else:
-            replicated = self._replicated[core]
-            if cost.lanes or (not cost.spread and _all_in(op.invars, replicated)):
+            replicated = st.replicated
+            if cost.lanes or (not cost.spread and not refs and values
+                              and all(v in replicated for _, v in values)):
                 replicated.update(op.outvars)  # a lane reduction's value in every lane
             f = first + cost.latency
             out = (f, max(whole + cost.latency, f + cost.seconds))
@@ -248,9 +244,9 @@ class TimelineRecorder(Observer):
             ready[v] = out
         if written is not None:
             ready[written] = out
-        self._chain[core] = max(chain, out[1])
-        if issued > self._issued.get(core, 0.0):
-            self._issued[core] = issued
+        st.end = max(chain, out[1])
+        if issued > st.issued:
+            st.issued = issued
 
     def _totals(self) -> None:
         """The launch's costs by primitive and unit, its flops and transcendentals,
