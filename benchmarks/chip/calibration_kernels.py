@@ -678,14 +678,19 @@ def _flash_scores(q_ref, k_ref, m_ref, l_ref, acc_ref):
                                preferred_element_type=jnp.float32)
 
 
-def _flash_step_make(body: Callable[..., None], block: int, steps: int, state_lanes: int):
+def _flash_step_make(body: Callable[..., None], block: int, steps: int, state_lanes: int,
+                     moving: bool = False):
     """``steps`` grid steps of ``body`` on the same (block, 128) q, k, v (copied once),
-    m and l scratch of (block, state_lanes), acc of (block, 128)."""
+    m and l scratch of (block, state_lanes), acc of (block, 128); ``moving``: k and v a
+    new (block, 128) block every step (copied as flash attention's are)."""
     def make():
-        q, k, v = (_arr((block, 128), seed=i, scale=0.1) for i in range(3))
+        kv_rows = block * steps if moving else block
+        q = _arr((block, 128), seed=0, scale=0.1)
+        k, v = (_arr((kv_rows, 128), seed=i, scale=0.1) for i in (1, 2))
         spec = pl.BlockSpec((block, 128), lambda i: (0, 0))
+        kv_spec = pl.BlockSpec((block, 128), lambda i: (i, 0)) if moving else spec
         fn = _lazy(body, out_shape=jax.ShapeDtypeStruct((block, 128), jnp.float32),
-                   grid=(steps,), in_specs=[spec] * 3, out_specs=spec,
+                   grid=(steps,), in_specs=[spec, kv_spec, kv_spec], out_specs=spec,
                    scratch_shapes=[pltpu.VMEM((block, state_lanes), jnp.float32),
                                    pltpu.VMEM((block, state_lanes), jnp.float32),
                                    pltpu.VMEM((block, 128), jnp.float32)],
@@ -695,7 +700,7 @@ def _flash_step_make(body: Callable[..., None], block: int, steps: int, state_la
     return make
 
 
-def _flash_step(block: int, steps: int, part: str):
+def _flash_step(block: int, steps: int, part: str, moving: bool = False):
     """One online-softmax step per grid step on the same resident q, k, v blocks (no
     copies after the first): ``dot`` the scores only (added to acc), ``qk`` the scores
     and their row max, ``exp`` also p = exp(s - m) (added to acc), ``softmax`` p and the
@@ -704,6 +709,8 @@ def _flash_step(block: int, steps: int, part: str):
         s = _flash_scores(q_ref, k_ref, m_ref, l_ref, acc_ref)
         if part == "dot":
             acc_ref[...] += s[:, :128]
+        elif part == "copy":
+            acc_ref[pl.ds(0, 128), :] += k_ref[pl.ds(0, 128), :] + v_ref[pl.ds(0, 128), :]
         elif part == "pv":
             acc_ref[...] += jnp.dot(s, v_ref[...], preferred_element_type=jnp.float32)
         else:
@@ -730,7 +737,7 @@ def _flash_step(block: int, steps: int, part: str):
         def _():
             o_ref[...] = acc_ref[...] + m_ref[:, :1] + l_ref[:, :1]
 
-    return _flash_step_make(body, block, steps, 1)
+    return _flash_step_make(body, block, steps, 1, moving)
 
 
 for _b in (128, 256):
@@ -929,7 +936,7 @@ for _trip in (2, 4, 16):
 
 # ... and the online-softmax step as jax's flash attention keeps its state: m and l
 # replicated over 128 lanes, a causal mask on the scores
-def _flash_step_jax(block: int, steps: int, causal: bool):
+def _flash_step_jax(block: int, steps: int, causal: bool, moving: bool = False):
     def body(q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, acc_ref):
         s = _flash_scores(q_ref, k_ref, m_ref, l_ref, acc_ref)
         if causal:
@@ -950,7 +957,7 @@ def _flash_step_jax(block: int, steps: int, causal: bool):
         def _():
             o_ref[...] = acc_ref[...] / l_ref[...]
 
-    return _flash_step_make(body, block, steps, 128)
+    return _flash_step_make(body, block, steps, 128, moving)
 
 
 for _b in (128, 256):
@@ -1007,3 +1014,114 @@ for _n in (0, 16, 32, 64):
     for _s in (16, 64):
         _add(f"r3/overlap/n{_n}/s{_s}", "micro", _overlap(_n, _s), kind="overlap", n=_n,
              steps=_s)
+
+
+# round 4: why flash attention's copies and compute overlap less than the model says.
+# jax's flash step with k and v a new block every step (against r3/flash-step-jax, the
+# same step on resident blocks), its scores' dot alone and its copies alone
+for _b in (128, 256):
+    for _s in (256, 1024):
+        _add(f"r4/flash-moving/full/b{_b}/s{_s}", "micro",
+             _flash_step_jax(_b, _s, False, moving=True), kind="flash-moving", part="full",
+             block=_b, steps=_s)
+        for _part in ("dot", "copy"):
+            _add(f"r4/flash-moving/{_part}/b{_b}/s{_s}", "micro",
+                 _flash_step(_b, _s, _part, moving=True), kind="flash-moving", part=_part,
+                 block=_b, steps=_s)
+
+
+# ... do a step's copies overlap MXU work (m dependent 256^3 bf16 dots on resident
+# operands) and load/store work (k passes of acc += x over a resident 1 MiB scratch)?
+# 1 MiB in and out a step, as r3/overlap
+def _overlap_unit(unit: str, n: int, steps: int):
+    def body(x_ref, w_ref, o_ref, acc_ref):
+        if unit == "mxu":
+            a = w_ref[pl.ds(0, 256), pl.ds(0, 256)]
+            for _ in range(n):
+                a = jnp.dot(a, w_ref[pl.ds(0, 256), pl.ds(0, 256)],
+                            preferred_element_type=jnp.float32).astype(jnp.bfloat16)
+            o_ref[...] = x_ref[...]
+            o_ref[pl.ds(0, 256), pl.ds(0, 256)] += a.astype(jnp.float32)
+        else:
+            for _ in range(n):
+                acc_ref[...] += w_ref[...].astype(jnp.float32)
+            o_ref[...] = x_ref[...] + acc_ref[pl.ds(0, 256), :]
+
+    def make():
+        spec = pl.BlockSpec((256, 1024), lambda i: (i, 0))
+        x = _arr((256 * steps, 1024))
+        w = _arr((256, 1024), jnp.bfloat16, seed=1, scale=0.05)
+        fn = _lazy(body, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), grid=(steps,),
+                   in_specs=[spec, pl.BlockSpec((256, 1024), lambda i: (0, 0))],
+                   out_specs=spec, scratch_shapes=[pltpu.VMEM((256, 1024), jnp.float32)])
+        return (lambda x, w: fn(x, w)), (x, w)
+    return make
+
+
+for _unit, _ns in (("mxu", (8, 16, 32)), ("load", (4, 8, 16))):
+    for _n in _ns:
+        for _s in (16, 64):
+            _add(f"r4/overlap-{_unit}/n{_n}/s{_s}", "micro", _overlap_unit(_unit, _n, _s),
+                 kind="overlap-unit", unit=_unit, n=_n, steps=_s)
+
+
+# ... a step's floor by the number of blocks copied into it: n inputs of (128, 128), each
+# a new block every step, a trivial body
+def _copies(n_in: int, dtype: Any, steps: int):
+    def body(*refs):
+        *ins, o_ref = refs
+        acc = ins[0][pl.ds(0, 8), :].astype(jnp.float32)
+        for r in ins[1:]:
+            acc = acc + r[pl.ds(0, 8), :].astype(jnp.float32)
+        o_ref[...] += acc
+
+    def make():
+        spec = pl.BlockSpec((128, 128), lambda i: (i, 0))
+        xs = tuple(_arr((128 * steps, 128), dtype, seed=j) for j in range(n_in))
+        fn = _lazy(body, out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32),
+                   grid=(steps,), in_specs=[spec] * n_in,
+                   out_specs=pl.BlockSpec((8, 128), lambda i: (0, 0)))
+        return (lambda *xs: fn(*xs)), xs
+    return make
+
+
+for _dt in (jnp.bfloat16, jnp.float32):
+    for _n in (1, 2, 4):
+        _add(f"r4/copies/{jnp.dtype(_dt).name}/in{_n}/s1024", "micro", _copies(_n, _dt, 1024),
+             kind="copies", dtype=jnp.dtype(_dt).name, inputs=_n, steps=1024)
+
+
+# round 4b: does compute overlap small block copies? Per step, two (128, 128) f32 blocks or
+# one (512, 128) f32 block copied in (a new one every step), and a chain of n dependent
+# (128, 128) bf16 dots (a chain of vector ops whose rows are not all used is not a
+# benchmark: Mosaic drops the unused rows' work, palladium counts it)
+def _small_overlap(blocks: str, n: int, steps: int):
+    rows, n_in = (128, 2) if blocks == "in2" else (512, 1)
+
+    def body(*refs):
+        *ins, w_ref, o_ref = refs
+        a = w_ref[pl.ds(0, 128), :].astype(jnp.bfloat16)
+        for _ in range(n):
+            a = jnp.dot(a, a, preferred_element_type=jnp.float32).astype(jnp.bfloat16)
+        acc = a[:8].astype(jnp.float32)
+        for r in ins:
+            acc = acc + r[pl.ds(0, 8), :]
+        o_ref[...] += acc
+
+    def make():
+        spec = pl.BlockSpec((rows, 128), lambda i: (i, 0))
+        xs = tuple(_arr((rows * steps, 128), seed=j) for j in range(n_in))
+        w = _arr((512, 128), seed=9, scale=0.05)
+        fn = _lazy(body, out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32),
+                   grid=(steps,), in_specs=[spec] * n_in + [
+                       pl.BlockSpec((512, 128), lambda i: (0, 0))],
+                   out_specs=pl.BlockSpec((8, 128), lambda i: (0, 0)))
+        return (lambda *a: fn(*a)), (*xs, w)
+    return make
+
+
+for _blocks in ("in2", "in1x512"):
+    for _n in (0, 1, 2, 4, 8):
+        _add(f"r4/small-overlap/{_blocks}/mxu/n{_n}", "micro",
+             _small_overlap(_blocks, _n, 1024), kind="small-overlap", unit="mxu",
+             blocks=_blocks, n=_n, steps=1024)

@@ -31,9 +31,10 @@ def main() -> None:
     src = ROOT / "benchmarks" / "results_tpu" / f"calibration.{a.chip}.json"
     data = json.loads(src.read_text())
     k = {n: r for n, r in data["kernels"].items() if r.get("group") == "micro"}
-    for later in ("calibration2", "calibration3"):
+    for later in ("calibration2", "calibration3", "calibration5"):
         # the second round's microbenchmarks (reductions, latencies ...) and the third's
-        # (dependent and independent dots, a flash step, a page gather)
+        # (dependent and independent dots, a flash step, a page gather), the fourth's
+        # (block copies: how many, how big, beside which compute)
         path = src.with_name(f"{later}.{a.chip}.json")
         if path.exists():
             more = json.loads(path.read_text())["kernels"]
@@ -237,13 +238,18 @@ def main() -> None:
     put("step_overhead_seconds", step, ["grid/revisit/s256..s4096"],
         "per grid step, no block copied (the same block every step), less its body's chain "
         "(a load, an add, a store)")
-    per_step = slope("grid/copy/s256", "grid/copy/s4096", 3840)
-    put("block_copy_latency_seconds", per_step - 4096 / bw["in"] - 4096 / bw["out"],
-        ["grid/copy/s256..s4096"],
-        "per grid step of a (8,128) f32 block in and out: the step is the copies' latency "
-        "(each hidden behind one step), less their bytes")
+    # a grid pipeline's block copies are DMAs with the latencies above, two in flight an
+    # operand (the next step's are fetched before this step's are waited for), each
+    # issued by the core: per (128, 128) bf16 block more in a step, less half its bytes
+    # (two steps' copies share a latency; their bytes flow one step's after the other's)
+    per_copy = (t["r4/copies/bfloat16/in4/s1024"] - t["r4/copies/bfloat16/in1/s1024"]) / (3 * 1024)
+    put("block_copy_issue_seconds", per_copy - 128 * 128 * 2 / bw["in"] / 2,
+        ["r4/copies/bfloat16/in1..in4/s1024"],
+        "the core's time to issue one block copy: the step time per (128, 128) bf16 block "
+        f"more ({per_copy * 1e9:.1f} ns), less half its bytes (two steps' copies in flight)")
     launch = (t["grid/revisit/s256"] - 256 * (step + body)
-              - 2 * out["block_copy_latency_seconds"]["value"]) / 2
+              - out["dma_latency_in_seconds"]["value"]
+              - out["dma_latency_out_seconds"]["value"]) / 2
     put("launch_overhead_seconds", max(launch, 0.0), ["grid/revisit/s256"],
         "half of what a 256-step launch of one revisited block takes beyond its steps and "
         "its two copies (prologue and epilogue)")

@@ -115,7 +115,7 @@ _MEASURED_FIELDS = {
     "dma_latency_in_seconds": "dma_latency_in_s",
     "dma_latency_out_seconds": "dma_latency_out_s",
     "dma_latency_hbm_seconds": "dma_latency_hbm_s",
-    "block_copy_latency_seconds": "block_copy_latency_s",
+    "block_copy_issue_seconds": "block_copy_issue_s",
     "step_overhead_seconds": "step_overhead_s",
     "launch_overhead_seconds": "launch_overhead_s",
     "hbm_mixed_factor": "hbm_mixed_factor",
@@ -174,11 +174,12 @@ class ChipModel:
     hbm_write_bytes_per_second: float | None = None
     hbm_copy_bytes_per_second: float | None = None
     #: One DMA started and waited for, beyond its bytes: HBM -> VMEM, VMEM -> HBM,
-    #: HBM -> HBM; and a grid pipeline's block copy.
+    #: HBM -> HBM (a grid pipeline's block copies too).
     dma_latency_in_s: float | None = None
     dma_latency_out_s: float | None = None
     dma_latency_hbm_s: float | None = None
-    block_copy_latency_s: float | None = None
+    #: the core's time to issue one of a grid pipeline's block copies (0: not modelled)
+    block_copy_issue_s: float = 0.0
     #: Seconds per (8, 128) 32-bit vreg of a plain vector ALU op, of each primitive
     #: measured apart, and of a vector load or store.
     valu_vreg_seconds: float | None = None
@@ -231,10 +232,10 @@ class ChipModel:
         return 1.0 / (rate * scale)
 
     def dma_latency(self, kind: str) -> float:
-        """The fixed latency of one DMA of ``kind`` (``"in"``, ``"out"``, ``"hbm"``,
-        ``"block"`` for a pipeline's block copy, anything else: the default)."""
+        """The fixed latency of one DMA of ``kind`` (``"in"``, ``"out"``, ``"hbm"``;
+        anything else: the default)."""
         value = {"in": self.dma_latency_in_s, "out": self.dma_latency_out_s,
-                 "hbm": self.dma_latency_hbm_s, "block": self.block_copy_latency_s}.get(kind)
+                 "hbm": self.dma_latency_hbm_s}.get(kind)
         return self.dma_latency_s if value is None else value
 
     def vector_vreg_seconds(self, primitive: str, transcendental: bool) -> float:
@@ -331,7 +332,7 @@ def _from_reference(base: ChipModel, reference: str) -> ChipModel:
         hbm_write_bytes_per_second=_times(ref.hbm_write_bytes_per_second, hbm),
         hbm_copy_bytes_per_second=_times(ref.hbm_copy_bytes_per_second, hbm),
         dma_latency_in_s=ref.dma_latency_in_s, dma_latency_out_s=ref.dma_latency_out_s,
-        dma_latency_hbm_s=ref.dma_latency_hbm_s, block_copy_latency_s=ref.block_copy_latency_s,
+        dma_latency_hbm_s=ref.dma_latency_hbm_s, block_copy_issue_s=ref.block_copy_issue_s,
         f32_highest_passes=ref.f32_highest_passes, hbm_mixed_factor=ref.hbm_mixed_factor,
         # chips from v6e on have bf16 vector units: the packed default
         narrow_valu_factor=(ref.narrow_valu_factor if chip_record(base.chip).facts.generation <= 5

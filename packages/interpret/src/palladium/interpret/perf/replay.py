@@ -10,7 +10,10 @@ signal's time, a barrier when the last core arrives.
 
 The ``pallas_call`` block-copy pipeline is modelled as Mosaic runs it: with
 ``Buffered(n)`` (n >= 2) the input blocks of step ``s + n - 1`` are fetched as step
-``s``'s compute starts, and step ``s`` first waits for its own; outputs of step ``s``
+``s`` starts, before it waits for its own (their buffer held step ``s - 1``'s, done), so
+two copies of an operand are in flight at once: a pipeline of small blocks takes half a
+copy's latency a step (r4/copies, r4/flash-moving on a v5e). Block copies are DMAs with
+the measured latencies of a kernel's own, each issued by the core; outputs of step ``s``
 are written back after its body while the next steps run, and step ``s + n - 1`` waits
 for them. With one buffer every copy is exposed. Each grid step pays the fixed
 per-step overhead, the launch its prologue and epilogue.
@@ -59,6 +62,7 @@ class _Dma:
     remaining: float = 0.0
     end: float = 0.0
     direction: str = ""
+    block: bool = False  # a pipeline block copy (served in issue order, see _served)
 
 
 @dataclasses.dataclass
@@ -93,12 +97,14 @@ def _pipeline(core: CoreId, events: list[tuple[Any, ...]], chip: ChipModel) -> I
     dev = core[0]
     seq = iter(range(1 << 62))
 
-    def copy(ev: tuple[Any, ...], key: Any) -> Action:
+    def copy(ev: tuple[Any, ...], key: Any) -> Iterator[Action]:
         _, step, nbytes, _n, name = ev
         src, dst = ("HBM", name) if ev[0] == "in" else (name, "HBM")
-        return ("dma", -1 - next(seq), f"copy {name} block (step {step})", ("hbm", dev),
-                nbytes, [(key, nbytes)], {"bytes": nbytes, "src": src, "dst": dst},
-                "block " + ("in" if ev[0] == "in" else "out"))
+        if chip.block_copy_issue_s:
+            yield ("overhead", chip.block_copy_issue_s, "block copy issue")
+        yield ("dma", -1 - next(seq), f"copy {name} block (step {step})", ("hbm", dev),
+               nbytes, [(key, nbytes)], {"bytes": nbytes, "src": src, "dst": dst},
+               "block " + ("in" if ev[0] == "in" else "out"))
 
     issue_at: dict[int, list[tuple[Any, ...]]] = defaultdict(list)  # -1: prologue
     for t, st in enumerate(steps):
@@ -106,27 +112,25 @@ def _pipeline(core: CoreId, events: list[tuple[Any, ...]], chip: ChipModel) -> I
             n = ev[3]
             issue_at[t if n == 1 else max(t - (n - 1), -1) if t else -1].append(ev)
     for ev in issue_at.pop(-1, []):
-        yield copy(ev, ("pipe", core, "in", ev[1]))
+        yield from copy(ev, ("pipe", core, "in", ev[1]))
     yield ("overhead", chip.launch_overhead_s, "prologue")
     out_waits: dict[int, list[tuple[Any, int]]] = defaultdict(list)
     last = len(steps) - 1
     for s, st in enumerate(steps):
         yield ("begin", f"step {s} {st['point']}", {"grid_point": str(st["point"])})
         yield ("overhead", chip.step_overhead_s, "step overhead")
-        n1 = [ev for ev in issue_at.get(s, []) if ev[3] == 1]
-        for ev in n1:
-            yield copy(ev, ("pipe", core, "in", s))
+        # (with n buffers the next inputs are fetched before this step's are waited for:
+        # their buffer held step s - 1's, done; one buffer: this step's own, then waited)
+        for ev in issue_at.get(s, []):
+            yield from copy(ev, ("pipe", core, "in", ev[1] if ev[3] != 1 else s))
         if st["in"]:
             total = sum(ev[2] for ev in st["in"])
             yield ("wait", ("pipe", core, "in", s), total, "input blocks", "hbm")
-        for ev in issue_at.get(s, []):
-            if ev[3] != 1:
-                yield copy(ev, ("pipe", core, "in", ev[1]))
         yield from _plain(st["body"])
         for ev in st["out"]:
             if ev[0] == "out":
                 key = ("pipe", core, "out", s, ev[4])
-                yield copy(ev, key)
+                yield from copy(ev, key)
                 out_waits[min(s + ev[3] - 1, last + 1)].append((key, ev[2]))
             else:
                 yield from _plain([ev])
@@ -252,10 +256,10 @@ class Replay:
                     if not block:  # a kernel's own DMA: the engine's least time for one
                         work = max(work, self.chip.dma_min_seconds * self.bandwidth["hbm"])
                 dma = _Dma(dma_id, name, core[0], res, nbytes, signals, t, args, work,
-                           direction=direction)
+                           direction=direction, block=block)
                 self.dmas.append(dma)
                 self.resource_bytes[res] += nbytes
-                latency = self.chip.dma_latency("block" if block else direction)
+                latency = self.chip.dma_latency(direction)
                 heapq.heappush(self._pending, (t + latency, len(self.dmas), dma))
             elif kind == "signal":
                 self._signal(action[1], action[2], t, "sem")
@@ -307,12 +311,28 @@ class Replay:
         t = self._pending[0][0] if self._pending else math.inf
         for res, active in self._active.items():
             if active:
-                rate = self._rate(res, active)
-                t = min(t, self._t_dma + min(d.remaining for d in active) / rate)
+                served = self._served(active)
+                rate = self._rate(res, served)
+                t = min(t, self._t_dma + min(d.remaining for d in served) / rate)
         return t
 
+    @staticmethod
+    def _served(active: list[_Dma]) -> list[_Dma]:
+        """The DMAs that share the resource now: a pipeline's block copies one step's
+        at a time, in issue order per direction (two steps' copies of small blocks in
+        flight take their latencies together but their bytes one after the other: a
+        step of four 64 KiB f32 blocks runs at the read rate, r4/copies on a v5e), and
+        every kernel DMA."""
+        first: dict[str, float] = {}
+        for d in active:
+            if d.block and d.start < first.get(d.direction, math.inf):
+                first[d.direction] = d.start
+        if not first:
+            return active
+        return [d for d in active if not d.block or d.start == first[d.direction]]
+
     def _rate(self, res: tuple[str, int], active: list[_Dma]) -> float:
-        """Each active DMA's share of its resource; HBM serving reads and writes at once
+        """Each served DMA's share of its resource; HBM serving reads and writes at once
         is slower than either alone (the chip's measured read/write turnaround)."""
         rate = self.bandwidth[res[0]] / len(active)
         if res[0] == "hbm" and self.chip.hbm_mixed_factor != 1.0:
@@ -327,8 +347,9 @@ class Replay:
         for res, active in self._active.items():
             if not active:
                 continue
-            moved = dt * self._rate(res, active)
-            for d in active:
+            served = self._served(active)
+            moved = dt * self._rate(res, served)
+            for d in served:
                 d.remaining -= moved
         self._t_dma = t
         while self._pending and self._pending[0][0] <= t:
