@@ -1125,3 +1125,39 @@ for _blocks in ("in2", "in1x512"):
         _add(f"r4/small-overlap/{_blocks}/mxu/n{_n}", "micro",
              _small_overlap(_blocks, _n, 1024), kind="small-overlap", unit="mxu",
              blocks=_blocks, n=_n, steps=1024)
+
+
+# round 5: what an output block written back every step costs a pipeline of small blocks:
+# inputs only (the output revisited), an output only (the input revisited), one input and
+# one output, two inputs and one output; (rows, cols) f32 blocks of 8 to 128 KiB
+def _in_out(n_in: int, out: bool, rows: int, cols: int, steps: int):
+    def body(*refs):
+        *ins, o_ref = refs
+        acc = ins[0][pl.ds(0, 8), :]
+        for r in ins[1:]:
+            acc = acc + r[pl.ds(0, 8), :]
+        if out:
+            o_ref[...] = jnp.zeros(o_ref.shape, o_ref.dtype)
+        o_ref[pl.ds(0, 8), :] = acc
+
+    def make():
+        moving = pl.BlockSpec((rows, cols), lambda i: (i, 0))
+        fixed = pl.BlockSpec((rows, cols), lambda i: (0, 0))
+        ins = [_arr((rows * steps, cols), seed=j) for j in range(max(n_in, 1))]
+        in_specs = [moving if n_in else fixed] * len(ins)
+        if out:
+            out_shape, out_spec = (rows * steps, cols), moving
+        else:
+            out_shape, out_spec = (rows, cols), fixed
+        fn = _lazy(body, out_shape=jax.ShapeDtypeStruct(out_shape, jnp.float32),
+                   grid=(steps,), in_specs=in_specs, out_specs=out_spec)
+        return (lambda *xs: fn(*xs)), tuple(ins)
+    return make
+
+
+for _rows, _cols in ((8, 256), (8, 1024), (16, 1024), (32, 1024)):
+    for _n_in, _out in ((1, False), (0, True), (1, True), (2, True)):
+        _kb = _rows * _cols * 4 // 1024
+        _add(f"r5/in-out/in{_n_in}out{int(_out)}/{_kb}k/s1024", "micro",
+             _in_out(_n_in, _out, _rows, _cols, 1024), kind="in-out", inputs=_n_in,
+             output=_out, kib=_kb, steps=1024)

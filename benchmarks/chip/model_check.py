@@ -38,7 +38,8 @@ def main() -> None:
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     measured = json.loads(Path(a.measured).read_text())["kernels"]
-    for later in ("calibration2.", "calibration3.", "calibration4.", "calibration5."):
+    for later in ("calibration2.", "calibration3.", "calibration4.", "calibration5.",
+                  "calibration6."):
         path = Path(a.measured).with_name(Path(a.measured).name.replace("calibration.", later))
         if path.exists():
             measured.update(json.loads(path.read_text())["kernels"])
