@@ -1161,3 +1161,96 @@ for _rows, _cols in ((8, 256), (8, 1024), (16, 1024), (32, 1024)):
         _add(f"r5/in-out/in{_n_in}out{int(_out)}/{_kb}k/s1024", "micro",
              _in_out(_n_in, _out, _rows, _cols, 1024), kind="in-out", inputs=_n_in,
              output=_out, kib=_kb, steps=1024)
+
+
+# round 6: a flash-attention backward step (written here from the math, f32 (128, 128)
+# blocks, m, l and di replicated over 128 lanes): dkv (dv += p.T @ do, dk += ds.T @ q)
+# and dq (dq += ds @ k), on resident blocks and with the blocks jax's backward kernels
+# move every step moving (dkv: q, do, l, m, di; dq: k, v)
+def _bwd_step(kind: str, moving: bool, steps: int, semantics: str = "arbitrary"):
+    b = 128
+    def body(q_ref, k_ref, v_ref, do_ref, l_ref, m_ref, di_ref, o1_ref, o2_ref):
+        @pl.when(pl.program_id(len(grid) - 1) == 0)
+        def _():
+            o1_ref[...] = jnp.zeros(o1_ref.shape, jnp.float32)
+            o2_ref[...] = jnp.zeros(o2_ref.shape, jnp.float32)
+
+        def get(r):
+            return r[...] if len(grid) < 4 else r[0, 0]
+
+        q, k, v, do = get(q_ref), get(k_ref), get(v_ref), get(do_ref)
+        s = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())),
+                                preferred_element_type=jnp.float32)
+        p = jnp.exp(s - get(m_ref)) / get(l_ref)
+        dp = jax.lax.dot_general(do, v, (((1,), (1,)), ((), ())),
+                                 preferred_element_type=jnp.float32)
+        ds = p * (dp - get(di_ref))
+        if kind == "dkv":
+            o1_ref[...] += jax.lax.dot_general(p, do, (((0,), (0,)), ((), ())),
+                                               preferred_element_type=jnp.float32)
+            o2_ref[...] += jax.lax.dot_general(ds, q, (((0,), (0,)), ((), ())),
+                                               preferred_element_type=jnp.float32)
+        else:
+            o1_ref[...] += jnp.dot(ds, k, preferred_element_type=jnp.float32)
+            o2_ref[...] += ds[:, :128] * 0.5
+
+    # semantics "parallel": a 2-D grid (8, steps / 8), the first axis parallel, as jax's
+    # backward kernels have it (their outputs are per first-axis index)
+    grid = ((steps,) if semantics == "arbitrary" else (8, steps // 8) if semantics == "parallel"
+            else (1, 1, 1, steps))
+
+    def make():
+        rows = b * steps if moving else b
+        if len(grid) == 1:
+            fixed = pl.BlockSpec((b, 128), lambda i: (0, 0))
+            move = pl.BlockSpec((b, 128), lambda i: (i, 0)) if moving else fixed
+            out = fixed
+            dims: tuple[str, ...] = ("arbitrary",)
+        elif len(grid) == 4:  # jax's form: 4-D arrays and blocks, a scalar-prefetch spec
+            fixed = pl.BlockSpec((1, 1, b, 128), lambda x, y, z, i: (0, 0, 0, 0))
+            move = (pl.BlockSpec((1, 1, b, 128), lambda x, y, z, i: (0, 0, i, 0)) if moving
+                    else fixed)
+            out = fixed
+            dims = ("parallel", "parallel", "parallel", "arbitrary")
+        else:
+            fixed = pl.BlockSpec((b, 128), lambda o, i: (0, 0))
+            move = (pl.BlockSpec((b, 128), lambda o, i: (o * grid[1] + i, 0)) if moving
+                    else fixed)
+            out = pl.BlockSpec((b, 128), lambda o, i: (o, 0))
+            dims = ("parallel", "arbitrary")
+        names = ("q", "k", "v", "do", "l", "m", "di")
+        moved = {"q", "do", "l", "m", "di"} if kind == "dkv" else {"k", "v"}
+        args = []
+        for j, n in enumerate(names):
+            r = rows if n in moved else b
+            if n == "l":
+                args.append(_arr((r, 128), seed=j, scale=0.5) + 2.0)
+            else:
+                args.append(_arr((r, 128), seed=j, scale=0.1))
+        four = len(grid) == 4
+        if four:
+            args = [a.reshape(1, 1, *a.shape) for a in args]
+        out_rows = b * grid[0] if len(grid) == 2 else b
+        out_shape = (1, 1, b, 128) if four else (out_rows, 128)
+        specs = dict(grid=grid, in_specs=[move if n in moved else fixed for n in names],
+                     out_specs=(out, out))
+        fn = _lazy(body, out_shape=(jax.ShapeDtypeStruct(out_shape, jnp.float32),) * 2,
+                   **({"grid_spec": pltpu.PrefetchScalarGridSpec(num_scalar_prefetch=0, **specs)}
+                      if four else specs),
+                   compiler_params=pltpu.CompilerParams(dimension_semantics=dims))
+        return (lambda *xs: fn(*xs)), tuple(args)
+    return make
+
+
+for _kind in ("dkv", "dq"):
+    for _moving in (False, True):
+        for _s in (256, 1024):
+            _add(f"r6/bwd-step/{_kind}/{'moving' if _moving else 'resident'}/s{_s}", "micro",
+                 _bwd_step(_kind, _moving, _s), kind="bwd-step", step=_kind, moving=_moving,
+                 steps=_s)
+        _add(f"r6/bwd-step/{_kind}/{'moving' if _moving else 'resident'}/grid8x128",
+             "micro", _bwd_step(_kind, _moving, 1024, "parallel"), kind="bwd-step",
+             step=_kind, moving=_moving, steps=1024, semantics="parallel")
+        _add(f"r6/bwd-step/{_kind}/{'moving' if _moving else 'resident'}/jax-form",
+             "micro", _bwd_step(_kind, _moving, 1024, "jax"), kind="bwd-step",
+             step=_kind, moving=_moving, steps=1024, semantics="jax")
