@@ -153,6 +153,50 @@ def test_rendezvous_times_out_when_a_device_never_arrives():
     assert len(registry) == 0
 
 
+@pytest.mark.timeout(60)
+def test_rendezvous_deadline_runs_from_the_latest_arrival():
+    """Devices arriving one by one, each within the timeout of the one before, meet
+    (2.4 s in all against a 1 s timeout); a device that then never comes times out 1 s
+    after the latest arrival, not 1 s after the first."""
+    import threading
+    import time
+
+    registry = RendezvousRegistry()
+    results: dict[int, object] = {}
+
+    def device(d):
+        time.sleep(0.6 * d)
+        results[d] = registry.join("slow", 5, d, d, lambda args: [sum(args)] * 5,
+                                   timeout=1.0, describe=lambda: "kernel 'k' launch #0")
+
+    threads = [threading.Thread(target=device, args=(d,)) for d in range(5)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results == dict.fromkeys(range(5), 10)
+
+    def late(d):
+        time.sleep(0.6 * d)
+        try:
+            registry.join("gap", 3, d, [d], lambda args: args, timeout=1.0,
+                          describe=lambda: "kernel 'k' launch #1")
+        except RendezvousTimeoutError as e:
+            results[d] = (time.monotonic() - start, str(e))
+
+    start = time.monotonic()
+    threads = [threading.Thread(target=late, args=(d,)) for d in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    (t0, message0), (t1, _) = results[0], results[1]
+    assert 1.5 < t0 < 2.5 and 1.5 < t1 < 2.5  # 0.6 s (the second's arrival) + 1 s
+    assert "waited 1 s after the latest arrival" in message0
+    assert "devices [2] never arrived (arrived: [0, 1])" in message0
+    assert len(registry) == 0
+
+
 # --- megacore x multi-device ------------------------------------------------------------
 
 

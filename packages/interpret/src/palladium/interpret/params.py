@@ -165,7 +165,8 @@ class InterpretParams:
         ``DmaOrderDependenceError`` if any outputs differ; the error names the outputs,
         the devices and the conflicting accesses (DMAs, source lines). 0 = off.
       rendezvous_timeout: seconds the devices of a multi-device launch (``shard_map``)
-        wait for each other before ``RendezvousTimeoutError``.
+        wait for each other before ``RendezvousTimeoutError``, counted from the latest
+        device to arrive (devices arriving one by one are progress, not a hang).
       watchdog_timeout: seconds a launch's simulation may run before it fails with
         ``WatchdogError`` listing each core's state and source line (a core looping
         forever, with or without ``pl.delay``, while the others wait or loop). Default

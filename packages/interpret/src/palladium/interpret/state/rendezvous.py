@@ -16,6 +16,7 @@ entry is removed as soon as its last device arrived or its wait timed out.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Hashable
 from typing import Any
 
@@ -34,6 +35,7 @@ class Rendezvous:
         self.finished = threading.Event()
         self.results: list[Any] | None = None
         self.error: BaseException | None = None
+        self.last_arrival = time.monotonic()  # (the deadline runs from the latest arrival)
 
 
 class RendezvousRegistry:
@@ -98,6 +100,7 @@ class RendezvousRegistry:
             if device in rv.operands:
                 raise KernelError(f"{describe()}: device {device} arrived twice")
             rv.operands[device] = operands
+            rv.last_arrival = time.monotonic()
             last = len(rv.operands) == num_devices
             if last:
                 del self._waiting[key]
@@ -109,15 +112,35 @@ class RendezvousRegistry:
                 rv.error = e
             finally:
                 rv.finished.set()
-        elif not rv.all_arrived.wait(timeout):
+        else:
+            self._await_rest(rv, key, num_devices, timeout, describe, on_timeout)
+        rv.finished.wait()
+        if rv.error is not None:
+            raise rv.error
+        assert rv.results is not None
+        return rv.results[device]
+
+    def _await_rest(self, rv: Rendezvous, key: Hashable, num_devices: int, timeout: float,
+                    describe: Callable[[], str],
+                    on_timeout: Callable[[], None] | None) -> None:
+        """Wait for the other devices; time out ``timeout`` seconds after the latest
+        arrival (devices still arriving one by one, each slow to prepare its first
+        launch on a loaded machine, are progress, not a hang)."""
+        wait = timeout
+        while not rv.all_arrived.wait(wait):
             with self._lock:
+                idle = time.monotonic() - rv.last_arrival
+                if idle < timeout and not rv.all_arrived.is_set() and rv.error is None:
+                    wait = timeout - idle
+                    continue
                 if not rv.all_arrived.is_set() and rv.error is None:
                     if self._waiting.get(key) is rv:
                         del self._waiting[key]
                     arrived = sorted(rv.operands)
                     missing = sorted(set(range(num_devices)) - set(arrived))
                     rv.error = RendezvousTimeoutError(
-                        f"{describe()}: waited {timeout:g} s for all {num_devices} devices; "
+                        f"{describe()}: waited {timeout:g} s after the latest arrival for "
+                        f"all {num_devices} devices; "
                         f"devices {missing} never arrived (arrived: {arrived}). XLA must run "
                         f"every device's host callback concurrently (one thread per device); "
                         f"a launch whose devices run one after another cannot meet. Raise "
@@ -126,8 +149,4 @@ class RendezvousRegistry:
                     rv.finished.set()
                     if on_timeout is not None:
                         on_timeout()
-        rv.finished.wait()
-        if rv.error is not None:
-            raise rv.error
-        assert rv.results is not None
-        return rv.results[device]
+            return
