@@ -138,6 +138,57 @@ def _region(shape: tuple[int, ...], indexers: tuple[Any, ...],
     return dims_region(dims)[0]
 
 
+def _placement(shape: tuple[int, ...], indexers: tuple[Any, ...]) -> Any:
+    """``_region`` of a buffer of ``shape`` composed once: per dimension of the region, a
+    constant (an int or a slice), or ``(const, terms, size, step)`` whose start is
+    ``const`` plus each ``(position, factor)``'s operand times the factor (``size`` None:
+    an index, the dimension dropped). None where it is not that simple (a stride below
+    one, an indexer of another rank): ``_region`` then answers."""
+    dims: list[Any] = [[0, (), 1, n] for n in shape]  # const, terms, step, size (None: index)
+    for entries in indexers:
+        kept = [d for d in dims if d[3] is not None]
+        if len(entries) != len(kept):
+            return None
+        for d, entry in zip(kept, entries):
+            const, terms, step, _ = d
+            if entry[0] == "index":
+                d[1], d[3] = (*terms, (entry[1], step)), None
+                continue
+            _, at, start, size, stride = entry
+            if stride < 1:
+                return None
+            if at is None:
+                d[0] = const + start * step
+            else:
+                d[1] = (*terms, (at, step))
+            d[2], d[3] = step * stride, size
+    out: list[Any] = []
+    for const, terms, step, size in dims:
+        if terms:
+            out.append((const, terms, size, step))
+        else:
+            out.append(const if size is None else numpy_slice(const, size, step))
+    return tuple(out)
+
+
+def _placed_region(placement: Any, invals: list[Any]) -> tuple[int | slice, ...]:
+    """The region ``placement`` (``_placement``'s) selects, from the operands: what
+    ``_region`` answers (the same ints and slices, the same errors), without composing
+    the indexers again."""
+    region: list[int | slice] = []
+    for dim in placement:
+        if dim.__class__ is not tuple:
+            region.append(dim)
+            continue
+        start, terms, size, step = dim
+        for at, factor in terms:
+            x = invals[at]
+            start += (x if x.__class__ is int else int(x) if isinstance(x, np.integer)
+                      else as_int(x, "ref indexer")) * factor
+        region.append(start if size is None else numpy_slice(start, size, step))
+    return tuple(region)
+
+
 @rule_compiler(jc.dma_start_p)
 def _dma_start(eqn: Equation, used: frozenset[Any]) -> Rule:
     cache: PlanCache[DmaPlan] = PlanCache()
@@ -168,6 +219,17 @@ def _dma_start(eqn: Equation, used: frozenset[Any]) -> Rule:
     placing = jc.dma_placing_leaves(tree) if layout is not None else frozenset()
     keep = [i for i in range(tree.num_leaves) if i not in placing] if placing else None
     templates: PlanCache[DmaPlan] = PlanCache()
+    # per side and buffer shape, the side's indexers composed once (``_placement``)
+    placements: dict[tuple[int, tuple[int, ...]], Any] = {}
+
+    def side_region(side: int, indexers: Any, buffer: Any, invals: list[Any]) -> Any:
+        shape = tuple(buffer.shape)
+        placement = placements.get((side, shape), placements)
+        if placement is placements:
+            placement = placements[(side, shape)] = _placement(shape, indexers)
+        if placement is None:
+            return _region(shape, indexers, invals)
+        return _placed_region(placement, invals)
 
     def placed(ev: KernelContext, invals: list[Any], key: tuple[Any, ...]) -> DmaPlan:
         assert keep is not None and layout is not None
@@ -177,10 +239,10 @@ def _dma_start(eqn: Equation, used: frozenset[Any]) -> Rule:
         sim = ev.sim
         if src_side is not None:
             buffer = invals[template.src_at].buffer
-            src_plan = sim.plan(buffer, _region(tuple(buffer.shape), src_side, invals))
+            src_plan = sim.plan(buffer, side_region(0, src_side, buffer, invals))
         if dst_side is not None:
             buffer = invals[template.dst_at].buffer
-            dst_plan = sim.plan(buffer, _region(tuple(buffer.shape), dst_side, invals))
+            dst_plan = sim.plan(buffer, side_region(1, dst_side, buffer, invals))
         return DmaPlan(template.src_at, src_plan, template.dst_at, dst_plan, template.view,
                        template.dst_sem, template.src_sem, template.device_id)
 
