@@ -139,11 +139,12 @@ def _region(shape: tuple[int, ...], indexers: tuple[Any, ...],
 
 
 def _placement(shape: tuple[int, ...], indexers: tuple[Any, ...]) -> Any:
-    """``_region`` of a buffer of ``shape`` composed once: per dimension of the region, a
-    constant (an int or a slice), or ``(const, terms, size, step)`` whose start is
-    ``const`` plus each ``(position, factor)``'s operand times the factor (``size`` None:
-    an index, the dimension dropped). None where it is not that simple (a stride below
-    one, an indexer of another rank): ``_region`` then answers."""
+    """``_region`` of a buffer of ``shape`` composed once: ``(positions, dims)``, the
+    operands the region depends on and per dimension of the region a constant (an int
+    or a slice) or ``(const, terms, size, step)``, whose start is ``const`` plus each
+    ``(position, factor)``'s operand times the factor (``size`` None: an index, the
+    dimension dropped). None where it is not that simple (a stride below one, an
+    indexer of another rank): ``_region`` then answers."""
     dims: list[Any] = [[0, (), 1, n] for n in shape]  # const, terms, step, size (None: index)
     for entries in indexers:
         kept = [d for d in dims if d[3] is not None]
@@ -168,25 +169,32 @@ def _placement(shape: tuple[int, ...], indexers: tuple[Any, ...]) -> Any:
             out.append((const, terms, size, step))
         else:
             out.append(const if size is None else numpy_slice(const, size, step))
-    return tuple(out)
+    positions = tuple(sorted({at for _, terms, _, _ in dims for at, _ in terms}))
+    return positions, tuple(out)
 
 
-def _placed_region(placement: Any, invals: list[Any]) -> tuple[int | slice, ...]:
-    """The region ``placement`` (``_placement``'s) selects, from the operands: what
-    ``_region`` answers (the same ints and slices, the same errors), without composing
-    the indexers again."""
+def _placed_region(dims: tuple[Any, ...], values: Any) -> tuple[int | slice, ...]:
+    """The region ``dims`` (``_placement``'s) select where ``values[position]`` is each
+    operand's integer value: what ``_region`` answers (the same ints and slices)."""
     region: list[int | slice] = []
-    for dim in placement:
+    for dim in dims:
         if dim.__class__ is not tuple:
             region.append(dim)
             continue
         start, terms, size, step = dim
         for at, factor in terms:
-            x = invals[at]
-            start += (x if x.__class__ is int else int(x) if isinstance(x, np.integer)
-                      else as_int(x, "ref indexer")) * factor
+            start += values[at] * factor
         region.append(start if size is None else numpy_slice(start, size, step))
     return tuple(region)
+
+
+def _side_plan(sim: Any, buffer: Any, dims: tuple[Any, ...], key: Any) -> Any:
+    return sim.plan(buffer, _placed_region(dims, key))
+
+
+#: Plans a placing DMA keeps per side (its destination's few slots; its sources, pages
+#: that seldom repeat, are resolved again when this many have been)
+_SIDE_PLANS = 64
 
 
 @rule_compiler(jc.dma_start_p)
@@ -219,37 +227,44 @@ def _dma_start(eqn: Equation, used: frozenset[Any]) -> Rule:
     placing = jc.dma_placing_leaves(tree) if layout is not None else frozenset()
     keep = [i for i in range(tree.num_leaves) if i not in placing] if placing else None
     templates: PlanCache[DmaPlan] = PlanCache()
-    # per side and buffer shape, the side's indexers composed once (``_placement``)
+    # per side and buffer shape, the side's indexers composed once (``_placement``); per
+    # side, its plans by the ref's structure and the values placing it
     placements: dict[tuple[int, tuple[int, ...]], Any] = {}
+    side_plans: tuple[PlanCache[Any], PlanCache[Any]] = (PlanCache(_SIDE_PLANS),
+                                                          PlanCache(_SIDE_PLANS))
 
-    def side_region(side: int, indexers: Any, buffer: Any, invals: list[Any]) -> Any:
+    def side_plan(ev: KernelContext, side: int, indexers: Any, at: int, invals: list[Any],
+                  key: tuple[Any, ...]) -> Any:
+        buffer = invals[at].buffer
         shape = tuple(buffer.shape)
         placement = placements.get((side, shape), placements)
         if placement is placements:
             placement = placements[(side, shape)] = _placement(shape, indexers)
         if placement is None:
-            return _region(shape, indexers, invals)
-        return _placed_region(placement, invals)
+            return ev.sim.plan(buffer, _region(shape, indexers, invals))
+        positions, dims = placement
+        # (the key holds each index operand as an int: operand_key)
+        return side_plans[side].get((key[at], *(key[p] for p in positions)), _side_plan,
+                                    ev.sim, buffer, dims, key)
 
     def placed(ev: KernelContext, invals: list[Any], key: tuple[Any, ...]) -> DmaPlan:
         assert keep is not None and layout is not None
         template = templates.get(tuple(key[i] for i in keep), build, ev, invals, True)
         src_side, dst_side = layout
         src_plan, dst_plan = template.src_plan, template.dst_plan
-        sim = ev.sim
         if src_side is not None:
-            buffer = invals[template.src_at].buffer
-            src_plan = sim.plan(buffer, side_region(0, src_side, buffer, invals))
+            src_plan = side_plan(ev, 0, src_side, template.src_at, invals, key)
         if dst_side is not None:
-            buffer = invals[template.dst_at].buffer
-            dst_plan = sim.plan(buffer, side_region(1, dst_side, buffer, invals))
+            dst_plan = side_plan(ev, 1, dst_side, template.dst_at, invals, key)
         return DmaPlan(template.src_at, src_plan, template.dst_at, dst_plan, template.view,
                        template.dst_sem, template.src_sem, template.device_id)
 
     def run(ev: KernelContext, eqn: Equation, invals: list[Value]) -> list[Value]:
         key = operand_key(invals)
         if key is not None and keep is not None:
-            plan = cache.get(key, placed, ev, invals, key)
+            # (not kept by the whole key: pages seldom repeat, and a cache of a plan per
+            # page DMA is a heap the collector walks; its sides' plans are kept)
+            plan = placed(ev, invals, key)
         else:
             plan = cache.get(key, build, ev, invals, key is not None)
         ops = invals if plan.operands is None else plan.operands

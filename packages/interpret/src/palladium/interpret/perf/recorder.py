@@ -383,6 +383,10 @@ class TimelineRecorder(Observer):
         done, self.on_done = self.on_done, None
         if done is not None:
             done(self)
+        # (the record has what it needs: the events, a DMA's and a site's objects each,
+        # are freed now instead of by the collection that frees the launch after it)
+        self.events = defaultdict(list)
+        self._chunk_memo.clear()
 
 
 def _chain_operands(op: Any) -> tuple[tuple[Any, ...], tuple[Any, ...], Any]:
