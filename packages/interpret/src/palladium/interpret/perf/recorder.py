@@ -117,9 +117,6 @@ class TimelineRecorder(Observer):
         # per core, the dependent chain of the current compute chunk
         self._chunks: dict[CoreId, _Chunk] = {}
         self._chained = bool(chip.dependent_op_seconds)
-        # compute_run's chunks: per run of equations (by id; the tuple held), the state
-        # a fresh chunk is left in after it
-        self._runs: dict[int, tuple[Any, ...]] = {}
         # per equation (by id; the equation held): what ``_chain_operands`` answers
         self._operands: dict[int, tuple[Any, ...]] = {}
         # per core, the equations told since its last event, not yet costed (``_settle``)
@@ -225,24 +222,15 @@ class TimelineRecorder(Observer):
 
     def compute_run(self, core: CoreId, ops: tuple[Any, ...]) -> None:
         """``compute(core, op)`` for each of ``ops`` in order (a grid step's body told
-        again: ``run/body_memo.py``). A run told at the start of a chunk leaves the
-        chunk in the same state each time: kept the first time, restored after."""
-        self._settle(core)
-        fresh = not self.pending.get(core) and core not in self._chunks
-        kept = self._runs.get(id(ops)) if fresh else None
-        if kept is not None and kept[0] is ops:
-            _, counts, chunk = kept
-            self.pending[core] = dict(counts)
-            if chunk is not None:
-                self._chunks[core] = chunk.copy()
-            return
-        tell = self._tell
-        for op in ops:
-            tell(core, op)
-        if fresh:
-            chunk = self._chunks.get(core)
-            self._runs[id(ops)] = (ops, dict(self.pending.get(core, {})),
-                                   None if chunk is None else chunk.copy())
+        again: ``run/body_memo.py``): a run that starts a chunk is costed once
+        (``_costed``)."""
+        told = self._told.get(core)
+        if told is None:
+            self._told[core] = list(ops)
+        else:
+            told.extend(ops)
+        if len(self._told[core]) >= _RUN_LIMIT:
+            self._settle(core)
 
     def _on_chain(self, core: CoreId, op: Any, cost: Cost) -> None:
         """The equation's place on the chunk's dataflow: each value has the time its
