@@ -369,12 +369,12 @@ class TimelineRecorder(Observer):
     def _done(self) -> None:
         self._totals()
         done, self.on_done = self.on_done, None
+        self._chunk_memo.clear()
         if done is not None:
             done(self)
-        # (the record has what it needs: the events, a DMA's and a site's objects each,
-        # are freed now instead of by the collection that frees the launch after it)
-        self.events = defaultdict(list)
-        self._chunk_memo.clear()
+            # (the timeline's record has what it needs: the events, a DMA's and a site's
+            # objects each, are freed now, not by the collection that frees the launch)
+            self.events = defaultdict(list)
 
 
 def _chain_operands(op: Any) -> tuple[tuple[Any, ...], tuple[Any, ...], Any]:
