@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import gc
 import math
-from collections.abc import Iterator
 from typing import Any
 
 from palladium.interpret.errors import ConfigError
@@ -31,21 +28,6 @@ def _pipeline_vmem(info: LaunchInfo) -> int:
             nbytes = math.prod(spec.block_shape) * spec.dtype.itemsize
             total += (spec.buffer_count - 1) * nbytes
     return total
-
-
-@contextlib.contextmanager
-def _uncollected() -> Iterator[None]:
-    """No cyclic collection while a replay runs: it makes a span, a DMA and their
-    arguments per event (a 32,768-step grid: ~300,000 objects that all live on), no
-    cycle among them, and every full collection meanwhile walks all of them again
-    (~25% of the replay). Refcounting frees as usual."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 def _us(seconds: float) -> str:
@@ -86,9 +68,8 @@ class LaunchRecord:
             cores = recorder.cores or tuple(recorder.events)
             replay = Replay(dict(recorder.events), cores, recorder.chip, self.cores_per_device,
                             vmem_base=dict.fromkeys(cores, extra))
-            with _uncollected():
-                replay.run()
-                spans = sorted(replay.spans, key=lambda s: (s.track, s.start, -s.end))
+            replay.run()
+            spans = sorted(replay.spans, key=lambda s: (s.track, s.start, -s.end))
             stats, vmem = replay.stats, replay.vmem
             resource_bytes, bandwidth = dict(replay.resource_bytes), replay.bandwidth
         self._spans: list[Span] = spans
