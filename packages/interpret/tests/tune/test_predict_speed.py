@@ -311,3 +311,36 @@ def test_the_recorder_costs_each_kind_of_chunk_once(monkeypatch):
     monkeypatch.setattr(recorder_module.TimelineRecorder, "memo_chunks", False)
     pi.predict(fn, *args, compile_check="approximate")
     assert 0 < memoised < len(told) / 3  # (556 of 1,759 equations costed)
+
+
+@pytest.mark.timeout(120)
+def test_a_failed_launch_counts_its_chunks_costed_once_as_each_equation(monkeypatch):
+    # a leak at the end: the launch fails after its steps' chunks (repeats of one)
+    # and the equations after its last event; its totals still count every one
+    def kernel(x_hbm, o_ref, buf, sem):
+        o_ref[...] = buf[...] * 2.0 + 1.0
+
+        @pl.when(pl.program_id(0) == 3)
+        def _():
+            pltpu.make_async_copy(x_hbm.at[pl.ds(0, 8)], buf, sem).start()  # never waited
+            o_ref[...] = jnp.exp(buf[...])
+
+    call = pl.pallas_call(
+        kernel, out_shape=jax.ShapeDtypeStruct((32, 128), F32), grid=(4,),
+        in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
+        out_specs=pl.BlockSpec((8, 128), lambda i: (i, 0)),
+        scratch_shapes=[pltpu.VMEM((8, 128), F32), pltpu.SemaphoreType.DMA],
+        interpret=pi.InterpretParams(uninitialized_reads="off"))
+
+    def failed(memo):
+        with monkeypatch.context() as m:
+            m.setattr(recorder_module.TimelineRecorder, "memo_chunks", memo)
+            with pi.timeline(keep_failed=True) as tl:
+                with pytest.raises(pi.SemaphoreLeakError), pi.errors_as_raised():
+                    jax.block_until_ready(call(jnp.ones((32, 128), F32)))
+        (record,) = tl.launches
+        assert record.failed
+        return record.by_primitive, record.flops, record.vector_flops, record.transcendentals
+
+    memo, each = failed(True), failed(False)
+    assert memo == each and memo[0]["mul"] > 0 and memo[0]["exp"] > 0

@@ -123,7 +123,7 @@ class TimelineRecorder(Observer):
         self._told: dict[CoreId, list[Any]] = {}
         # per run of equations that started a chunk (by their ids; the equations held):
         # the counts and chain it left (read only)
-        self._chunk_memo: dict[tuple[int, ...], tuple[tuple[Any, ...], Any, Any]] = {}
+        self._chunk_memo: dict[tuple[int, ...], list[Any]] = {}
         # Called once with this recorder when the launch ended (finished or failed): the
         # timeline then keeps what it needs and nothing holds the events any more.
         self.on_done: Callable[[TimelineRecorder], None] | None = None
@@ -133,8 +133,16 @@ class TimelineRecorder(Observer):
         # in parallel, so a compute chunk (the equations between two events) takes as
         # long as its busiest unit (an optimistic, perfectly overlapped schedule).
         told = self._told.pop(core, None)
+        entry = None
         if told:
-            ran, chunk = self._costed(core, told)
+            ran, chunk, entry = self._costed(core, told)
+            if entry is not None and entry[3] is not None:  # a chunk pushed before
+                entry[4] += 1  # (its counts: ``_count_repeats``)
+                events = self.events[core]
+                if entry[3]:
+                    events.append(("c", entry[3]))
+                events.append(event)
+                return
         else:
             ran, chunk = self.pending.pop(core, None), self._chunks.pop(core, None)
         dt = 0.0
@@ -154,6 +162,8 @@ class TimelineRecorder(Observer):
         if dt:
             events.append(("c", dt))
         events.append(event)
+        if entry is not None:
+            entry[3] = dt
 
     # -- the interpreter's events ----------------------------------------------------
     def compute(self, core: CoreId, op: Any) -> None:
@@ -165,25 +175,40 @@ class TimelineRecorder(Observer):
         if len(told) >= _RUN_LIMIT:
             self._settle(core)
 
-    def _costed(self, core: CoreId, told: list[Any]) -> tuple[Any, _Chunk | None]:
+    def _costed(self, core: CoreId, told: list[Any]) -> tuple[Any, _Chunk | None, Any]:
         """The counts and chain ``core`` is left with after the equations ``told``,
         taken from ``pending`` and ``_chunks`` (read only: from the memo when the run
-        started a chunk and was costed before)."""
+        started a chunk and was costed before), and the run's memo entry (None: not a
+        run that starts a chunk): ``[equations, counts, chain, the chunk's seconds
+        (None until pushed), repeats pushed since counted]``."""
         key = None
         if self.memo_chunks and not self.pending.get(core) and core not in self._chunks:
             key = tuple(map(id, told))
             hit = self._chunk_memo.get(key)
             if hit is not None:  # (its equations held: their ids are theirs)
-                return hit[1], hit[2]
+                return hit[1], hit[2], hit
         tell = self._tell
         for op in told:
             tell(core, op)
         ran, chunk = self.pending.pop(core, None), self._chunks.pop(core, None)
+        entry = None
         if key is not None:
             if len(self._chunk_memo) >= _CHUNK_LIMIT:
+                self._count_repeats()
                 self._chunk_memo.clear()
-            self._chunk_memo[key] = (tuple(told), ran, chunk)
-        return ran, chunk
+            entry = self._chunk_memo[key] = [tuple(told), ran, chunk, None, 0]
+        return ran, chunk, entry
+
+    def _count_repeats(self) -> None:
+        """Add the counts of the chunks pushed again from the memo (each chunk's first
+        push counted its equations, in the order they came: the totals' order)."""
+        counts = self._counts
+        for entry in self._chunk_memo.values():
+            repeats, ran = entry[4], entry[1]
+            if repeats and ran:
+                for key, n in ran.items():
+                    counts[key] += n * repeats
+            entry[4] = 0
 
     def _settle(self, core: CoreId) -> None:
         """Cost the equations told since ``core``'s last event into ``pending`` and
@@ -191,7 +216,7 @@ class TimelineRecorder(Observer):
         told = self._told.pop(core, None)
         if not told:
             return
-        ran, chunk = self._costed(core, told)
+        ran, chunk, _ = self._costed(core, told)
         if ran is not None:
             self.pending[core] = dict(ran)
         if chunk is not None:
@@ -309,6 +334,9 @@ class TimelineRecorder(Observer):
         """The launch's costs by primitive and unit, its flops and transcendentals,
         from how often each equation ran (also those after a failed launch's last
         event)."""
+        for core in list(self._told):  # (a failed launch's last equations)
+            self._settle(core)
+        self._count_repeats()
         for ran in self.pending.values():
             for key, n in ran.items():
                 self._counts[key] += n
