@@ -353,7 +353,9 @@ class Replay:
                 self._active[res] = [d for d in active
                                      if d.remaining > 1e-6 * max(d.nbytes, 1)]
                 done.extend(finished)
-        for dma in sorted(done, key=lambda d: (d.start, d.id)):
+        if len(done) > 1:  # (most steps end one DMA)
+            done.sort(key=lambda d: (d.start, d.id))
+        for dma in done:
             dma.end = t
             for key, inc in dma.signals:
                 self._signal(key, inc, t, dma.resource[0])
