@@ -335,9 +335,9 @@ def test_a_failed_launch_counts_its_chunks_costed_once_as_each_equation(monkeypa
     def failed(memo):
         with monkeypatch.context() as m:
             m.setattr(recorder_module.TimelineRecorder, "memo_chunks", memo)
-            with pi.timeline(keep_failed=True) as tl:
-                with pytest.raises(pi.SemaphoreLeakError), pi.errors_as_raised():
-                    jax.block_until_ready(call(jnp.ones((32, 128), F32)))
+            with pi.timeline(keep_failed=True) as tl, pytest.raises(pi.SemaphoreLeakError), \
+                    pi.errors_as_raised():
+                jax.block_until_ready(call(jnp.ones((32, 128), F32)))
         (record,) = tl.launches
         assert record.failed
         return record.by_primitive, record.flops, record.vector_flops, record.transcendentals
