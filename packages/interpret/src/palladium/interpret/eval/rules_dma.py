@@ -247,7 +247,9 @@ def _dma_start(eqn: Equation, used: frozenset[Any]) -> Rule:
         return side_plans[side].get((key[at], *(key[p] for p in positions)), _side_plan,
                                     ev.sim, buffer, dims, key)
 
-    def placed(ev: KernelContext, invals: list[Any], key: tuple[Any, ...]) -> DmaPlan:
+    def placed(ev: KernelContext, invals: list[Any], key: tuple[Any, ...],
+               ) -> tuple[DmaPlan, Any, Any]:
+        """The kept plan of the same DMA at other starts, and this start's region plans."""
         assert keep is not None and layout is not None
         template = templates.get(tuple(key[i] for i in keep), build, ev, invals, True)
         src_side, dst_side = layout
@@ -256,17 +258,17 @@ def _dma_start(eqn: Equation, used: frozenset[Any]) -> Rule:
             src_plan = side_plan(ev, 0, src_side, template.src_at, invals, key)
         if dst_side is not None:
             dst_plan = side_plan(ev, 1, dst_side, template.dst_at, invals, key)
-        return DmaPlan(template.src_at, src_plan, template.dst_at, dst_plan, template.view,
-                       template.dst_sem, template.src_sem, template.device_id)
+        return template, src_plan, dst_plan
 
     def run(ev: KernelContext, eqn: Equation, invals: list[Value]) -> list[Value]:
         key = operand_key(invals)
         if key is not None and keep is not None:
             # (not kept by the whole key: pages seldom repeat, and a cache of a plan per
             # page DMA is a heap the collector walks; its sides' plans are kept)
-            plan = placed(ev, invals, key)
+            plan, src_plan, dst_plan = placed(ev, invals, key)
         else:
             plan = cache.get(key, build, ev, invals, key is not None)
+            src_plan, dst_plan = plan.src_plan, plan.dst_plan
         ops = invals if plan.operands is None else plan.operands
         src_ref, dst_ref = ops[plan.src_at], ops[plan.dst_at]
         target = ev.remote_core(plan.device_id, None, id_type, eqn)
@@ -274,7 +276,7 @@ def _dma_start(eqn: Equation, used: frozenset[Any]) -> Rule:
         if target is not None and target != ev.core:
             dst_buffer = ev.memory.peer_buffer(dst_buffer, target)
         ev.sim.dma_start(
-            src_ref.buffer, plan.src_plan, dst_buffer, plan.dst_plan, core=ev.core,
+            src_ref.buffer, src_plan, dst_buffer, dst_plan, core=ev.core,
             dst_sem=semaphore_at(ops, plan.dst_sem),
             src_sem=None if plan.src_sem is None else semaphore_at(ops, plan.src_sem),
             dst_core=target, site=ev.site(eqn), name=f"{src_ref.name}->{dst_ref.name}",
