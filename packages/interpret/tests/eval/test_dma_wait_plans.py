@@ -7,6 +7,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
@@ -153,11 +155,15 @@ def test_a_start_placed_from_a_kept_plan_copies_and_fails_as_a_fully_built_one(m
     table = np.array([1, 3, 0, 10, 3, 0, 2, 15, 1, 7], np.int32)  # (row, column start)
     bad = table.copy()
     bad[5] = 20  # the third copy reads columns 20, 22, 24, 26 of 24
-    regions = []
-    region = rules_dma._region
+    regions, composed = [], []
+    region, side_plan = rules_dma._region, rules_dma._side_plan
     monkeypatch.setattr(rules_dma, "_region", lambda *a: regions.append(a) or region(*a))
+    monkeypatch.setattr(rules_dma, "_side_plan",
+                        lambda *a: composed.append(a) or side_plan(*a))
     placed = np.asarray(_strided_call(5)(table, x))
-    assert len(regions) == 2 * 5  # every start placed from a kept plan (both sides)
+    # every start placed from a kept plan, its regions from the indexers composed once
+    # (``_placement``): a source plan per start, the destination's slots' kept
+    assert regions == [] and 1 <= len(composed) <= 2 * 5
     with pytest.raises(OutOfBoundsError) as placed_error, errors_as_raised():
         _strided_call(5)(bad, x).block_until_ready()
     monkeypatch.setattr(jc, "dma_index_layout", lambda tree: None)  # every plan built whole
@@ -173,3 +179,41 @@ def test_a_start_placed_from_a_kept_plan_copies_and_fails_as_a_fully_built_one(m
     assert str(placed_error.value) == str(built_error.value)
     assert "Out-of-bounds read by a DMA" in str(placed_error.value)
     assert "region [3, 20:27:2, 0:128]" in str(placed_error.value)
+
+
+def _indexers(draw_int, shape):
+    """Random ``dma_index_layout`` indexers of a buffer of ``shape``: per indexer, an
+    entry per dimension still kept (an index, or a slice with a static or dynamic start
+    and a static size and stride), dynamic entries at operand positions 0..5."""
+    kept, out = len(shape), []
+    for _ in range(draw_int(1, 3)):
+        if not kept:
+            break
+        entries = []
+        for _ in range(kept):
+            at = draw_int(0, 5)
+            if draw_int(0, 2) == 0:
+                entries.append(("index", at))
+            else:
+                entries.append(("slice", None if draw_int(0, 1) else at, draw_int(0, 4),
+                                draw_int(0, 4), draw_int(1, 3)))
+        kept -= sum(e[0] == "index" for e in entries)
+        out.append(tuple(entries))
+    return tuple(out)
+
+
+@given(st.data())
+@settings(max_examples=300, deadline=None)
+def test_indexers_composed_once_give_the_region_composed_at_each_start(data):
+    draw_int = lambda lo, hi: data.draw(st.integers(lo, hi))  # noqa: E731
+    shape = tuple(draw_int(1, 9) for _ in range(draw_int(1, 4)))
+    indexers = _indexers(draw_int, shape)
+    values = [draw_int(-3, 12) for _ in range(6)]
+    positions, dims = rules_dma._placement(shape, indexers)
+    assert set(positions) <= set(range(6))
+    assert rules_dma._placed_region(dims, values) == rules_dma._region(shape, indexers, values)
+
+
+def test_indexers_with_a_negative_stride_are_not_composed():
+    assert rules_dma._placement((8, 4), ((("slice", 0, 7, 4, -1), ("index", 1)),)) is None
+    assert rules_dma._placement((8, 4), ((("index", 0),),)) is None  # (rank mismatch)

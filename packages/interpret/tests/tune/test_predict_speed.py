@@ -21,6 +21,8 @@ from jax.experimental.pallas import tpu as pltpu
 import palladium.interpret as pi
 from palladium.interpret.run import body_memo, grid_loop
 
+recorder_module = importlib.import_module("palladium.interpret.perf.recorder")
+
 predict_module = importlib.import_module("palladium.interpret.tune.predict")
 evaluator_module = importlib.import_module("palladium.interpret.eval.evaluator")
 
@@ -226,3 +228,119 @@ def test_predict_traces_the_kernel_once_and_tracks_no_uninitialised_values(monke
     monkeypatch.setattr(evaluator_module, "run_shadowed", no_shadows)
     p = pi.predict(counted_fn, *args, compile_check="approximate")
     assert p.compiles and len(calls) == 1
+
+
+def _skipping_steps():
+    """Odd grid steps skip their body (``pl.when``): a DMA and a wait on even steps
+    only, the chunks of the two kinds of step differ."""
+    def kernel(x_hbm, o_ref, buf, sem):
+        @pl.when(pl.program_id(0) % 2 == 0)
+        def _():
+            copy = pltpu.make_async_copy(x_hbm.at[pl.ds(pl.program_id(0) * 8, 8)], buf, sem)
+            copy.start()
+            copy.wait()
+            o_ref[...] = buf[...] * 2.0
+
+    def fn(x):
+        return pl.pallas_call(
+            kernel, out_shape=jax.ShapeDtypeStruct((64, 128), F32), grid=(8,),
+            in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
+            out_specs=pl.BlockSpec((8, 128), lambda i: (i, 0)),
+            scratch_shapes=[pltpu.VMEM((8, 128), F32), pltpu.SemaphoreType.DMA])(x)
+
+    return fn, (S((64, 128), F32),)
+
+
+def _uneven_paged():
+    """Paged attention, scalar-prefetched page table, lengths far apart (one sequence
+    ends within its first compute block)."""
+    from jax.experimental.pallas.ops.tpu.paged_attention import paged_attention
+
+    rng = np.random.default_rng(3)
+    lengths = jnp.asarray([5, 128, 61], jnp.int32)
+    indices = jnp.asarray(rng.permutation(24).reshape(3, 8), jnp.int32)
+    return (functools.partial(paged_attention, pages_per_compute_block=2),
+            (S((3, 2, 128), F32), S((2, 24, 16, 128), F32), S((2, 24, 16, 128), F32),
+             lengths, indices))
+
+
+CHUNKED = {
+    "paged attention, uneven lengths": _uneven_paged,
+    "pl.when-skipped steps": _skipping_steps,
+    "revisited output block (guide matmul)": KERNELS["guide matmul"],
+    "flash causal": KERNELS["flash causal"],
+}
+
+
+def _numbers(p):
+    r = p.launches[0]
+    return (p.predicted_seconds, p.compute_seconds, p.exposed_dma_seconds,
+            p.overhead_seconds, p.flops, p.dma_bytes, p.bound, p.compute_unit,
+            dict(r.by_primitive), dict(r.by_unit), r.vector_flops, r.transcendentals,
+            [(s.track, s.name, s.cat, s.start, s.end) for s in r.spans])
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("name", list(CHUNKED))
+def test_chunks_costed_once_predict_what_costing_each_equation_predicts(monkeypatch, name):
+    # the recorder's memo of chunks (a run of equations between two events, from a
+    # fresh chain) against costing every equation told; and runs settled as they go
+    # (a run longer than _RUN_LIMIT: here 3 equations)
+    fn, args = CHUNKED[name]()
+    memo = pi.predict(fn, *args, compile_check="approximate")
+    with monkeypatch.context() as m:
+        m.setattr(recorder_module.TimelineRecorder, "memo_chunks", False)
+        each = pi.predict(fn, *args, compile_check="approximate")
+    with monkeypatch.context() as m:
+        m.setattr(recorder_module, "_RUN_LIMIT", 3)
+        settled = pi.predict(fn, *args, compile_check="approximate")
+    assert memo.compiles
+    assert _numbers(memo) == _numbers(each) == _numbers(settled)  # (exactly: same floats)
+
+
+@pytest.mark.timeout(120)
+def test_the_recorder_costs_each_kind_of_chunk_once(monkeypatch):
+    told = []
+    tell = recorder_module.TimelineRecorder._tell
+    monkeypatch.setattr(recorder_module.TimelineRecorder, "_tell",
+                        lambda self, core, op: told.append(op) or tell(self, core, op))
+    fn, args = _uneven_paged()
+    pi.predict(fn, *args, compile_check="approximate")
+    memoised = len(told)
+    told.clear()
+    monkeypatch.setattr(recorder_module.TimelineRecorder, "memo_chunks", False)
+    pi.predict(fn, *args, compile_check="approximate")
+    assert 0 < memoised < len(told) / 3  # (556 of 1,759 equations costed)
+
+
+@pytest.mark.timeout(120)
+def test_a_failed_launch_counts_its_chunks_costed_once_as_each_equation(monkeypatch):
+    # a leak at the end: the launch fails after its steps' chunks (repeats of one)
+    # and the equations after its last event; its totals still count every one
+    def kernel(x_hbm, o_ref, buf, sem):
+        o_ref[...] = buf[...] * 2.0 + 1.0
+
+        @pl.when(pl.program_id(0) == 3)
+        def _():
+            pltpu.make_async_copy(x_hbm.at[pl.ds(0, 8)], buf, sem).start()  # never waited
+            o_ref[...] = jnp.exp(buf[...])
+
+    call = pl.pallas_call(
+        kernel, out_shape=jax.ShapeDtypeStruct((32, 128), F32), grid=(4,),
+        in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
+        out_specs=pl.BlockSpec((8, 128), lambda i: (i, 0)),
+        scratch_shapes=[pltpu.VMEM((8, 128), F32), pltpu.SemaphoreType.DMA],
+        interpret=pi.InterpretParams(uninitialized_reads="off"))
+
+    def failed(memo):
+        with monkeypatch.context() as m:
+            m.setattr(recorder_module.TimelineRecorder, "memo_chunks", memo)
+            with pi.timeline(keep_failed=True) as tl, pytest.raises(pi.SemaphoreLeakError), \
+                    pi.errors_as_raised():
+                jax.block_until_ready(call(jnp.ones((32, 128), F32)))
+        (record,) = tl.launches
+        assert record.failed
+        return record.by_primitive, record.flops, record.vector_flops, record.transcendentals
+
+    memo, each = failed(True), failed(False)
+    assert memo == each and memo[0]["mul"] > 0 and memo[0]["exp"] > 0

@@ -243,8 +243,12 @@ def _fan_out(targets: tuple[Callable[..., None], ...]) -> Callable[..., None]:
 
 
 def semaphore_info(sem: Semaphore) -> SemaphoreInfo:
-    """The observers' view of ``sem``."""
-    return SemaphoreInfo(sem.core, sem.id, sem.label, sem.kind)
+    """The observers' view of ``sem`` (made once per semaphore: every signal, wait and
+    DMA tells it)."""
+    info = sem.info
+    if info is None:
+        info = sem.info = SemaphoreInfo(sem.core, sem.id, sem.label, sem.kind)
+    return info
 
 
 def dma_event(dma: Dma, dst_core: CoreId) -> DmaEvent:

@@ -62,7 +62,7 @@ class SemaphoreTable:
             if sem is None:
                 table[sem_id] = Semaphore(where, sem_id, kind, name, index)
             else:  # signalled remotely before this core allocated it: keep its count
-                sem.kind, sem.name, sem.index = kind, name, index
+                sem.kind, sem.name, sem.index, sem.info = kind, name, index, None
         self.next_id[where] = first + ids.size
         return ids.reshape(shape)
 

@@ -41,8 +41,8 @@ class Semaphore(WaitPoint):
     that live as long as it, and every list is one more object for the collector.
     """
 
-    __slots__ = ("clocks", "core", "count", "id", "index", "kind", "live", "name", "pending",
-                 "signalled")
+    __slots__ = ("clocks", "core", "count", "id", "index", "info", "kind", "live", "name",
+                 "pending", "signalled")
 
     def __init__(self, core: Any, sem_id: int, kind: SemaphoreKind, name: str, index: tuple[int, ...]) -> None:
         super().__init__()
@@ -56,6 +56,7 @@ class Semaphore(WaitPoint):
         self.pending: list | tuple = ()
         self.live = 0
         self.signalled = False  # ever, by anyone (a DMA landing included)
+        self.info: Any = None  # the observers' view of it, made once (``semaphore_info``)
 
     @property
     def label(self) -> str:

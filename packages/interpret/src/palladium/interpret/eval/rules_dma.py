@@ -138,6 +138,65 @@ def _region(shape: tuple[int, ...], indexers: tuple[Any, ...],
     return dims_region(dims)[0]
 
 
+def _placement(shape: tuple[int, ...], indexers: tuple[Any, ...]) -> Any:
+    """``_region`` of a buffer of ``shape`` composed once: ``(positions, dims)``, the
+    operands the region depends on and per dimension of the region a constant (an int
+    or a slice) or ``(const, terms, size, step)``, whose start is ``const`` plus each
+    ``(position, factor)``'s operand times the factor (``size`` None: an index, the
+    dimension dropped). None where it is not that simple (a stride below one, an
+    indexer of another rank): ``_region`` then answers."""
+    dims: list[Any] = [[0, (), 1, n] for n in shape]  # const, terms, step, size (None: index)
+    for entries in indexers:
+        kept = [d for d in dims if d[3] is not None]
+        if len(entries) != len(kept):
+            return None
+        for d, entry in zip(kept, entries):
+            const, terms, step, _ = d
+            if entry[0] == "index":
+                d[1], d[3] = (*terms, (entry[1], step)), None
+                continue
+            _, at, start, size, stride = entry
+            if stride < 1:
+                return None
+            if at is None:
+                d[0] = const + start * step
+            else:
+                d[1] = (*terms, (at, step))
+            d[2], d[3] = step * stride, size
+    out: list[Any] = []
+    for const, terms, step, size in dims:
+        if terms:
+            out.append((const, terms, size, step))
+        else:
+            out.append(const if size is None else numpy_slice(const, size, step))
+    positions = tuple(sorted({at for _, terms, _, _ in dims for at, _ in terms}))
+    return positions, tuple(out)
+
+
+def _placed_region(dims: tuple[Any, ...], values: Any) -> tuple[int | slice, ...]:
+    """The region ``dims`` (``_placement``'s) select where ``values[position]`` is each
+    operand's integer value: what ``_region`` answers (the same ints and slices)."""
+    region: list[int | slice] = []
+    for dim in dims:
+        if dim.__class__ is not tuple:
+            region.append(dim)
+            continue
+        start, terms, size, step = dim
+        for at, factor in terms:
+            start += values[at] * factor
+        region.append(start if size is None else numpy_slice(start, size, step))
+    return tuple(region)
+
+
+def _side_plan(sim: Any, buffer: Any, dims: tuple[Any, ...], key: Any) -> Any:
+    return sim.plan(buffer, _placed_region(dims, key))
+
+
+#: Plans a placing DMA keeps per side (its destination's few slots; its sources, pages
+#: that seldom repeat, are resolved again when this many have been)
+_SIDE_PLANS = 64
+
+
 @rule_compiler(jc.dma_start_p)
 def _dma_start(eqn: Equation, used: frozenset[Any]) -> Rule:
     cache: PlanCache[DmaPlan] = PlanCache()
@@ -168,28 +227,48 @@ def _dma_start(eqn: Equation, used: frozenset[Any]) -> Rule:
     placing = jc.dma_placing_leaves(tree) if layout is not None else frozenset()
     keep = [i for i in range(tree.num_leaves) if i not in placing] if placing else None
     templates: PlanCache[DmaPlan] = PlanCache()
+    # per side and buffer shape, the side's indexers composed once (``_placement``); per
+    # side, its plans by the ref's structure and the values placing it
+    placements: dict[tuple[int, tuple[int, ...]], Any] = {}
+    side_plans: tuple[PlanCache[Any], PlanCache[Any]] = (PlanCache(_SIDE_PLANS),
+                                                          PlanCache(_SIDE_PLANS))
 
-    def placed(ev: KernelContext, invals: list[Any], key: tuple[Any, ...]) -> DmaPlan:
+    def side_plan(ev: KernelContext, side: int, indexers: Any, at: int, invals: list[Any],
+                  key: tuple[Any, ...]) -> Any:
+        buffer = invals[at].buffer
+        shape = tuple(buffer.shape)
+        placement = placements.get((side, shape), placements)
+        if placement is placements:
+            placement = placements[(side, shape)] = _placement(shape, indexers)
+        if placement is None:
+            return ev.sim.plan(buffer, _region(shape, indexers, invals))
+        positions, dims = placement
+        # (the key holds each index operand as an int: operand_key)
+        return side_plans[side].get((key[at], *(key[p] for p in positions)), _side_plan,
+                                    ev.sim, buffer, dims, key)
+
+    def placed(ev: KernelContext, invals: list[Any], key: tuple[Any, ...],
+               ) -> tuple[DmaPlan, Any, Any]:
+        """The kept plan of the same DMA at other starts, and this start's region plans."""
         assert keep is not None and layout is not None
         template = templates.get(tuple(key[i] for i in keep), build, ev, invals, True)
         src_side, dst_side = layout
         src_plan, dst_plan = template.src_plan, template.dst_plan
-        sim = ev.sim
         if src_side is not None:
-            buffer = invals[template.src_at].buffer
-            src_plan = sim.plan(buffer, _region(tuple(buffer.shape), src_side, invals))
+            src_plan = side_plan(ev, 0, src_side, template.src_at, invals, key)
         if dst_side is not None:
-            buffer = invals[template.dst_at].buffer
-            dst_plan = sim.plan(buffer, _region(tuple(buffer.shape), dst_side, invals))
-        return DmaPlan(template.src_at, src_plan, template.dst_at, dst_plan, template.view,
-                       template.dst_sem, template.src_sem, template.device_id)
+            dst_plan = side_plan(ev, 1, dst_side, template.dst_at, invals, key)
+        return template, src_plan, dst_plan
 
     def run(ev: KernelContext, eqn: Equation, invals: list[Value]) -> list[Value]:
         key = operand_key(invals)
         if key is not None and keep is not None:
-            plan = cache.get(key, placed, ev, invals, key)
+            # (not kept by the whole key: pages seldom repeat, and a cache of a plan per
+            # page DMA is a heap the collector walks; its sides' plans are kept)
+            plan, src_plan, dst_plan = placed(ev, invals, key)
         else:
             plan = cache.get(key, build, ev, invals, key is not None)
+            src_plan, dst_plan = plan.src_plan, plan.dst_plan
         ops = invals if plan.operands is None else plan.operands
         src_ref, dst_ref = ops[plan.src_at], ops[plan.dst_at]
         target = ev.remote_core(plan.device_id, None, id_type, eqn)
@@ -197,7 +276,7 @@ def _dma_start(eqn: Equation, used: frozenset[Any]) -> Rule:
         if target is not None and target != ev.core:
             dst_buffer = ev.memory.peer_buffer(dst_buffer, target)
         ev.sim.dma_start(
-            src_ref.buffer, plan.src_plan, dst_buffer, plan.dst_plan, core=ev.core,
+            src_ref.buffer, src_plan, dst_buffer, dst_plan, core=ev.core,
             dst_sem=semaphore_at(ops, plan.dst_sem),
             src_sem=None if plan.src_sem is None else semaphore_at(ops, plan.src_sem),
             dst_core=target, site=ev.site(eqn), name=f"{src_ref.name}->{dst_ref.name}",

@@ -74,8 +74,26 @@ class _Chunk:
                                    replicated=set(self.replicated))
 
 
+#: The longest run of equations a core keeps unsettled before ``_settle`` (a loop of many
+#: iterations between two events: its chain is settled as it goes, in bounded memory).
+_RUN_LIMIT = 4096
+#: Chunks (runs of equations between two events, from a fresh chain) a recorder keeps.
+_CHUNK_LIMIT = 4096
+
+
 class TimelineRecorder(Observer):
-    """Per-core event lists of one launch (created per launch by the timeline)."""
+    """Per-core event lists of one launch (created per launch by the timeline).
+
+    Equations are told in runs: ``compute`` keeps each core's equations since its last
+    event, and the run is costed when the next event comes (``_settle``). A run that
+    starts a chunk (nothing pending, no chain) leaves the same counts and chain whatever
+    the step, so a run of the same equations is costed once per launch and looked up
+    after (``memo_chunks``; paged attention's page DMAs: thousands of identical chunks
+    between DMA events)."""
+
+    #: Whether identical chunks are costed once (the equation-by-equation costing is
+    #: the oracle: ``tests/tune/test_predict_speed.py`` compares the two).
+    memo_chunks = True
 
     def __init__(self, info: LaunchInfo, chip: ChipModel) -> None:
         self.info = info
@@ -99,11 +117,13 @@ class TimelineRecorder(Observer):
         # per core, the dependent chain of the current compute chunk
         self._chunks: dict[CoreId, _Chunk] = {}
         self._chained = bool(chip.dependent_op_seconds)
-        # compute_run's chunks: per run of equations (by id; the tuple held), the state
-        # a fresh chunk is left in after it
-        self._runs: dict[int, tuple[Any, ...]] = {}
         # per equation (by id; the equation held): what ``_chain_operands`` answers
         self._operands: dict[int, tuple[Any, ...]] = {}
+        # per core, the equations told since its last event, not yet costed (``_settle``)
+        self._told: dict[CoreId, list[Any]] = {}
+        # per run of equations that started a chunk (by their ids; the equations held):
+        # the counts and chain it left (read only)
+        self._chunk_memo: dict[tuple[int, ...], list[Any]] = {}
         # Called once with this recorder when the launch ended (finished or failed): the
         # timeline then keeps what it needs and nothing holds the events any more.
         self.on_done: Callable[[TimelineRecorder], None] | None = None
@@ -112,7 +132,19 @@ class TimelineRecorder(Observer):
         # The TensorCore is VLIW: MXU, vector ALU, EUP and vector load/store slots issue
         # in parallel, so a compute chunk (the equations between two events) takes as
         # long as its busiest unit (an optimistic, perfectly overlapped schedule).
-        ran = self.pending.pop(core, None)
+        told = self._told.pop(core, None)
+        entry = None
+        if told:
+            ran, chunk, entry = self._costed(core, told)
+            if entry is not None and entry[3] is not None:  # a chunk pushed before
+                entry[4] += 1  # (its counts: ``_count_repeats``)
+                events = self.events[core]
+                if entry[3]:
+                    events.append(("c", entry[3]))
+                events.append(event)
+                return
+        else:
+            ran, chunk = self.pending.pop(core, None), self._chunks.pop(core, None)
         dt = 0.0
         if ran:
             units: dict[str, float] = defaultdict(float)
@@ -124,16 +156,74 @@ class TimelineRecorder(Observer):
             dt = max(units.values())
         # ... or as long as its chain of dependent results, where that is longer (a
         # recurrence of one row per loop step waits on latencies, not throughput)
-        chunk = self._chunks.pop(core, None)
         if chunk is not None:
             dt = max(dt, chunk.end)
         events = self.events[core]
         if dt:
             events.append(("c", dt))
         events.append(event)
+        if entry is not None:
+            entry[3] = dt
 
     # -- the interpreter's events ----------------------------------------------------
     def compute(self, core: CoreId, op: Any) -> None:
+        told = self._told.get(core)
+        if told is None:
+            self._told[core] = [op]
+            return
+        told.append(op)
+        if len(told) >= _RUN_LIMIT:
+            self._settle(core)
+
+    def _costed(self, core: CoreId, told: list[Any]) -> tuple[Any, _Chunk | None, Any]:
+        """The counts and chain ``core`` is left with after the equations ``told``,
+        taken from ``pending`` and ``_chunks`` (read only: from the memo when the run
+        started a chunk and was costed before), and the run's memo entry (None: not a
+        run that starts a chunk): ``[equations, counts, chain, the chunk's seconds
+        (None until pushed), repeats pushed since counted]``."""
+        key = None
+        if self.memo_chunks and not self.pending.get(core) and core not in self._chunks:
+            key = tuple(map(id, told))
+            hit = self._chunk_memo.get(key)
+            if hit is not None:  # (its equations held: their ids are theirs)
+                return hit[1], hit[2], hit
+        tell = self._tell
+        for op in told:
+            tell(core, op)
+        ran, chunk = self.pending.pop(core, None), self._chunks.pop(core, None)
+        entry = None
+        if key is not None:
+            if len(self._chunk_memo) >= _CHUNK_LIMIT:
+                self._count_repeats()
+                self._chunk_memo.clear()
+            entry = self._chunk_memo[key] = [tuple(told), ran, chunk, None, 0]
+        return ran, chunk, entry
+
+    def _count_repeats(self) -> None:
+        """Add the counts of the chunks pushed again from the memo (each chunk's first
+        push counted its equations, in the order they came: the totals' order)."""
+        counts = self._counts
+        for entry in self._chunk_memo.values():
+            repeats, ran = entry[4], entry[1]
+            if repeats and ran:
+                for key, n in ran.items():
+                    counts[key] += n * repeats
+            entry[4] = 0
+
+    def _settle(self, core: CoreId) -> None:
+        """Cost the equations told since ``core``'s last event into ``pending`` and
+        ``_chunks`` (the chunk goes on)."""
+        told = self._told.pop(core, None)
+        if not told:
+            return
+        ran, chunk, _ = self._costed(core, told)
+        if ran is not None:
+            self.pending[core] = dict(ran)
+        if chunk is not None:
+            self._chunks[core] = chunk.copy()
+
+    def _tell(self, core: CoreId, op: Any) -> None:
+        """One equation's cost into ``core``'s pending counts and its chain."""
         ran = self.pending[core]
         key = id(op)
         n = ran.get(key)
@@ -157,23 +247,15 @@ class TimelineRecorder(Observer):
 
     def compute_run(self, core: CoreId, ops: tuple[Any, ...]) -> None:
         """``compute(core, op)`` for each of ``ops`` in order (a grid step's body told
-        again: ``run/body_memo.py``). A run told at the start of a chunk leaves the
-        chunk in the same state each time: kept the first time, restored after."""
-        fresh = not self.pending.get(core) and core not in self._chunks
-        kept = self._runs.get(id(ops)) if fresh else None
-        if kept is not None and kept[0] is ops:
-            _, counts, chunk = kept
-            self.pending[core] = dict(counts)
-            if chunk is not None:
-                self._chunks[core] = chunk.copy()
-            return
-        compute = self.compute
-        for op in ops:
-            compute(core, op)
-        if fresh:
-            chunk = self._chunks.get(core)
-            self._runs[id(ops)] = (ops, dict(self.pending.get(core, {})),
-                                   None if chunk is None else chunk.copy())
+        again: ``run/body_memo.py``): a run that starts a chunk is costed once
+        (``_costed``)."""
+        told = self._told.get(core)
+        if told is None:
+            self._told[core] = list(ops)
+        else:
+            told.extend(ops)
+        if len(self._told[core]) >= _RUN_LIMIT:
+            self._settle(core)
 
     def _on_chain(self, core: CoreId, op: Any, cost: Cost) -> None:
         """The equation's place on the chunk's dataflow: each value has the time its
@@ -252,6 +334,9 @@ class TimelineRecorder(Observer):
         """The launch's costs by primitive and unit, its flops and transcendentals,
         from how often each equation ran (also those after a failed launch's last
         event)."""
+        for core in list(self._told):  # (a failed launch's last equations)
+            self._settle(core)
+        self._count_repeats()
         for ran in self.pending.values():
             for key, n in ran.items():
                 self._counts[key] += n
@@ -299,7 +384,7 @@ class TimelineRecorder(Observer):
         self.cores = tuple(sorted(cores))
 
     def run_end(self, cores: tuple[CoreId, ...]) -> None:
-        for core in list(self.pending):
+        for core in list(dict.fromkeys([*self.pending, *self._told])):
             self._push(core, ("c", 0.0))
         self.finished = True
         self._done()
@@ -312,8 +397,12 @@ class TimelineRecorder(Observer):
     def _done(self) -> None:
         self._totals()
         done, self.on_done = self.on_done, None
+        self._chunk_memo.clear()
         if done is not None:
             done(self)
+            # (the timeline's record has what it needs: the events, a DMA's and a site's
+            # objects each, are freed now, not by the collection that frees the launch)
+            self.events = defaultdict(list)
 
 
 def _chain_operands(op: Any) -> tuple[tuple[Any, ...], tuple[Any, ...], Any]:

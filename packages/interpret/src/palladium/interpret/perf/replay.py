@@ -207,6 +207,7 @@ class Replay:
         self._pending: list[tuple[float, int, _Dma]] = []
         self._active: dict[tuple[str, int], list[_Dma]] = defaultdict(list)
         self._t_dma = 0.0
+        self._dma_terms: dict[str, tuple[str, bool, float, float, float]] = {}
 
     # -- the run -------------------------------------------------------------------------
     def run(self) -> None:
@@ -247,19 +248,17 @@ class Replay:
                 return
             if kind == "dma":
                 _, dma_id, name, res, nbytes, signals, args, kind = action
-                direction = kind.split()[-1]
-                block = kind.startswith("block")
+                terms = self._dma_terms.get(kind) or self._terms(kind)
+                direction, block, scale, least, latency = terms
                 work = float(nbytes)
                 if res[0] == "hbm":
-                    work *= (self.chip.hbm_byte_seconds(direction, self._cores_per_device)
-                             * self.bandwidth["hbm"])
+                    work *= scale
                     if not block:  # a kernel's own DMA: the engine's least time for one
-                        work = max(work, self.chip.dma_min_seconds * self.bandwidth["hbm"])
+                        work = max(work, least)
                 dma = _Dma(dma_id, name, core[0], res, nbytes, signals, t, args, work,
                            direction=direction, block=block)
                 self.dmas.append(dma)
                 self.resource_bytes[res] += nbytes
-                latency = self.chip.dma_latency(direction)
                 heapq.heappush(self._pending, (t + latency, len(self.dmas), dma))
             elif kind == "signal":
                 self._signal(action[1], action[2], t, "sem")
@@ -290,6 +289,20 @@ class Replay:
             elif kind == "end":
                 name, t0, args = self._open[core].pop()
                 self.spans.append(Span(track, name, "step", t0, t, args))
+
+    def _terms(self, kind: str) -> tuple[str, bool, float, float, float]:
+        """A DMA kind's (``"block in"``, ``"in"``...) direction, whether it is a block
+        copy, its HBM work per byte, a kernel DMA's least work and its latency (the
+        chip's, computed once per kind)."""
+        direction = kind.split()[-1]
+        block = kind.startswith("block")
+        bandwidth = self.bandwidth["hbm"]
+        terms = self._dma_terms[kind] = (
+            direction, block,
+            self.chip.hbm_byte_seconds(direction, self._cores_per_device) * bandwidth,
+            self.chip.dma_min_seconds * bandwidth,
+            self.chip.dma_latency(direction))  # (a block copy is a DMA like any)
+        return terms
 
     def _signal(self, key: Any, inc: int, t: float, source: str) -> None:
         self._count[key] += inc
@@ -361,7 +374,9 @@ class Replay:
                 self._active[res] = [d for d in active
                                      if d.remaining > 1e-6 * max(d.nbytes, 1)]
                 done.extend(finished)
-        for dma in sorted(done, key=lambda d: (d.start, d.id)):
+        if len(done) > 1:  # (most steps end one DMA)
+            done.sort(key=lambda d: (d.start, d.id))
+        for dma in done:
             dma.end = t
             for key, inc in dma.signals:
                 self._signal(key, inc, t, dma.resource[0])
