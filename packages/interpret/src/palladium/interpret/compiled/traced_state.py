@@ -217,10 +217,14 @@ class TracedState:
     def carry(self) -> tuple[Any, ...]:
         """What loops and conditionals carry: the buffers something writes (None in the
         place of the others), the flag, the DMA table's arrays and the masks."""
+        if self.dma is not None:
+            self.dma.flush(self)
         bufs = [b if self._carried(i) else None for i, b in enumerate(self.bufs)]
         return (bufs, self.flag, None if self.dma is None else self.dma.arrays(), self.masks)
 
     def restore(self, carry: tuple[Any, ...]) -> None:
+        if self.dma is not None and (self.dma.pending or self.dma.waits):
+            raise AssertionError("a traced state restored over DMAs pending")
         bufs, self.flag, dma, masks = carry
         self.bufs = [self.fixed[i] if b is None else b for i, b in enumerate(bufs)]
         if self.dma is not None:
@@ -253,6 +257,7 @@ class TracedState:
         not and ``reads`` its old contents: against the DMAs in flight and the mask of
         initialised elements."""
         if self.dma is not None and any(self.facts.conflicts(buf, write)):
+            self.dma.flush(self)
             lo, hi = flat_span(self.bufs[buf].shape, view)
             self.raise_flag(FLAG_CONFLICT, self.dma.overlaps(self.facts, buf, lo, hi, write))
         masks = self.masks
