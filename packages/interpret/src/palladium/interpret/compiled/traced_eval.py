@@ -33,7 +33,6 @@ from palladium.interpret.compiled.traced_state import (
     View,
     apply_indexers,
     read_view,
-    write_view,
 )
 from palladium.interpret.errors import UnsupportedFeatureError
 from palladium.interpret.eval import chip_arithmetic
@@ -184,7 +183,7 @@ def _update(ref: Any, transforms: Sequence[Any], st: TracedState,
     buf, view = _access(ref, transforms, st)
     st.check_access(buf, view, write=True, reads=reads)
     old = read_view(st.bufs[buf], view)
-    st.write(buf, write_view(st.bufs[buf], view, new(old)))
+    st.store(buf, view, new(old))
     return old
 
 
@@ -289,7 +288,7 @@ def _dma_start(eqn: Any, invals: list[Any], st: TracedState) -> list[Any]:
         raise UnsupportedFeatureError("a compiled launch runs no DMA that adds")
     (sbuf, sview), (dbuf, dview), sem, nbytes, table = _dma_parts(eqn, invals, st)
     table.start(st, (sbuf, sview), (dbuf, dview), sem, nbytes)
-    st.write(dbuf, write_view(st.bufs[dbuf], dview, read_view(st.bufs[sbuf], sview)))
+    st.store(dbuf, dview, read_view(st.bufs[sbuf], sview))
     return []
 
 
@@ -317,9 +316,50 @@ def _join(values: Sequence[Any], handles: list[int], traced: Sequence[Any]) -> l
     return [values[i] if i in handles else next(it) for i in range(len(values))]
 
 
+#: What a branch run unconditionally (``_predicated``) may not hold: control flow (it
+#: would carry the state) and scoped buffers.
+_NOT_PREDICATED = (jc.cond_p, jc.while_p, jc.scan_p, jc.run_scoped_p)
+
+
+def _predicable(branches: Sequence[Any], st: TracedState) -> bool:
+    """Whether a conditional is a ``pl.when``-like one to run unconditionally: two
+    branches, the first without equations, the second without control flow, in a state
+    with a DMA table and no access log or masks (whose updates it does not condition)."""
+    return (len(branches) == 2 and not branches[0].jaxpr.eqns and st.dma is not None
+            and st.log is None and st.masks is None and st.pred is None
+            and not any_equation(branches[1], lambda e: e.primitive in _NOT_PREDICATED))
+
+
+def _predicated(branches: Sequence[Any], index: Any, args: list[Any], st: TracedState
+                ) -> list[Any]:
+    """A ``pl.when``-like conditional run unconditionally, its stores, DMAs and flags
+    conditioned on the branch being taken: no ``lax.cond`` carrying the buffers it
+    writes (which XLA copies, in and out of the branches: paged attention's DMA
+    buffers, 4 copies of 64 KiB a grid step)."""
+    pred = jnp.clip(jnp.asarray(index, jnp.int32), 0, 1) == 1
+    assert st.dma is not None
+    st.dma.flush(st)
+    before = st.dma.arrays()
+    st.pred = pred
+    try:
+        taken = run_jaxpr(branches[1], [], args, st)
+        st.dma.flush(st)
+    finally:
+        st.pred = None
+    after = st.dma.arrays()
+    st.dma = st.dma.of(tuple(a if a is b else jnp.where(pred, a, b)
+                              for a, b in zip(after, before)))
+    skipped = run_jaxpr(branches[0], [], args, st)
+    if any(isinstance(o, Handle | SemHandle) for o in (*taken, *skipped)):
+        raise UnsupportedFeatureError("a conditional that returns a ref")
+    return [jnp.where(pred, a, b) for a, b in zip(taken, skipped)]
+
+
 @_rule(jc.cond_p)
 def _cond(eqn: Any, invals: list[Any], st: TracedState) -> list[Any]:
     index, *args = invals
+    if _predicable(eqn.params["branches"], st):
+        return _predicated(eqn.params["branches"], index, args, st)
     handles, traced = _split(args)
 
     def branch(jaxpr: Any) -> Callable[..., Any]:

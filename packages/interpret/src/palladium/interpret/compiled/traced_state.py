@@ -201,6 +201,9 @@ class TracedState:
                  old_read: Any = None, fixed: list[Any] | None = None) -> None:
         self.bufs, self.flag, self.facts, self.dma, self.grid = bufs, flag, facts, dma, grid
         self.log, self.masks, self.old_read = log, masks, old_read
+        # where set (a traced bool): the equations run unconditionally stand for a
+        # branch taken only where it holds; every store and flag is conditioned on it
+        self.pred: Any = None
         # the buffers nothing writes, as they were at the start (shared by every child)
         self.fixed = list(bufs) if fixed is None else fixed
 
@@ -213,6 +216,15 @@ class TracedState:
             raise AssertionError(f"buffer {buf} was not written in the first trace")
         self.facts.written_found.add(buf)
         self.bufs[buf] = value
+
+    def store(self, buf: int, view: View, value: Any) -> None:
+        """Store ``value`` into region ``view`` of buffer ``buf`` (where ``pred`` is set,
+        only where it holds: the region keeps its contents elsewhere)."""
+        array = self.bufs[buf]
+        if self.pred is not None:
+            value = jnp.where(self.pred, jnp.broadcast_to(jnp.asarray(value, array.dtype),
+                                                          view.shape), read_view(array, view))
+        self.write(buf, write_view(array, view, value))
 
     def carry(self) -> tuple[Any, ...]:
         """What loops and conditionals carry: the buffers something writes (None in the
@@ -233,6 +245,8 @@ class TracedState:
 
     def child(self, carry: tuple[Any, ...], log: bool = False) -> TracedState:
         """A state for a loop's body or a branch (``log``: with a log of its own)."""
+        if self.pred is not None:
+            raise AssertionError("a loop or conditional inside a branch run unconditionally")
         inner = TracedState(list(self.bufs), self.flag, self.facts, self.dma, self.grid,
                             [] if log and self.log is not None else None, None,
                             self.old_read, self.fixed)
@@ -243,6 +257,8 @@ class TracedState:
         """Set flag ``bit`` where ``cond`` holds (a static False: nothing to trace)."""
         if im.is_static(cond) and not cond:
             return
+        if self.pred is not None:
+            cond = jnp.logical_and(self.pred, im.traced_bool(cond))
         self.flag = lax.bitwise_or(self.flag, lax.select(
             im.traced_bool(cond), np.int32(bit), np.int32(0)))
 
