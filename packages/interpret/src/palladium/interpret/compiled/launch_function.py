@@ -122,9 +122,10 @@ def _revisited(blocks: Any, dims: list[int]) -> Any:
 def launch_function(kernel: PreparedKernel, grid: tuple[int, ...], points: list[tuple[int, ...]],
                     vmapped: tuple[int, ...], fill_mode: str,
                     facts: TraceFacts) -> Callable[..., Any]:
-    """``f(*scalars, *inputs) -> (outputs, flags)`` of one launch of ``kernel`` over
-    ``points`` (one core's grid order); ``facts``: what a first trace found (see
-    ``TraceFacts``)."""
+    """``f(budget, *scalars, *inputs) -> (outputs, flags, loops)`` of one launch of
+    ``kernel`` over ``points`` (one core's grid order): ``loops``, the iterations its
+    ``while`` loops ran, which stop past ``budget`` (raising ``FLAG_BUDGET``); ``facts``:
+    what a first trace found (see ``TraceFacts``)."""
     k = kernel
     n_idx, n_in = len(k.scalar_names), len(k.inputs)
     infos = [*k.inputs, *k.outputs]
@@ -138,7 +139,7 @@ def launch_function(kernel: PreparedKernel, grid: tuple[int, ...], points: list[
     def fill(shape: tuple[int, ...], dtype: Any) -> Any:
         return jnp.full(shape, uninitialized_value(np.dtype(dtype), fill_mode), dtype)
 
-    def f(*args: Any) -> Any:
+    def f(budget: Any, *args: Any) -> Any:
         scalars, inputs = args[:n_idx], args[n_idx:]
         bufs: list[Any] = [jnp.asarray(s) for s in scalars]
         operands: list[Any] = [Handle(i) for i in range(n_idx)]
@@ -177,8 +178,9 @@ def launch_function(kernel: PreparedKernel, grid: tuple[int, ...], points: list[
             else:
                 raise UnsupportedFeatureError(f"scratch '{s.name}' in {space}")
         st = TracedState(bufs, jnp.int32(0), facts, DmaTable.empty(n_sems))
+        st.loops, st.budget = jnp.int32(0), budget
         if not points:
-            return _outputs(st, hbm), st.flag
+            return _outputs(st, hbm), st.flag, st.loops
         for info in k.outputs:
             nb = math.prod(_blocks_per_dim(info))
             if nb > _MAX_BLOCKS:
@@ -283,7 +285,7 @@ def launch_function(kernel: PreparedKernel, grid: tuple[int, ...], points: list[
         st.restore(carry)
         assert st.dma is not None
         st.dma.finish(st)
-        return _outputs(st, hbm), st.flag
+        return _outputs(st, hbm), st.flag, st.loops
 
     def _outputs(st: TracedState, hbm: list[int]) -> list[Any]:
         """The outputs' arrays (``hbm``: each operand's HBM buffer, inputs first)."""

@@ -26,6 +26,7 @@ from palladium.interpret import _jax_compat as jc
 from palladium.interpret.compiled import index_math as im
 from palladium.interpret.compiled.traced_state import (
     FLAG_BOUNDS,
+    FLAG_BUDGET,
     FLAG_LOOP,
     Handle,
     SemHandle,
@@ -398,12 +399,16 @@ def _while(eqn: Any, invals: list[Any], st: TracedState) -> list[Any]:
         return run_jaxpr(p["cond_jaxpr"], [], [*cconsts, *values], state)[0]
 
     def keep_going(c: Any) -> Any:
-        n, going, _, _ = c
-        return going & (n < WHILE_LIMIT)
+        n, going, carry, _ = c
+        more = going & (n < WHILE_LIMIT)
+        loops = carry[-1]  # (``TracedState.carry``'s last: iterations so far, or None)
+        return more if loops is None else more & (loops <= st.budget)
 
     def body(c: Any) -> Any:
         n, _, carry, values = c
         inner = st.child(carry)
+        if inner.loops is not None:
+            inner.loops = inner.loops + 1
         values = run_jaxpr(p["body_jaxpr"], [], [*bconsts, *values], inner)
         going = test(inner, values)  # (its reads' flags go into inner's)
         return n + 1, going, inner.carry(), values
@@ -412,6 +417,8 @@ def _while(eqn: Any, invals: list[Any], st: TracedState) -> list[Any]:
     _, going, carry, values = lax.while_loop(
         keep_going, body, (jnp.int32(0), jnp.asarray(going, jnp.bool_), st.carry(), list(init)))
     st.restore(carry)
+    if st.loops is not None:  # (stopped by the budget: the flags say nothing more)
+        st.raise_flag(FLAG_BUDGET, st.loops > st.budget)
     st.raise_flag(FLAG_LOOP, going)  # stopped by the limit
     return list(values)
 

@@ -46,6 +46,10 @@ __all__ = ["FLAGS", "GridContext", "Handle", "SemHandle", "TraceFacts", "TracedS
 FLAG_BOUNDS, FLAG_CONFLICT, FLAG_DEADLOCK, FLAG_SLOTS = 1, 2, 4, 8
 FLAG_LOOP, FLAG_LEAK, FLAG_REVISIT, FLAG_BLOCK = 16, 32, 64, 128
 FLAG_PREFETCH, FLAG_UNINIT = 256, 512
+#: Not a difference from the simulator: an inline run's ``while`` loops went past the
+#: iterations it was given (``TracedState.budget``); the launch runs again, compiled, on
+#: the worker thread with no such bound (``compiled_launch.py``).
+FLAG_BUDGET = 1024
 #: What each flag means (the launch's note when it runs simulated).
 FLAGS = {FLAG_BOUNDS: "an access out of bounds", FLAG_CONFLICT: "an access to a DMA in flight",
          FLAG_DEADLOCK: "a wait no DMA satisfies", FLAG_SLOTS: "too many DMAs in flight",
@@ -204,6 +208,10 @@ class TracedState:
         # where set (a traced bool): the equations run unconditionally stand for a
         # branch taken only where it holds; every store and flag is conditioned on it
         self.pred: Any = None
+        # a compiled launch's: the ``while`` iterations run so far (carried) and how many
+        # it may run (a traced int32 operand of the executable); None: not counted
+        self.loops: Any = None
+        self.budget: Any = None
         # the buffers nothing writes, as they were at the start (shared by every child)
         self.fixed = list(bufs) if fixed is None else fixed
 
@@ -232,12 +240,13 @@ class TracedState:
         if self.dma is not None:
             self.dma.flush(self)
         bufs = [b if self._carried(i) else None for i, b in enumerate(self.bufs)]
-        return (bufs, self.flag, None if self.dma is None else self.dma.arrays(), self.masks)
+        return (bufs, self.flag, None if self.dma is None else self.dma.arrays(), self.masks,
+                self.loops)
 
     def restore(self, carry: tuple[Any, ...]) -> None:
         if self.dma is not None and (self.dma.pending or self.dma.waits):
             raise AssertionError("a traced state restored over DMAs pending")
-        bufs, self.flag, dma, masks = carry
+        bufs, self.flag, dma, masks, self.loops = carry
         self.bufs = [self.fixed[i] if b is None else b for i, b in enumerate(bufs)]
         if self.dma is not None:
             self.dma = self.dma.of(dma)
@@ -250,6 +259,7 @@ class TracedState:
         inner = TracedState(list(self.bufs), self.flag, self.facts, self.dma, self.grid,
                             [] if log and self.log is not None else None, None,
                             self.old_read, self.fixed)
+        inner.budget = self.budget
         inner.restore(carry)
         return inner
 
