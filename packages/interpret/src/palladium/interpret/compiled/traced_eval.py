@@ -317,8 +317,7 @@ def _join(values: Sequence[Any], handles: list[int], traced: Sequence[Any]) -> l
     return [values[i] if i in handles else next(it) for i in range(len(values))]
 
 
-#: What a branch run unconditionally (``_predicated``) may not hold: control flow (it
-#: would carry the state) and scoped buffers.
+#: What a branch run unconditionally (``_predicated``) may not hold (control flow carries the state).
 _NOT_PREDICATED = (jc.cond_p, jc.while_p, jc.scan_p, jc.run_scoped_p)
 
 
@@ -334,22 +333,21 @@ def _predicable(branches: Sequence[Any], st: TracedState) -> bool:
 def _predicated(branches: Sequence[Any], index: Any, args: list[Any], st: TracedState
                 ) -> list[Any]:
     """A ``pl.when``-like conditional run unconditionally, its stores, DMAs and flags
-    conditioned on the branch being taken: no ``lax.cond`` carrying the buffers it
-    writes (which XLA copies, in and out of the branches: paged attention's DMA
-    buffers, 4 copies of 64 KiB a grid step)."""
-    pred = jnp.clip(jnp.asarray(index, jnp.int32), 0, 1) == 1
-    assert st.dma is not None
-    st.dma.flush(st)
-    before = st.dma.arrays()
+    conditioned on the branch: no ``lax.cond`` carrying the buffers it writes (XLA copies
+    them in and out: paged attention's DMA buffers, 4 copies of 64 KiB a grid step)."""
+    pred, table = jnp.clip(jnp.asarray(index, jnp.int32), 0, 1) == 1, st.dma
+    assert table is not None  # (``_predicable``; no branch or loop inside replaces it)
+    table.flush(st)
+    before = table.arrays()
     st.pred = pred
     try:
         taken = run_jaxpr(branches[1], [], args, st)
-        st.dma.flush(st)
+        table.flush(st)
     finally:
         st.pred = None
-    after = st.dma.arrays()
-    st.dma = st.dma.of(tuple(a if a is b else jnp.where(pred, a, b)
-                              for a, b in zip(after, before)))
+    sems, rows, started = (a if a is b else jnp.where(pred, a, b)
+                           for a, b in zip(table.arrays(), before))
+    st.dma = table.of((sems, rows, started))
     skipped = run_jaxpr(branches[0], [], args, st)
     if any(isinstance(o, Handle | SemHandle) for o in (*taken, *skipped)):
         raise UnsupportedFeatureError("a conditional that returns a ref")
