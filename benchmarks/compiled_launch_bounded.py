@@ -1,6 +1,7 @@
 """Steady calls of compiled launches: run inline on the launch's thread (as before issue
 42, item 4) against ``bounded_call``'s default (a worker thread with owned operands for
-kernels with ``while`` loops, inline for short fixed-length ones), in one process each.
+launches whose last run was long, inline for short ones, their ``while`` loops on a
+budget of iterations since 2026-12-06), in one process each.
 
     python benchmarks/compiled_launch_bounded.py inline
     python benchmarks/compiled_launch_bounded.py bounded
@@ -10,6 +11,7 @@ attention and the RG-LRU scan (``kernel_cases``). Measured 2026-12-05 on the sha
 2-core development machine, 2 processes per mode alternated: paged attention (while
 loops: threaded) inline 1.61-2.12 ms, bounded 1.66-2.13 ms median; RG-LRU (inline after
 its first compiled run) 0.84 / 0.82-0.89 ms: within the machine's noise (+-25%).
+(Paged attention runs inline too since its loops have a budget: bounded_call's docstring.)
 """
 
 import statistics

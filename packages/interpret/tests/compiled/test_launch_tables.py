@@ -125,3 +125,27 @@ def test_a_kernel_writing_its_scalar_operands_stays_simulated(monkeypatch):
     for _ in range(4):
         np.testing.assert_array_equal(np.asarray(call(sel, x.reshape(G * R, C))), want)
     assert compiled_launch.STATS["compiled"] == before
+
+
+def test_blocks_copied_at_every_step_are_known_before_the_loop():
+    """``_always_copied``: per operand, whether its block index changes at every step
+    (copied in, then back, with no conditional); not known (False) where an index map
+    reads a scalar operand."""
+    import types
+
+    from palladium.interpret.compiled.launch_function import _always_copied
+
+    def info(fn, n_scalars=0):
+        jaxpr = jax.make_jaxpr(fn)(0, *[np.zeros(1, np.int32)] * n_scalars)
+        return types.SimpleNamespace(index_map=jaxpr, dims=[0, 0])
+
+    rows, cols = info(lambda i: (i, 0)), info(lambda i: (0, i // 2))
+    table = np.arange(6, dtype=np.int32)[:, None]
+
+    def block_indices(point):
+        i = point[0]
+        return jnp.stack([i, 0, 0, i // 2]), jnp.int32(0)
+
+    assert _always_copied(block_indices, table, [rows, cols], 1) == [True, False, True, False]
+    reads = info(lambda i, s: (s[0], i), 1)
+    assert _always_copied(block_indices, table, [rows, reads], 1) == [False] * 4

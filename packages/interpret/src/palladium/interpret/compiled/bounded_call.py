@@ -13,13 +13,15 @@ while the launch's thread waits for it in slices of ``_SLICE`` seconds, and
 - on Ctrl-C (``interrupt_all``, called by the jax hook's interrupt handler) raises the
   ``LaunchInterrupted`` it is given, as a simulated launch's cores do.
 
-A launch whose duration cannot change from call to call (no ``while`` loop: its work
-is fixed by the grid and the shapes) and whose previous run took under
-``INLINE_SECONDS`` runs inline on the launch's thread: a watchdog or Ctrl-C then waits
-at most about that long. Measured on steady calls (``benchmarks/compiled_launch_bounded.py``,
-a shared 2-core machine): paged attention (threaded, its operands copied) 1.66-2.13 ms
-median against 1.61-2.12 ms inline; the RG-LRU scan (inline) 0.82-0.89 against 0.84 ms:
-within the machine's noise.
+A launch whose previous run took under ``INLINE_SECONDS`` runs inline on the launch's
+thread: a watchdog or Ctrl-C then waits at most about that long, as its ``while``
+loops, which other data could make run longer, are given a budget of iterations
+(``compiled_launch._inline_budget``: twice its last run's and ``INLINE_LOOPS`` more); a
+run that spends it runs again here, on the worker thread (the same results). Before the
+budget, kernels with ``while`` loops always ran threaded, their operands copied: paged
+attention's steady call 0.71-0.93 ms against 0.44-0.50 ms inline (2026-12-06, a shared
+2-core machine; ``benchmarks/compiled_launch_bounded.py`` measured 1.66-2.13 against
+1.61-2.12 ms before its executable was made ~2x faster).
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from palladium.interpret.state.process_state import STATE
 
 __all__ = ["INLINE_SECONDS", "bounded_call", "interrupt_all"]
 
-#: A launch of fixed duration that ran for less than this runs inline next time.
+#: A launch that ran for less than this runs inline next time (its loops on a budget).
 INLINE_SECONDS = 0.05
 _SLICE = 0.05  # seconds between two looks at the watchdog and Ctrl-C
 

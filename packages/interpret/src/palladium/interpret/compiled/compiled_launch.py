@@ -49,14 +49,12 @@ from typing import Any
 import jax
 import numpy as np
 
-from palladium.interpret import _jax_compat as jc
 from palladium.interpret.compiled.bounded_call import INLINE_SECONDS, bounded_call
 from palladium.interpret.compiled.launch_function import launch_function
 from palladium.interpret.compiled.launch_key import launch_key
 from palladium.interpret.compiled.traced_eval import compile_traced
-from palladium.interpret.compiled.traced_state import FLAGS, TraceFacts
+from palladium.interpret.compiled.traced_state import FLAG_BUDGET, FLAGS, TraceFacts
 from palladium.interpret.eval.chip_arithmetic import NEGATIVE_ZERO
-from palladium.interpret.eval.jaxprs import any_equation
 from palladium.interpret.eval.segments import work
 from palladium.interpret.kernel.prepared_kernel import PreparedKernel
 from palladium.interpret.params import InterpretParams
@@ -66,8 +64,8 @@ from palladium.interpret.run.launch import launch_grid
 from palladium.interpret.state.process_state import STATE
 from palladium.interpret.state.segment_cache import BackgroundCompile
 
-__all__ = ["MAX_GRIDS", "MAX_KEPT", "MAX_POINTS", "MIN_EQUATIONS_PER_LAUNCH", "STATS", "compiled_launch",
-           "worth_compiling"]
+__all__ = ["INLINE_LOOPS", "MAX_GRIDS", "MAX_KEPT", "MAX_POINTS", "MIN_EQUATIONS_PER_LAUNCH",
+           "PAST_BUDGET", "STATS", "compiled_launch", "worth_compiling"]
 
 #: The least equations a launch evaluates (body work times grid points) for its kernel to
 #: be compiled whole: below it the simulated launch costs about what a compiled one does.
@@ -84,6 +82,8 @@ MAX_KEPT = 4
 MAX_GRIDS = 8
 #: Launches of the process that ran compiled ("compiled") and that ran simulated after
 #: their flags were raised (by the flag's text, ``traced_state.FLAGS``).
+#: ``STATS``' count of inline runs whose loops spent their budget (run again threaded).
+PAST_BUDGET = "inline runs past their loop budget"
 STATS: collections.Counter[str] = STATE.keep(
     "compiled_launch_stats", collections.Counter(), owner=__name__,
     holds="launches that ran compiled, and simulated by the flag that stopped them")
@@ -127,15 +127,23 @@ def compiled_launch(kernel: PreparedKernel, params: InterpretParams,
                       "too many grid points, or something its tracing does not model)")
     # the scalar prefetch operands, then the inputs; under the watchdog, the progress
     # reports and Ctrl-C (``bounded_call``): on a worker thread, with operands of its own,
-    # unless the launch's duration is fixed and its last run was short
+    # unless its last run was short: then inline, its ``while`` loops given a budget of
+    # iterations (``_inline_budget``) that bounds how much longer it may run; a run that
+    # spends it runs again on the worker thread, with no budget (the same results)
     last = _LAST_RUN.get(exe)
-    inline = last is not None and last[0] < INLINE_SECONDS and not last[1]
+    inline = last is not None and last[0] < INLINE_SECONDS
     operands = [_aligned(a) if inline else _owned(a) for a in args[n_dyn:]]
+    budget = _inline_budget(last[1]) if last is not None and inline else _NO_BUDGET
     start = time.perf_counter()
-    outs, flag = bounded_call(lambda: _run(exe, operands), kernel_name=kernel.name,
-                              params=params, inline=inline)
-    _LAST_RUN[exe] = (time.perf_counter() - start,
-                      _may_loop(kernel) if last is None else last[1])
+    outs, flag, loops = bounded_call(lambda: _run(exe, operands, budget),
+                                     kernel_name=kernel.name, params=params, inline=inline)
+    if int(flag) & FLAG_BUDGET:
+        STATS[PAST_BUDGET] += 1
+        operands = [_owned(a) for a in args[n_dyn:]]
+        start = time.perf_counter()
+        outs, flag, loops = bounded_call(lambda: _run(exe, operands, _NO_BUDGET),
+                                         kernel_name=kernel.name, params=params, inline=False)
+    _LAST_RUN[exe] = (time.perf_counter() - start, int(loops))
     flag = int(flag)
     if flag:
         raised = [text for bit, text in FLAGS.items() if flag & bit]
@@ -186,21 +194,30 @@ def _new_grid_refused(seen: set[Any], key: Any) -> bool:
     return False
 
 
-def _run(exe: Any, operands: list[np.ndarray]) -> tuple[list[np.ndarray], Any]:
-    outs, flag = exe(NEGATIVE_ZERO, *operands)
-    return [np.asarray(o) for o in outs], np.asarray(flag)
+def _run(exe: Any, operands: list[np.ndarray], budget: np.int32
+         ) -> tuple[list[np.ndarray], Any, Any]:
+    outs, flag, loops = exe(NEGATIVE_ZERO, budget, *operands)
+    return [np.asarray(o) for o in outs], np.asarray(flag), np.asarray(loops)
 
 
-#: Per executable: the seconds its last run took and whether its kernel has a ``while``
-#: loop (``bounded_call``'s choice of running inline).
-_LAST_RUN: weakref.WeakKeyDictionary[Any, tuple[float, bool]] = STATE.keep(
+#: The loop budget of a run not inline: none (each loop is still bounded by
+#: ``traced_eval.WHILE_LIMIT``).
+_NO_BUDGET = np.int32(np.iinfo(np.int32).max)
+#: ``while`` iterations an inline run (or the warm-up) may run beyond twice its last run's.
+INLINE_LOOPS = 1 << 12
+
+
+def _inline_budget(last_loops: int) -> np.int32:
+    """The ``while`` iterations an inline run may run: twice its last run's and
+    ``INLINE_LOOPS`` more (so it runs about as long as its last run, which was short)."""
+    return np.int32(min(2 * last_loops + INLINE_LOOPS, int(_NO_BUDGET)))
+
+
+#: Per executable: the seconds its last run took and the ``while`` iterations it ran
+#: (``bounded_call``'s choice of running inline, and the inline run's budget).
+_LAST_RUN: weakref.WeakKeyDictionary[Any, tuple[float, int]] = STATE.keep(
     "compiled_launch_last_run", weakref.WeakKeyDictionary(), owner=__name__,
-    holds="an executable's last run (seconds, ...), kept weakly by the executable")
-
-
-def _may_loop(kernel: PreparedKernel) -> bool:
-    """Whether a launch of ``kernel`` may run longer on other data: a ``while`` loop."""
-    return any_equation(kernel.jaxpr, lambda e: e.primitive is jc.while_p)
+    holds="an executable's last run (seconds, loop iterations), kept weakly by the executable")
 
 
 #: XLA's CPU client reads an operand in place (no copy) when it is aligned to this many
@@ -237,9 +254,11 @@ def _compile_job(kernel: PreparedKernel, grid: tuple[int, ...], points: list[tup
         # First trace: which buffers DMAs reach (only their accesses need checking) and
         # which anything writes (only those are carried through loops).
         found = TraceFacts()
-        jax.eval_shape(launch_function(kernel, grid, points, vmapped, fill, found), *specs)
+        budget = jax.ShapeDtypeStruct((), np.int32)
+        jax.eval_shape(launch_function(kernel, grid, points, vmapped, fill, found), budget,
+                       *specs)
         fn = launch_function(kernel, grid, points, vmapped, fill, found.second())
-        return compile_traced(fn, specs)
+        return compile_traced(fn, [budget, *specs])
 
     def built() -> Any:
         try:
@@ -252,7 +271,7 @@ def _compile_job(kernel: PreparedKernel, grid: tuple[int, ...], points: list[tup
         # whose description the key cannot write down is traced and compiled each time)
         key = launch_key(kernel, grid, points, vmapped, fill, specs)
         exe = built() if key is None else STATE.segments.get(key, built)
-        if exe is not None and not _may_loop(kernel):
+        if exe is not None:
             _warm_up(exe, specs)
         return exe
 
@@ -264,12 +283,13 @@ def _warm_up(exe: Any, specs: list[Any]) -> None:
     background, during the launch before the first compiled one): an executable's first
     run costs several of its later ones (gmm 9 against 1-2 ms, paged attention 8 against
     1 ms: XLA readies its code and buffers), which the first compiled launch then does
-    not pay. Only for a kernel of fixed duration (no ``while`` loop: zeros cannot make it
-    run long), whose run also tells ``bounded_call`` that it is short."""
+    not pay. Its ``while`` loops run at most ``INLINE_LOOPS`` iterations (zeros cannot
+    make it run long); a run within them also tells ``bounded_call`` that it is short."""
     operands = [np.zeros(s.shape, s.dtype) for s in specs]
     start = time.perf_counter()
     try:
-        _run(exe, operands)
+        _, flag, loops = _run(exe, operands, np.int32(INLINE_LOOPS))
     except Exception:  # noqa: BLE001 - only a warm-up: the launch runs it and sees
         return
-    _LAST_RUN.setdefault(exe, (time.perf_counter() - start, False))
+    if not int(flag) & FLAG_BUDGET:
+        _LAST_RUN.setdefault(exe, (time.perf_counter() - start, int(loops)))

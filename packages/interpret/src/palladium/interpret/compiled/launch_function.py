@@ -119,12 +119,36 @@ def _revisited(blocks: Any, dims: list[int]) -> Any:
     return jnp.any(runs > 1)
 
 
+def _always_copied(block_indices: Callable[[Any], Any], table: np.ndarray,
+                   infos: list[BlockSpecInfo], n_grid: int) -> list[bool]:
+    """Per operand, whether its block is copied in at every step (its block index changes
+    at every step), then per operand whether it is copied back at every step: known
+    before the loop where no index map reads a scalar operand (the indices are then
+    constants, computed here once more, eagerly). Such a copy runs without a conditional
+    (the RG-LRU scan's 4 inputs and its output: ~8% of its executable)."""
+    never = [False] * (2 * len(infos))
+    if len(table) < 2 or any(_scalars_read(info.index_map, n_grid) for info in infos):
+        return never
+    try:
+        with jax.ensure_compile_time_eval():
+            idx = np.asarray(jax.vmap(block_indices)(jnp.asarray(table))[0])
+    except Exception:  # noqa: BLE001 - traced after all (a float product, ...): not known
+        return never
+    at, changes = 0, []
+    for info in infos:
+        n = len(info.dims)
+        changes.append(bool(np.all(np.any(idx[1:, at:at + n] != idx[:-1, at:at + n], axis=1))))
+        at += n
+    return changes + changes  # (in: the first step always copies; out: the last)
+
+
 def launch_function(kernel: PreparedKernel, grid: tuple[int, ...], points: list[tuple[int, ...]],
                     vmapped: tuple[int, ...], fill_mode: str,
                     facts: TraceFacts) -> Callable[..., Any]:
-    """``f(*scalars, *inputs) -> (outputs, flags)`` of one launch of ``kernel`` over
-    ``points`` (one core's grid order); ``facts``: what a first trace found (see
-    ``TraceFacts``)."""
+    """``f(budget, *scalars, *inputs) -> (outputs, flags, loops)`` of one launch of
+    ``kernel`` over ``points`` (one core's grid order): ``loops``, the iterations its
+    ``while`` loops ran, which stop past ``budget`` (raising ``FLAG_BUDGET``); ``facts``:
+    what a first trace found (see ``TraceFacts``)."""
     k = kernel
     n_idx, n_in = len(k.scalar_names), len(k.inputs)
     infos = [*k.inputs, *k.outputs]
@@ -138,7 +162,7 @@ def launch_function(kernel: PreparedKernel, grid: tuple[int, ...], points: list[
     def fill(shape: tuple[int, ...], dtype: Any) -> Any:
         return jnp.full(shape, uninitialized_value(np.dtype(dtype), fill_mode), dtype)
 
-    def f(*args: Any) -> Any:
+    def f(budget: Any, *args: Any) -> Any:
         scalars, inputs = args[:n_idx], args[n_idx:]
         bufs: list[Any] = [jnp.asarray(s) for s in scalars]
         operands: list[Any] = [Handle(i) for i in range(n_idx)]
@@ -177,8 +201,9 @@ def launch_function(kernel: PreparedKernel, grid: tuple[int, ...], points: list[
             else:
                 raise UnsupportedFeatureError(f"scratch '{s.name}' in {space}")
         st = TracedState(bufs, jnp.int32(0), facts, DmaTable.empty(n_sems))
+        st.loops, st.budget = jnp.int32(0), budget
         if not points:
-            return _outputs(st, hbm), st.flag
+            return _outputs(st, hbm), st.flag, st.loops
         for info in k.outputs:
             nb = math.prod(_blocks_per_dim(info))
             if nb > _MAX_BLOCKS:
@@ -216,6 +241,7 @@ def launch_function(kernel: PreparedKernel, grid: tuple[int, ...], points: list[
             raise UnsupportedFeatureError("an index map reading a scalar operand the kernel writes")
         points_table = jnp.asarray(table)
         idx, flags = jax.vmap(block_indices)(points_table)
+        always = _always_copied(block_indices, table, infos, len(grid))
         st.flag = st.flag | lax.reduce(flags, jnp.int32(0), lax.bitwise_or, (0,))
         cols, at = [], 0
         for info in infos:
@@ -264,7 +290,10 @@ def launch_function(kernel: PreparedKernel, grid: tuple[int, ...], points: list[
                 st.write(dst, write_view(st.bufs[dst], dview, read_view(st.bufs[src], sview)))
                 return st.carry()
 
-            outer.restore(lax.cond(when, run, lambda c: c, outer.carry()))
+            if always[j if into_kernel else len(infos) + j]:  # (no conditional to carry
+                outer.restore(run(outer.carry()))  # the state in and out: see ``_always_copied``)
+            else:
+                outer.restore(lax.cond(when, run, lambda c: c, outer.carry()))
 
         def step(s: Any, carry: Any) -> Any:
             st_ = st.child(carry)
@@ -283,7 +312,7 @@ def launch_function(kernel: PreparedKernel, grid: tuple[int, ...], points: list[
         st.restore(carry)
         assert st.dma is not None
         st.dma.finish(st)
-        return _outputs(st, hbm), st.flag
+        return _outputs(st, hbm), st.flag, st.loops
 
     def _outputs(st: TracedState, hbm: list[int]) -> list[Any]:
         """The outputs' arrays (``hbm``: each operand's HBM buffer, inputs first)."""

@@ -26,6 +26,7 @@ from palladium.interpret import _jax_compat as jc
 from palladium.interpret.compiled import index_math as im
 from palladium.interpret.compiled.traced_state import (
     FLAG_BOUNDS,
+    FLAG_BUDGET,
     FLAG_LOOP,
     Handle,
     SemHandle,
@@ -33,7 +34,6 @@ from palladium.interpret.compiled.traced_state import (
     View,
     apply_indexers,
     read_view,
-    write_view,
 )
 from palladium.interpret.errors import UnsupportedFeatureError
 from palladium.interpret.eval import chip_arithmetic
@@ -184,7 +184,7 @@ def _update(ref: Any, transforms: Sequence[Any], st: TracedState,
     buf, view = _access(ref, transforms, st)
     st.check_access(buf, view, write=True, reads=reads)
     old = read_view(st.bufs[buf], view)
-    st.write(buf, write_view(st.bufs[buf], view, new(old)))
+    st.store(buf, view, new(old))
     return old
 
 
@@ -289,7 +289,7 @@ def _dma_start(eqn: Any, invals: list[Any], st: TracedState) -> list[Any]:
         raise UnsupportedFeatureError("a compiled launch runs no DMA that adds")
     (sbuf, sview), (dbuf, dview), sem, nbytes, table = _dma_parts(eqn, invals, st)
     table.start(st, (sbuf, sview), (dbuf, dview), sem, nbytes)
-    st.write(dbuf, write_view(st.bufs[dbuf], dview, read_view(st.bufs[sbuf], sview)))
+    st.store(dbuf, dview, read_view(st.bufs[sbuf], sview))
     return []
 
 
@@ -317,9 +317,48 @@ def _join(values: Sequence[Any], handles: list[int], traced: Sequence[Any]) -> l
     return [values[i] if i in handles else next(it) for i in range(len(values))]
 
 
+#: What a branch run unconditionally (``_predicated``) may not hold (control flow carries the state).
+_NOT_PREDICATED = (jc.cond_p, jc.while_p, jc.scan_p, jc.run_scoped_p)
+
+
+def _predicable(branches: Sequence[Any], st: TracedState) -> bool:
+    """Whether a conditional is a ``pl.when``-like one to run unconditionally: two
+    branches, the first without equations, the second without control flow, in a state
+    with a DMA table and no access log or masks (whose updates it does not condition)."""
+    return (len(branches) == 2 and not branches[0].jaxpr.eqns and st.dma is not None
+            and st.log is None and st.masks is None and st.pred is None
+            and not any_equation(branches[1], lambda e: e.primitive in _NOT_PREDICATED))
+
+
+def _predicated(branches: Sequence[Any], index: Any, args: list[Any], st: TracedState
+                ) -> list[Any]:
+    """A ``pl.when``-like conditional run unconditionally, its stores, DMAs and flags
+    conditioned on the branch: no ``lax.cond`` carrying the buffers it writes (XLA copies
+    them in and out: paged attention's DMA buffers, 4 copies of 64 KiB a grid step)."""
+    pred, table = jnp.clip(jnp.asarray(index, jnp.int32), 0, 1) == 1, st.dma
+    assert table is not None  # (``_predicable``; no branch or loop inside replaces it)
+    table.flush(st)
+    before = table.arrays()
+    st.pred = pred
+    try:
+        taken = run_jaxpr(branches[1], [], args, st)
+        table.flush(st)
+    finally:
+        st.pred = None
+    sems, rows, started = (a if a is b else jnp.where(pred, a, b)
+                           for a, b in zip(table.arrays(), before))
+    st.dma = table.of((sems, rows, started))
+    skipped = run_jaxpr(branches[0], [], args, st)
+    if any(isinstance(o, Handle | SemHandle) for o in (*taken, *skipped)):
+        raise UnsupportedFeatureError("a conditional that returns a ref")
+    return [jnp.where(pred, a, b) for a, b in zip(taken, skipped)]
+
+
 @_rule(jc.cond_p)
 def _cond(eqn: Any, invals: list[Any], st: TracedState) -> list[Any]:
     index, *args = invals
+    if _predicable(eqn.params["branches"], st):
+        return _predicated(eqn.params["branches"], index, args, st)
     handles, traced = _split(args)
 
     def branch(jaxpr: Any) -> Callable[..., Any]:
@@ -358,12 +397,16 @@ def _while(eqn: Any, invals: list[Any], st: TracedState) -> list[Any]:
         return run_jaxpr(p["cond_jaxpr"], [], [*cconsts, *values], state)[0]
 
     def keep_going(c: Any) -> Any:
-        n, going, _, _ = c
-        return going & (n < WHILE_LIMIT)
+        n, going, carry, _ = c
+        more = going & (n < WHILE_LIMIT)
+        loops = carry[-1]  # (``TracedState.carry``'s last: iterations so far, or None)
+        return more if loops is None else more & (loops <= st.budget)
 
     def body(c: Any) -> Any:
         n, _, carry, values = c
         inner = st.child(carry)
+        if inner.loops is not None:
+            inner.loops = inner.loops + 1
         values = run_jaxpr(p["body_jaxpr"], [], [*bconsts, *values], inner)
         going = test(inner, values)  # (its reads' flags go into inner's)
         return n + 1, going, inner.carry(), values
@@ -372,6 +415,8 @@ def _while(eqn: Any, invals: list[Any], st: TracedState) -> list[Any]:
     _, going, carry, values = lax.while_loop(
         keep_going, body, (jnp.int32(0), jnp.asarray(going, jnp.bool_), st.carry(), list(init)))
     st.restore(carry)
+    if st.loops is not None:  # (stopped by the budget: the flags say nothing more)
+        st.raise_flag(FLAG_BUDGET, st.loops > st.budget)
     st.raise_flag(FLAG_LOOP, going)  # stopped by the limit
     return list(values)
 

@@ -46,6 +46,10 @@ __all__ = ["FLAGS", "GridContext", "Handle", "SemHandle", "TraceFacts", "TracedS
 FLAG_BOUNDS, FLAG_CONFLICT, FLAG_DEADLOCK, FLAG_SLOTS = 1, 2, 4, 8
 FLAG_LOOP, FLAG_LEAK, FLAG_REVISIT, FLAG_BLOCK = 16, 32, 64, 128
 FLAG_PREFETCH, FLAG_UNINIT = 256, 512
+#: Not a difference from the simulator: an inline run's ``while`` loops went past the
+#: iterations it was given (``TracedState.budget``); the launch runs again, compiled, on
+#: the worker thread with no such bound (``compiled_launch.py``).
+FLAG_BUDGET = 1024
 #: What each flag means (the launch's note when it runs simulated).
 FLAGS = {FLAG_BOUNDS: "an access out of bounds", FLAG_CONFLICT: "an access to a DMA in flight",
          FLAG_DEADLOCK: "a wait no DMA satisfies", FLAG_SLOTS: "too many DMAs in flight",
@@ -201,6 +205,13 @@ class TracedState:
                  old_read: Any = None, fixed: list[Any] | None = None) -> None:
         self.bufs, self.flag, self.facts, self.dma, self.grid = bufs, flag, facts, dma, grid
         self.log, self.masks, self.old_read = log, masks, old_read
+        # where set (a traced bool): the equations run unconditionally stand for a
+        # branch taken only where it holds; every store and flag is conditioned on it
+        self.pred: Any = None
+        # a compiled launch's: the ``while`` iterations run so far (carried) and how many
+        # it may run (a traced int32 operand of the executable); None: not counted
+        self.loops: Any = None
+        self.budget: Any = None
         # the buffers nothing writes, as they were at the start (shared by every child)
         self.fixed = list(bufs) if fixed is None else fixed
 
@@ -214,14 +225,28 @@ class TracedState:
         self.facts.written_found.add(buf)
         self.bufs[buf] = value
 
+    def store(self, buf: int, view: View, value: Any) -> None:
+        """Store ``value`` into region ``view`` of buffer ``buf`` (where ``pred`` is set,
+        only where it holds: the region keeps its contents elsewhere)."""
+        array = self.bufs[buf]
+        if self.pred is not None:
+            value = jnp.where(self.pred, jnp.broadcast_to(jnp.asarray(value, array.dtype),
+                                                          view.shape), read_view(array, view))
+        self.write(buf, write_view(array, view, value))
+
     def carry(self) -> tuple[Any, ...]:
         """What loops and conditionals carry: the buffers something writes (None in the
         place of the others), the flag, the DMA table's arrays and the masks."""
+        if self.dma is not None:
+            self.dma.flush(self)
         bufs = [b if self._carried(i) else None for i, b in enumerate(self.bufs)]
-        return (bufs, self.flag, None if self.dma is None else self.dma.arrays(), self.masks)
+        return (bufs, self.flag, None if self.dma is None else self.dma.arrays(), self.masks,
+                self.loops)
 
     def restore(self, carry: tuple[Any, ...]) -> None:
-        bufs, self.flag, dma, masks = carry
+        if self.dma is not None and (self.dma.pending or self.dma.waits):
+            raise AssertionError("a traced state restored over DMAs pending")
+        bufs, self.flag, dma, masks, self.loops = carry
         self.bufs = [self.fixed[i] if b is None else b for i, b in enumerate(bufs)]
         if self.dma is not None:
             self.dma = self.dma.of(dma)
@@ -229,9 +254,12 @@ class TracedState:
 
     def child(self, carry: tuple[Any, ...], log: bool = False) -> TracedState:
         """A state for a loop's body or a branch (``log``: with a log of its own)."""
+        if self.pred is not None:
+            raise AssertionError("a loop or conditional inside a branch run unconditionally")
         inner = TracedState(list(self.bufs), self.flag, self.facts, self.dma, self.grid,
                             [] if log and self.log is not None else None, None,
                             self.old_read, self.fixed)
+        inner.budget = self.budget
         inner.restore(carry)
         return inner
 
@@ -239,6 +267,8 @@ class TracedState:
         """Set flag ``bit`` where ``cond`` holds (a static False: nothing to trace)."""
         if im.is_static(cond) and not cond:
             return
+        if self.pred is not None:
+            cond = jnp.logical_and(self.pred, im.traced_bool(cond))
         self.flag = lax.bitwise_or(self.flag, lax.select(
             im.traced_bool(cond), np.int32(bit), np.int32(0)))
 
@@ -253,6 +283,7 @@ class TracedState:
         not and ``reads`` its old contents: against the DMAs in flight and the mask of
         initialised elements."""
         if self.dma is not None and any(self.facts.conflicts(buf, write)):
+            self.dma.flush(self)
             lo, hi = flat_span(self.bufs[buf].shape, view)
             self.raise_flag(FLAG_CONFLICT, self.dma.overlaps(self.facts, buf, lo, hi, write))
         masks = self.masks
