@@ -141,12 +141,15 @@ class CoreEvaluator:
                         env[s] = o
             return [env[i] for i in prog.out_slots]
         core, compute = self.core, obs.compute
-        for step in prog.steps:
-            if not step.segment:  # a segment runs its equations one by one here
-                compute(core, step.eqn)
-            results = step.rule(self, step.eqn, [env[i] for i in step.in_slots])
-            for s, o in zip(step.out_slots, results):
-                env[s] = o
+        for rule, eqn, operands, one, out, outs, told in prog.observed:
+            if told:  # (a segment runs its equations one by one here)
+                compute(core, eqn)
+            results = rule(self, eqn, [env[one]] if one is not None else list(operands(env)))
+            if out is not None:
+                env[out] = results[0]
+            else:
+                for s, o in zip(outs, results):
+                    env[s] = o
         return [env[i] for i in prog.out_slots]
 
     def eval_closed(self, closed: Any, args: list[Value]) -> list[Value]:

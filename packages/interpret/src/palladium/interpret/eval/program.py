@@ -89,6 +89,12 @@ class Program:
     #: a compiled segment's own, which runs its equations one by one on shadows), or
     #: None (the plain rule, or the propagation of its operands' shadows).
     shadow_rules: tuple[Any, ...] = dataclasses.field(init=False, repr=False, compare=False)
+    #: Every step (``observe_only`` too) as the loop under an observer of every equation
+    #: runs it: ``fast``'s tuple and whether the observer is told of the equation (not
+    #: of a segment's: its equations are told one by one); an ``observe_only`` step's
+    #: results are stored by ``zip`` (its rule returns none).
+    observed: tuple[tuple[Any, Any, Any, int | None, int | None, tuple[int, ...], bool],
+                    ...] = dataclasses.field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "fast", tuple(
@@ -97,6 +103,14 @@ class Program:
              ins[0] if len(ins) == 1 else None,
              outs[0] if len(outs) == 1 else None, outs)
             for st in self.steps if not st.observe_only
+            for ins, outs in [(st.in_slots, st.out_slots)]))
+        object.__setattr__(self, "observed", tuple(
+            (st.rule, st.eqn,
+             operator.itemgetter(*ins) if len(ins) > 1 else None if ins else _no_operands,
+             ins[0] if len(ins) == 1 else None,
+             outs[0] if len(outs) == 1 and not st.observe_only else None, outs,
+             not st.segment)
+            for st in self.steps
             for ins, outs in [(st.in_slots, st.out_slots)]))
         object.__setattr__(self, "shadow_rules", tuple(
             PASS_THROUGH if st.segment else SHADOW_RULES.get(st.eqn.primitive)
