@@ -10,7 +10,14 @@ from palladium.interpret.errors import ConfigError
 from palladium.interpret.observe.observers import LaunchInfo
 from palladium.interpret.perf.model import ChipModel
 from palladium.interpret.perf.recorder import TimelineRecorder
-from palladium.interpret.perf.replay import CoreStats, Replay, Span
+from palladium.interpret.perf.replay import (
+    CoreStats,
+    RawSpan,
+    Replay,
+    Span,
+    make_spans,
+    span_order,
+)
 from palladium.shared_memory import MemorySpace
 
 __all__ = ["LaunchRecord"]
@@ -58,7 +65,7 @@ class LaunchRecord:
         self.error: str | None = recorder.error  # "Type: first line" of a failed launch
         self.detail_dropped = False
         self._detail_limit: int | None = None
-        spans: list[Span] = []
+        raw: list[RawSpan] = []
         stats: dict[CoreId, CoreStats] = {}
         vmem: dict[CoreId, list[tuple[float, int]]] = {}
         resource_bytes: dict[Any, int] = {}
@@ -69,10 +76,13 @@ class LaunchRecord:
             replay = Replay(dict(recorder.events), cores, recorder.chip, self.cores_per_device,
                             vmem_base=dict.fromkeys(cores, extra))
             replay.run()
-            spans = sorted(replay.spans, key=lambda s: (s.track, s.start, -s.end))
+            raw = replay.raw_spans
             stats, vmem = replay.stats, replay.vmem
             resource_bytes, bandwidth = dict(replay.resource_bytes), replay.bandwidth
-        self._spans: list[Span] = spans
+        # the spans as the replay left them, made Span objects (sorted) when first read:
+        # a prediction reads none of them
+        self._raw: list[RawSpan] | None = raw
+        self._spans: list[Span] | None = None
         self.core_stats: dict[CoreId, CoreStats] = stats
         self._vmem: dict[CoreId, list[tuple[float, int]]] = vmem
         self.resource_bytes = resource_bytes
@@ -82,10 +92,13 @@ class LaunchRecord:
         self.transcendentals = recorder.transcendentals  # elements of exp, log, tanh...
         self.by_primitive = dict(recorder.by_primitive)
         self.by_unit = dict(recorder.by_unit)
-        ends = [s.end for s in spans] + [st.end for st in stats.values()]
+        ends = [s[4] for s in raw] + [st.end for st in stats.values()]
         self.predicted_seconds: float = max(ends, default=0.0)
-        self.dma_seconds = sum(s.end - s.start for s in spans if s.cat == "dma")
-        self.dma_bytes = sum(s.args.get("bytes", 0) for s in spans if s.cat == "dma")
+        # (added in the spans' order, as read: the DMAs' own order within it, the sort
+        # being stable)
+        dmas = sorted([s for s in raw if s[2] == "dma"], key=span_order)
+        self.dma_seconds = sum(s[4] - s[3] for s in dmas)
+        self.dma_bytes = sum(s[5].get("bytes", 0) for s in dmas)  # type: ignore[union-attr]
         self._vmem_peak = max((b for samples in vmem.values() for _, b in samples), default=0)
 
     # -- detail: every span and VMEM sample (the summary does not need them) -------------
@@ -94,6 +107,9 @@ class LaunchRecord:
         """Every interval (grid steps, compute, DMAs, waits, barriers) on its track;
         ``ConfigError`` once the timeline dropped them (``detail_limit``)."""
         self._check_detail()
+        if self._spans is None:
+            self._spans = make_spans(sorted(self._raw or (), key=span_order))
+            self._raw = None
         return self._spans
 
     @property
@@ -106,12 +122,12 @@ class LaunchRecord:
     @property
     def num_spans(self) -> int:
         """How many spans the record holds (0 once dropped)."""
-        return len(self._spans)
+        return len(self._raw or ()) if self._spans is None else len(self._spans)
 
     def drop_detail(self, limit: int | None = None) -> None:
         """Forget the spans and VMEM samples, keep the summary (``limit``: the timeline's
         ``detail_limit`` that made it drop them, for the message)."""
-        self._spans, self._vmem = [], {}
+        self._spans, self._raw, self._vmem = [], None, {}
         self.detail_dropped = True
         self._detail_limit = limit
 

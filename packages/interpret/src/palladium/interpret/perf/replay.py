@@ -49,6 +49,23 @@ class Span:
     args: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
+#: A span as the replay keeps it: (track, name, cat, start, end, args or None)
+RawSpan = tuple[tuple[int, str], str, str, float, float, "dict[str, Any] | None"]
+
+
+def span_order(span: RawSpan) -> tuple[tuple[int, str], float, float]:
+    """The order of a record's spans: by track, then start, the longer first."""
+    return span[0], span[3], -span[4]
+
+
+def make_spans(raw: list[RawSpan]) -> list[Span]:
+    """``raw``'s Span objects, in ``raw``'s order (each DMA's args copied, as each
+    other span's without args gets an empty dict of its own)."""
+    return [Span(track, name, cat, start, end,
+                 {} if args is None else dict(args) if cat == "dma" else args)
+            for track, name, cat, start, end, args in raw]
+
+
 @dataclasses.dataclass
 class _Dma:
     id: int
@@ -178,7 +195,7 @@ def _direction(src: Any, dst: Any) -> str:
 
 
 class Replay:
-    """Runs the programs of every core of a launch; results in ``spans``, ``stats``,
+    """Runs the programs of every core of a launch; results in ``raw_spans``, ``stats``,
     ``dmas`` and ``vmem`` (per core: ``[(time, bytes in use)]``)."""
 
     def __init__(self, events: dict[CoreId, list[tuple[Any, ...]]], cores: tuple[CoreId, ...],
@@ -195,7 +212,10 @@ class Replay:
         self.programs = {c: _pipeline(c, events.get(c, []), chip) for c in self.cores}
         self.clock = dict.fromkeys(self.cores, 0.0)
         self.stats = {c: CoreStats() for c in self.cores}
-        self.spans: list[Span] = []
+        # every span as the tuple (track, name, cat, start, end, args): ``spans`` makes
+        # the Span objects (a record makes them only when they are read). A DMA's args
+        # are its own, copied into its Span; None: a new empty dict.
+        self.raw_spans: list[RawSpan] = []
         self.dmas: list[_Dma] = []
         self.resource_bytes: dict[tuple[str, int], int] = defaultdict(int)
         self.vmem = {c: [(0.0, (vmem_base or {}).get(c, 0))] for c in self.cores}
@@ -238,7 +258,7 @@ class Replay:
             kind = action[0]
             if kind in ("compute", "overhead"):
                 dt = action[1]
-                self.spans.append(Span(track, action[2], kind, t, t + dt))
+                self.raw_spans.append((track, action[2], kind, t, t + dt, None))
                 if kind == "compute":
                     st.compute += dt
                 else:
@@ -275,7 +295,8 @@ class Replay:
                     return
                 end = max(at for _, at in self._barrier)
                 for c, at in self._barrier:
-                    self.spans.append(Span((c[0], f"core {c[1]}"), "barrier", "barrier", at, end))
+                    self.raw_spans.append(((c[0], f"core {c[1]}"), "barrier", "barrier", at, end,
+                                           None))
                     self.stats[c].exposed["barrier"] += end - at
                     self.clock[c] = end
                     heapq.heappush(self._ready, (end, c))
@@ -288,7 +309,7 @@ class Replay:
                 st.steps += 1
             elif kind == "end":
                 name, t0, args = self._open[core].pop()
-                self.spans.append(Span(track, name, "step", t0, t, args))
+                self.raw_spans.append((track, name, "step", t0, t, args))
 
     def _terms(self, kind: str) -> tuple[str, bool, float, float, float]:
         """A DMA kind's (``"block in"``, ``"in"``...) direction, whether it is a block
@@ -313,7 +334,7 @@ class Replay:
         self._count[key] -= value
         end = max(t0, t)
         if end > t0:
-            self.spans.append(Span((core[0], f"core {core[1]}"), f"wait {label}", "wait", t0,
+            self.raw_spans.append(((core[0], f"core {core[1]}"), f"wait {label}", "wait", t0,
                                    end, {"semaphore": label}))
         self.stats[core].exposed[source if what != "sem" else "sem"] += end - t0
         self.clock[core] = end
@@ -389,5 +410,5 @@ class Replay:
             if lane == len(free):
                 free.append(0.0)
             free[lane] = dma.end
-            self.spans.append(Span((dma.device, f"DMA engine {lane}"), dma.name, "dma",
-                                   dma.start, dma.end, dict(dma.args)))
+            self.raw_spans.append(((dma.device, f"DMA engine {lane}"), dma.name, "dma",
+                                   dma.start, dma.end, dma.args))
