@@ -3,6 +3,8 @@ and semaphores (signal, wait, read, the barrier semaphore)."""
 
 from __future__ import annotations
 
+import operator
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -188,6 +190,18 @@ def _placed_region(dims: tuple[Any, ...], values: Any) -> tuple[int | slice, ...
     return tuple(region)
 
 
+def _picker(positions: Any) -> Callable[[tuple[Any, ...]], tuple[Any, ...]]:
+    """What takes the items at ``positions`` of a key, as a tuple (built in C: a page DMA
+    keys its plans by them)."""
+    if len(positions) > 1:
+        return operator.itemgetter(*positions)
+    return lambda key: tuple(key[i] for i in positions)
+
+
+def _picked(key: tuple[Any, ...], positions: tuple[int, ...]) -> tuple[Any, ...]:
+    return tuple(map(key.__getitem__, positions))
+
+
 def _side_plan(sim: Any, buffer: Any, dims: tuple[Any, ...], key: Any) -> Any:
     return sim.plan(buffer, _placed_region(dims, key))
 
@@ -226,6 +240,7 @@ def _dma_start(eqn: Equation, used: frozenset[Any]) -> Rule:
     layout = jc.dma_index_layout(tree)
     placing = jc.dma_placing_leaves(tree) if layout is not None else frozenset()
     keep = [i for i in range(tree.num_leaves) if i not in placing] if placing else None
+    kept = _picker(keep or ())
     templates: PlanCache[DmaPlan] = PlanCache()
     # per side and buffer shape, the side's indexers composed once (``_placement``); per
     # side, its plans by the ref's structure and the values placing it
@@ -244,14 +259,14 @@ def _dma_start(eqn: Equation, used: frozenset[Any]) -> Rule:
             return ev.sim.plan(buffer, _region(shape, indexers, invals))
         positions, dims = placement
         # (the key holds each index operand as an int: operand_key)
-        return side_plans[side].get((key[at], *(key[p] for p in positions)), _side_plan,
+        return side_plans[side].get((key[at], *_picked(key, positions)), _side_plan,
                                     ev.sim, buffer, dims, key)
 
     def placed(ev: KernelContext, invals: list[Any], key: tuple[Any, ...],
                ) -> tuple[DmaPlan, Any, Any]:
         """The kept plan of the same DMA at other starts, and this start's region plans."""
         assert keep is not None and layout is not None
-        template = templates.get(tuple(key[i] for i in keep), build, ev, invals, True)
+        template = templates.get(kept(key), build, ev, invals, True)
         src_side, dst_side = layout
         src_plan, dst_plan = template.src_plan, template.dst_plan
         if src_side is not None:
@@ -296,6 +311,7 @@ def _dma_wait(eqn: Equation, used: frozenset[Any]) -> Rule:
     # new slice starts each time. Its plans are kept by the other operands alone.
     placing = jc.dma_placing_leaves(tree)
     keep = ([i for i in range(tree.num_leaves) if i not in placing] if placing else None)
+    kept = _picker(keep or ())
 
     def build(ev: KernelContext, invals: list[Any], cached: bool) -> DmaWaitPlan:
         src, _dst, sem, _src_sem, _device_id = jc.dma_operands(tree, invals)
@@ -307,7 +323,7 @@ def _dma_wait(eqn: Equation, used: frozenset[Any]) -> Rule:
     def run(ev: KernelContext, eqn: Equation, invals: list[Value]) -> list[Value]:
         key = operand_key(invals)
         if key is not None and keep is not None:
-            key = tuple(key[i] for i in keep)
+            key = kept(key)
         plan = cache.get(key, build, ev, invals, key is not None)
         ops = invals if plan.operands is None else plan.operands
         ev.sim.dma_wait(semaphore_at(ops, plan.sem), plan.nbytes, core=ev.core,
