@@ -74,6 +74,8 @@ class CoreEvaluator:
         self.unused_values = getattr(self.launch, "unused_values", None)
         self.tracks_values = getattr(params, "uninitialized_reads", "off") == "on_use"
         self._inherited: dict[int, Any] = getattr(self.launch, "inherited_sources", {})
+        # per equation (by id; the launch's programs hold it): its site at this grid point
+        self._sites: dict[int, Site] = {}
         # The launch's observers, told of every equation (None: the plain loop below).
         obs = getattr(getattr(self.launch, "sim", None), "observers", None)
         self._observers: Any = obs if obs is not None and obs.wants("compute") else None
@@ -84,6 +86,7 @@ class CoreEvaluator:
         ev.__dict__.update(self.__dict__)
         ev.grid_point = grid_point
         ev._quiet = False
+        ev._sites = {}
         return ev
 
     def eval_jaxpr(self, jaxpr: Any, consts: list[Value], args: list[Value]) -> list[Value]:
@@ -174,8 +177,17 @@ class CoreEvaluator:
             self._views, self._grid = views, outer
 
     def site(self, eqn: Equation | None = None, what: str | None = None) -> Site:
-        # Every DMA start and wait makes one: the tuple built directly (Site's fields in
-        # order), not through the named tuple's keyword-parsing __new__.
+        # Every load, DMA start and wait asks for one: an equation's is made once per grid
+        # point (a page loop's asks again each page), the tuple built directly (Site's
+        # fields in order), not through the named tuple's keyword-parsing __new__.
+        if what is None and eqn is not None:
+            known = self._sites.get(id(eqn))
+            if known is None:
+                known = self._sites[id(eqn)] = self._site(eqn, None)
+            return known
+        return self._site(eqn, what)
+
+    def _site(self, eqn: Equation | None, what: str | None) -> Site:
         return _new_site(Site, (
             self.launch.kernel_name,
             self.core,

@@ -108,7 +108,8 @@ def _pipeline(core: CoreId, events: list[tuple[Any, ...]], chip: ChipModel) -> I
             steps[-1]["done"] = True
         else:  # after the body: output copies and whatever follows, in order
             steps[-1]["out" if steps[-1]["done"] else "body"].append(ev)
-    yield from _plain(pre)
+    labels: dict[int, tuple[Any, str]] = {}  # per buffer (by id, held): its label
+    yield from _plain(pre, labels)
     if not steps:
         return
     dev = core[0]
@@ -143,14 +144,14 @@ def _pipeline(core: CoreId, events: list[tuple[Any, ...]], chip: ChipModel) -> I
         if st["in"]:
             total = sum(ev[2] for ev in st["in"])
             yield ("wait", ("pipe", core, "in", s), total, "input blocks", "hbm")
-        yield from _plain(st["body"])
+        yield from _plain(st["body"], labels)
         for ev in st["out"]:
             if ev[0] == "out":
                 key = ("pipe", core, "out", s, ev[4])
                 yield from copy(ev, key)
                 out_waits[min(s + ev[3] - 1, last + 1)].append((key, ev[2]))
             else:
-                yield from _plain([ev])
+                yield from _plain([ev], labels)
         for key, nbytes in out_waits.pop(s, []):
             yield ("wait", key, nbytes, "output block write-back", "hbm")
         yield ("end",)
@@ -159,7 +160,16 @@ def _pipeline(core: CoreId, events: list[tuple[Any, ...]], chip: ChipModel) -> I
     yield ("overhead", chip.launch_overhead_s, "epilogue")
 
 
-def _plain(events: list[tuple[Any, ...]]) -> Iterator[Action]:
+def _label(buffer: Any, labels: dict[int, tuple[Any, str]]) -> str:
+    """``buffer.label``, made once per buffer (a page loop's DMAs name the same two)."""
+    known = labels.get(id(buffer))
+    if known is None or known[0] is not buffer:
+        known = labels[id(buffer)] = (buffer, buffer.label)
+    return known[1]
+
+
+def _plain(events: list[tuple[Any, ...]], labels: dict[int, tuple[Any, str]],
+           ) -> Iterator[Action]:
     for ev in events:
         kind = ev[0]
         if kind == "c":
@@ -174,7 +184,8 @@ def _plain(events: list[tuple[Any, ...]]) -> Iterator[Action]:
             if d.src_sem is not None:
                 signals.append((d.src_sem.key, d.nbytes))
             yield ("dma", d.id, d.name, res, d.nbytes, signals,
-                   {"bytes": d.nbytes, "src": d.src.label, "dst": d.dst.label},
+                   {"bytes": d.nbytes, "src": _label(d.src, labels),
+                    "dst": _label(d.dst, labels)},
                    _direction(d.src.space, d.dst.space))
         elif kind == "sig":
             yield ("signal", ev[1], ev[2])
