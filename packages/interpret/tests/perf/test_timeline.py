@@ -365,3 +365,22 @@ def test_a_long_launch_keeps_its_summary_and_drops_detail_past_the_limit(tmp_pat
     expected = full.trace()["traceEvents"]
     assert len([e for e in streamed if e["ph"] == "X"]) == 2 * len(
         [e for e in expected if e["ph"] == "X"])
+
+
+@pytest.mark.timeout(120)
+def test_spans_are_made_when_first_read_sorted_and_summing_to_the_totals():
+    """The replay keeps its spans as tuples; a record makes the Span objects (sorted by
+    track, start, the longer first) when ``spans`` is first read: what it reads, and the
+    DMA totals summed before, are as when every span was made up front."""
+    rec = record(matmul(256, 256, 512, 128, 128, 128, skip_floating_point_ops=True))
+    n = rec.num_spans
+    spans = rec.spans
+    assert rec.spans is spans and n == rec.num_spans == len(spans) > 0
+    assert spans == sorted(spans, key=lambda s: (s.track, s.start, -s.end))
+    dmas = [s for s in spans if s.cat == "dma"]
+    assert dmas and rec.dma_seconds == sum(s.end - s.start for s in dmas)
+    assert rec.dma_bytes == sum(s.args["bytes"] for s in dmas) > 0
+    assert rec.predicted_seconds >= max(s.end for s in spans)
+    # every span has its own args dict (a DMA's a copy of its event's)
+    assert len({id(s.args) for s in spans}) == len(spans)
+    assert {s.cat for s in spans} >= {"step", "compute", "dma", "overhead"}
