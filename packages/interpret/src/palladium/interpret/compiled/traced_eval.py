@@ -323,11 +323,17 @@ _NOT_PREDICATED = (jc.cond_p, jc.while_p, jc.scan_p, jc.run_scoped_p)
 
 def _predicable(branches: Sequence[Any], st: TracedState) -> bool:
     """Whether a conditional is a ``pl.when``-like one to run unconditionally: two
-    branches, the first without equations, the second without control flow, in a state
-    with a DMA table and no access log or masks (whose updates it does not condition)."""
+    branches, the first without equations, the second without control flow or DMA
+    starts, in a state with a DMA table and no access log or masks (whose updates it
+    does not condition). A DMA start, predicated, selects its whole region at every
+    step, taken or not: paged attention's first-block prefetch (taken at the first step
+    only) and next-block prefetch, 8 page copies each, cost its steady call ~30% run
+    that way; as a ``lax.cond`` the untaken branch costs nothing and XLA updates the
+    buffers in place (no copy in or out)."""
     return (len(branches) == 2 and not branches[0].jaxpr.eqns and st.dma is not None
             and st.log is None and st.masks is None and st.pred is None
-            and not any_equation(branches[1], lambda e: e.primitive in _NOT_PREDICATED))
+            and not any_equation(branches[1], lambda e: e.primitive in _NOT_PREDICATED
+                                 or e.primitive is jc.dma_start_p))
 
 
 def _predicated(branches: Sequence[Any], index: Any, args: list[Any], st: TracedState
