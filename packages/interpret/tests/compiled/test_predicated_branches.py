@@ -1,8 +1,10 @@
-"""A ``pl.when`` whose branch holds no control flow runs unconditionally in a compiled
-launch (``traced_eval._predicated``), its stores, DMAs and flags conditioned on the
-branch: results bit-equal to the simulator's, nothing flagged by a branch not taken
-(its DMA from a negative row), and a branch taken that goes out of bounds reported as
-the simulator reports it."""
+"""A ``pl.when`` whose branch holds no control flow and starts no DMA runs
+unconditionally in a compiled launch (``traced_eval._predicated``), its stores, DMA
+waits and flags conditioned on the branch; one that starts a DMA stays a ``lax.cond``
+(here: the two prefetch branches; the wait-and-add branch is predicated). Either way:
+results bit-equal to the simulator's, nothing flagged by a branch not taken (its DMA
+from a negative row), and a branch taken that goes out of bounds reported as the
+simulator reports it."""
 
 import jax
 import jax.numpy as jnp

@@ -317,14 +317,16 @@ def _join(values: Sequence[Any], handles: list[int], traced: Sequence[Any]) -> l
     return [values[i] if i in handles else next(it) for i in range(len(values))]
 
 
-#: What a branch run unconditionally (``_predicated``) may not hold (control flow carries the state).
-_NOT_PREDICATED = (jc.cond_p, jc.while_p, jc.scan_p, jc.run_scoped_p)
+#: What a branch run unconditionally may not hold: control flow, DMA starts (``_predicable``).
+_NOT_PREDICATED = (jc.cond_p, jc.while_p, jc.scan_p, jc.run_scoped_p, jc.dma_start_p)
 
 
 def _predicable(branches: Sequence[Any], st: TracedState) -> bool:
     """Whether a conditional is a ``pl.when``-like one to run unconditionally: two
-    branches, the first without equations, the second without control flow, in a state
-    with a DMA table and no access log or masks (whose updates it does not condition)."""
+    branches, the first without equations, the second without control flow or DMA
+    starts, in a state with a DMA table and no access log or masks (whose updates it
+    does not condition). A DMA start, predicated, copies at every step, taken or not
+    (paged attention's first-block prefetch, 8 pages: ~25% of its steady call)."""
     return (len(branches) == 2 and not branches[0].jaxpr.eqns and st.dma is not None
             and st.log is None and st.masks is None and st.pred is None
             and not any_equation(branches[1], lambda e: e.primitive in _NOT_PREDICATED))
@@ -332,9 +334,8 @@ def _predicable(branches: Sequence[Any], st: TracedState) -> bool:
 
 def _predicated(branches: Sequence[Any], index: Any, args: list[Any], st: TracedState
                 ) -> list[Any]:
-    """A ``pl.when``-like conditional run unconditionally, its stores, DMAs and flags
-    conditioned on the branch: no ``lax.cond`` carrying the buffers it writes (XLA copies
-    them in and out: paged attention's DMA buffers, 4 copies of 64 KiB a grid step)."""
+    """A ``pl.when``-like conditional run unconditionally, its stores, DMA waits and flags
+    conditioned on it: no ``lax.cond`` carrying buffers (XLA may copy them in and out)."""
     pred, table = jnp.clip(jnp.asarray(index, jnp.int32), 0, 1) == 1, st.dma
     assert table is not None  # (``_predicable``; no branch or loop inside replaces it)
     table.flush(st)
