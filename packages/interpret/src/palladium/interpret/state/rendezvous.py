@@ -129,24 +129,25 @@ class RendezvousRegistry:
         wait = timeout
         while not rv.all_arrived.wait(wait):
             with self._lock:
+                if rv.all_arrived.is_set() or rv.error is not None:
+                    return
                 idle = time.monotonic() - rv.last_arrival
-                if idle < timeout and not rv.all_arrived.is_set() and rv.error is None:
+                if idle < timeout:
                     wait = timeout - idle
                     continue
-                if not rv.all_arrived.is_set() and rv.error is None:
-                    if self._waiting.get(key) is rv:
-                        del self._waiting[key]
-                    arrived = sorted(rv.operands)
-                    missing = sorted(set(range(num_devices)) - set(arrived))
-                    rv.error = RendezvousTimeoutError(
-                        f"{describe()}: waited {timeout:g} s after the latest arrival for "
-                        f"all {num_devices} devices; "
-                        f"devices {missing} never arrived (arrived: {arrived}). XLA must run "
-                        f"every device's host callback concurrently (one thread per device); "
-                        f"a launch whose devices run one after another cannot meet. Raise "
-                        f"InterpretParams(rendezvous_timeout=...) if a device is merely slow."
-                    )
-                    rv.finished.set()
-                    if on_timeout is not None:
-                        on_timeout()
-            return
+                if self._waiting.get(key) is rv:
+                    del self._waiting[key]
+                arrived = sorted(rv.operands)
+                missing = sorted(set(range(num_devices)) - set(arrived))
+                rv.error = RendezvousTimeoutError(
+                    f"{describe()}: waited {timeout:g} s after the latest arrival for "
+                    f"all {num_devices} devices; "
+                    f"devices {missing} never arrived (arrived: {arrived}). XLA must run "
+                    f"every device's host callback concurrently (one thread per device); "
+                    f"a launch whose devices run one after another cannot meet. Raise "
+                    f"InterpretParams(rendezvous_timeout=...) if a device is merely slow."
+                )
+                rv.finished.set()
+                if on_timeout is not None:
+                    on_timeout()
+                return
