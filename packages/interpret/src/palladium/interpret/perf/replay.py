@@ -223,8 +223,8 @@ class Replay:
         self.programs = {c: _pipeline(c, events.get(c, []), chip) for c in self.cores}
         self.clock = dict.fromkeys(self.cores, 0.0)
         self.stats = {c: CoreStats() for c in self.cores}
-        # every span as the tuple (track, name, cat, start, end, args): ``spans`` makes
-        # the Span objects (a record makes them only when they are read). A DMA's args
+        # every span as the tuple (track, name, cat, start, end, args): ``make_spans``
+        # makes the Span objects (a record, only when its spans are read). A DMA's args
         # are its own, copied into its Span; None: a new empty dict.
         self.raw_spans: list[RawSpan] = []
         self.dmas: list[_Dma] = []
