@@ -74,6 +74,20 @@ class _Chunk:
                                    replicated=set(self.replicated))
 
 
+@dataclasses.dataclass(slots=True)
+class _Run:
+    """A run of equations that started a chunk, costed once (``_costed``): the equations
+    (held: the memo is keyed by their ids), the counts and chain it left, the chunk's
+    seconds (None until pushed) and how often it was pushed again since its counts were
+    last added (``_count_repeats``)."""
+
+    ops: tuple[Any, ...]
+    counts: Any
+    chain: _Chunk | None
+    seconds: float | None = None
+    repeats: int = 0
+
+
 #: The longest run of equations a core keeps unsettled before ``_settle`` (a loop of many
 #: iterations between two events: its chain is settled as it goes, in bounded memory).
 _RUN_LIMIT = 4096
@@ -123,7 +137,7 @@ class TimelineRecorder(Observer):
         self._told: dict[CoreId, list[Any]] = {}
         # per run of equations that started a chunk (by their ids; the equations held):
         # the counts and chain it left (read only)
-        self._chunk_memo: dict[tuple[int, ...], list[Any]] = {}
+        self._chunk_memo: dict[tuple[int, ...], _Run] = {}
         # Called once with this recorder when the launch ended (finished or failed): the
         # timeline then keeps what it needs and nothing holds the events any more.
         self.on_done: Callable[[TimelineRecorder], None] | None = None
@@ -136,11 +150,11 @@ class TimelineRecorder(Observer):
         entry = None
         if told:
             ran, chunk, entry = self._costed(core, told)
-            if entry is not None and entry[3] is not None:  # a chunk pushed before
-                entry[4] += 1  # (its counts: ``_count_repeats``)
+            if entry is not None and entry.seconds is not None:  # a chunk pushed before
+                entry.repeats += 1  # (its counts: ``_count_repeats``)
                 events = self.events[core]
-                if entry[3]:
-                    events.append(("c", entry[3]))
+                if entry.seconds:
+                    events.append(("c", entry.seconds))
                 events.append(event)
                 return
         else:
@@ -163,7 +177,7 @@ class TimelineRecorder(Observer):
             events.append(("c", dt))
         events.append(event)
         if entry is not None:
-            entry[3] = dt
+            entry.seconds = dt
 
     # -- the interpreter's events ----------------------------------------------------
     def compute(self, core: CoreId, op: Any) -> None:
@@ -175,18 +189,18 @@ class TimelineRecorder(Observer):
         if len(told) >= _RUN_LIMIT:
             self._settle(core)
 
-    def _costed(self, core: CoreId, told: list[Any]) -> tuple[Any, _Chunk | None, Any]:
+    def _costed(self, core: CoreId, told: list[Any],
+                ) -> tuple[Any, _Chunk | None, _Run | None]:
         """The counts and chain ``core`` is left with after the equations ``told``,
         taken from ``pending`` and ``_chunks`` (read only: from the memo when the run
         started a chunk and was costed before), and the run's memo entry (None: not a
-        run that starts a chunk): ``[equations, counts, chain, the chunk's seconds
-        (None until pushed), repeats pushed since counted]``."""
+        run that starts a chunk)."""
         key = None
         if self.memo_chunks and not self.pending.get(core) and core not in self._chunks:
             key = tuple(map(id, told))
             hit = self._chunk_memo.get(key)
             if hit is not None:  # (its equations held: their ids are theirs)
-                return hit[1], hit[2], hit
+                return hit.counts, hit.chain, hit
         tell = self._tell
         for op in told:
             tell(core, op)
@@ -196,7 +210,7 @@ class TimelineRecorder(Observer):
             if len(self._chunk_memo) >= _CHUNK_LIMIT:
                 self._count_repeats()
                 self._chunk_memo.clear()
-            entry = self._chunk_memo[key] = [tuple(told), ran, chunk, None, 0]
+            entry = self._chunk_memo[key] = _Run(tuple(told), ran, chunk)
         return ran, chunk, entry
 
     def _count_repeats(self) -> None:
@@ -204,11 +218,10 @@ class TimelineRecorder(Observer):
         push counted its equations, in the order they came: the totals' order)."""
         counts = self._counts
         for entry in self._chunk_memo.values():
-            repeats, ran = entry[4], entry[1]
-            if repeats and ran:
-                for key, n in ran.items():
-                    counts[key] += n * repeats
-            entry[4] = 0
+            if entry.repeats and entry.counts:
+                for key, n in entry.counts.items():
+                    counts[key] += n * entry.repeats
+            entry.repeats = 0
 
     def _settle(self, core: CoreId) -> None:
         """Cost the equations told since ``core``'s last event into ``pending`` and
