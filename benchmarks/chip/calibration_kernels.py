@@ -1254,3 +1254,166 @@ for _kind in ("dkv", "dq"):
         _add(f"r6/bwd-step/{_kind}/{'moving' if _moving else 'resident'}/jax-form",
              "micro", _bwd_step(_kind, _moving, 1024, "jax"), kind="bwd-step",
              step=_kind, moving=_moving, steps=1024, semantics="jax")
+
+
+# round 7 (2026-12-06, fourth session): what a block copy costs when XLA has placed the
+# operand in VMEM (a local DMA, VMEM -> VMEM: its latency and bandwidth by size and count
+# in flight), and a blocked matmul's parts (its copies alone, its dots alone on resident
+# blocks, both) to see how far copies and MXU work overlap at small blocks
+def _dma_local(chunk_rows: int, width: int, chunks: int, in_flight: int):
+    def body(x_ref, o_ref, src, dst, sems):
+        src[...] = jnp.broadcast_to(x_ref[...], src.shape)
+
+        def copy(i):
+            slot = i % in_flight
+            return pltpu.make_async_copy(src.at[slot], dst.at[slot], sems.at[slot])
+
+        def step(i, c):
+            @pl.when(i >= in_flight)
+            def _():
+                copy(i - in_flight).wait()
+            copy(i).start()
+            return c
+        jax.lax.fori_loop(0, chunks, step, 0)
+
+        def drain(i, c):
+            copy(i).wait()
+            return c
+        jax.lax.fori_loop(max(chunks - in_flight, 0), chunks, drain, 0)
+        o_ref[...] = dst[0, pl.ds(0, 8), pl.ds(0, 128)]
+
+    def make():
+        x = _arr((chunk_rows, width))
+        fn = _lazy(body, out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32),
+                   scratch_shapes=[pltpu.VMEM((in_flight, chunk_rows, width), jnp.float32),
+                                   pltpu.VMEM((in_flight, chunk_rows, width), jnp.float32),
+                                   pltpu.SemaphoreType.DMA((in_flight,))])
+        return (lambda s: fn(s)), (x,)
+    return make
+
+
+for _rows, _width in ((8, 512), (32, 512), (64, 1024), (256, 1024), (1024, 1024)):
+    _bytes = _rows * _width * 4
+    _chunks = int(max(16, min(512, (64 << 20) // _bytes)))
+    for _k in (1, 2, 4):
+        if _bytes * _k * 2 > (8 << 20):
+            continue
+        _add(f"r7/dma-local/{_bytes}B/k{_k}", "micro", _dma_local(_rows, _width, _chunks, _k),
+             kind="dma", direction="local", bytes=_bytes, chunks=_chunks, in_flight=_k)
+
+
+def _matmul_parts(n: int, bm: int, bk: int, part: str, dtype: Any = jnp.float32):
+    """jax's blocked matmul's structure (grid (n/bm, n/bm, n/bk), an f32 accumulator,
+    zeroed at k == 0 and stored at the last k): ``full``; ``copy`` (the same copies, no
+    dot: the accumulator takes the blocks' first rows); ``dot`` (the same dots on
+    blocks that never move: no copies)."""
+    steps_k = n // bk
+
+    def body(x_ref, y_ref, o_ref, acc):
+        @pl.when(pl.program_id(2) == 0)
+        def _():
+            acc[...] = jnp.zeros(acc.shape, acc.dtype)
+
+        if part == "copy":
+            acc[pl.ds(0, 8), :] += (x_ref[pl.ds(0, 8), pl.ds(0, bm)].astype(jnp.float32)
+                                    + y_ref[pl.ds(0, 8), :].astype(jnp.float32))
+        else:
+            acc[...] += jnp.dot(x_ref[...], y_ref[...], preferred_element_type=jnp.float32)
+
+        @pl.when(pl.program_id(2) == steps_k - 1)
+        def _():
+            o_ref[...] = acc[...].astype(o_ref.dtype)
+
+    def make():
+        x, y = _arr((n, n), dtype, 1, 0.1), _arr((n, n), dtype, 2, 0.1)
+        if part == "dot":
+            xs = pl.BlockSpec((bm, bk), lambda i, j, k: (0, 0))
+            ys = pl.BlockSpec((bk, bm), lambda i, j, k: (0, 0))
+        else:
+            xs = pl.BlockSpec((bm, bk), lambda i, j, k: (i, k))
+            ys = pl.BlockSpec((bk, bm), lambda i, j, k: (k, j))
+        fn = _lazy(body, out_shape=jax.ShapeDtypeStruct((n, n), dtype),
+                   grid=(n // bm, n // bm, steps_k), in_specs=[xs, ys],
+                   out_specs=pl.BlockSpec((bm, bm), lambda i, j, k: (i, j)),
+                   scratch_shapes=[pltpu.VMEM((bm, bm), jnp.float32)],
+                   compiler_params=pltpu.CompilerParams(
+                       dimension_semantics=("parallel", "parallel", "arbitrary")))
+        return (lambda a, b: fn(a, b)), (x, y)
+    return make
+
+
+for _n, _bm, _bk, _dt in ((2048, 128, 128, jnp.float32), (2048, 256, 256, jnp.float32),
+                          (4096, 256, 256, jnp.bfloat16), (2048, 128, 128, jnp.bfloat16)):
+    for _part in ("full", "copy", "dot"):
+        _add(f"r7/matmul-parts/{jnp.dtype(_dt).name}/{_n}/b{_bm}k{_bk}/{_part}", "micro",
+             _matmul_parts(_n, _bm, _bk, _part, _dt), kind="matmul-parts", part=_part,
+             n=_n, block=_bm, block_k=_bk, dtype=jnp.dtype(_dt).name)
+
+
+# round 8: where a blocked matmul's copies lose time over a 1-D pipeline's (r7: jax's
+# matmul form copies two (128, 128) f32 blocks a step in 340 ns, a 1-D grid of two
+# contiguous blocks in 292, r4): the same two blocks a step, contiguous or as (rows,
+# 512-byte) strided pieces of wider arrays, over a 1-D or a 3-D grid, with the output
+# written back every 16 steps or once
+def _copy_forms(form: str, rows: int, steps: int = 4096):
+    n16 = 16  # the 3-D grid's sides: (steps // 256, 16, 16)
+    cols_wide = 128 * n16
+
+    def body(x_ref, y_ref, o_ref, acc):
+        acc[pl.ds(0, 8), :] += x_ref[pl.ds(0, 8), :] + y_ref[pl.ds(0, 8), :]
+
+        @pl.when(pl.program_id(len(grid) - 1) == n16 - 1)
+        def _():
+            o_ref[...] = acc[...]
+
+    if form.startswith("grid1d"):
+        grid = (steps,)
+    else:
+        grid = (steps // (n16 * n16), n16, n16)
+
+    def make():
+        strided = "strided" in form
+        if strided:
+            shape = (rows * steps // n16, cols_wide)
+        else:
+            shape = (rows * steps, 128)
+        x, y = _arr(shape, seed=1), _arr(shape, seed=2)
+        if form == "grid1d-contig":
+            xs = ys = pl.BlockSpec((rows, 128), lambda i: (i, 0))
+        elif form == "grid1d-strided":
+            xs = ys = pl.BlockSpec((rows, 128), lambda i: (i // n16, i % n16))
+        elif form == "grid3d-contig":
+            xs = pl.BlockSpec((rows, 128), lambda a, i, k: ((a * n16 + i) * n16 + k, 0))
+            ys = pl.BlockSpec((rows, 128), lambda a, j, k: ((a * n16 + k) * n16 + j, 0))
+        else:  # grid3d-strided (jax's matmul: x (i, k), y (k, j)), -once: output at the end
+            xs = pl.BlockSpec((rows, 128), lambda a, i, k: (a * n16 + i, k))
+            ys = pl.BlockSpec((rows, 128), lambda a, j, k: (a * n16 + k, j))
+        if form.endswith("once"):
+            out_rows = rows
+            os_ = pl.BlockSpec((rows, 128), (lambda *g: (0, 0)))
+        else:
+            out_rows = rows * steps // n16
+            os_ = pl.BlockSpec((rows, 128), (lambda i: (i // n16, 0)) if len(grid) == 1
+                               else (lambda a, i, k: (a * n16 + i, 0)))
+        sem = ("arbitrary",) * len(grid)
+        fn = _lazy(body, out_shape=jax.ShapeDtypeStruct((out_rows, 128), jnp.float32),
+                   grid=grid, in_specs=[xs, ys], out_specs=os_,
+                   scratch_shapes=[pltpu.VMEM((rows, 128), jnp.float32)],
+                   compiler_params=pltpu.CompilerParams(dimension_semantics=sem))
+        return (lambda a, b: fn(a, b)), (x, y)
+    return make
+
+
+for _rows in (128, 256):
+    for _form in ("grid1d-contig", "grid1d-strided", "grid3d-contig", "grid3d-strided",
+                  "grid3d-strided-once"):
+        _add(f"r8/copy-forms/{_form}/b{_rows}", "micro", _copy_forms(_form, _rows),
+             kind="copy-forms", form=_form, rows=_rows, steps=4096)
+
+
+# ... and local (VMEM -> VMEM) copies of a pipeline's block shapes, 128 lanes wide (r7's
+# 512- and 1024-wide copies: 64 KiB slower than 256 KiB)
+for _rows in (64, 128, 256, 512):
+    for _k in (1, 2):
+        _add(f"r8/dma-local/{_rows}x128/k{_k}", "micro", _dma_local(_rows, 128, 512, _k),
+             kind="dma", direction="local", bytes=_rows * 128 * 4, chunks=512, in_flight=_k)

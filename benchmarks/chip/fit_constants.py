@@ -31,7 +31,7 @@ def main() -> None:
     src = ROOT / "benchmarks" / "results_tpu" / f"calibration.{a.chip}.json"
     data = json.loads(src.read_text())
     k = {n: r for n, r in data["kernels"].items() if r.get("group") == "micro"}
-    for later in ("calibration2", "calibration3", "calibration5"):
+    for later in ("calibration2", "calibration3", "calibration5", "calibration8"):
         # the second round's microbenchmarks (reductions, latencies ...) and the third's
         # (dependent and independent dots, a flash step, a page gather), the fourth's
         # (block copies: how many, how big, beside which compute)
@@ -231,6 +231,19 @@ def main() -> None:
         lat = [t[n] / k[n]["meta"]["chunks"] - k[n]["meta"]["bytes"] / bw[d] for n in names]
         put(f"dma_latency_{d}_seconds", statistics.mean(lat), names,
             "one started-then-waited DMA's time less its bytes' share (4 and 16 KiB)")
+    # DMAs between on-core memories (VMEM -> VMEM, round 7): the rate from the two
+    # biggest, one in flight (1 and 4 MiB), the latency from the smallest (16 KiB)
+    big = ["r7/dma-local/1048576B/k1", "r7/dma-local/4194304B/k1"]
+    per_chunk = {n: t[n] / k[n]["meta"]["chunks"] for n in t if n.startswith("r7/dma-local/")}
+    local_bw = ((k[big[1]]["meta"]["bytes"] - k[big[0]]["meta"]["bytes"])
+                / (per_chunk[big[1]] - per_chunk[big[0]]))
+    put("local_dma_bytes_per_second", local_bw, big,
+        "VMEM -> VMEM DMAs, one in flight: bytes over time between 1 and 4 MiB")
+    small = "r7/dma-local/16384B/k1"
+    put("dma_latency_local_seconds", per_chunk[small] - 16384 / local_bw, [small],
+        "one started-then-waited 16 KiB VMEM -> VMEM DMA less its bytes' share "
+        f"({ {n.split('/')[2] + '/' + n.split('/')[3]: round(v * 1e9, 1) for n, v in sorted(per_chunk.items())} } ns "
+        "a copy; 64 KiB copies are slower than 256 KiB ones on the chip)")
     # (the body, a load, an add and a store on one vreg, is a chain the model counts
     # apart: taken off)
     body = (2 * out["load_use_seconds"]["value"] + out["dependent_op_seconds"]["value"])

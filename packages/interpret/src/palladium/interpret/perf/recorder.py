@@ -32,9 +32,10 @@ CoreId = tuple[int, int]
 # Event tuples, first item the kind:
 #   ("c", seconds)                             compute chunk
 #   ("step", step, grid_point)                 grid step begins
-#   ("in", step, nbytes, buffer_count, name)   pipeline input copy for that step
+#   ("in", step, nbytes, buffer_count, name, local)  pipeline input copy for that step
+#                                   (local: the operand is in VMEM, placed there by XLA)
 #   ("body_end", step)                         grid step body done
-#   ("out", step, nbytes, buffer_count, name)  pipeline output copy after that step
+#   ("out", step, nbytes, buffer_count, name, local)  pipeline output copy after it
 #   ("dma", DmaEvent)                          a DMA started
 #   ("sig", sem_key, inc)                      a semaphore signal
 #   ("wait", sem_key, value, label, is_dma)    a semaphore wait
@@ -138,6 +139,9 @@ class TimelineRecorder(Observer):
         # per run of equations that started a chunk (by their ids; the equations held):
         # the counts and chain it left (read only)
         self._chunk_memo: dict[tuple[int, ...], _Run] = {}
+        #: ("in", name) / ("out", name) of the operands XLA placed in VMEM: their block
+        #: copies are VMEM -> VMEM (``fidelity.xla_placement``; set by the timeline)
+        self.local_operands: frozenset[tuple[str, str]] = frozenset()
         # Called once with this recorder when the launch ended (finished or failed): the
         # timeline then keeps what it needs and nothing holds the events any more.
         self.on_done: Callable[[TimelineRecorder], None] | None = None
@@ -370,7 +374,8 @@ class TimelineRecorder(Observer):
 
     def block_copy(self, copy: BlockCopy) -> None:
         kind = "in" if copy.direction == "in" else "out"
-        self._push(copy.core, (kind, copy.step, copy.nbytes, copy.buffer_count, copy.operand))
+        self._push(copy.core, (kind, copy.step, copy.nbytes, copy.buffer_count, copy.operand,
+                               (kind, copy.operand) in self.local_operands))
 
     # -- the simulator's events ------------------------------------------------------
     def dma_start(self, dma: DmaEvent) -> None:

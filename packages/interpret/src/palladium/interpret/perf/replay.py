@@ -116,13 +116,16 @@ def _pipeline(core: CoreId, events: list[tuple[Any, ...]], chip: ChipModel) -> I
     seq = iter(range(1 << 62))
 
     def copy(ev: tuple[Any, ...], key: Any) -> Iterator[Action]:
-        _, step, nbytes, _n, name = ev
-        src, dst = ("HBM", name) if ev[0] == "in" else (name, "HBM")
+        _, step, nbytes, _n, name, local = ev
+        # (an operand XLA placed in VMEM: its blocks are copied VMEM -> VMEM)
+        where = "VMEM" if local else "HBM"
+        src, dst = (where, name) if ev[0] == "in" else (name, where)
         if chip.block_copy_issue_s:
             yield ("overhead", chip.block_copy_issue_s, "block copy issue")
-        yield ("dma", -1 - next(seq), f"copy {name} block (step {step})", ("hbm", dev),
-               nbytes, [(key, nbytes)], {"bytes": nbytes, "src": src, "dst": dst},
-               "block " + ("in" if ev[0] == "in" else "out"))
+        yield ("dma", -1 - next(seq), f"copy {name} block (step {step})",
+               ("local" if local else "hbm", dev), nbytes, [(key, nbytes)],
+               {"bytes": nbytes, "src": src, "dst": dst},
+               "block local" if local else "block " + ("in" if ev[0] == "in" else "out"))
 
     issue_at: dict[int, list[tuple[Any, ...]]] = defaultdict(list)  # -1: prologue
     for t, st in enumerate(steps):
@@ -177,16 +180,19 @@ def _plain(events: list[tuple[Any, ...]], labels: dict[int, tuple[Any, str]],
                 yield ("compute", ev[1], "compute")
         elif kind == "dma":
             d = ev[1]
+            direction = _direction(d.src.space, d.dst.space)
+            if d.remote and direction == "local":  # (over ICI: not the core's own path)
+                direction = "in"
             res = (("ici", d.src.device) if d.remote
                    else ("host", d.core[0]) if _HOST in (d.src.space, d.dst.space)
-                   else ("hbm", d.core[0]))
+                   else ("local" if direction == "local" else "hbm", d.core[0]))
             signals = [(d.dst_sem.key, d.nbytes)]
             if d.src_sem is not None:
                 signals.append((d.src_sem.key, d.nbytes))
             yield ("dma", d.id, d.name, res, d.nbytes, signals,
                    {"bytes": d.nbytes, "src": _label(d.src, labels),
                     "dst": _label(d.dst, labels)},
-                   _direction(d.src.space, d.dst.space))
+                   direction)
         elif kind == "sig":
             yield ("signal", ev[1], ev[2])
         elif kind == "wait":
@@ -198,11 +204,16 @@ def _plain(events: list[tuple[Any, ...]], labels: dict[int, tuple[Any, str]],
 
 
 def _direction(src: Any, dst: Any) -> str:
-    """A DMA's kind for its cost: ``"hbm"`` (HBM -> HBM), ``"out"`` (into HBM) or
-    ``"in"`` (out of HBM, or between on-core memories)."""
+    """A DMA's kind for its cost: ``"hbm"`` (HBM -> HBM), ``"out"`` (into HBM), ``"in"``
+    (out of HBM; to or from the host) or ``"local"`` (between on-core memories: VMEM,
+    SMEM)."""
     if src is MemorySpace.HBM and dst is MemorySpace.HBM:
         return "hbm"
-    return "out" if dst is MemorySpace.HBM else "in"
+    if dst is MemorySpace.HBM:
+        return "out"
+    if src is MemorySpace.HBM or _HOST in (src, dst):
+        return "in"
+    return "local"
 
 
 class Replay:
@@ -218,7 +229,8 @@ class Replay:
         self._cores_per_device = cores_per_device
         self.bandwidth = {"hbm": 1.0 / chip.hbm_byte_seconds("in", cores_per_device),
                           "ici": chip.ici_bytes_per_second,
-                          "host": chip.host_bytes_per_second}
+                          "host": chip.host_bytes_per_second,
+                          "local": chip.local_bytes_per_second()}
         self.cores = tuple(sorted(set(cores) | set(events)))
         self.programs = {c: _pipeline(c, events.get(c, []), chip) for c in self.cores}
         self.clock = dict.fromkeys(self.cores, 0.0)
