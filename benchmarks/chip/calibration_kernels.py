@@ -1417,3 +1417,49 @@ for _rows in (64, 128, 256, 512):
     for _k in (1, 2):
         _add(f"r8/dma-local/{_rows}x128/k{_k}", "micro", _dma_local(_rows, 128, 512, _k),
              kind="dma", direction="local", bytes=_rows * 128 * 4, chunks=512, in_flight=_k)
+
+
+# round 9: what a grid step costs beside a small dot (r7: a blocked matmul's dots alone,
+# (128, 128) f32 on resident blocks, 173 ns a step on a 3-D grid with pl.when at the
+# first and last k, where the same dot in a fori_loop iteration takes 131 ns, r3): the
+# same accumulation over a 1-D or a 3-D grid, with and without the two pl.when, with a
+# dot or with one vector add
+def _step_forms(grid_form: str, when: bool, work: str, steps: int = 4096):
+    n16 = 16
+    grid = (steps,) if grid_form == "grid1d" else (steps // (n16 * n16), n16, n16)
+
+    def body(x_ref, y_ref, o_ref, acc):
+        k = pl.program_id(len(grid) - 1) if len(grid) == 3 else pl.program_id(0) % n16
+        if when:
+            @pl.when(k == 0)
+            def _():
+                acc[...] = jnp.zeros(acc.shape, acc.dtype)
+
+        if work == "dot":
+            acc[...] += jnp.dot(x_ref[...], y_ref[...], preferred_element_type=jnp.float32)
+        else:
+            acc[...] += x_ref[...]
+        if when:
+            @pl.when(k == n16 - 1)
+            def _():
+                o_ref[...] = acc[...]
+
+    def make():
+        x, y = _arr((128, 128), seed=1, scale=0.1), _arr((128, 128), seed=2, scale=0.1)
+        fixed = pl.BlockSpec((128, 128), (lambda i: (0, 0)) if len(grid) == 1
+                             else (lambda a, b, c: (0, 0)))
+        fn = _lazy(body, out_shape=jax.ShapeDtypeStruct((128, 128), jnp.float32),
+                   grid=grid, in_specs=[fixed, fixed], out_specs=fixed,
+                   scratch_shapes=[pltpu.VMEM((128, 128), jnp.float32)],
+                   compiler_params=pltpu.CompilerParams(
+                       dimension_semantics=("arbitrary",) * len(grid)))
+        return (lambda a, b: fn(a, b)), (x, y)
+    return make
+
+
+for _g in ("grid1d", "grid3d"):
+    for _w in (False, True):
+        for _work in ("dot", "add"):
+            _add(f"r9/step-forms/{_g}/{'when' if _w else 'plain'}/{_work}", "micro",
+                 _step_forms(_g, _w, _work), kind="step-forms", grid=_g, when=_w, work=_work,
+                 steps=4096)

@@ -31,7 +31,8 @@ def main() -> None:
     src = ROOT / "benchmarks" / "results_tpu" / f"calibration.{a.chip}.json"
     data = json.loads(src.read_text())
     k = {n: r for n, r in data["kernels"].items() if r.get("group") == "micro"}
-    for later in ("calibration2", "calibration3", "calibration5", "calibration8"):
+    for later in ("calibration2", "calibration3", "calibration5", "calibration8",
+                  "calibration10"):
         # the second round's microbenchmarks (reductions, latencies ...) and the third's
         # (dependent and independent dots, a flash step, a page gather), the fourth's
         # (block copies: how many, how big, beside which compute)
@@ -231,6 +232,15 @@ def main() -> None:
         lat = [t[n] / k[n]["meta"]["chunks"] - k[n]["meta"]["bytes"] / bw[d] for n in names]
         put(f"dma_latency_{d}_seconds", statistics.mean(lat), names,
             "one started-then-waited DMA's time less its bytes' share (4 and 16 KiB)")
+    # a conditional: two pl.when a grid step (round 9), their bodies run one step in 16
+    when = [(t[f"r9/step-forms/grid1d/when/{w}"] - t[f"r9/step-forms/grid1d/plain/{w}"])
+            / 4096 / 2 for w in ("add", "dot")]
+    put("branch_seconds", statistics.mean(when),
+        ["r9/step-forms/grid1d/{when,plain}/{add,dot}"],
+        "a conditional's cost on the chain: a grid step with two pl.when (zero the "
+        "accumulator at the first of 16 steps, store it at the last) over the same step "
+        f"without, per pl.when ({', '.join(f'{w * 1e9:.1f}' for w in when)} ns beside one "
+        "vector add and beside a (128, 128) dot)")
     # DMAs between on-core memories (VMEM -> VMEM, round 7): the rate from the two
     # biggest, one in flight (1 and 4 MiB), the latency from the smallest (16 KiB)
     big = ["r7/dma-local/1048576B/k1", "r7/dma-local/4194304B/k1"]

@@ -126,6 +126,7 @@ _MEASURED_FIELDS = {
     "dma_min_seconds": "dma_min_seconds",
     "xlu_latency_seconds": "xlu_latency_seconds",
     "sublane_reduce_latency_seconds": "sublane_reduce_latency_seconds",
+    "branch_seconds": "branch_seconds",
 }
 
 #: Constants counted in cycles of the measured chip: a chip that was not measured gets
@@ -134,7 +135,7 @@ _CYCLE_FIELDS = ("valu_vreg_seconds", "dependent_op_seconds", "loop_iteration_se
                  "load_use_seconds", "vmem_vreg_seconds", "mxu_dot_seconds",
                  "mxu_weight_tile_seconds", "mxu_transposed_rhs_vreg_seconds",
                  "step_overhead_s", "launch_overhead_s", "dma_min_seconds",
-                 "xlu_latency_seconds", "sublane_reduce_latency_seconds")
+                 "xlu_latency_seconds", "sublane_reduce_latency_seconds", "branch_seconds")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -207,6 +208,9 @@ class ChipModel:
     #: spread over them) and of a reduction over sublanes (0: not modelled)
     xlu_latency_seconds: float = 0.0
     sublane_reduce_latency_seconds: float = 0.0
+    #: A conditional (``pl.when``, ``lax.cond``): a basic block ends, the ops after it
+    #: issue after the ops before it did, and this much later (0: not modelled)
+    branch_seconds: float = 0.0
     #: The MXU: one dot's fixed cost, each (128, 128) weight tile's load, and the passes
     #: of a precision=HIGHEST f32 dot.
     mxu_dot_seconds: float = 0.0

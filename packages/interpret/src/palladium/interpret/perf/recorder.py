@@ -13,6 +13,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
+from palladium.interpret import _jax_compat as jc
 from palladium.interpret.eval.primitive_groups import REF_ACCESSES
 from palladium.interpret.observe.observers import LaunchInfo
 from palladium.interpret.perf.costs import Cost, equation_cost
@@ -43,6 +44,9 @@ CoreId = tuple[int, int]
 #   ("mem", delta_bytes)                       VMEM in use changes
 
 
+_COND = jc.cond_p
+
+
 def _has_array(op: Any) -> bool:
     return any(getattr(getattr(v, "aval", None), "shape", ())
                for v in (*op.invars, *op.outvars))
@@ -66,13 +70,18 @@ class _Chunk:
     start: float = 0.0
     issued: float = 0.0
     mxu_free: float = 0.0  # when the MXU takes its next dot
+    #: when the current basic block began (the last conditional's end) and each unit's
+    #: busy time since then: a conditional waits for both its block's chain and its
+    #: busiest unit
+    base: float = 0.0
+    busy: dict[str, float] = dataclasses.field(default_factory=dict)
     #: the values holding a lane reduction's result in every lane (spreading them over
     #: the lanes is free)
     replicated: set[Any] = dataclasses.field(default_factory=set)
 
     def copy(self) -> _Chunk:
         return dataclasses.replace(self, ready=dict(self.ready), seen=set(self.seen),
-                                   replicated=set(self.replicated))
+                                   replicated=set(self.replicated), busy=dict(self.busy))
 
 
 @dataclasses.dataclass(slots=True)
@@ -255,7 +264,8 @@ class TimelineRecorder(Observer):
             # (holds op: its id stays unique); on the chain only an equation with an
             # array among its operands or results (scalar index arithmetic runs ahead
             # on the scalar unit: most of a page-gather loop's equations)
-            hit = (op, equation_cost(op, self.chip), self._chained and _has_array(op))
+            hit = (op, equation_cost(op, self.chip),
+                   self._chained and (_has_array(op) or op.primitive is _COND))
             self._costs[key] = hit
         if hit[2]:
             self._on_chain(core, op, hit[1])
@@ -287,6 +297,16 @@ class TimelineRecorder(Observer):
         st = self._chunks.get(core)
         if st is None:
             st = self._chunks[core] = _Chunk()
+        if op.primitive is _COND and self.chip.branch_seconds:
+            # a basic block ends: what follows issues after everything before it did,
+            # its busiest unit's work included (r9/step-forms: two pl.when a grid step
+            # cost 14 ns on a v5e)
+            at = max(st.start, st.issued, st.base + max(st.busy.values(), default=0.0)
+                     ) + self.chip.branch_seconds
+            st.start = st.issued = st.base = at
+            st.busy = {}
+            st.end = max(st.end, at)
+            return
         ready, chain = st.ready, st.end
         key = id(op)
         if key in st.seen:
@@ -346,6 +366,12 @@ class TimelineRecorder(Observer):
         st.end = max(chain, out[1])
         if issued > st.issued:
             st.issued = issued
+        if cost.unit and st.base:  # (after a conditional: this block's units, from it)
+            b = st.busy[cost.unit] = st.busy.get(cost.unit, 0.0) + cost.seconds
+            if st.base + b > st.end:
+                st.end = st.base + b
+        elif cost.unit:
+            st.busy[cost.unit] = st.busy.get(cost.unit, 0.0) + cost.seconds
 
     def _totals(self) -> None:
         """The launch's costs by primitive and unit, its flops and transcendentals,
