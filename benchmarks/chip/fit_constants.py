@@ -257,20 +257,33 @@ def main() -> None:
     # (the body, a load, an add and a store on one vreg, is a chain the model counts
     # apart: taken off)
     body = (2 * out["load_use_seconds"]["value"] + out["dependent_op_seconds"]["value"])
-    step = slope("grid/revisit/s256", "grid/revisit/s4096", 3840) - body
+    # each blocked operand costs a grid step its index map and block check: the step
+    # time over 1, 3 and 6 revisited inputs (least squares), less each input's load and
+    # add in the body (the adds one dependent chain: an add's latency each)
+    counts = (1, 3, 6)
+    per_step = [slope(f"r3/grid-operands/in{n}/s256", f"r3/grid-operands/in{n}/s4096", 3840)
+                for n in counts]
+    operand = (_ls_slope(list(counts), per_step) - out["vmem_vreg_seconds"]["value"]
+               - out["dependent_op_seconds"]["value"])
+    put("operand_step_seconds", operand, ["r3/grid-operands/in{1,3,6}/s256..s4096"],
+        "per grid step and blocked operand: the step time's slope over 1, 3 and 6 "
+        f"revisited (8, 128) inputs ({', '.join(f'{x * 1e9:.1f}' for x in per_step)} ns a "
+        "step), less an input's load and its add's latency in the body (one chain)")
+    step = slope("grid/revisit/s256", "grid/revisit/s4096", 3840) - body - 2 * operand
     put("step_overhead_seconds", step, ["grid/revisit/s256..s4096"],
         "per grid step, no block copied (the same block every step), less its body's chain "
-        "(a load, an add, a store)")
+        "(a load, an add, a store) and its two operands' share (operand_step_seconds)")
     # a grid pipeline's block copies are DMAs with the latencies above, two in flight an
     # operand (the next step's are fetched before this step's are waited for), each
     # issued by the core: per (128, 128) bf16 block more in a step, less half its bytes
     # (two steps' copies share a latency; their bytes flow one step's after the other's)
     per_copy = (t["r4/copies/bfloat16/in4/s1024"] - t["r4/copies/bfloat16/in1/s1024"]) / (3 * 1024)
-    put("block_copy_issue_seconds", per_copy - 128 * 128 * 2 / bw["in"] / 2,
+    put("block_copy_issue_seconds", per_copy - 128 * 128 * 2 / bw["in"] / 2 - operand,
         ["r4/copies/bfloat16/in1..in4/s1024"],
         "the core's time to issue one block copy: the step time per (128, 128) bf16 block "
-        f"more ({per_copy * 1e9:.1f} ns), less half its bytes (two steps' copies in flight)")
-    launch = (t["grid/revisit/s256"] - 256 * (step + body)
+        f"more ({per_copy * 1e9:.1f} ns), less half its bytes (two steps' copies in flight) "
+        "and its operand's share of the step (operand_step_seconds)")
+    launch = (t["grid/revisit/s256"] - 256 * (step + body + 2 * operand)
               - out["dma_latency_in_seconds"]["value"]
               - out["dma_latency_out_seconds"]["value"]) / 2
     put("launch_overhead_seconds", max(launch, 0.0), ["grid/revisit/s256"],

@@ -127,6 +127,7 @@ _MEASURED_FIELDS = {
     "xlu_latency_seconds": "xlu_latency_seconds",
     "sublane_reduce_latency_seconds": "sublane_reduce_latency_seconds",
     "branch_seconds": "branch_seconds",
+    "operand_step_seconds": "operand_step_seconds",
 }
 
 #: Constants counted in cycles of the measured chip: a chip that was not measured gets
@@ -135,7 +136,8 @@ _CYCLE_FIELDS = ("valu_vreg_seconds", "dependent_op_seconds", "loop_iteration_se
                  "load_use_seconds", "vmem_vreg_seconds", "mxu_dot_seconds",
                  "mxu_weight_tile_seconds", "mxu_transposed_rhs_vreg_seconds",
                  "step_overhead_s", "launch_overhead_s", "dma_min_seconds",
-                 "xlu_latency_seconds", "sublane_reduce_latency_seconds", "branch_seconds")
+                 "xlu_latency_seconds", "sublane_reduce_latency_seconds", "branch_seconds",
+                 "operand_step_seconds")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -211,6 +213,9 @@ class ChipModel:
     #: A conditional (``pl.when``, ``lax.cond``): a basic block ends, the ops after it
     #: issue after the ops before it did, and this much later (0: not modelled)
     branch_seconds: float = 0.0
+    #: Per grid step and blocked operand: its index map and block check on the scalar
+    #: unit (beside ``step_overhead_s``; 0: not modelled)
+    operand_step_seconds: float = 0.0
     #: The MXU: one dot's fixed cost, each (128, 128) weight tile's load, and the passes
     #: of a precision=HIGHEST f32 dot.
     mxu_dot_seconds: float = 0.0

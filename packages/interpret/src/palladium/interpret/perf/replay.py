@@ -91,9 +91,10 @@ class CoreStats:
     steps: int = 0
 
 
-def _pipeline(core: CoreId, events: list[tuple[Any, ...]], chip: ChipModel) -> Iterator[Action]:
+def _pipeline(core: CoreId, events: list[tuple[Any, ...]], chip: ChipModel,
+              step_overhead: float) -> Iterator[Action]:
     """The core's program: its events, with the grid's block copies scheduled as the
-    TPU pipeline issues them."""
+    TPU pipeline issues them; each grid step costs the core ``step_overhead``."""
     pre: list[tuple[Any, ...]] = []
     steps: list[dict[str, Any]] = []
     for ev in events:
@@ -139,7 +140,7 @@ def _pipeline(core: CoreId, events: list[tuple[Any, ...]], chip: ChipModel) -> I
     last = len(steps) - 1
     for s, st in enumerate(steps):
         yield ("begin", f"step {s} {st['point']}", {"grid_point": str(st["point"])})
-        yield ("overhead", chip.step_overhead_s, "step overhead")
+        yield ("overhead", step_overhead, "step overhead")
         # (with n buffers the next inputs are fetched before this step's are waited for:
         # their buffer held step s - 1's, done; one buffer: this step's own, then waited)
         for ev in issue_at.get(s, []):
@@ -222,7 +223,7 @@ class Replay:
 
     def __init__(self, events: dict[CoreId, list[tuple[Any, ...]]], cores: tuple[CoreId, ...],
                  chip: ChipModel, cores_per_device: int,
-                 vmem_base: dict[CoreId, int] | None = None) -> None:
+                 vmem_base: dict[CoreId, int] | None = None, operands: int = 0) -> None:
         self.chip = chip
         # (a device's HBM serves reads, writes and HBM -> HBM copies at the rates measured
         # for each: a DMA's bytes are counted in read-equivalent bytes, its "work")
@@ -232,7 +233,10 @@ class Replay:
                           "host": chip.host_bytes_per_second,
                           "local": chip.local_bytes_per_second()}
         self.cores = tuple(sorted(set(cores) | set(events)))
-        self.programs = {c: _pipeline(c, events.get(c, []), chip) for c in self.cores}
+        # (``operands``: the launch's blocked operands, each a grid step's index map and
+        # block check)
+        step = chip.step_overhead_s + operands * chip.operand_step_seconds
+        self.programs = {c: _pipeline(c, events.get(c, []), chip, step) for c in self.cores}
         self.clock = dict.fromkeys(self.cores, 0.0)
         self.stats = {c: CoreStats() for c in self.cores}
         # every span as the tuple (track, name, cat, start, end, args): ``make_spans``
