@@ -179,41 +179,6 @@ def sub_jaxpr(invars: Sequence[Any], outvars: Sequence[Any], eqns: Sequence[Any]
     info = jax_core.DebugInfo(what, what, tuple(str(v) for v in invars), None)
     return jax_core.Jaxpr([], list(invars), list(outvars), list(eqns), debug_info=info)
 eval_jaxpr = jax_core.eval_jaxpr
-
-
-def with_pallas_interpret(jaxpr: Any, value: Any) -> Any:
-    """``jaxpr`` (closed or open) with every ``pallas_call`` at any depth (inside
-    ``jit``, ``cond``, loops, custom derivatives; not inside a kernel's body) given
-    ``interpret=value``: a program traced under palladium's interpret mode as jax would
-    lower it for a TPU (``value=False``)."""
-
-    def param(v: Any) -> Any:
-        if isinstance(v, jax_core.ClosedJaxpr):
-            inner = walk(v.jaxpr)
-            return v if inner is v.jaxpr else jax_core.ClosedJaxpr(inner, v.consts)
-        if isinstance(v, jax_core.Jaxpr):
-            return walk(v)
-        if type(v) in (tuple, list):  # (not a NamedTuple of parameters)
-            new = [param(x) for x in v]
-            return v if all(a is b for a, b in zip(new, v)) else type(v)(new)
-        return v
-
-    def walk(j: Any) -> Any:
-        eqns, changed = [], False
-        for eqn in j.eqns:
-            if eqn.primitive is pallas_call_p:
-                new = eqn.replace(params={**eqn.params, "interpret": value})
-            else:
-                params = {k: param(v) for k, v in eqn.params.items()}
-                same = all(params[k] is v for k, v in eqn.params.items())
-                new = eqn if same else eqn.replace(params=params)
-            changed |= new is not eqn
-            eqns.append(new)
-        return j.replace(eqns=eqns) if changed else j
-
-    return param(jaxpr)
-
-
 source_info_util = source_info_util
 register_lowering = mlir.register_lowering
 lower_fun = mlir.lower_fun
@@ -437,6 +402,9 @@ from palladium.interpret._jax_compat.mosaic import (  # noqa: E402
     mosaic_lowering_available as mosaic_lowering_available,
 )
 from palladium.interpret._jax_compat.mosaic import simulated_tpu as simulated_tpu  # noqa: E402
+from palladium.interpret._jax_compat.mosaic import (  # noqa: E402
+    with_pallas_interpret as with_pallas_interpret,
+)
 
 
 def default_prng_is_partitionable_threefry() -> bool:
