@@ -1463,3 +1463,75 @@ for _g in ("grid1d", "grid3d"):
             _add(f"r9/step-forms/{_g}/{'when' if _w else 'plain'}/{_work}", "micro",
                  _step_forms(_g, _w, _work), kind="step-forms", grid=_g, when=_w, work=_work,
                  steps=4096)
+
+
+# round 10: does the chip hoist loop-invariant work out of a loop (ragged paged
+# attention's masks, iota // heads, computed in every iteration of its kv loop, cost the
+# model a third of the kernel), and what an int32 vector division costs: 512 iterations
+# of h = h + f(...) on a (32, 128) f32 carry, f invariant or depending on the iteration
+def _licm(kind: str, steps: int = 512):
+    def body(d_ref, x_ref, o_ref):
+        d = d_ref[0]
+        x = x_ref[...]
+
+        def step(i, h):
+            if kind == "plain":
+                return h + 1.0
+            if kind == "div-invariant":
+                q = jax.lax.broadcasted_iota(jnp.int32, (32, 128), 1) // d
+                return h + q.astype(jnp.float32)
+            if kind == "div-variant":
+                q = (jax.lax.broadcasted_iota(jnp.int32, (32, 128), 1) + i) // d
+                return h + q.astype(jnp.float32)
+            if kind == "exp-invariant":
+                return h + jnp.exp(x)
+            return h + jnp.exp(x + i.astype(jnp.float32))  # exp-variant
+
+        o_ref[...] = jax.lax.fori_loop(0, steps, step, jnp.zeros((32, 128), jnp.float32))
+
+    def make():
+        d = jnp.array([3], jnp.int32)
+        x = _arr((32, 128), scale=0.1)
+        fn = _lazy(body, out_shape=jax.ShapeDtypeStruct((32, 128), jnp.float32),
+                   in_specs=[pl.BlockSpec(memory_space=pltpu.SMEM),
+                             pl.BlockSpec(memory_space=pltpu.VMEM)])
+        return (lambda a, b: fn(a, b)), (d, x)
+    return make
+
+
+for _kind in ("plain", "div-invariant", "div-variant", "exp-invariant", "exp-variant"):
+    for _s in (512, 4096):
+        _add(f"r10/licm/{_kind}/steps{_s}", "micro", _licm(_kind, _s), kind="licm",
+             variant=_kind, steps=_s)
+
+
+# round 11: integer division by a constant the compiler knows (ragged paged attention's
+# iota // heads: Mosaic folds it into multiplies and shifts) against round 10's by a
+# value read at run time (43 ns per vreg)
+def _const_div(kind: str, steps: int = 512):
+    def body(x_ref, o_ref):
+        def step(i, h):
+            iota = jax.lax.broadcasted_iota(jnp.int32, (32, 128), 1) + i
+            if kind == "floordiv3":
+                q = iota // 3
+            elif kind == "floordiv4":
+                q = iota // 4
+            elif kind == "rem3":
+                q = iota % 3
+            else:  # lax.div: truncating, no floor fix-up
+                q = jax.lax.div(iota, jnp.int32(3))
+            return h + q.astype(jnp.float32)
+
+        o_ref[...] = jax.lax.fori_loop(0, steps, step, x_ref[...])
+
+    def make():
+        x = _arr((32, 128), scale=0.1)
+        fn = _lazy(body, out_shape=jax.ShapeDtypeStruct((32, 128), jnp.float32))
+        return (lambda a: fn(a)), (x,)
+    return make
+
+
+for _kind in ("floordiv3", "floordiv4", "rem3", "laxdiv3"):
+    for _s in (512, 4096):
+        _add(f"r11/const-div/{_kind}/steps{_s}", "micro", _const_div(_kind, _s),
+             kind="const-div", variant=_kind, steps=_s)
