@@ -189,3 +189,21 @@ def test_cross_lane_ops_cost_their_latency_once():
     assert sublanes == pytest.approx(V5E.sublane_reduce_latency_seconds + 2 * dep + loop,
                                      rel=0.1)
     assert sublanes < lane_max / 4
+
+
+@pytest.mark.timeout(120)
+def test_a_left_operand_contracting_its_rows_costs_its_transpose():
+    # p.T @ do (flash attention's dkv step): the cross-lane unit transposes the left
+    # operand first, at the chip's measured transpose rate (round 6: the dkv step written
+    # from the math, -25% -> -11% with it)
+    def dot(dims):
+        def kernel(x_ref, o_ref):
+            o_ref[...] = jax.lax.dot_general(x_ref[...], x_ref[...], (dims, ((), ())),
+                                             preferred_element_type=jnp.float32)
+        return kernel
+
+    x = jnp.ones((256, 256), jnp.float32)
+    nn = _record(dot(((1,), (0,))), x).by_primitive["dot_general"]
+    tn = _record(dot(((0,), (0,))), x).by_primitive["dot_general"]
+    transpose = V5E.vector_vreg_seconds("transpose", False)
+    assert tn - nn == pytest.approx(64 * transpose)  # 64 vregs of the left operand

@@ -147,6 +147,10 @@ def _dot_cost(eqn: Any, chip: ChipModel) -> Cost:
     seconds = flops / rate + tiles * chip.mxu_weight_tile_seconds
     if chip.mxu_transposed_rhs_vreg_seconds and len(rhs.shape) - 1 in _rc:
         seconds += _vregs(rhs, chip) * chip.mxu_transposed_rhs_vreg_seconds  # q @ k.T
+    if len(lhs.shape) >= 2 and len(lhs.shape) - 2 in lc:
+        # a left operand contracting its rows (p.T @ do): transposed first, at the
+        # measured transpose rate (round 6's dkv step: -25% -> -11%; gated-delta -2% -> 0)
+        seconds += _vregs(lhs, chip) * chip.vector_vreg_seconds("transpose", False)
     # the fixed cost (fill and drain) is latency: the MXU takes the next independent
     # dot meanwhile, a result's user waits for it; the left operand's rows stream
     # through in blocks of mxu_rows, so a dependent dot starts on the first block
