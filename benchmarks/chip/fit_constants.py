@@ -32,7 +32,7 @@ def main() -> None:
     data = json.loads(src.read_text())
     k = {n: r for n, r in data["kernels"].items() if r.get("group") == "micro"}
     for later in ("calibration2", "calibration3", "calibration5", "calibration8",
-                  "calibration10"):
+                  "calibration9", "calibration10"):
         # the second round's microbenchmarks (reductions, latencies ...) and the third's
         # (dependent and independent dots, a flash step, a page gather), the fourth's
         # (block copies: how many, how big, beside which compute)
@@ -241,6 +241,15 @@ def main() -> None:
         "accumulator at the first of 16 steps, store it at the last) over the same step "
         f"without, per pl.when ({', '.join(f'{w * 1e9:.1f}' for w in when)} ns beside one "
         "vector add and beside a (128, 128) dot)")
+    # a pipeline's copies of blocks that are pieces of their arrays (round 8): two blocks
+    # a step, (rows, 128) tiles of 2048-wide arrays against contiguous ones, per copy
+    strided = [(t[f"r8/copy-forms/grid1d-strided/b{r}"] - t[f"r8/copy-forms/grid1d-contig/b{r}"])
+               / 4096 / 2 for r in (128, 256)]
+    put("strided_copy_seconds", statistics.mean(strided),
+        ["r8/copy-forms/grid1d-{strided,contig}/b128,b256"],
+        "a strided block copy's DMA-engine time more than a contiguous one's: two f32 "
+        "blocks a step, (128, 128) and (256, 128) pieces of 2048-wide arrays against "
+        f"whole rows of 128-wide ones, per copy ({', '.join(f'{x * 1e9:.1f}' for x in strided)} ns)")
     # DMAs between on-core memories (VMEM -> VMEM, round 7): the rate from the two
     # biggest, one in flight (1 and 4 MiB), the latency from the smallest (16 KiB)
     big = ["r7/dma-local/1048576B/k1", "r7/dma-local/4194304B/k1"]

@@ -195,3 +195,19 @@ def test_predict_says_which_placement_it_used():
     with pytest.raises(ConfigError, match=r"predict\(placement=...\) must be 'auto' or 'hbm', "
                                           r"got 'vmem'"):
         pi.predict(fn, arg, chip="v5e", placement="vmem")
+
+
+def test_a_block_is_strided_when_it_is_pieces_of_its_array():
+    from palladium.interpret.kernel.blocks import BlockDim, BlockSpecInfo
+
+    def info(block, array):
+        return BlockSpecInfo("x", tuple(BlockDim("squeezed", 1) if b is None
+                                        else BlockDim("blocked", b) for b in block),
+                             array, jnp.dtype(jnp.float32), None, None)
+
+    assert info((128, 128), (2048, 2048)).strided
+    assert not info((8, 2048), (4096, 2048)).strided  # whole rows
+    assert not info((1, 1, 128, 128), (1, 4, 2048, 128)).strided  # one run
+    assert not info((None, 128, 128), (4, 2048, 128)).strided
+    assert info((1, 128, 128), (4, 512, 512)).strided
+    assert not info((2048, 2048), (2048, 2048)).strided

@@ -431,3 +431,31 @@ def test_a_conditional_ends_a_basic_block():
     assert steady(when) == pytest.approx(2 * V5E.branch_seconds + block, rel=1e-6)
     assert steady(plain) < steady(when) - V5E.branch_seconds
     assert when.predicted_seconds > plain.predicted_seconds + (steps - 2) * V5E.branch_seconds
+
+
+def _two_blocks(strided, steps=32):
+    def kernel(x_ref, y_ref, o_ref):
+        o_ref[...] = x_ref[...] + y_ref[...]
+
+    if strided:  # (128, 128) pieces of 2048-wide arrays
+        shape, spec = (128 * steps // 16, 2048), pl.BlockSpec((128, 128), lambda i: (i // 16, i % 16))
+    else:  # whole 128-wide rows
+        shape, spec = (128 * steps, 128), pl.BlockSpec((128, 128), lambda i: (i, 0))
+    call = pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct(shape, jnp.float32),
+                          grid=(steps,), in_specs=[spec, spec], out_specs=spec,
+                          interpret=InterpretParams(chip="v5e", skip_floating_point_ops=True))
+    x = jnp.ones(shape, jnp.float32)
+    return lambda: call(x, x)
+
+
+@pytest.mark.timeout(120)
+def test_a_strided_block_copy_costs_the_dma_engine_more():
+    # round 8 on the v5e: two (128, 128) f32 blocks a step, as pieces of 2048-wide arrays,
+    # 11-16 ns a copy more than as whole rows of 128-wide ones
+    contiguous, strided = record(_two_blocks(False)), record(_two_blocks(True))
+    assert V5E.strided_copy_seconds == pytest.approx(13.8e-9, rel=0.05)
+    assert contiguous.dma_bytes == strided.dma_bytes
+    per_step = (strided.predicted_seconds - contiguous.predicted_seconds) / 32
+    # two input copies a step, served one after the other (the output's, the other
+    # direction, beside them); the first and last steps less
+    assert 1.9 * V5E.strided_copy_seconds <= per_step <= 2 * V5E.strided_copy_seconds * 1.01

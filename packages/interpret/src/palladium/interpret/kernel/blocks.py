@@ -95,6 +95,16 @@ class BlockSpecInfo:
         return self.space == MemorySpace.HBM or self.space == MemorySpace.HOST
 
     @property
+    def strided(self) -> bool:
+        """Whether a block is pieces of the array rather than one run of it: a dimension
+        it takes only part of, with a dimension of more than one element before it (a
+        (128, 128) block of a (2048, 2048) array; not a (1, 1, 128, 128) one of a
+        (1, 4, 2048, 128) array)."""
+        sizes = [1 if d.kind == "squeezed" else d.size for d in self.dims]
+        partial = [i for i, (b, n) in enumerate(zip(sizes, self.array_shape)) if b < n]
+        return bool(partial) and any(b > 1 for b in sizes[:partial[-1]])
+
+    @property
     def block_shape(self) -> tuple[int, ...]:
         """The shape of the kernel's ref (squeezed dimensions dropped)."""
         return tuple(d.size for d in self.dims if d.kind != "squeezed")

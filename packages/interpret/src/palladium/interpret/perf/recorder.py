@@ -33,10 +33,11 @@ CoreId = tuple[int, int]
 # Event tuples, first item the kind:
 #   ("c", seconds)                             compute chunk
 #   ("step", step, grid_point)                 grid step begins
-#   ("in", step, nbytes, buffer_count, name, local)  pipeline input copy for that step
-#                                   (local: the operand is in VMEM, placed there by XLA)
+#   ("in", step, nbytes, buffer_count, name, local, strided)  pipeline input copy for
+#        that step (local: the operand is in VMEM, placed there by XLA; strided: its
+#        blocks are pieces of the array)
 #   ("body_end", step)                         grid step body done
-#   ("out", step, nbytes, buffer_count, name, local)  pipeline output copy after it
+#   ("out", step, nbytes, buffer_count, name, local, strided)  output copy after it
 #   ("dma", DmaEvent)                          a DMA started
 #   ("sig", sem_key, inc)                      a semaphore signal
 #   ("wait", sem_key, value, label, is_dma)    a semaphore wait
@@ -105,6 +106,12 @@ class TimelineRecorder(Observer):
         #: ("in", name) / ("out", name) of the operands XLA placed in VMEM: their block
         #: copies are VMEM -> VMEM (``fidelity.xla_placement``; set by the timeline)
         self.local_operands: frozenset[tuple[str, str]] = frozenset()
+        #: ("in", name) / ("out", name) of the operands whose blocks are pieces of their
+        #: arrays (``BlockSpecInfo.strided``: each copy costs the DMA engine more)
+        kernel = info.kernel
+        self._strided = frozenset() if kernel is None else frozenset(
+            [("in", o.name) for o in kernel.inputs if not o.in_hbm and o.strided]
+            + [("out", o.name) for o in kernel.outputs if not o.in_hbm and o.strided])
         # Called once with this recorder when the launch ended (finished or failed): the
         # timeline then keeps what it needs and nothing holds the events any more.
         self.on_done: Callable[[TimelineRecorder], None] | None = None
@@ -354,8 +361,9 @@ class TimelineRecorder(Observer):
 
     def block_copy(self, copy: BlockCopy) -> None:
         kind = "in" if copy.direction == "in" else "out"
+        key = (kind, copy.operand)
         self._push(copy.core, (kind, copy.step, copy.nbytes, copy.buffer_count, copy.operand,
-                               (kind, copy.operand) in self.local_operands))
+                               key in self.local_operands, key in self._strided))
 
     # -- the simulator's events ------------------------------------------------------
     def dma_start(self, dma: DmaEvent) -> None:

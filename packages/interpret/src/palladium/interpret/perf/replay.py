@@ -117,7 +117,7 @@ def _pipeline(core: CoreId, events: list[tuple[Any, ...]], chip: ChipModel,
     seq = iter(range(1 << 62))
 
     def copy(ev: tuple[Any, ...], key: Any) -> Iterator[Action]:
-        _, step, nbytes, _n, name, local = ev
+        _, step, nbytes, _n, name, local, strided = ev
         # (an operand XLA placed in VMEM: its blocks are copied VMEM -> VMEM)
         where = "VMEM" if local else "HBM"
         src, dst = (where, name) if ev[0] == "in" else (name, where)
@@ -126,7 +126,8 @@ def _pipeline(core: CoreId, events: list[tuple[Any, ...]], chip: ChipModel,
         yield ("dma", -1 - next(seq), f"copy {name} block (step {step})",
                ("local" if local else "hbm", dev), nbytes, [(key, nbytes)],
                {"bytes": nbytes, "src": src, "dst": dst},
-               "block local" if local else "block " + ("in" if ev[0] == "in" else "out"))
+               "block local" if local else
+               ("block strided " if strided else "block ") + ("in" if ev[0] == "in" else "out"))
 
     issue_at: dict[int, list[tuple[Any, ...]]] = defaultdict(list)  # -1: prologue
     for t, st in enumerate(steps):
@@ -302,6 +303,8 @@ class Replay:
                     work *= scale
                     if not block:  # a kernel's own DMA: the engine's least time for one
                         work = max(work, least)
+                    else:  # a strided block's pieces: the engine's time more (``least``)
+                        work += least
                 dma = _Dma(dma_id, name, core[0], res, nbytes, signals, t, args, work,
                            direction=direction, block=block)
                 self.dmas.append(dma)
@@ -339,16 +342,18 @@ class Replay:
                 self.raw_spans.append((track, name, "step", t0, t, args))
 
     def _terms(self, kind: str) -> tuple[str, bool, float, float, float]:
-        """A DMA kind's (``"block in"``, ``"in"``...) direction, whether it is a block
-        copy, its HBM work per byte, a kernel DMA's least work and its latency (the
-        chip's, computed once per kind)."""
+        """A DMA kind's (``"block in"``, ``"block strided in"``, ``"in"``...) direction,
+        whether it is a block copy, its HBM work per byte, a kernel DMA's least work (a
+        strided block copy's work more), and its latency (the chip's, once per kind)."""
         direction = kind.split()[-1]
         block = kind.startswith("block")
         bandwidth = self.bandwidth["hbm"]
+        least = (self.chip.strided_copy_seconds if "strided" in kind else 0.0) if block else (
+            self.chip.dma_min_seconds)
         terms = self._dma_terms[kind] = (
             direction, block,
             self.chip.hbm_byte_seconds(direction, self._cores_per_device) * bandwidth,
-            self.chip.dma_min_seconds * bandwidth,
+            least * bandwidth,
             self.chip.dma_latency(direction))  # (a block copy is a DMA like any)
         return terms
 
