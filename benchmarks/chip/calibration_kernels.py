@@ -1535,3 +1535,33 @@ for _kind in ("floordiv3", "floordiv4", "rem3", "laxdiv3"):
     for _s in (512, 4096):
         _add(f"r11/const-div/{_kind}/steps{_s}", "micro", _const_div(_kind, _s),
              kind="const-div", variant=_kind, steps=_s)
+
+
+# round 12: what an index map's scalar work costs a grid step (jax's causal flash
+# attention's maps compare and select at every step; the model charged a blocked operand
+# one constant): two revisited (8, 128) inputs whose index maps run 1 + n dependent
+# scalar ops that come to block 0
+def _index_map_ops(n_ops: int, steps: int = 4096):
+    def imap(i):
+        x = jnp.minimum(i, 0)
+        for _ in range(n_ops // 2):
+            x = jnp.minimum(x * 3, 0)
+        return (x, 0)
+
+    def body(x_ref, y_ref, o_ref):
+        o_ref[...] += x_ref[...] + y_ref[...]
+
+    def make():
+        xs = (_arr((8, 128), seed=1), _arr((8, 128), seed=2))
+        spec = pl.BlockSpec((8, 128), imap)
+        fn = _lazy(body, out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32),
+                   grid=(steps,), in_specs=[spec, spec],
+                   out_specs=pl.BlockSpec((8, 128), lambda i: (0, 0)))
+        return (lambda a, b: fn(a, b)), xs
+    return make
+
+
+for _n in (0, 8, 32):
+    for _s in (256, 4096):
+        _add(f"r12/index-map/ops{_n}/s{_s}", "micro", _index_map_ops(_n, _s), kind="index-map",
+             ops=_n, steps=_s)

@@ -32,7 +32,7 @@ def main() -> None:
     data = json.loads(src.read_text())
     k = {n: r for n, r in data["kernels"].items() if r.get("group") == "micro"}
     for later in ("calibration2", "calibration3", "calibration5", "calibration8",
-                  "calibration9", "calibration10"):
+                  "calibration9", "calibration10", "calibration13"):
         # the second round's microbenchmarks (reductions, latencies ...) and the third's
         # (dependent and independent dots, a flash step, a page gather), the fourth's
         # (block copies: how many, how big, beside which compute)
@@ -278,6 +278,18 @@ def main() -> None:
         "per grid step and blocked operand: the step time's slope over 1, 3 and 6 "
         f"revisited (8, 128) inputs ({', '.join(f'{x * 1e9:.1f}' for x in per_step)} ns a "
         "step), less an input's load and its add's latency in the body (one chain)")
+    # ... and an index map that computes its block index (from the grid) costs more: the
+    # block index compared with the last step's (round 12: two inputs whose maps come to
+    # block 0 through a min, against three constant ones, r3/grid-operands/in3)
+    dynamic = (slope("r12/index-map/ops0/s256", "r12/index-map/ops0/s4096", 3840)
+               - slope("r3/grid-operands/in3/s256", "r3/grid-operands/in3/s4096", 3840)
+               + operand) / 2
+    put("dynamic_operand_step_seconds", dynamic,
+        ["r12/index-map/ops0/s256..s4096", "r3/grid-operands/in3/s256..s4096"],
+        "per grid step, an operand whose index map computes its block index: two such "
+        "inputs (min(i, 0): the same block every step) against three constant ones and "
+        "one operand fewer, per operand (r12's maps of 9 and 33 ops took 31 and 71 ns a "
+        "step against 41 for 1 op: the compiler's doing, not a per-op cost)")
     step = slope("grid/revisit/s256", "grid/revisit/s4096", 3840) - body - 2 * operand
     put("step_overhead_seconds", step, ["grid/revisit/s256..s4096"],
         "per grid step, no block copied (the same block every step), less its body's chain "
@@ -287,11 +299,13 @@ def main() -> None:
     # issued by the core: per (128, 128) bf16 block more in a step, less half its bytes
     # (two steps' copies share a latency; their bytes flow one step's after the other's)
     per_copy = (t["r4/copies/bfloat16/in4/s1024"] - t["r4/copies/bfloat16/in1/s1024"]) / (3 * 1024)
-    put("block_copy_issue_seconds", per_copy - 128 * 128 * 2 / bw["in"] / 2 - operand,
+    put("block_copy_issue_seconds",
+        max(per_copy - 128 * 128 * 2 / bw["in"] / 2 - operand - dynamic, 0.0),
         ["r4/copies/bfloat16/in1..in4/s1024"],
         "the core's time to issue one block copy: the step time per (128, 128) bf16 block "
         f"more ({per_copy * 1e9:.1f} ns), less half its bytes (two steps' copies in flight) "
-        "and its operand's share of the step (operand_step_seconds)")
+        "and its operand's share of the step (operand_step_seconds, "
+        "dynamic_operand_step_seconds: its index map is (i, 0))")
     launch = (t["grid/revisit/s256"] - 256 * (step + body + 2 * operand)
               - out["dma_latency_in_seconds"]["value"]
               - out["dma_latency_out_seconds"]["value"]) / 2

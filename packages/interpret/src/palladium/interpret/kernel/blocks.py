@@ -95,6 +95,14 @@ class BlockSpecInfo:
         return self.space == MemorySpace.HBM or self.space == MemorySpace.HOST
 
     @property
+    def dynamic(self) -> bool:
+        """Whether the index map's block index depends on the grid or scalar-prefetch
+        values (each grid step computes it and checks it against the last step's)."""
+        jaxpr = getattr(self.index_map, "jaxpr", self.index_map)
+        outs = getattr(jaxpr, "outvars", ())
+        return any(not hasattr(v, "val") for v in outs)
+
+    @property
     def strided(self) -> bool:
         """Whether a block is pieces of the array rather than one run of it: a dimension
         it takes only part of, with a dimension of more than one element before it (a

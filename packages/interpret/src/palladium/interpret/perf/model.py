@@ -129,6 +129,7 @@ _MEASURED_FIELDS = {
     "branch_seconds": "branch_seconds",
     "operand_step_seconds": "operand_step_seconds",
     "strided_copy_seconds": "strided_copy_seconds",
+    "dynamic_operand_step_seconds": "dynamic_operand_step_seconds",
 }
 
 #: Constants counted in cycles of the measured chip: a chip that was not measured gets
@@ -138,7 +139,8 @@ _CYCLE_FIELDS = ("valu_vreg_seconds", "dependent_op_seconds", "loop_iteration_se
                  "mxu_weight_tile_seconds", "mxu_transposed_rhs_vreg_seconds",
                  "step_overhead_s", "launch_overhead_s", "dma_min_seconds",
                  "xlu_latency_seconds", "sublane_reduce_latency_seconds", "branch_seconds",
-                 "operand_step_seconds", "strided_copy_seconds")
+                 "operand_step_seconds", "strided_copy_seconds",
+                 "dynamic_operand_step_seconds")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -217,6 +219,9 @@ class ChipModel:
     #: Per grid step and blocked operand: its index map and block check on the scalar
     #: unit (beside ``step_overhead_s``; 0: not modelled)
     operand_step_seconds: float = 0.0
+    #: ... more per grid step for an operand whose index map computes its block index
+    #: (it depends on the grid or scalar prefetch) and checks it against the last step's
+    dynamic_operand_step_seconds: float = 0.0
     #: A pipeline block copy whose block is pieces of its array ((128, 128) of a (2048,
     #: 2048) array): the DMA engine's time more than the bytes' (0: not modelled)
     strided_copy_seconds: float = 0.0
