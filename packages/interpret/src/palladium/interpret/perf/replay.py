@@ -414,12 +414,27 @@ class Replay:
                 self._signal(key, inc, t, dma.resource[0])
 
     def _assign_lanes(self) -> None:
-        lanes: dict[int, list[float]] = defaultdict(list)
+        """Each DMA on its device's lowest engine lane free at its start (in start
+        order): per device a heap of the busy lanes by end and one of the free lanes by
+        number (the starts never decrease, so a lane freed stays free until taken)."""
+        lanes: dict[int, tuple[list[tuple[float, int]], list[int], list[int]]] = {}
+        heappush, heappop = heapq.heappush, heapq.heappop
+        append = self.raw_spans.append
+        names: list[str] = []
         for dma in sorted(self.dmas, key=lambda d: (d.start, d.id)):
-            free = lanes[dma.device]
-            lane = next((i for i, end in enumerate(free) if end <= dma.start), len(free))
-            if lane == len(free):
-                free.append(0.0)
-            free[lane] = dma.end
-            self.raw_spans.append(((dma.device, f"DMA engine {lane}"), dma.name, "dma",
-                                   dma.start, dma.end, dma.args))
+            known = lanes.get(dma.device)
+            if known is None:
+                known = lanes[dma.device] = ([], [], [0])
+            busy, free, count = known
+            start = dma.start
+            while busy and busy[0][0] <= start:
+                heappush(free, heappop(busy)[1])
+            if free:
+                lane = heappop(free)
+            else:
+                lane = count[0]
+                count[0] += 1
+            heappush(busy, (dma.end, lane))
+            while len(names) <= lane:
+                names.append(f"DMA engine {len(names)}")
+            append(((dma.device, names[lane]), dma.name, "dma", start, dma.end, dma.args))
