@@ -80,6 +80,11 @@ class _Dma:
     end: float = 0.0
     direction: str = ""
     block: bool = False  # a pipeline block copy (served in issue order, see _served)
+    #: A run of DMAs started together (the recorder's ``("dmas", ...)``): each one's
+    #: (id, name, signals, args), in order; their bytes flow as ``count`` DMAs' would,
+    #: ``remaining`` each (None: this DMA alone)
+    members: list[tuple[int, str, list[tuple[Any, int]], dict[str, Any]]] | None = None
+    count: int = 1
 
 
 @dataclasses.dataclass
@@ -187,6 +192,20 @@ def _plain(events: list[tuple[Any, ...]], labels: dict[int, tuple[Any, str]],
                    {"bytes": d.nbytes, "src": _label(d.src, labels),
                     "dst": _label(d.dst, labels)},
                    _direction(d.src.space, d.dst.space))
+        elif kind == "dmas":  # (the same resource, bytes and direction: ``_batch``)
+            d = ev[1][0]
+            res = (("ici", d.src.device) if d.remote
+                   else ("host", d.core[0]) if _HOST in (d.src.space, d.dst.space)
+                   else ("hbm", d.core[0]))
+            members = []
+            for d in ev[1]:
+                signals = [(d.dst_sem.key, d.nbytes)]
+                if d.src_sem is not None:
+                    signals.append((d.src_sem.key, d.nbytes))
+                members.append((d.id, d.name, signals,
+                                {"bytes": d.nbytes, "src": _label(d.src, labels),
+                                 "dst": _label(d.dst, labels)}))
+            yield ("dmas", members, res, d.nbytes, _direction(d.src.space, d.dst.space))
         elif kind == "sig":
             yield ("signal", ev[1], ev[2])
         elif kind == "wait":
@@ -238,6 +257,12 @@ class Replay:
         self._pending: list[tuple[float, int, _Dma]] = []
         self._active: dict[tuple[str, int], list[_Dma]] = defaultdict(list)
         self._t_dma = 0.0
+        # per resource with DMAs in flight: the ones it serves and their rate
+        # (``_next_dma_time``, for ``_advance``)
+        self._flows: list[tuple[list[_Dma], float]] = []
+        # whether a run of DMAs (``("dmas", ...)``) was started: a resource's share is
+        # then per DMA of each run
+        self._batched = False
         self._dma_terms: dict[str, tuple[str, bool, float, float, float]] = {}
 
     # -- the run -------------------------------------------------------------------------
@@ -290,6 +315,21 @@ class Replay:
                            direction=direction, block=block)
                 self.dmas.append(dma)
                 self.resource_bytes[res] += nbytes
+                heapq.heappush(self._pending, (t + latency, len(self.dmas), dma))
+            elif kind == "dmas":  # DMAs started together: one flow of as many
+                _, members, res, nbytes, kind = action
+                terms = self._dma_terms.get(kind) or self._terms(kind)
+                direction, block, scale, least, latency = terms
+                work = float(nbytes)
+                if res[0] == "hbm":
+                    work = max(work * scale, least)
+                first = members[0]
+                dma = _Dma(first[0], first[1], core[0], res, nbytes, first[2], t, first[3],
+                           work, direction=direction, block=block, members=members,
+                           count=len(members))
+                self.dmas.append(dma)
+                self._batched = True
+                self.resource_bytes[res] += nbytes * len(members)
                 heapq.heappush(self._pending, (t + latency, len(self.dmas), dma))
             elif kind == "signal":
                 self._signal(action[1], action[2], t, "sem")
@@ -353,11 +393,18 @@ class Replay:
 
     # -- DMAs as fluid flows --------------------------------------------------------------
     def _next_dma_time(self) -> float:
+        """When the next DMA event happens (a pending DMA's bytes start to flow, a
+        flowing one ends). The DMAs each resource serves and their rate are kept in
+        ``_flows`` for ``_advance`` to that time (the active lists do not change
+        between: a core's step only adds pending DMAs)."""
         t = self._pending[0][0] if self._pending else math.inf
+        flows = self._flows
+        flows.clear()
         for res, active in self._active.items():
             if active:
                 served = self._served(active)
                 rate = self._rate(res, served)
+                flows.append((served, rate))
                 t = min(t, self._t_dma + min(d.remaining for d in served) / rate)
         return t
 
@@ -379,7 +426,8 @@ class Replay:
     def _rate(self, res: tuple[str, int], active: list[_Dma]) -> float:
         """Each served DMA's share of its resource; HBM serving reads and writes at once
         is slower than either alone (the chip's measured read/write turnaround)."""
-        rate = self.bandwidth[res[0]] / len(active)
+        rate = self.bandwidth[res[0]] / (self._batched and sum(d.count for d in active)
+                                         or len(active))
         if res[0] == "hbm" and self.chip.hbm_mixed_factor != 1.0:
             kinds = {d.direction for d in active}
             if "in" in kinds and "out" in kinds:
@@ -387,13 +435,11 @@ class Replay:
         return rate
 
     def _advance(self, t: float) -> None:
+        """Move the flowing DMAs on to ``t`` (as ``_next_dma_time`` just found them)."""
         dt = t - self._t_dma
         done: list[_Dma] = []
-        for res, active in self._active.items():
-            if not active:
-                continue
-            served = self._served(active)
-            moved = dt * self._rate(res, served)
+        for served, rate in self._flows:
+            moved = dt * rate
             for d in served:
                 d.remaining -= moved
         self._t_dma = t
@@ -410,6 +456,11 @@ class Replay:
             done.sort(key=lambda d: (d.start, d.id))
         for dma in done:
             dma.end = t
+            if dma.members is not None:
+                for member in dma.members:
+                    for key, inc in member[2]:
+                        self._signal(key, inc, t, dma.resource[0])
+                continue
             for key, inc in dma.signals:
                 self._signal(key, inc, t, dma.resource[0])
 
@@ -426,15 +477,17 @@ class Replay:
             if known is None:
                 known = lanes[dma.device] = ([], [], [0])
             busy, free, count = known
-            start = dma.start
-            while busy and busy[0][0] <= start:
-                heappush(free, heappop(busy)[1])
-            if free:
-                lane = heappop(free)
-            else:
-                lane = count[0]
-                count[0] += 1
-            heappush(busy, (dma.end, lane))
-            while len(names) <= lane:
-                names.append(f"DMA engine {len(names)}")
-            append(((dma.device, names[lane]), dma.name, "dma", start, dma.end, dma.args))
+            start, end = dma.start, dma.end
+            # (a run's DMAs one by one: their numbers follow each other, none between)
+            for _, name, _, args in (dma.members or ((dma.id, dma.name, None, dma.args),)):
+                while busy and busy[0][0] <= start:
+                    heappush(free, heappop(busy)[1])
+                if free:
+                    lane = heappop(free)
+                else:
+                    lane = count[0]
+                    count[0] += 1
+                heappush(busy, (end, lane))
+                while len(names) <= lane:
+                    names.append(f"DMA engine {len(names)}")
+                append(((dma.device, names[lane]), name, "dma", start, end, args))
