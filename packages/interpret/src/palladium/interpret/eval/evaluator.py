@@ -49,6 +49,8 @@ class CoreEvaluator:
     state: CoreState = dataclasses.field(default_factory=CoreState)
     grid_point: tuple[int, ...] | None = None
     memory: CoreMemory = dataclasses.field(init=False, repr=False)
+    #: The launch's simulator (its ``sim``, read once: every load, DMA and wait asks)
+    sim: Simulation = dataclasses.field(init=False, repr=False)
     skip_floating_point_ops: bool = dataclasses.field(init=False, default=False)
     unused_values: frozenset[Any] | None = dataclasses.field(init=False, default=None,
                                                              repr=False)
@@ -69,6 +71,7 @@ class CoreEvaluator:
     def __post_init__(self) -> None:
         params = getattr(self.launch, "params", None)
         self.memory = self.launch.memory
+        self.sim = getattr(self.launch, "sim", None)  # type: ignore[assignment]
         self.skip_floating_point_ops = bool(getattr(params, "skip_floating_point_ops", False))
         self.deterministic_dot = bool(getattr(params, "deterministic_dot", False))
         self.unused_values = getattr(self.launch, "unused_values", None)
@@ -199,10 +202,6 @@ class CoreEvaluator:
         ))
 
     # -- the KernelContext a rule sees (its questions go to the launch) -------------------
-    @property
-    def sim(self) -> Simulation:
-        return self.launch.sim
-
     @property
     def launch_number(self) -> int:
         return self.launch.number
