@@ -244,3 +244,63 @@ def test_a_pages_plan_from_the_first_pages_is_the_plan_resolve_makes():
         assert [getattr(plan, f) for f in type(plan).__slots__] == \
             [getattr(want, f) for f in type(want).__slots__], key
     assert paged["structure"][0] is not None  # (the first page's plan was kept)
+
+
+def _scalar_chain_call():
+    """A body whose scalar index arithmetic (a flat run of ten equations, a segment run
+    one by one under the timeline) reads out of bounds at the last grid step."""
+    def kernel(n_ref, x_ref, o_ref):
+        a = n_ref[pl.program_id(0)]
+        b = a * 3 + 1
+        c = b * 5 - 2
+        e = c + a * 7 - b + 3
+        o_ref[...] = x_ref[...] + n_ref[e].astype(F32)
+
+    spec = pltpu.PrefetchScalarGridSpec(
+        num_scalar_prefetch=1, grid=(4,),
+        in_specs=[pl.BlockSpec((8, 128), lambda i, n: (i, 0))],
+        out_specs=pl.BlockSpec((8, 128), lambda i, n: (i, 0)))
+    call = pl.pallas_call(kernel, grid_spec=spec,
+                          out_shape=jax.ShapeDtypeStruct((32, 128), F32),
+                          interpret=pi.InterpretParams(uninitialized_reads="off"))
+    n = jnp.zeros((64,), jnp.int32).at[3].set(9)
+    return call, (n, jnp.ones((32, 128), F32))
+
+
+@pytest.mark.timeout(120)
+def test_a_flat_segment_told_as_one_run_counts_what_one_by_one_counts(monkeypatch):
+    # the evaluator tells a flat segment's equations after they ran, as one run
+    # (run_program); a launch that fails inside one counts those up to the failing one
+    evaluator_module = importlib.import_module("palladium.interpret.eval.evaluator")
+    told_after = []
+    run_after = evaluator_module.CoreEvaluator._run_told_after
+
+    def counted(self, prog, args, tell):
+        told_after.append(len(prog.eqns))
+        try:
+            return run_after(self, prog, args, tell)
+        except Exception:
+            told_after.append("raised")
+            raise
+
+    monkeypatch.setattr(evaluator_module.CoreEvaluator, "_run_told_after", counted)
+    call, args = _scalar_chain_call()
+
+    def failed(one_by_one):
+        with monkeypatch.context() as m:
+            if one_by_one:
+                m.setattr(evaluator_module.CoreEvaluator, "run_program",
+                          lambda self, prog, a: self._run(prog, [], a))
+            with pi.timeline(keep_failed=True) as tl, pytest.raises(pi.PalladiumError), \
+                    pi.errors_as_raised():
+                jax.block_until_ready(call(*args))
+        (record,) = tl.launches
+        assert record.failed
+        return (record.by_primitive, record.flops, record.vector_flops,
+                [ev for ev in record.core_stats])
+
+    runs = failed(False)
+    assert "raised" in told_after and max(n for n in told_after if n != "raised") >= 8
+    told_after.clear()
+    assert failed(True) == runs and not told_after
+    assert runs[0]["mul"] > 0
