@@ -426,8 +426,8 @@ class Replay:
     def _rate(self, res: tuple[str, int], active: list[_Dma]) -> float:
         """Each served DMA's share of its resource; HBM serving reads and writes at once
         is slower than either alone (the chip's measured read/write turnaround)."""
-        rate = self.bandwidth[res[0]] / (self._batched and sum(d.count for d in active)
-                                         or len(active))
+        n = sum(d.count for d in active) if self._batched else len(active)
+        rate = self.bandwidth[res[0]] / n
         if res[0] == "hbm" and self.chip.hbm_mixed_factor != 1.0:
             kinds = {d.direction for d in active}
             if "in" in kinds and "out" in kinds:
