@@ -16,6 +16,7 @@ from typing import Any
 from palladium.interpret.eval.primitive_groups import REF_ACCESSES
 from palladium.interpret.observe.observers import LaunchInfo
 from palladium.interpret.perf.costs import Cost, equation_cost
+from palladium.interpret.perf.dma_runs import merge_run
 from palladium.interpret.perf.model import ChipModel
 from palladium.shared_memory import (
     BlockCopy,
@@ -36,7 +37,7 @@ CoreId = tuple[int, int]
 #   ("body_end", step)                         grid step body done
 #   ("out", step, nbytes, buffer_count, name)  pipeline output copy after that step
 #   ("dma", DmaEvent)                          a DMA started
-#   ("dmas", [DmaEvent, ...])                  DMAs started back to back (``_batch``)
+#   ("dmas", [DmaEvent, ...])                  a run of DMAs (``dma_runs.merge_run``)
 #   ("sig", sem_key, inc)                      a semaphore signal
 #   ("wait", sem_key, value, label, is_dma)    a semaphore wait
 #   ("bar",)                                   a barrier
@@ -110,8 +111,8 @@ class TimelineRecorder(Observer):
     #: the oracle: ``tests/tune/test_predict_speed.py`` compares the two).
     memo_chunks = True
     #: Whether DMAs started back to back with the same bytes and memory spaces are
-    #: recorded as one run (``_batch``: the replay runs them as one flow of as many
-    #: DMAs, with the same times; ``tests/tune/test_predict_speed.py`` compares).
+    #: recorded as one run (``dma_runs.merge_run``: the replay runs them as one flow of
+    #: as many DMAs, with the same times; ``tests/perf/test_dma_runs.py`` compares).
     batch_dmas = True
 
     def __init__(self, info: LaunchInfo, chip: ChipModel) -> None:
@@ -381,31 +382,7 @@ class TimelineRecorder(Observer):
     def dma_start(self, dma: DmaEvent) -> None:
         self._push(dma.core, ("dma", dma))
         if self.batch_dmas:
-            self._batch(self.events[dma.core])
-
-    def _batch(self, events: list[tuple[Any, ...]]) -> None:
-        """Merge the DMA just pushed into the one (or run, ``("dmas", [...])``) pushed
-        right before it when the replay would run them as one flow (``replay``'s
-        ``_plain``): nothing between them (no compute), the next DMA number, the same
-        bytes, source and destination devices and memory spaces (so the same
-        resource, cost and start). Their semaphores may differ: each keeps its own."""
-        if len(events) < 2:
-            return
-        prev = events[-2]
-        kind = prev[0]
-        if kind != "dma" and kind != "dmas":
-            return
-        d = events[-1][1]
-        p = prev[1] if kind == "dma" else prev[1][-1]
-        if (d.id != p.id + 1 or d.nbytes != p.nbytes or d.src.device != p.src.device
-                or d.dst.device != p.dst.device or d.src.space is not p.src.space
-                or d.dst.space is not p.dst.space):
-            return
-        events.pop()
-        if kind == "dma":
-            events[-1] = ("dmas", [p, d])
-        else:
-            prev[1].append(d)
+            merge_run(self.events[dma.core])
 
     def semaphore_signal(self, core: CoreId, sem: SemaphoreInfo, inc: int) -> None:
         self._push(core, ("sig", sem.key, inc))

@@ -28,10 +28,9 @@ from collections import defaultdict
 from collections.abc import Iterator
 from typing import Any
 
+from palladium.interpret.perf.dma_runs import Member, assign_lanes, member, resource
 from palladium.interpret.perf.model import ChipModel
 from palladium.shared_memory import MemorySpace
-
-_HOST = MemorySpace.HOST
 
 CoreId = tuple[int, int]
 Action = tuple[Any, ...]
@@ -83,7 +82,7 @@ class _Dma:
     #: A run of DMAs started together (the recorder's ``("dmas", ...)``): each one's
     #: (id, name, signals, args), in order; their bytes flow as ``count`` DMAs' would,
     #: ``remaining`` each (None: this DMA alone)
-    members: list[tuple[int, str, list[tuple[Any, int]], dict[str, Any]]] | None = None
+    members: list[Member] | None = None
     count: int = 1
 
 
@@ -165,14 +164,6 @@ def _pipeline(core: CoreId, events: list[tuple[Any, ...]], chip: ChipModel) -> I
     yield ("overhead", chip.launch_overhead_s, "epilogue")
 
 
-def _label(buffer: Any, labels: dict[int, tuple[Any, str]]) -> str:
-    """``buffer.label``, made once per buffer (a page loop's DMAs name the same two)."""
-    known = labels.get(id(buffer))
-    if known is None or known[0] is not buffer:
-        known = labels[id(buffer)] = (buffer, buffer.label)
-    return known[1]
-
-
 def _plain(events: list[tuple[Any, ...]], labels: dict[int, tuple[Any, str]],
            ) -> Iterator[Action]:
     for ev in events:
@@ -182,30 +173,13 @@ def _plain(events: list[tuple[Any, ...]], labels: dict[int, tuple[Any, str]],
                 yield ("compute", ev[1], "compute")
         elif kind == "dma":
             d = ev[1]
-            res = (("ici", d.src.device) if d.remote
-                   else ("host", d.core[0]) if _HOST in (d.src.space, d.dst.space)
-                   else ("hbm", d.core[0]))
-            signals = [(d.dst_sem.key, d.nbytes)]
-            if d.src_sem is not None:
-                signals.append((d.src_sem.key, d.nbytes))
-            yield ("dma", d.id, d.name, res, d.nbytes, signals,
-                   {"bytes": d.nbytes, "src": _label(d.src, labels),
-                    "dst": _label(d.dst, labels)},
+            dma_id, name, signals, args = member(d, labels)
+            yield ("dma", dma_id, name, resource(d), d.nbytes, signals, args,
                    _direction(d.src.space, d.dst.space))
-        elif kind == "dmas":  # (the same resource, bytes and direction: ``_batch``)
+        elif kind == "dmas":  # a run (``dma_runs``): one resource, size and direction
             d = ev[1][0]
-            res = (("ici", d.src.device) if d.remote
-                   else ("host", d.core[0]) if _HOST in (d.src.space, d.dst.space)
-                   else ("hbm", d.core[0]))
-            members = []
-            for d in ev[1]:
-                signals = [(d.dst_sem.key, d.nbytes)]
-                if d.src_sem is not None:
-                    signals.append((d.src_sem.key, d.nbytes))
-                members.append((d.id, d.name, signals,
-                                {"bytes": d.nbytes, "src": _label(d.src, labels),
-                                 "dst": _label(d.dst, labels)}))
-            yield ("dmas", members, res, d.nbytes, _direction(d.src.space, d.dst.space))
+            yield ("dmas", [member(x, labels) for x in ev[1]], resource(d), d.nbytes,
+                   _direction(d.src.space, d.dst.space))
         elif kind == "sig":
             yield ("signal", ev[1], ev[2])
         elif kind == "wait":
@@ -465,29 +439,4 @@ class Replay:
                 self._signal(key, inc, t, dma.resource[0])
 
     def _assign_lanes(self) -> None:
-        """Each DMA on its device's lowest engine lane free at its start (in start
-        order): per device a heap of the busy lanes by end and one of the free lanes by
-        number (the starts never decrease, so a lane freed stays free until taken)."""
-        lanes: dict[int, tuple[list[tuple[float, int]], list[int], list[int]]] = {}
-        heappush, heappop = heapq.heappush, heapq.heappop
-        append = self.raw_spans.append
-        names: list[str] = []
-        for dma in sorted(self.dmas, key=lambda d: (d.start, d.id)):
-            known = lanes.get(dma.device)
-            if known is None:
-                known = lanes[dma.device] = ([], [], [0])
-            busy, free, count = known
-            start, end = dma.start, dma.end
-            # (a run's DMAs one by one: their numbers follow each other, none between)
-            for _, name, _, args in (dma.members or ((dma.id, dma.name, None, dma.args),)):
-                while busy and busy[0][0] <= start:
-                    heappush(free, heappop(busy)[1])
-                if free:
-                    lane = heappop(free)
-                else:
-                    lane = count[0]
-                    count[0] += 1
-                heappush(busy, (end, lane))
-                while len(names) <= lane:
-                    names.append(f"DMA engine {len(names)}")
-                append(((dma.device, names[lane]), name, "dma", start, end, args))
+        assign_lanes(self.dmas, self.raw_spans.append)
