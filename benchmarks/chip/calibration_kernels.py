@@ -1254,3 +1254,284 @@ for _kind in ("dkv", "dq"):
         _add(f"r6/bwd-step/{_kind}/{'moving' if _moving else 'resident'}/jax-form",
              "micro", _bwd_step(_kind, _moving, 1024, "jax"), kind="bwd-step",
              step=_kind, moving=_moving, steps=1024, semantics="jax")
+
+
+# round 7 (2026-12-06, fourth session): what a block copy costs when XLA has placed the
+# operand in VMEM (a local DMA, VMEM -> VMEM: its latency and bandwidth by size and count
+# in flight), and a blocked matmul's parts (its copies alone, its dots alone on resident
+# blocks, both) to see how far copies and MXU work overlap at small blocks
+def _dma_local(chunk_rows: int, width: int, chunks: int, in_flight: int):
+    def body(x_ref, o_ref, src, dst, sems):
+        src[...] = jnp.broadcast_to(x_ref[...], src.shape)
+
+        def copy(i):
+            slot = i % in_flight
+            return pltpu.make_async_copy(src.at[slot], dst.at[slot], sems.at[slot])
+
+        def step(i, c):
+            @pl.when(i >= in_flight)
+            def _():
+                copy(i - in_flight).wait()
+            copy(i).start()
+            return c
+        jax.lax.fori_loop(0, chunks, step, 0)
+
+        def drain(i, c):
+            copy(i).wait()
+            return c
+        jax.lax.fori_loop(max(chunks - in_flight, 0), chunks, drain, 0)
+        o_ref[...] = dst[0, pl.ds(0, 8), pl.ds(0, 128)]
+
+    def make():
+        x = _arr((chunk_rows, width))
+        fn = _lazy(body, out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32),
+                   scratch_shapes=[pltpu.VMEM((in_flight, chunk_rows, width), jnp.float32),
+                                   pltpu.VMEM((in_flight, chunk_rows, width), jnp.float32),
+                                   pltpu.SemaphoreType.DMA((in_flight,))])
+        return (lambda s: fn(s)), (x,)
+    return make
+
+
+for _rows, _width in ((8, 512), (32, 512), (64, 1024), (256, 1024), (1024, 1024)):
+    _bytes = _rows * _width * 4
+    _chunks = int(max(16, min(512, (64 << 20) // _bytes)))
+    for _k in (1, 2, 4):
+        if _bytes * _k * 2 > (8 << 20):
+            continue
+        _add(f"r7/dma-local/{_bytes}B/k{_k}", "micro", _dma_local(_rows, _width, _chunks, _k),
+             kind="dma", direction="local", bytes=_bytes, chunks=_chunks, in_flight=_k)
+
+
+def _matmul_parts(n: int, bm: int, bk: int, part: str, dtype: Any = jnp.float32):
+    """jax's blocked matmul's structure (grid (n/bm, n/bm, n/bk), an f32 accumulator,
+    zeroed at k == 0 and stored at the last k): ``full``; ``copy`` (the same copies, no
+    dot: the accumulator takes the blocks' first rows); ``dot`` (the same dots on
+    blocks that never move: no copies)."""
+    steps_k = n // bk
+
+    def body(x_ref, y_ref, o_ref, acc):
+        @pl.when(pl.program_id(2) == 0)
+        def _():
+            acc[...] = jnp.zeros(acc.shape, acc.dtype)
+
+        if part == "copy":
+            acc[pl.ds(0, 8), :] += (x_ref[pl.ds(0, 8), pl.ds(0, bm)].astype(jnp.float32)
+                                    + y_ref[pl.ds(0, 8), :].astype(jnp.float32))
+        else:
+            acc[...] += jnp.dot(x_ref[...], y_ref[...], preferred_element_type=jnp.float32)
+
+        @pl.when(pl.program_id(2) == steps_k - 1)
+        def _():
+            o_ref[...] = acc[...].astype(o_ref.dtype)
+
+    def make():
+        x, y = _arr((n, n), dtype, 1, 0.1), _arr((n, n), dtype, 2, 0.1)
+        if part == "dot":
+            xs = pl.BlockSpec((bm, bk), lambda i, j, k: (0, 0))
+            ys = pl.BlockSpec((bk, bm), lambda i, j, k: (0, 0))
+        else:
+            xs = pl.BlockSpec((bm, bk), lambda i, j, k: (i, k))
+            ys = pl.BlockSpec((bk, bm), lambda i, j, k: (k, j))
+        fn = _lazy(body, out_shape=jax.ShapeDtypeStruct((n, n), dtype),
+                   grid=(n // bm, n // bm, steps_k), in_specs=[xs, ys],
+                   out_specs=pl.BlockSpec((bm, bm), lambda i, j, k: (i, j)),
+                   scratch_shapes=[pltpu.VMEM((bm, bm), jnp.float32)],
+                   compiler_params=pltpu.CompilerParams(
+                       dimension_semantics=("parallel", "parallel", "arbitrary")))
+        return (lambda a, b: fn(a, b)), (x, y)
+    return make
+
+
+for _n, _bm, _bk, _dt in ((2048, 128, 128, jnp.float32), (2048, 256, 256, jnp.float32),
+                          (4096, 256, 256, jnp.bfloat16), (2048, 128, 128, jnp.bfloat16)):
+    for _part in ("full", "copy", "dot"):
+        _add(f"r7/matmul-parts/{jnp.dtype(_dt).name}/{_n}/b{_bm}k{_bk}/{_part}", "micro",
+             _matmul_parts(_n, _bm, _bk, _part, _dt), kind="matmul-parts", part=_part,
+             n=_n, block=_bm, block_k=_bk, dtype=jnp.dtype(_dt).name)
+
+
+# round 8: where a blocked matmul's copies lose time over a 1-D pipeline's (r7: jax's
+# matmul form copies two (128, 128) f32 blocks a step in 340 ns, a 1-D grid of two
+# contiguous blocks in 292, r4): the same two blocks a step, contiguous or as (rows,
+# 512-byte) strided pieces of wider arrays, over a 1-D or a 3-D grid, with the output
+# written back every 16 steps or once
+def _copy_forms(form: str, rows: int, steps: int = 4096):
+    n16 = 16  # the 3-D grid's sides: (steps // 256, 16, 16)
+    cols_wide = 128 * n16
+
+    def body(x_ref, y_ref, o_ref, acc):
+        acc[pl.ds(0, 8), :] += x_ref[pl.ds(0, 8), :] + y_ref[pl.ds(0, 8), :]
+
+        @pl.when(pl.program_id(len(grid) - 1) == n16 - 1)
+        def _():
+            o_ref[...] = acc[...]
+
+    if form.startswith("grid1d"):
+        grid = (steps,)
+    else:
+        grid = (steps // (n16 * n16), n16, n16)
+
+    def make():
+        strided = "strided" in form
+        if strided:
+            shape = (rows * steps // n16, cols_wide)
+        else:
+            shape = (rows * steps, 128)
+        x, y = _arr(shape, seed=1), _arr(shape, seed=2)
+        if form == "grid1d-contig":
+            xs = ys = pl.BlockSpec((rows, 128), lambda i: (i, 0))
+        elif form == "grid1d-strided":
+            xs = ys = pl.BlockSpec((rows, 128), lambda i: (i // n16, i % n16))
+        elif form == "grid3d-contig":
+            xs = pl.BlockSpec((rows, 128), lambda a, i, k: ((a * n16 + i) * n16 + k, 0))
+            ys = pl.BlockSpec((rows, 128), lambda a, j, k: ((a * n16 + k) * n16 + j, 0))
+        else:  # grid3d-strided (jax's matmul: x (i, k), y (k, j)), -once: output at the end
+            xs = pl.BlockSpec((rows, 128), lambda a, i, k: (a * n16 + i, k))
+            ys = pl.BlockSpec((rows, 128), lambda a, j, k: (a * n16 + k, j))
+        if form.endswith("once"):
+            out_rows = rows
+            os_ = pl.BlockSpec((rows, 128), (lambda *g: (0, 0)))
+        else:
+            out_rows = rows * steps // n16
+            os_ = pl.BlockSpec((rows, 128), (lambda i: (i // n16, 0)) if len(grid) == 1
+                               else (lambda a, i, k: (a * n16 + i, 0)))
+        sem = ("arbitrary",) * len(grid)
+        fn = _lazy(body, out_shape=jax.ShapeDtypeStruct((out_rows, 128), jnp.float32),
+                   grid=grid, in_specs=[xs, ys], out_specs=os_,
+                   scratch_shapes=[pltpu.VMEM((rows, 128), jnp.float32)],
+                   compiler_params=pltpu.CompilerParams(dimension_semantics=sem))
+        return (lambda a, b: fn(a, b)), (x, y)
+    return make
+
+
+for _rows in (128, 256):
+    for _form in ("grid1d-contig", "grid1d-strided", "grid3d-contig", "grid3d-strided",
+                  "grid3d-strided-once"):
+        _add(f"r8/copy-forms/{_form}/b{_rows}", "micro", _copy_forms(_form, _rows),
+             kind="copy-forms", form=_form, rows=_rows, steps=4096)
+
+
+# ... and local (VMEM -> VMEM) copies of a pipeline's block shapes, 128 lanes wide (r7's
+# 512- and 1024-wide copies: 64 KiB slower than 256 KiB)
+for _rows in (64, 128, 256, 512):
+    for _k in (1, 2):
+        _add(f"r8/dma-local/{_rows}x128/k{_k}", "micro", _dma_local(_rows, 128, 512, _k),
+             kind="dma", direction="local", bytes=_rows * 128 * 4, chunks=512, in_flight=_k)
+
+
+# round 9: what a grid step costs beside a small dot (r7: a blocked matmul's dots alone,
+# (128, 128) f32 on resident blocks, 173 ns a step on a 3-D grid with pl.when at the
+# first and last k, where the same dot in a fori_loop iteration takes 131 ns, r3): the
+# same accumulation over a 1-D or a 3-D grid, with and without the two pl.when, with a
+# dot or with one vector add
+def _step_forms(grid_form: str, when: bool, work: str, steps: int = 4096):
+    n16 = 16
+    grid = (steps,) if grid_form == "grid1d" else (steps // (n16 * n16), n16, n16)
+
+    def body(x_ref, y_ref, o_ref, acc):
+        k = pl.program_id(len(grid) - 1) if len(grid) == 3 else pl.program_id(0) % n16
+        if when:
+            @pl.when(k == 0)
+            def _():
+                acc[...] = jnp.zeros(acc.shape, acc.dtype)
+
+        if work == "dot":
+            acc[...] += jnp.dot(x_ref[...], y_ref[...], preferred_element_type=jnp.float32)
+        else:
+            acc[...] += x_ref[...]
+        if when:
+            @pl.when(k == n16 - 1)
+            def _():
+                o_ref[...] = acc[...]
+
+    def make():
+        x, y = _arr((128, 128), seed=1, scale=0.1), _arr((128, 128), seed=2, scale=0.1)
+        fixed = pl.BlockSpec((128, 128), (lambda i: (0, 0)) if len(grid) == 1
+                             else (lambda a, b, c: (0, 0)))
+        fn = _lazy(body, out_shape=jax.ShapeDtypeStruct((128, 128), jnp.float32),
+                   grid=grid, in_specs=[fixed, fixed], out_specs=fixed,
+                   scratch_shapes=[pltpu.VMEM((128, 128), jnp.float32)],
+                   compiler_params=pltpu.CompilerParams(
+                       dimension_semantics=("arbitrary",) * len(grid)))
+        return (lambda a, b: fn(a, b)), (x, y)
+    return make
+
+
+for _g in ("grid1d", "grid3d"):
+    for _w in (False, True):
+        for _work in ("dot", "add"):
+            _add(f"r9/step-forms/{_g}/{'when' if _w else 'plain'}/{_work}", "micro",
+                 _step_forms(_g, _w, _work), kind="step-forms", grid=_g, when=_w, work=_work,
+                 steps=4096)
+
+
+# round 10: does the chip hoist loop-invariant work out of a loop (ragged paged
+# attention's masks, iota // heads, computed in every iteration of its kv loop, cost the
+# model a third of the kernel), and what an int32 vector division costs: 512 iterations
+# of h = h + f(...) on a (32, 128) f32 carry, f invariant or depending on the iteration
+def _licm(kind: str, steps: int = 512):
+    def body(d_ref, x_ref, o_ref):
+        d = d_ref[0]
+        x = x_ref[...]
+
+        def step(i, h):
+            if kind == "plain":
+                return h + 1.0
+            if kind == "div-invariant":
+                q = jax.lax.broadcasted_iota(jnp.int32, (32, 128), 1) // d
+                return h + q.astype(jnp.float32)
+            if kind == "div-variant":
+                q = (jax.lax.broadcasted_iota(jnp.int32, (32, 128), 1) + i) // d
+                return h + q.astype(jnp.float32)
+            if kind == "exp-invariant":
+                return h + jnp.exp(x)
+            return h + jnp.exp(x + i.astype(jnp.float32))  # exp-variant
+
+        o_ref[...] = jax.lax.fori_loop(0, steps, step, jnp.zeros((32, 128), jnp.float32))
+
+    def make():
+        d = jnp.array([3], jnp.int32)
+        x = _arr((32, 128), scale=0.1)
+        fn = _lazy(body, out_shape=jax.ShapeDtypeStruct((32, 128), jnp.float32),
+                   in_specs=[pl.BlockSpec(memory_space=pltpu.SMEM),
+                             pl.BlockSpec(memory_space=pltpu.VMEM)])
+        return (lambda a, b: fn(a, b)), (d, x)
+    return make
+
+
+for _kind in ("plain", "div-invariant", "div-variant", "exp-invariant", "exp-variant"):
+    for _s in (512, 4096):
+        _add(f"r10/licm/{_kind}/steps{_s}", "micro", _licm(_kind, _s), kind="licm",
+             variant=_kind, steps=_s)
+
+
+# round 11: integer division by a constant the compiler knows (ragged paged attention's
+# iota // heads: Mosaic folds it into multiplies and shifts) against round 10's by a
+# value read at run time (43 ns per vreg)
+def _const_div(kind: str, steps: int = 512):
+    def body(x_ref, o_ref):
+        def step(i, h):
+            iota = jax.lax.broadcasted_iota(jnp.int32, (32, 128), 1) + i
+            if kind == "floordiv3":
+                q = iota // 3
+            elif kind == "floordiv4":
+                q = iota // 4
+            elif kind == "rem3":
+                q = iota % 3
+            else:  # lax.div: truncating, no floor fix-up
+                q = jax.lax.div(iota, jnp.int32(3))
+            return h + q.astype(jnp.float32)
+
+        o_ref[...] = jax.lax.fori_loop(0, steps, step, x_ref[...])
+
+    def make():
+        x = _arr((32, 128), scale=0.1)
+        fn = _lazy(body, out_shape=jax.ShapeDtypeStruct((32, 128), jnp.float32))
+        return (lambda a: fn(a)), (x,)
+    return make
+
+
+for _kind in ("floordiv3", "floordiv4", "rem3", "laxdiv3"):
+    for _s in (512, 4096):
+        _add(f"r11/const-div/{_kind}/steps{_s}", "micro", _const_div(_kind, _s),
+             kind="const-div", variant=_kind, steps=_s)

@@ -31,7 +31,8 @@ def main() -> None:
     src = ROOT / "benchmarks" / "results_tpu" / f"calibration.{a.chip}.json"
     data = json.loads(src.read_text())
     k = {n: r for n, r in data["kernels"].items() if r.get("group") == "micro"}
-    for later in ("calibration2", "calibration3", "calibration5"):
+    for later in ("calibration2", "calibration3", "calibration5", "calibration8",
+                  "calibration10"):
         # the second round's microbenchmarks (reductions, latencies ...) and the third's
         # (dependent and independent dots, a flash step, a page gather), the fourth's
         # (block copies: how many, how big, beside which compute)
@@ -231,23 +232,58 @@ def main() -> None:
         lat = [t[n] / k[n]["meta"]["chunks"] - k[n]["meta"]["bytes"] / bw[d] for n in names]
         put(f"dma_latency_{d}_seconds", statistics.mean(lat), names,
             "one started-then-waited DMA's time less its bytes' share (4 and 16 KiB)")
+    # a conditional: two pl.when a grid step (round 9), their bodies run one step in 16
+    when = [(t[f"r9/step-forms/grid1d/when/{w}"] - t[f"r9/step-forms/grid1d/plain/{w}"])
+            / 4096 / 2 for w in ("add", "dot")]
+    put("branch_seconds", statistics.mean(when),
+        ["r9/step-forms/grid1d/{when,plain}/{add,dot}"],
+        "a conditional's cost on the chain: a grid step with two pl.when (zero the "
+        "accumulator at the first of 16 steps, store it at the last) over the same step "
+        f"without, per pl.when ({', '.join(f'{w * 1e9:.1f}' for w in when)} ns beside one "
+        "vector add and beside a (128, 128) dot)")
+    # DMAs between on-core memories (VMEM -> VMEM, round 7): the rate from the two
+    # biggest, one in flight (1 and 4 MiB), the latency from the smallest (16 KiB)
+    big = ["r7/dma-local/1048576B/k1", "r7/dma-local/4194304B/k1"]
+    per_chunk = {n: t[n] / k[n]["meta"]["chunks"] for n in t if n.startswith("r7/dma-local/")}
+    local_bw = ((k[big[1]]["meta"]["bytes"] - k[big[0]]["meta"]["bytes"])
+                / (per_chunk[big[1]] - per_chunk[big[0]]))
+    put("local_dma_bytes_per_second", local_bw, big,
+        "VMEM -> VMEM DMAs, one in flight: bytes over time between 1 and 4 MiB")
+    small = "r7/dma-local/16384B/k1"
+    put("dma_latency_local_seconds", per_chunk[small] - 16384 / local_bw, [small],
+        "one started-then-waited 16 KiB VMEM -> VMEM DMA less its bytes' share "
+        f"({ {n.split('/')[2] + '/' + n.split('/')[3]: round(v * 1e9, 1) for n, v in sorted(per_chunk.items())} } ns "
+        "a copy; 64 KiB copies are slower than 256 KiB ones on the chip)")
     # (the body, a load, an add and a store on one vreg, is a chain the model counts
     # apart: taken off)
     body = (2 * out["load_use_seconds"]["value"] + out["dependent_op_seconds"]["value"])
-    step = slope("grid/revisit/s256", "grid/revisit/s4096", 3840) - body
+    # each blocked operand costs a grid step its index map and block check: the step
+    # time over 1, 3 and 6 revisited inputs (least squares), less each input's load and
+    # add in the body (the adds one dependent chain: an add's latency each)
+    counts = (1, 3, 6)
+    per_step = [slope(f"r3/grid-operands/in{n}/s256", f"r3/grid-operands/in{n}/s4096", 3840)
+                for n in counts]
+    operand = (_ls_slope(list(counts), per_step) - out["vmem_vreg_seconds"]["value"]
+               - out["dependent_op_seconds"]["value"])
+    put("operand_step_seconds", operand, ["r3/grid-operands/in{1,3,6}/s256..s4096"],
+        "per grid step and blocked operand: the step time's slope over 1, 3 and 6 "
+        f"revisited (8, 128) inputs ({', '.join(f'{x * 1e9:.1f}' for x in per_step)} ns a "
+        "step), less an input's load and its add's latency in the body (one chain)")
+    step = slope("grid/revisit/s256", "grid/revisit/s4096", 3840) - body - 2 * operand
     put("step_overhead_seconds", step, ["grid/revisit/s256..s4096"],
         "per grid step, no block copied (the same block every step), less its body's chain "
-        "(a load, an add, a store)")
+        "(a load, an add, a store) and its two operands' share (operand_step_seconds)")
     # a grid pipeline's block copies are DMAs with the latencies above, two in flight an
     # operand (the next step's are fetched before this step's are waited for), each
     # issued by the core: per (128, 128) bf16 block more in a step, less half its bytes
     # (two steps' copies share a latency; their bytes flow one step's after the other's)
     per_copy = (t["r4/copies/bfloat16/in4/s1024"] - t["r4/copies/bfloat16/in1/s1024"]) / (3 * 1024)
-    put("block_copy_issue_seconds", per_copy - 128 * 128 * 2 / bw["in"] / 2,
+    put("block_copy_issue_seconds", per_copy - 128 * 128 * 2 / bw["in"] / 2 - operand,
         ["r4/copies/bfloat16/in1..in4/s1024"],
         "the core's time to issue one block copy: the step time per (128, 128) bf16 block "
-        f"more ({per_copy * 1e9:.1f} ns), less half its bytes (two steps' copies in flight)")
-    launch = (t["grid/revisit/s256"] - 256 * (step + body)
+        f"more ({per_copy * 1e9:.1f} ns), less half its bytes (two steps' copies in flight) "
+        "and its operand's share of the step (operand_step_seconds)")
+    launch = (t["grid/revisit/s256"] - 256 * (step + body + 2 * operand)
               - out["dma_latency_in_seconds"]["value"]
               - out["dma_latency_out_seconds"]["value"]) / 2
     put("launch_overhead_seconds", max(launch, 0.0), ["grid/revisit/s256"],

@@ -10,6 +10,10 @@ Reported: per kernel the prediction, the chip's time and the error (predicted / 
 - 1) and predict's CPU seconds; per group the share within 10% and the geometric-mean
 error; per sweep Kendall's tau of the predicted against the measured order and how far
 the predicted best configuration's measured time is from the measured best.
+
+Run it with libtpu installed (``pip install 'palladium-interpret[compiler]'``): ``predict``
+then takes each program's operands where XLA places them (``Prediction.placement``,
+recorded per kernel), as on the chip; without it every operand is taken to be in HBM.
 """
 
 from __future__ import annotations
@@ -39,7 +43,8 @@ def main() -> None:
     a = ap.parse_args()
     measured = json.loads(Path(a.measured).read_text())["kernels"]
     for later in ("calibration2.", "calibration3.", "calibration4.", "calibration5.",
-                  "calibration6.", "calibration7."):
+                  "calibration6.", "calibration7.", "calibration8.", "calibration9.", "calibration10.",
+                  "calibration11.", "calibration12."):
         path = Path(a.measured).with_name(Path(a.measured).name.replace("calibration.", later))
         if path.exists():
             measured.update(json.loads(path.read_text())["kernels"])
@@ -57,7 +62,7 @@ def main() -> None:
         chip_s = m.get("kernel_seconds") or m["seconds"]
         rows[name] = {"group": ck.ENTRIES[name].group, "predicted": p.predicted_seconds,
                       "chip": chip_s, "error": p.predicted_seconds / chip_s - 1,
-                      "bound": p.bound, "cpu_s": cpu}
+                      "bound": p.bound, "cpu_s": cpu, "placement": p.placement}
         r = rows[name]
         print(f"{name:48s} pred {r['predicted'] * 1e6:10.2f} chip {chip_s * 1e6:10.2f} "
               f"{r['error']:+7.1%} {p.bound:18s} {cpu:5.1f}s", flush=True)

@@ -22,9 +22,9 @@ def test_a_compiler_killed_mid_compile_leaves_no_unclosed_file():
     process = CompilerProcess([sys.executable, "-c", _DIES])
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        outcome, message, vmem = process.compile(b"module", "v5e:2x2", 1, 1, 1)
-        assert (outcome, message, vmem) == (
-            "crashed", "the TPU compiler's process died (signal SIGKILL)", None)
+        outcome, message, vmem, placement = process.compile(b"module", "v5e:2x2", 1, 1, 1)
+        assert (outcome, message, vmem, placement) == (
+            "crashed", "the TPU compiler's process died (signal SIGKILL)", None, None)
         # started again for the next compile, which dies too
         assert process.compile(b"module", "v5e:2x2", 1, 1, 1)[0] == "crashed"
         process.close()

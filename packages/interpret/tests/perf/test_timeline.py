@@ -384,3 +384,50 @@ def test_spans_are_made_when_first_read_sorted_and_summing_to_the_totals():
     # every span has its own args dict (a DMA's a copy of its event's)
     assert len({id(s.args) for s in spans}) == len(spans)
     assert {s.cat for s in spans} >= {"step", "compute", "dma", "overhead"}
+
+
+def _accumulate(steps, when):
+    def kernel(x_ref, o_ref, acc):
+        k = pl.program_id(0)
+        if when:
+            @pl.when(k == 0)
+            def _():
+                acc[...] = jnp.zeros(acc.shape, acc.dtype)
+
+        acc[...] += x_ref[...]
+        if when:
+            @pl.when(k == steps - 1)
+            def _():
+                o_ref[...] = acc[...]
+        else:
+            o_ref[0:8, :] = acc[0:8, :]
+
+    fixed = pl.BlockSpec((128, 128), lambda i: (0, 0))
+    call = pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((128, 128), jnp.float32),
+                          grid=(steps,), in_specs=[fixed], out_specs=fixed,
+                          scratch_shapes=[pltpu.VMEM((128, 128), jnp.float32)],
+                          interpret=InterpretParams(chip="v5e", skip_floating_point_ops=True,
+                                                    uninitialized_reads="off"))
+    x = jnp.ones((128, 128), jnp.float32)
+    return lambda: call(x)
+
+
+@pytest.mark.timeout(120)
+def test_a_conditional_ends_a_basic_block():
+    # on the v5e two pl.when a grid step cost 14 ns beside a 16-vreg accumulation
+    # (r9/step-forms): what follows a conditional issues after what came before it
+    # issued, and after the block's busiest unit's work
+    steps = 8
+    plain = record(_accumulate(steps, False))
+    when = record(_accumulate(steps, True))
+    assert V5E.branch_seconds == pytest.approx(7.1e-9, rel=0.05)
+
+    def steady(rec):  # a middle step's compute chunk
+        return [s.end - s.start for s in rec.spans if s.cat == "compute"][3]
+
+    # 16 loads of x, 16 of acc and 16 stores between the two conditionals (neither
+    # body runs at this step)
+    block = 48 * V5E.vmem_seconds_per_vreg()
+    assert steady(when) == pytest.approx(2 * V5E.branch_seconds + block, rel=1e-6)
+    assert steady(plain) < steady(when) - V5E.branch_seconds
+    assert when.predicted_seconds > plain.predicted_seconds + (steps - 2) * V5E.branch_seconds

@@ -402,6 +402,9 @@ from palladium.interpret._jax_compat.mosaic import (  # noqa: E402
     mosaic_lowering_available as mosaic_lowering_available,
 )
 from palladium.interpret._jax_compat.mosaic import simulated_tpu as simulated_tpu  # noqa: E402
+from palladium.interpret._jax_compat.mosaic import (  # noqa: E402
+    with_pallas_interpret as with_pallas_interpret,
+)
 
 
 def default_prng_is_partitionable_threefry() -> bool:

@@ -12,11 +12,13 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+from jax._src import core as jax_core
 from jax._src.interpreters import mlir
 from jax._src.pallas.mosaic import core as mosaic_core
 from jax._src.pallas.mosaic import tpu_info
+from jax._src.pallas.pallas_call import pallas_call_p
 
-__all__ = ["abstract_device", "answer_for_cpu", "compile_for_devices", "module_bytecode", "mosaic_context", "mosaic_failing_equations", "mosaic_lower", "mosaic_lowering_available", "simulated_tpu"]
+__all__ = ["abstract_device", "answer_for_cpu", "compile_for_devices", "module_bytecode", "mosaic_context", "mosaic_failing_equations", "mosaic_lower", "mosaic_lowering_available", "simulated_tpu", "with_pallas_interpret"]
 
 _MOSAIC_LOWERING = "jax._src.pallas.mosaic.lowering"
 
@@ -191,3 +193,36 @@ def mosaic_failing_equations(exc: BaseException | None) -> list:
             return eqns
         exc = exc.__cause__
     return []
+
+
+def with_pallas_interpret(jaxpr: Any, value: Any) -> Any:
+    """``jaxpr`` (closed or open) with every ``pallas_call`` at any depth (inside
+    ``jit``, ``cond``, loops, custom derivatives; not inside a kernel's body) given
+    ``interpret=value``: a program traced under palladium's interpret mode as jax would
+    lower it for a TPU (``value=False``)."""
+
+    def param(v: Any) -> Any:
+        if isinstance(v, jax_core.ClosedJaxpr):
+            inner = walk(v.jaxpr)
+            return v if inner is v.jaxpr else jax_core.ClosedJaxpr(inner, v.consts)
+        if isinstance(v, jax_core.Jaxpr):
+            return walk(v)
+        if type(v) in (tuple, list):  # (not a NamedTuple of parameters)
+            new = [param(x) for x in v]
+            return v if all(a is b for a, b in zip(new, v)) else type(v)(new)
+        return v
+
+    def walk(j: Any) -> Any:
+        eqns, changed = [], False
+        for eqn in j.eqns:
+            if eqn.primitive is pallas_call_p:
+                new = eqn.replace(params={**eqn.params, "interpret": value})
+            else:
+                params = {k: param(v) for k, v in eqn.params.items()}
+                same = all(params[k] is v for k, v in eqn.params.items())
+                new = eqn if same else eqn.replace(params=params)
+            changed |= new is not eqn
+            eqns.append(new)
+        return j.replace(eqns=eqns) if changed else j
+
+    return param(jaxpr)

@@ -45,9 +45,10 @@ class CompilerProcess:
         self._lock = threading.Lock()
 
     def compile(self, bytecode: bytes, topology: str, num_devices: int, num_args: int,
-                num_outputs: int) -> tuple[str, str, int | None]:
-        """``(outcome, message, vmem_bytes)``: outcome "accepted", "failed", "crashed"
-        or "timeout"."""
+                num_outputs: int) -> tuple[str, str, int | None, Any]:
+        """``(outcome, message, vmem_bytes, placement)``: outcome "accepted", "failed",
+        "crashed" or "timeout"; ``placement``: the accepted program's custom calls
+        (``compiler_protocol.CallPlacement``s), else None."""
         with self._lock:
             proc = self._start()
             request = (bytecode, topology, num_devices, num_args, num_outputs)
@@ -81,7 +82,7 @@ class CompilerProcess:
         return self._proc
 
     def _failure(self, proc: subprocess.Popen[bytes],
-                 timed_out: bool) -> tuple[str, str, int | None]:
+                 timed_out: bool) -> tuple[str, str, int | None, Any]:
         if not timed_out:  # its replies ended: it is dying (libtpu's handler writes first)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=60)
@@ -91,14 +92,14 @@ class CompilerProcess:
             _close_pipes(proc)
             self._proc = None
             return ("timeout", f"the TPU compiler did not finish within {COMPILE_TIMEOUT:.0f} "
-                    "s", None)
+                    "s", None, None)
         code = proc.returncode
         _close_pipes(proc)
         self._proc = None
         said = _last_words(self._stderr)
         how = (f"signal {signal.Signals(-code).name}" if code < 0 else f"exit status {code}")
         return ("crashed", f"the TPU compiler's process died ({how})"
-                + (f"; libtpu said: {said}" if said else ""), None)
+                + (f"; libtpu said: {said}" if said else ""), None, None)
 
     def close(self) -> None:
         with self._lock:

@@ -3,12 +3,14 @@ and what is read from a compiled kernel."""
 
 from __future__ import annotations
 
+import dataclasses
 import pickle
 import re
 import struct
 from typing import IO, Any
 
-__all__ = ["describe_failure", "read_frame", "used_vmem", "write_frame"]
+__all__ = ["CallPlacement", "custom_call_placement", "describe_failure", "read_frame", "used_vmem",
+           "write_frame"]
 
 
 _JAX_TRACE_NOTE = "\n\nThe preceding stack trace is the source of the JAX operation"
@@ -60,3 +62,57 @@ def used_vmem(hlo_text: str) -> int | None:
     sizes = [int(size) for block in _USED_SCOPED.findall(hlo_text)
              for space, _, size in _CONFIG.findall(block) if space == _VMEM_SPACE]
     return max(sizes) if sizes else None
+
+
+#: XLA's memory space numbers in an optimized HLO layout (``S(n)``; none: the default).
+HBM_SPACE, VMEM_SPACE = 0, 1
+
+_INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%([\w.\-]+)\s*=\s*(.*?)\s+([\w\-]+)\((.*)$")
+_ARRAY = re.compile(r"([a-z][a-z0-9]*\[[\d,]*\])(\{[^{}]*\})?")
+_SPACE = re.compile(r"S\((\d+)\)")
+_OPERAND = re.compile(r"%([\w.\-]+)")
+
+
+@dataclasses.dataclass(frozen=True)
+class CallPlacement:
+    """Where XLA placed one TPU custom call's operands and results in a compiled program:
+    per array its type (``"f32[1,2,1024,128]"``) and memory space (``HBM_SPACE``,
+    ``VMEM_SPACE``, ...), in the call's operand and result order."""
+
+    name: str
+    operands: tuple[tuple[str, int], ...]
+    results: tuple[tuple[str, int], ...]
+
+
+def _arrays(shape: str) -> tuple[tuple[str, int], ...]:
+    return tuple((a, int(m.group(1)) if (m := _SPACE.search(layout or "")) else HBM_SPACE)
+                 for a, layout in _ARRAY.findall(shape))
+
+
+def custom_call_placement(hlo_text: str) -> tuple[CallPlacement, ...]:
+    """The ``tpu_custom_call``s of an optimized HLO module's text (XLA's memory-space
+    assignment done: an operand it put in VMEM has ``S(1)`` in its layout), in the order
+    the text has them (a computation's in its schedule's order)."""
+    shapes: dict[str, str] = {}
+    found = []
+    for line in hlo_text.splitlines():
+        m = _INSTRUCTION.match(line)
+        if m is None:
+            continue
+        name, shape, opcode, rest = m.groups()
+        shapes[name] = shape
+        if opcode != "custom-call" or '"tpu_custom_call"' not in rest:
+            continue
+        depth, end = 0, len(rest)
+        for i, ch in enumerate(rest):  # the operand list ends at its closing parenthesis
+            if ch == "(":
+                depth += 1
+            elif ch == ")":
+                if depth == 0:
+                    end = i
+                    break
+                depth -= 1
+        operands = tuple(a for op in _OPERAND.findall(rest[:end])
+                         for a in _arrays(shapes.get(op, "")))
+        found.append(CallPlacement(name, operands, _arrays(shape)))
+    return tuple(found)

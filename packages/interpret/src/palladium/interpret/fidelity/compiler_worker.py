@@ -10,8 +10,10 @@ user's process's end.
 
 Protocol (stdin/stdout, one pickled message per frame, 8-byte length prefix): a request
 ``(bytecode, topology, num_devices, num_args, num_outputs)``; a reply ``(kind, message,
-vmem_bytes)`` with ``kind`` "accepted" or "failed" (``message``: the compiler's exception,
-its type and text, cause included).
+vmem_bytes, placement)`` with ``kind`` "accepted" or "failed" (``message``: the compiler's
+exception, its type and text, cause included) and ``placement`` the compiled program's
+TPU custom calls with their operands' and results' memory spaces
+(``compiler_protocol.custom_call_placement``; None when it failed).
 
     python -m palladium.interpret.fidelity.compiler_worker     (started by tpu_compiler)
 """
@@ -23,6 +25,7 @@ import sys
 from typing import IO
 
 from palladium.interpret.fidelity.compiler_protocol import (
+    custom_call_placement,
     describe_failure,
     read_frame,
     used_vmem,
@@ -49,9 +52,9 @@ def _serve(requests: IO[bytes], replies: IO[bytes]) -> None:
             text = jc.compile_for_devices(bytecode, np.array(devices, dtype=object),
                                           num_args, num_outputs)
         except Exception as exc:  # noqa: BLE001  (the compiler's verdict)
-            write_frame(replies, ("failed", describe_failure(exc), None))
+            write_frame(replies, ("failed", describe_failure(exc), None, None))
         else:
-            write_frame(replies, ("accepted", "", used_vmem(text)))
+            write_frame(replies, ("accepted", "", used_vmem(text), custom_call_placement(text)))
 
 
 def main() -> None:

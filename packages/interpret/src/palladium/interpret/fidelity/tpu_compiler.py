@@ -60,6 +60,7 @@ __all__ = [
     "compilable_chips",
     "compile_verdict",
     "compiler_version",
+    "topology_device",
     "topology_name",
 ]
 
@@ -156,6 +157,11 @@ def _topology(name: str) -> Any:
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     with _TOPOLOGY_LOCK, _quiet_stderr():
         return topologies.get_topology_desc(platform="tpu", topology_name=name)
+
+
+def topology_device(name: str) -> Any:
+    """The first device of libtpu's topology ``name`` (lowering for it needs no TPU)."""
+    return _topology(name).devices[0]
 
 
 STATE.keep("tpu_topologies", _topology, owner=__name__,
@@ -324,7 +330,7 @@ def _compile_verdict(bind: Callable[..., Any], avals_in: Sequence[Any], *, chip:
         if found is not None:
             verdict = dataclasses.replace(found, seconds=time.perf_counter() - start)
         else:
-            outcome, message, vmem = COMPILER_PROCESS.compile(
+            outcome, message, vmem, _ = COMPILER_PROCESS.compile(
                 bytecode, topo_name, num_devices, len(avals_in),
                 len(jax.tree_util.tree_leaves(lowered.out_info)))
             seconds = time.perf_counter() - start

@@ -1,5 +1,5 @@
-"""A launch's DMAs as the replay takes them: each one's resource, signals and labels,
-runs of DMAs started back to back (issue 40, item 4), and the DMA engine lanes.
+"""A launch's DMAs as the replay takes them: each one's direction, resource, signals and
+labels, runs of DMAs started back to back (issue 40, item 4), and the DMA engine lanes.
 
 A run is DMAs one core started one after the other, nothing between them (no compute:
 the same start on the core's clock), with consecutive DMA numbers, the same bytes and
@@ -45,12 +45,30 @@ def merge_run(events: list[tuple[Any, ...]]) -> None:
         prev[1].append(d)
 
 
-def resource(d: Any) -> tuple[str, int]:
-    """The DMA event ``d``'s resource: its device's outgoing ICI link (remote), the host
-    link, or its device's HBM."""
-    return (("ici", d.src.device) if d.remote
-            else ("host", d.core[0]) if _HOST in (d.src.space, d.dst.space)
-            else ("hbm", d.core[0]))
+def route(d: Any) -> tuple[str, tuple[str, int]]:
+    """The DMA event ``d``'s direction (``direction``) and resource: its device's
+    outgoing ICI link (remote), the host link, the core's own path (``"local"``) or
+    its device's HBM."""
+    way = direction(d.src.space, d.dst.space)
+    if d.remote and way == "local":  # (over ICI: not the core's own path)
+        way = "in"
+    res = (("ici", d.src.device) if d.remote
+           else ("host", d.core[0]) if _HOST in (d.src.space, d.dst.space)
+           else ("local" if way == "local" else "hbm", d.core[0]))
+    return way, res
+
+
+def direction(src: Any, dst: Any) -> str:
+    """A DMA's kind for its cost: ``"hbm"`` (HBM -> HBM), ``"out"`` (into HBM), ``"in"``
+    (out of HBM; to or from the host) or ``"local"`` (between on-core memories: VMEM,
+    SMEM)."""
+    if src is MemorySpace.HBM and dst is MemorySpace.HBM:
+        return "hbm"
+    if dst is MemorySpace.HBM:
+        return "out"
+    if src is MemorySpace.HBM or _HOST in (src, dst):
+        return "in"
+    return "local"
 
 
 def member(d: Any, labels: dict[int, tuple[Any, str]]) -> Member:

@@ -115,6 +115,8 @@ _MEASURED_FIELDS = {
     "dma_latency_in_seconds": "dma_latency_in_s",
     "dma_latency_out_seconds": "dma_latency_out_s",
     "dma_latency_hbm_seconds": "dma_latency_hbm_s",
+    "dma_latency_local_seconds": "dma_latency_local_s",
+    "local_dma_bytes_per_second": "local_dma_bytes_per_second",
     "block_copy_issue_seconds": "block_copy_issue_s",
     "step_overhead_seconds": "step_overhead_s",
     "launch_overhead_seconds": "launch_overhead_s",
@@ -124,6 +126,8 @@ _MEASURED_FIELDS = {
     "dma_min_seconds": "dma_min_seconds",
     "xlu_latency_seconds": "xlu_latency_seconds",
     "sublane_reduce_latency_seconds": "sublane_reduce_latency_seconds",
+    "branch_seconds": "branch_seconds",
+    "operand_step_seconds": "operand_step_seconds",
 }
 
 #: Constants counted in cycles of the measured chip: a chip that was not measured gets
@@ -132,7 +136,8 @@ _CYCLE_FIELDS = ("valu_vreg_seconds", "dependent_op_seconds", "loop_iteration_se
                  "load_use_seconds", "vmem_vreg_seconds", "mxu_dot_seconds",
                  "mxu_weight_tile_seconds", "mxu_transposed_rhs_vreg_seconds",
                  "step_overhead_s", "launch_overhead_s", "dma_min_seconds",
-                 "xlu_latency_seconds", "sublane_reduce_latency_seconds")
+                 "xlu_latency_seconds", "sublane_reduce_latency_seconds", "branch_seconds",
+                 "operand_step_seconds")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -178,6 +183,11 @@ class ChipModel:
     dma_latency_in_s: float | None = None
     dma_latency_out_s: float | None = None
     dma_latency_hbm_s: float | None = None
+    #: A DMA between on-core memories (VMEM -> VMEM, VMEM <-> SMEM; a pipeline's block
+    #: copy of an operand XLA placed in VMEM): its latency and bytes per second, on the
+    #: core's own DMA path, not the HBM's. None: as an HBM read (the default).
+    dma_latency_local_s: float | None = None
+    local_dma_bytes_per_second: float | None = None
     #: the core's time to issue one of a grid pipeline's block copies (0: not modelled)
     block_copy_issue_s: float = 0.0
     #: Seconds per (8, 128) 32-bit vreg of a plain vector ALU op, of each primitive
@@ -200,6 +210,12 @@ class ChipModel:
     #: spread over them) and of a reduction over sublanes (0: not modelled)
     xlu_latency_seconds: float = 0.0
     sublane_reduce_latency_seconds: float = 0.0
+    #: A conditional (``pl.when``, ``lax.cond``): a basic block ends, the ops after it
+    #: issue after the ops before it did, and this much later (0: not modelled)
+    branch_seconds: float = 0.0
+    #: Per grid step and blocked operand: its index map and block check on the scalar
+    #: unit (beside ``step_overhead_s``; 0: not modelled)
+    operand_step_seconds: float = 0.0
     #: The MXU: one dot's fixed cost, each (128, 128) weight tile's load, and the passes
     #: of a precision=HIGHEST f32 dot.
     mxu_dot_seconds: float = 0.0
@@ -232,11 +248,19 @@ class ChipModel:
         return 1.0 / (rate * scale)
 
     def dma_latency(self, kind: str) -> float:
-        """The fixed latency of one DMA of ``kind`` (``"in"``, ``"out"``, ``"hbm"``;
-        anything else: the default)."""
+        """The fixed latency of one DMA of ``kind`` (``"in"``, ``"out"``, ``"hbm"``,
+        ``"local"``; anything else: the default)."""
         value = {"in": self.dma_latency_in_s, "out": self.dma_latency_out_s,
-                 "hbm": self.dma_latency_hbm_s}.get(kind)
+                 "hbm": self.dma_latency_hbm_s, "local": self.dma_latency_local_s}.get(kind)
+        if value is None and kind == "local":
+            value = self.dma_latency_in_s
         return self.dma_latency_s if value is None else value
+
+    def local_bytes_per_second(self) -> float:
+        """The rate of a DMA between on-core memories (an HBM read's where not measured)."""
+        if self.local_dma_bytes_per_second is not None:
+            return self.local_dma_bytes_per_second
+        return 1.0 / self.hbm_byte_seconds("in")
 
     def vector_vreg_seconds(self, primitive: str, transcendental: bool) -> float:
         """Seconds per vreg of a vector op: measured per primitive where the chip was,
@@ -333,6 +357,10 @@ def _from_reference(base: ChipModel, reference: str) -> ChipModel:
         hbm_copy_bytes_per_second=_times(ref.hbm_copy_bytes_per_second, hbm),
         dma_latency_in_s=ref.dma_latency_in_s, dma_latency_out_s=ref.dma_latency_out_s,
         dma_latency_hbm_s=ref.dma_latency_hbm_s, block_copy_issue_s=ref.block_copy_issue_s,
+        # (a local DMA moves VMEM's bytes: at this chip's clock)
+        dma_latency_local_s=ref.dma_latency_local_s,
+        local_dma_bytes_per_second=_times(ref.local_dma_bytes_per_second,
+                                          base.clock_hz / ref.clock_hz),
         f32_highest_passes=ref.f32_highest_passes, hbm_mixed_factor=ref.hbm_mixed_factor,
         # chips from v6e on have bf16 vector units: the packed default
         narrow_valu_factor=(ref.narrow_valu_factor if chip_record(base.chip).facts.generation <= 5

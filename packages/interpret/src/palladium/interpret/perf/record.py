@@ -25,6 +25,15 @@ __all__ = ["LaunchRecord"]
 CoreId = tuple[int, int]
 
 
+def _blocked_operands(info: Any) -> int:
+    """The launch's operands its grid pipeline blocks (each a step's index map and block
+    check on the chip: ``ChipModel.operand_step_seconds``)."""
+    kernel = info.kernel
+    if kernel is None:
+        return 0
+    return sum(not o.in_hbm for o in (*kernel.inputs, *kernel.outputs))
+
+
 def _pipeline_vmem(info: LaunchInfo) -> int:
     """VMEM the pipeline's extra buffers take on each core: the interpreter allocates
     one block per blocked operand, a TPU ``Buffered(n)`` holds n."""
@@ -74,7 +83,8 @@ class LaunchRecord:
             extra = _pipeline_vmem(recorder.info)
             cores = recorder.cores or tuple(recorder.events)
             replay = Replay(dict(recorder.events), cores, recorder.chip, self.cores_per_device,
-                            vmem_base=dict.fromkeys(cores, extra))
+                            vmem_base=dict.fromkeys(cores, extra),
+                            operands=_blocked_operands(recorder.info))
             replay.run()
             raw = replay.raw_spans
             stats, vmem = replay.stats, replay.vmem

@@ -8,13 +8,14 @@ threads did.
 
 from __future__ import annotations
 
-import dataclasses
 from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
+from palladium.interpret import _jax_compat as jc
 from palladium.interpret.eval.primitive_groups import REF_ACCESSES
 from palladium.interpret.observe.observers import LaunchInfo
+from palladium.interpret.perf.chain import Chunk, Run
 from palladium.interpret.perf.costs import Cost, equation_cost
 from palladium.interpret.perf.dma_runs import merge_run
 from palladium.interpret.perf.model import ChipModel
@@ -33,9 +34,10 @@ CoreId = tuple[int, int]
 # Event tuples, first item the kind:
 #   ("c", seconds)                             compute chunk
 #   ("step", step, grid_point)                 grid step begins
-#   ("in", step, nbytes, buffer_count, name)   pipeline input copy for that step
+#   ("in", step, nbytes, buffer_count, name, local)  pipeline input copy for that step
+#                                   (local: the operand is in VMEM, placed there by XLA)
 #   ("body_end", step)                         grid step body done
-#   ("out", step, nbytes, buffer_count, name)  pipeline output copy after that step
+#   ("out", step, nbytes, buffer_count, name, local)  pipeline output copy after it
 #   ("dma", DmaEvent)                          a DMA started
 #   ("dmas", [DmaEvent, ...])                  a run of DMAs (``dma_runs.merge_run``)
 #   ("sig", sem_key, inc)                      a semaphore signal
@@ -44,50 +46,12 @@ CoreId = tuple[int, int]
 #   ("mem", delta_bytes)                       VMEM in use changes
 
 
+_COND = jc.cond_p
+
+
 def _has_array(op: Any) -> bool:
     return any(getattr(getattr(v, "aval", None), "shape", ())
                for v in (*op.invars, *op.outvars))
-
-
-@dataclasses.dataclass
-class _Chunk:
-    """The dataflow chain of one core's current compute chunk (``_on_chain``)."""
-
-    #: when each value (by variable; a ref's last store by ("ref", var)) is ready:
-    #: its first vreg and all of it
-    ready: dict[Any, tuple[float, float]] = dataclasses.field(default_factory=dict)
-    end: float = 0.0  # the chain's end
-    #: the equations seen (a repeat starts a loop's next iteration) and the first
-    #: repeated one
-    seen: set[int] = dataclasses.field(default_factory=set)
-    anchor: int | None = None
-    #: when the current loop iteration began (a loop body is one basic block on the
-    #: chip: an iteration's loads cannot start before the last one's last op issued),
-    #: and when the chunk's last op issued
-    start: float = 0.0
-    issued: float = 0.0
-    mxu_free: float = 0.0  # when the MXU takes its next dot
-    #: the values holding a lane reduction's result in every lane (spreading them over
-    #: the lanes is free)
-    replicated: set[Any] = dataclasses.field(default_factory=set)
-
-    def copy(self) -> _Chunk:
-        return dataclasses.replace(self, ready=dict(self.ready), seen=set(self.seen),
-                                   replicated=set(self.replicated))
-
-
-@dataclasses.dataclass(slots=True)
-class _Run:
-    """A run of equations that started a chunk, costed once (``_costed``): the equations
-    (held: the memo is keyed by their ids), the counts and chain it left, the chunk's
-    seconds (None until pushed) and how often it was pushed again since its counts were
-    last added (``_count_repeats``)."""
-
-    ops: tuple[Any, ...]
-    counts: Any
-    chain: _Chunk | None
-    seconds: float | None = None
-    repeats: int = 0
 
 
 #: The longest run of equations a core keeps unsettled before ``_settle`` (a loop of many
@@ -135,7 +99,7 @@ class TimelineRecorder(Observer):
         self.error: str | None = None  # "Type: first line" of a failed launch
         self._costs: dict[int, tuple[Any, Cost, bool]] = {}
         # per core, the dependent chain of the current compute chunk
-        self._chunks: dict[CoreId, _Chunk] = {}
+        self._chunks: dict[CoreId, Chunk] = {}
         self._chained = bool(chip.dependent_op_seconds)
         # per equation (by id; the equation held): what ``_chain_operands`` answers
         self._operands: dict[int, tuple[Any, ...]] = {}
@@ -143,7 +107,10 @@ class TimelineRecorder(Observer):
         self._told: dict[CoreId, list[Any]] = {}
         # per run of equations that started a chunk (by their ids; the equations held):
         # the counts and chain it left (read only)
-        self._chunk_memo: dict[tuple[int, ...], _Run] = {}
+        self._chunk_memo: dict[tuple[int, ...], Run] = {}
+        #: ("in", name) / ("out", name) of the operands XLA placed in VMEM: their block
+        #: copies are VMEM -> VMEM (``fidelity.xla_placement``; set by the timeline)
+        self.local_operands: frozenset[tuple[str, str]] = frozenset()
         # Called once with this recorder when the launch ended (finished or failed): the
         # timeline then keeps what it needs and nothing holds the events any more.
         self.on_done: Callable[[TimelineRecorder], None] | None = None
@@ -196,7 +163,7 @@ class TimelineRecorder(Observer):
             self._settle(core)
 
     def _costed(self, core: CoreId, told: list[Any],
-                ) -> tuple[Any, _Chunk | None, _Run | None]:
+                ) -> tuple[Any, Chunk | None, Run | None]:
         """The counts and chain ``core`` is left with after the equations ``told``,
         taken from ``pending`` and ``_chunks`` (read only: from the memo when the run
         started a chunk and was costed before), and the run's memo entry (None: not a
@@ -216,7 +183,7 @@ class TimelineRecorder(Observer):
             if len(self._chunk_memo) >= _CHUNK_LIMIT:
                 self._count_repeats()
                 self._chunk_memo.clear()
-            entry = self._chunk_memo[key] = _Run(tuple(told), ran, chunk)
+            entry = self._chunk_memo[key] = Run(tuple(told), ran, chunk)
         return ran, chunk, entry
 
     def _count_repeats(self) -> None:
@@ -257,7 +224,8 @@ class TimelineRecorder(Observer):
             # (holds op: its id stays unique); on the chain only an equation with an
             # array among its operands or results (scalar index arithmetic runs ahead
             # on the scalar unit: most of a page-gather loop's equations)
-            hit = (op, equation_cost(op, self.chip), self._chained and _has_array(op))
+            hit = (op, equation_cost(op, self.chip),
+                   self._chained and (_has_array(op) or op.primitive is _COND))
             self._costs[key] = hit
         if hit[2]:
             self._on_chain(core, op, hit[1])
@@ -288,7 +256,17 @@ class TimelineRecorder(Observer):
         plus the chip's per-iteration overhead."""
         st = self._chunks.get(core)
         if st is None:
-            st = self._chunks[core] = _Chunk()
+            st = self._chunks[core] = Chunk()
+        if op.primitive is _COND and self.chip.branch_seconds:
+            # a basic block ends: what follows issues after everything before it did,
+            # its busiest unit's work included (r9/step-forms: two pl.when a grid step
+            # cost 14 ns on a v5e)
+            at = max(st.start, st.issued, st.base + max(st.busy.values(), default=0.0)
+                     ) + self.chip.branch_seconds
+            st.start = st.issued = st.base = at
+            st.busy = {}
+            st.end = max(st.end, at)
+            return
         ready, chain = st.ready, st.end
         key = id(op)
         if key in st.seen:
@@ -348,6 +326,12 @@ class TimelineRecorder(Observer):
         st.end = max(chain, out[1])
         if issued > st.issued:
             st.issued = issued
+        if cost.unit and st.base:  # (after a conditional: this block's units, from it)
+            b = st.busy[cost.unit] = st.busy.get(cost.unit, 0.0) + cost.seconds
+            if st.base + b > st.end:
+                st.end = st.base + b
+        elif cost.unit:
+            st.busy[cost.unit] = st.busy.get(cost.unit, 0.0) + cost.seconds
 
     def _totals(self) -> None:
         """The launch's costs by primitive and unit, its flops and transcendentals,
@@ -376,7 +360,8 @@ class TimelineRecorder(Observer):
 
     def block_copy(self, copy: BlockCopy) -> None:
         kind = "in" if copy.direction == "in" else "out"
-        self._push(copy.core, (kind, copy.step, copy.nbytes, copy.buffer_count, copy.operand))
+        self._push(copy.core, (kind, copy.step, copy.nbytes, copy.buffer_count, copy.operand,
+                               (kind, copy.operand) in self.local_operands))
 
     # -- the simulator's events ------------------------------------------------------
     def dma_start(self, dma: DmaEvent) -> None:

@@ -28,9 +28,8 @@ from collections import defaultdict
 from collections.abc import Iterator
 from typing import Any
 
-from palladium.interpret.perf.dma_runs import Member, assign_lanes, member, resource
+from palladium.interpret.perf.dma_runs import Member, assign_lanes, member, route
 from palladium.interpret.perf.model import ChipModel
-from palladium.shared_memory import MemorySpace
 
 CoreId = tuple[int, int]
 Action = tuple[Any, ...]
@@ -95,9 +94,10 @@ class CoreStats:
     steps: int = 0
 
 
-def _pipeline(core: CoreId, events: list[tuple[Any, ...]], chip: ChipModel) -> Iterator[Action]:
+def _pipeline(core: CoreId, events: list[tuple[Any, ...]], chip: ChipModel,
+              step_overhead: float) -> Iterator[Action]:
     """The core's program: its events, with the grid's block copies scheduled as the
-    TPU pipeline issues them."""
+    TPU pipeline issues them; each grid step costs the core ``step_overhead``."""
     pre: list[tuple[Any, ...]] = []
     steps: list[dict[str, Any]] = []
     for ev in events:
@@ -120,13 +120,16 @@ def _pipeline(core: CoreId, events: list[tuple[Any, ...]], chip: ChipModel) -> I
     seq = iter(range(1 << 62))
 
     def copy(ev: tuple[Any, ...], key: Any) -> Iterator[Action]:
-        _, step, nbytes, _n, name = ev
-        src, dst = ("HBM", name) if ev[0] == "in" else (name, "HBM")
+        _, step, nbytes, _n, name, local = ev
+        # (an operand XLA placed in VMEM: its blocks are copied VMEM -> VMEM)
+        where = "VMEM" if local else "HBM"
+        src, dst = (where, name) if ev[0] == "in" else (name, where)
         if chip.block_copy_issue_s:
             yield ("overhead", chip.block_copy_issue_s, "block copy issue")
-        yield ("dma", -1 - next(seq), f"copy {name} block (step {step})", ("hbm", dev),
-               nbytes, [(key, nbytes)], {"bytes": nbytes, "src": src, "dst": dst},
-               "block " + ("in" if ev[0] == "in" else "out"))
+        yield ("dma", -1 - next(seq), f"copy {name} block (step {step})",
+               ("local" if local else "hbm", dev), nbytes, [(key, nbytes)],
+               {"bytes": nbytes, "src": src, "dst": dst},
+               "block local" if local else "block " + ("in" if ev[0] == "in" else "out"))
 
     issue_at: dict[int, list[tuple[Any, ...]]] = defaultdict(list)  # -1: prologue
     for t, st in enumerate(steps):
@@ -140,7 +143,7 @@ def _pipeline(core: CoreId, events: list[tuple[Any, ...]], chip: ChipModel) -> I
     last = len(steps) - 1
     for s, st in enumerate(steps):
         yield ("begin", f"step {s} {st['point']}", {"grid_point": str(st["point"])})
-        yield ("overhead", chip.step_overhead_s, "step overhead")
+        yield ("overhead", step_overhead, "step overhead")
         # (with n buffers the next inputs are fetched before this step's are waited for:
         # their buffer held step s - 1's, done; one buffer: this step's own, then waited)
         for ev in issue_at.get(s, []):
@@ -173,13 +176,13 @@ def _plain(events: list[tuple[Any, ...]], labels: dict[int, tuple[Any, str]],
                 yield ("compute", ev[1], "compute")
         elif kind == "dma":
             d = ev[1]
+            direction, res = route(d)
             dma_id, name, signals, args = member(d, labels)
-            yield ("dma", dma_id, name, resource(d), d.nbytes, signals, args,
-                   _direction(d.src.space, d.dst.space))
+            yield ("dma", dma_id, name, res, d.nbytes, signals, args, direction)
         elif kind == "dmas":  # a run (``dma_runs``): one resource, size and direction
-            d = ev[1][0]
-            yield ("dmas", [member(x, labels) for x in ev[1]], resource(d), d.nbytes,
-                   _direction(d.src.space, d.dst.space))
+            direction, res = route(ev[1][0])
+            yield ("dmas", [member(x, labels) for x in ev[1]], res, ev[1][0].nbytes,
+                   direction)
         elif kind == "sig":
             yield ("signal", ev[1], ev[2])
         elif kind == "wait":
@@ -190,30 +193,26 @@ def _plain(events: list[tuple[Any, ...]], labels: dict[int, tuple[Any, str]],
             yield ("mem", ev[1])
 
 
-def _direction(src: Any, dst: Any) -> str:
-    """A DMA's kind for its cost: ``"hbm"`` (HBM -> HBM), ``"out"`` (into HBM) or
-    ``"in"`` (out of HBM, or between on-core memories)."""
-    if src is MemorySpace.HBM and dst is MemorySpace.HBM:
-        return "hbm"
-    return "out" if dst is MemorySpace.HBM else "in"
-
-
 class Replay:
     """Runs the programs of every core of a launch; results in ``raw_spans``, ``stats``,
     ``dmas`` and ``vmem`` (per core: ``[(time, bytes in use)]``)."""
 
     def __init__(self, events: dict[CoreId, list[tuple[Any, ...]]], cores: tuple[CoreId, ...],
                  chip: ChipModel, cores_per_device: int,
-                 vmem_base: dict[CoreId, int] | None = None) -> None:
+                 vmem_base: dict[CoreId, int] | None = None, operands: int = 0) -> None:
         self.chip = chip
         # (a device's HBM serves reads, writes and HBM -> HBM copies at the rates measured
         # for each: a DMA's bytes are counted in read-equivalent bytes, its "work")
         self._cores_per_device = cores_per_device
         self.bandwidth = {"hbm": 1.0 / chip.hbm_byte_seconds("in", cores_per_device),
                           "ici": chip.ici_bytes_per_second,
-                          "host": chip.host_bytes_per_second}
+                          "host": chip.host_bytes_per_second,
+                          "local": chip.local_bytes_per_second()}
         self.cores = tuple(sorted(set(cores) | set(events)))
-        self.programs = {c: _pipeline(c, events.get(c, []), chip) for c in self.cores}
+        # (``operands``: the launch's blocked operands, each a grid step's index map and
+        # block check)
+        step = chip.step_overhead_s + operands * chip.operand_step_seconds
+        self.programs = {c: _pipeline(c, events.get(c, []), chip, step) for c in self.cores}
         self.clock = dict.fromkeys(self.cores, 0.0)
         self.stats = {c: CoreStats() for c in self.cores}
         # every span as the tuple (track, name, cat, start, end, args): ``make_spans``

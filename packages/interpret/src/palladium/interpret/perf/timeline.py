@@ -44,7 +44,7 @@ class Timeline:
 
     def __init__(self, chip: str | None = None, *, keep_failed: bool = False,
                  detail_limit: int | None = DEFAULT_DETAIL_LIMIT,
-                 trace_file: str | None = None) -> None:
+                 trace_file: str | None = None, placement: Any = None) -> None:
         if detail_limit is not None and (isinstance(detail_limit, bool)
                                          or not isinstance(detail_limit, int)
                                          or detail_limit < 0):
@@ -59,9 +59,14 @@ class Timeline:
         self._spans = 0
         self._lock = threading.Lock()
         self._stream = TraceStream(trace_file) if trace_file is not None else None
+        # where XLA put each launch's operands (``fidelity.xla_placement.ProgramPlacement``,
+        # asked ``local_operands(kernel)`` per launch); None: every operand in HBM
+        self._placement = placement
 
     def _observe(self, info: LaunchInfo) -> TimelineRecorder:
         recorder = TimelineRecorder(info, chip_model(self.chip or info.chip))
+        if self._placement is not None and info.kernel is not None:
+            recorder.local_operands = self._placement.local_operands(info.kernel)
         # The recorder is held by its launch only: a launch that fails and is not kept
         # leaves nothing here.
         recorder.on_done = functools.partial(self._done, next(self._started))
@@ -123,11 +128,13 @@ class Timeline:
 @contextlib.contextmanager
 def timeline(chip: str | None = None, *, keep_failed: bool = False,
              detail_limit: int | None = DEFAULT_DETAIL_LIMIT,
-             trace_file: str | None = None) -> Iterator[Timeline]:
+             trace_file: str | None = None, placement: Any = None) -> Iterator[Timeline]:
     """Record every palladium launch run inside the block (eager, jit, any devices) by
     this thread or asyncio task, not other threads' (see
     ``palladium.interpret.observe.observers.scoped_launch_observer``). See :class:`Timeline` for
-    ``keep_failed``, ``detail_limit`` and ``trace_file``.
+    ``keep_failed``, ``detail_limit`` and ``trace_file``. ``placement``: where XLA put
+    the launches' operands (``palladium.interpret.fidelity.xla_placement``, as
+    ``predict`` finds it): the block copies of an operand in VMEM are VMEM -> VMEM.
 
     Under ``jax.jit`` a launch runs when its result is computed: block on the results
     (``jax.block_until_ready``) inside the block so they are recorded.
@@ -139,7 +146,7 @@ def timeline(chip: str | None = None, *, keep_failed: bool = False,
     []
     """
     tl = Timeline(chip, keep_failed=keep_failed, detail_limit=detail_limit,
-                  trace_file=trace_file)
+                  trace_file=trace_file, placement=placement)
     try:
         with scoped_launch_observer(tl._observe):
             yield tl

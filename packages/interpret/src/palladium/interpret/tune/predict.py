@@ -45,6 +45,7 @@ from palladium.interpret.eval.jaxprs import any_equation, nested_jaxprs
 from palladium.interpret.eval.segments import WHILE_GUESS
 from palladium.interpret.fidelity import tpu_compiler
 from palladium.interpret.fidelity.checks import APPROXIMATION, uses_compiler
+from palladium.interpret.fidelity.xla_placement import ProgramPlacement, program_placement
 from palladium.interpret.hook.jax_hook import errors_as_raised, force_tpu_interpret_mode
 from palladium.interpret.params import InterpretParams
 from palladium.interpret.perf import LaunchRecord, timeline
@@ -120,6 +121,10 @@ class Prediction:
     #: does not compute), as "what (file.py:line)": the walked schedule may not be the
     #: kernel's (a loop ran ``WHILE_GUESS`` iterations, a branch took either side).
     float_steered: tuple[str, ...] = ()
+    #: Where the launches' operands were taken to be: XLA's placement of the whole
+    #: program (``fidelity.xla_placement``: operands XLA put in VMEM are copied VMEM ->
+    #: VMEM), or every operand in HBM and why.
+    placement: str | None = None
     wall_seconds: float = 0.0  # what the prediction cost on this CPU
     launches: tuple[LaunchRecord, ...] = dataclasses.field(default=(), repr=False, compare=False)
 
@@ -207,6 +212,7 @@ def predict(
     *args: Any,
     chip: str = DEFAULT_CHIP,
     compile_check: str = "auto",
+    placement: str = "auto",
     **params: Any,
 ) -> Prediction:
     """Check and predict one configuration: ``kernel_fn(*args)`` (a function calling
@@ -221,6 +227,12 @@ def predict(
     ``chip``, else palladium's approximation), ``"compiler"``, ``"approximate"`` or
     ``"off"``. Other keyword arguments are ``InterpretParams`` fields (for example
     ``num_cores_or_threads=2`` for a megacore chip).
+
+    ``placement``: where the kernels' operands live. ``"auto"``: where XLA puts them in
+    the whole program (a kernel inside ``jax.grad`` or after other ops may read and
+    write VMEM: its block copies are then VMEM -> VMEM), found by compiling the
+    program with libtpu when it is installed (else every operand in HBM);
+    ``"hbm"``: every operand in HBM. ``Prediction.placement`` says which was used.
 
     A configuration that does not compile or fit is not an error: the result has
     ``compiles=False`` and the ``reason``. Any other failure of the kernel (an
@@ -238,6 +250,9 @@ def predict(
     >>> p.compiles, p.bound, round(p.predicted_seconds * 1e6)
     (True, 'HBM', 13)
     """
+    if placement not in ("auto", "hbm"):
+        raise ConfigError(f"predict(placement=...) must be 'auto' or 'hbm', got "
+                          f"{placement!r}.")
     ip = InterpretParams(**{**PREDICT_DEFAULTS, **params, "chip": chip,
                             "compile_check": compile_check})
     checker = checker_label(ip)
@@ -247,12 +262,13 @@ def predict(
             # (abstract: the compile-and-fit check runs in the lowering, before any
             # operand exists; also the kernels' jaxprs, for their float-steered decisions)
             with force_tpu_interpret_mode(ip):
-                steered, run, chained = _lowered(kernel_fn, args)
+                steered, run, chained, jaxpr = _lowered(kernel_fn, args)
             if chained and ip.skip_unused_integer_ops:  # (lowered again, computing them)
                 ip = dataclasses.replace(ip, skip_unused_integer_ops=False)
                 with force_tpu_interpret_mode(ip):
-                    steered, run, _ = _lowered(kernel_fn, args)
-            with force_tpu_interpret_mode(ip), timeline(chip) as tl:
+                    steered, run, _, jaxpr = _lowered(kernel_fn, args)
+            placed = _placement(placement, jaxpr, args, chip)
+            with force_tpu_interpret_mode(ip), timeline(chip, placement=placed) as tl:
                 concrete = [concrete_argument(a) for a in args]
                 jax.block_until_ready(run(*concrete))
     except ValueError as e:
@@ -292,17 +308,31 @@ def predict(
             f"kernel under palladium.interpret.timeline() for a measured schedule."),
             stacklevel=2)
     return dataclasses.replace(_from_records(chip, checker, records, wall),
-                               float_steered=steered)
+                               float_steered=steered, placement=(
+                                   placed.describe() if placed is not None
+                                   else "every operand in HBM (placement='hbm')"))
+
+
+def _placement(placement: str, jaxpr: Any, args: tuple[Any, ...],
+               chip: str) -> ProgramPlacement | None:
+    """XLA's placement of the program's operands (``placement="auto"``), else None."""
+    if placement == "hbm":
+        return None
+    if jaxpr is None:
+        return ProgramPlacement(reason="not known: the function was not traced on abstract "
+                                       "operands")
+    avals = [jax.ShapeDtypeStruct(jnp.shape(a), jnp.result_type(a)) for a in args]
+    return program_placement(jaxpr, avals, chip)
 
 
 def _lowered(kernel_fn: Callable[..., Any], args: tuple[Any, ...],
-             ) -> tuple[tuple[str, ...], Callable[..., Any], bool]:
+             ) -> tuple[tuple[str, ...], Callable[..., Any], bool, Any]:
     """Trace and lower ``kernel_fn`` once on abstract operands (a configuration that
     does not fit raises its rejection here): its kernels' float-steered decisions, what
     runs it on concrete operands (the compiled lowering: the kernel is not traced and
     lowered again; ``kernel_fn`` itself where it cannot be traced abstractly), and
     whether a launch's results may reach another launch (``_chained``; True when not
-    known)."""
+    known), and the traced program (a ``ClosedJaxpr``; None when not traced)."""
     abstract = [jax.ShapeDtypeStruct(jnp.shape(a), jnp.result_type(a)) for a in args]
     try:
         traced = jax.jit(kernel_fn).trace(*abstract)
@@ -310,7 +340,7 @@ def _lowered(kernel_fn: Callable[..., Any], args: tuple[Any, ...],
     except REJECTING_ERRORS:
         raise
     except Exception:  # noqa: BLE001 - a kernel_fn that needs concrete values: run it
-        return (), kernel_fn, True
+        return (), kernel_fn, True, None
     found: list[str] = []
     for eqn in traced.jaxpr.jaxpr.eqns:
         for jaxpr in _kernel_jaxprs(eqn):
@@ -320,7 +350,7 @@ def _lowered(kernel_fn: Callable[..., Any], args: tuple[Any, ...],
         # (the operands as the lowering saw them: same dtypes, not weakly typed)
         return compiled(*[jnp.asarray(c, s.dtype) for c, s in zip(concrete, abstract)])
 
-    return tuple(dict.fromkeys(found)), run, _chained(traced.jaxpr.jaxpr)
+    return tuple(dict.fromkeys(found)), run, _chained(traced.jaxpr.jaxpr), traced.jaxpr
 
 
 _LAUNCHES = ("pallas_call", "core_map")
