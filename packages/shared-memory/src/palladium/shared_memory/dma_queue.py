@@ -76,9 +76,12 @@ class DmaQueue:
             if not candidates:
                 return
             if self.order != "random":
-                candidates[0].execute_for(sem, det)
-                if sem.count >= value:  # done: forget what no longer signals it
-                    sem.pending = [d for d in candidates if d.signals(sem)] or ()
+                first = candidates[0]
+                first.execute_for(sem, det)
+                if sem.count >= value:  # done: forget what no longer signals it (only
+                    # the DMA that ran can have stopped: the others did not change)
+                    sem.pending = (candidates if first.signals(sem) else
+                                   candidates[1:]) or ()
                 continue
             self.pending = self.in_flight()
             waited = {d.id for d in candidates}

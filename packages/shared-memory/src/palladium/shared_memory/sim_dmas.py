@@ -121,10 +121,12 @@ class DmaIssuer:
         dma = Dma(dma_id, name, core, sb, sp, db, dp, ssem, dsem, actor, site, view, add)
         if sb.written is not None and self.reports.mode in ("warn", "raise"):
             dma.on_unwritten = self._dma_of_unwritten
-        if self.links.obs is not None:
+        obs = self.links.obs
+        if obs is not None:
             event = dma_event(dma, dst_core)
-            self.links.obs.dma_start(event)
-            dma.on_done = lambda obs=self.links.obs: obs.dma_complete(event)
+            obs.dma_start(event)
+            if obs.wants("dma_complete"):  # (no callback per DMA for no listener)
+                dma.on_done = lambda obs=obs: obs.dma_complete(event)
         if remote:
             assert self.rounds is not None
             self.rounds.start_dma(dma, dst_core)

@@ -20,6 +20,7 @@ from palladium.interpret import _jax_compat as jc
 from palladium.interpret.compiled.segment_function import is_ref
 from palladium.interpret.errors import UnsupportedPrimitiveError
 from palladium.interpret.eval.context import Equation, KernelContext, Value
+from palladium.interpret.eval.jaxprs import nested_jaxprs
 from palladium.interpret.eval.primitive_groups import INDEXED_ACCESSES
 from palladium.interpret.eval.refs import MemRef, RefView, SemaphoreRef
 from palladium.interpret.eval.registry import RULES, Rule, rule_by_name
@@ -95,6 +96,11 @@ class Program:
     #: results are stored by ``zip`` (its rule returns none).
     observed: tuple[tuple[Any, Any, Any, int | None, int | None, tuple[int, ...], bool],
                     ...] = dataclasses.field(init=False, repr=False, compare=False)
+    #: Whether every step is one plain equation nesting no jaxpr (no segment, loop,
+    #: branch or call): under the timeline its equations may be told as one run
+    #: (``CoreEvaluator.run_program``), ``eqns``, after they ran.
+    flat: bool = dataclasses.field(init=False, repr=False, compare=False)
+    eqns: tuple[Any, ...] = dataclasses.field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "fast", tuple(
@@ -112,6 +118,11 @@ class Program:
              not st.segment)
             for st in self.steps
             for ins, outs in [(st.in_slots, st.out_slots)]))
+        object.__setattr__(self, "eqns", tuple(st.eqn for st in self.steps
+                                               if not st.observe_only))
+        object.__setattr__(self, "flat", all(
+            not st.observe_only and not st.segment and not nested_jaxprs(st.eqn)
+            for st in self.steps))
         object.__setattr__(self, "shadow_rules", tuple(
             PASS_THROUGH if st.segment else SHADOW_RULES.get(st.eqn.primitive)
             for st in self.steps if not st.observe_only))

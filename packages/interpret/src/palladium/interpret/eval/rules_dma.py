@@ -33,7 +33,7 @@ from palladium.interpret.eval.refs import (
 )
 from palladium.interpret.eval.registry import Rule, rule, rule_compiler
 from palladium.interpret.fidelity import compiler_rejects
-from palladium.shared_memory import MemorySpace, SemaphoreKind
+from palladium.shared_memory import AccessPlan, MemorySpace, SemaphoreKind
 
 
 def _mem(ev: KernelContext, value: Any, eqn: Equation, role: str) -> tuple[MemRef, Any]:
@@ -202,8 +202,32 @@ def _picked(key: tuple[Any, ...], positions: tuple[int, ...]) -> tuple[Any, ...]
     return tuple(map(key.__getitem__, positions))
 
 
-def _side_plan(sim: Any, buffer: Any, dims: tuple[Any, ...], key: Any) -> Any:
-    return sim.plan(buffer, _placed_region(dims, key))
+def _side_plan(sim: Any, buffer: Any, dims: tuple[Any, ...], key: Any,
+               paged: dict[Any, Any], structure: Any) -> Any:
+    """The plan of the region ``dims`` place at ``key``'s values. Where only index
+    dimensions vary (a page's, a head's) and they lie in bounds, the plan is the one
+    ``resolve`` made of the first such region (``paged``, per ref ``structure``) with
+    this region and its ints in the index: nothing else of it depends on them."""
+    region = _placed_region(dims, key)
+    known = paged.get(structure)
+    if known is not None:
+        plan, axes = known
+        if plan is not None:
+            logical = plan.logical
+            if all(0 <= region[a] < logical[a] for a in axes):
+                index = list(plan.index)
+                for a in axes:
+                    index[a] = region[a]
+                return AccessPlan(region, plan.full, tuple(index), plan.shape, plan.pos,
+                                  plan.oob, plan.box, logical, plan.bound)
+        return sim.plan(buffer, region)
+    plan = sim.plan(buffer, region)
+    axes = tuple(i for i, d in enumerate(dims) if d.__class__ is tuple)
+    reusable = (plan.index is not None and len(region) == len(plan.logical)
+                and all(dims[a][2] is None and 0 <= region[a] < plan.logical[a]
+                        for a in axes))
+    paged[structure] = (plan if reusable else None, axes)
+    return plan
 
 
 #: Plans a placing DMA keeps per side (its destination's few slots; its sources, pages
@@ -247,6 +271,8 @@ def _dma_start(eqn: Equation, used: frozenset[Any]) -> Rule:
     placements: dict[tuple[int, tuple[int, ...]], Any] = {}
     side_plans: tuple[PlanCache[Any], PlanCache[Any]] = (PlanCache(_SIDE_PLANS),
                                                           PlanCache(_SIDE_PLANS))
+    # per side, by ref structure: a plan whose index dimensions alone vary (_side_plan)
+    paged: tuple[dict[Any, Any], dict[Any, Any]] = ({}, {})
 
     def side_plan(ev: KernelContext, side: int, indexers: Any, at: int, invals: list[Any],
                   key: tuple[Any, ...]) -> Any:
@@ -260,7 +286,7 @@ def _dma_start(eqn: Equation, used: frozenset[Any]) -> Rule:
         positions, dims = placement
         # (the key holds each index operand as an int: operand_key)
         return side_plans[side].get((key[at], *_picked(key, positions)), _side_plan,
-                                    ev.sim, buffer, dims, key)
+                                    ev.sim, buffer, dims, key, paged[side], key[at])
 
     def placed(ev: KernelContext, invals: list[Any], key: tuple[Any, ...],
                ) -> tuple[DmaPlan, Any, Any]:

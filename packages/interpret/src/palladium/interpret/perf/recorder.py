@@ -17,6 +17,7 @@ from palladium.interpret.eval.primitive_groups import REF_ACCESSES
 from palladium.interpret.observe.observers import LaunchInfo
 from palladium.interpret.perf.chain import Chunk, Run
 from palladium.interpret.perf.costs import Cost, equation_cost
+from palladium.interpret.perf.dma_runs import merge_run
 from palladium.interpret.perf.model import ChipModel
 from palladium.shared_memory import (
     BlockCopy,
@@ -39,6 +40,7 @@ CoreId = tuple[int, int]
 #   ("body_end", step)                         grid step body done
 #   ("out", step, nbytes, buffer_count, name, local, strided)  output copy after it
 #   ("dma", DmaEvent)                          a DMA started
+#   ("dmas", [DmaEvent, ...])                  a run of DMAs (``dma_runs.merge_run``)
 #   ("sig", sem_key, inc)                      a semaphore signal
 #   ("wait", sem_key, value, label, is_dma)    a semaphore wait
 #   ("bar",)                                   a barrier
@@ -73,6 +75,10 @@ class TimelineRecorder(Observer):
     #: Whether identical chunks are costed once (the equation-by-equation costing is
     #: the oracle: ``tests/tune/test_predict_speed.py`` compares the two).
     memo_chunks = True
+    #: Whether DMAs started back to back with the same bytes and memory spaces are
+    #: recorded as one run (``dma_runs.merge_run``: the replay runs them as one flow of
+    #: as many DMAs, with the same times; ``tests/perf/test_dma_runs.py`` compares).
+    batch_dmas = True
 
     def __init__(self, info: LaunchInfo, chip: ChipModel) -> None:
         self.info = info
@@ -368,6 +374,8 @@ class TimelineRecorder(Observer):
     # -- the simulator's events ------------------------------------------------------
     def dma_start(self, dma: DmaEvent) -> None:
         self._push(dma.core, ("dma", dma))
+        if self.batch_dmas:
+            merge_run(self.events[dma.core])
 
     def semaphore_signal(self, core: CoreId, sem: SemaphoreInfo, inc: int) -> None:
         self._push(core, ("sig", sem.key, inc))

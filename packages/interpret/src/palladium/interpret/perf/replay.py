@@ -28,10 +28,8 @@ from collections import defaultdict
 from collections.abc import Iterator
 from typing import Any
 
+from palladium.interpret.perf.dma_runs import Member, assign_lanes, member, route
 from palladium.interpret.perf.model import ChipModel
-from palladium.shared_memory import MemorySpace
-
-_HOST = MemorySpace.HOST
 
 CoreId = tuple[int, int]
 Action = tuple[Any, ...]
@@ -80,6 +78,11 @@ class _Dma:
     end: float = 0.0
     direction: str = ""
     block: bool = False  # a pipeline block copy (served in issue order, see _served)
+    #: A run of DMAs started together (the recorder's ``("dmas", ...)``): each one's
+    #: (id, name, signals, args), in order; their bytes flow as ``count`` DMAs' would,
+    #: ``remaining`` each (None: this DMA alone)
+    members: list[Member] | None = None
+    count: int = 1
 
 
 @dataclasses.dataclass
@@ -165,14 +168,6 @@ def _pipeline(core: CoreId, events: list[tuple[Any, ...]], chip: ChipModel,
     yield ("overhead", chip.launch_overhead_s, "epilogue")
 
 
-def _label(buffer: Any, labels: dict[int, tuple[Any, str]]) -> str:
-    """``buffer.label``, made once per buffer (a page loop's DMAs name the same two)."""
-    known = labels.get(id(buffer))
-    if known is None or known[0] is not buffer:
-        known = labels[id(buffer)] = (buffer, buffer.label)
-    return known[1]
-
-
 def _plain(events: list[tuple[Any, ...]], labels: dict[int, tuple[Any, str]],
            ) -> Iterator[Action]:
     for ev in events:
@@ -182,18 +177,12 @@ def _plain(events: list[tuple[Any, ...]], labels: dict[int, tuple[Any, str]],
                 yield ("compute", ev[1], "compute")
         elif kind == "dma":
             d = ev[1]
-            direction = _direction(d.src.space, d.dst.space)
-            if d.remote and direction == "local":  # (over ICI: not the core's own path)
-                direction = "in"
-            res = (("ici", d.src.device) if d.remote
-                   else ("host", d.core[0]) if _HOST in (d.src.space, d.dst.space)
-                   else ("local" if direction == "local" else "hbm", d.core[0]))
-            signals = [(d.dst_sem.key, d.nbytes)]
-            if d.src_sem is not None:
-                signals.append((d.src_sem.key, d.nbytes))
-            yield ("dma", d.id, d.name, res, d.nbytes, signals,
-                   {"bytes": d.nbytes, "src": _label(d.src, labels),
-                    "dst": _label(d.dst, labels)},
+            direction, res = route(d)
+            dma_id, name, signals, args = member(d, labels)
+            yield ("dma", dma_id, name, res, d.nbytes, signals, args, direction)
+        elif kind == "dmas":  # a run (``dma_runs``): one resource, size and direction
+            direction, res = route(ev[1][0])
+            yield ("dmas", [member(x, labels) for x in ev[1]], res, ev[1][0].nbytes,
                    direction)
         elif kind == "sig":
             yield ("signal", ev[1], ev[2])
@@ -203,19 +192,6 @@ def _plain(events: list[tuple[Any, ...]], labels: dict[int, tuple[Any, str]],
             yield ("barrier",)
         elif kind == "mem":
             yield ("mem", ev[1])
-
-
-def _direction(src: Any, dst: Any) -> str:
-    """A DMA's kind for its cost: ``"hbm"`` (HBM -> HBM), ``"out"`` (into HBM), ``"in"``
-    (out of HBM; to or from the host) or ``"local"`` (between on-core memories: VMEM,
-    SMEM)."""
-    if src is MemorySpace.HBM and dst is MemorySpace.HBM:
-        return "hbm"
-    if dst is MemorySpace.HBM:
-        return "out"
-    if src is MemorySpace.HBM or _HOST in (src, dst):
-        return "in"
-    return "local"
 
 
 class Replay:
@@ -255,6 +231,12 @@ class Replay:
         self._pending: list[tuple[float, int, _Dma]] = []
         self._active: dict[tuple[str, int], list[_Dma]] = defaultdict(list)
         self._t_dma = 0.0
+        # per resource with DMAs in flight: the ones it serves and their rate
+        # (``_next_dma_time``, for ``_advance``)
+        self._flows: list[tuple[list[_Dma], float]] = []
+        # whether a run of DMAs (``("dmas", ...)``) was started: a resource's share is
+        # then per DMA of each run
+        self._batched = False
         self._dma_terms: dict[str, tuple[str, bool, float, float, float]] = {}
 
     # -- the run -------------------------------------------------------------------------
@@ -309,6 +291,21 @@ class Replay:
                            direction=direction, block=block)
                 self.dmas.append(dma)
                 self.resource_bytes[res] += nbytes
+                heapq.heappush(self._pending, (t + latency, len(self.dmas), dma))
+            elif kind == "dmas":  # DMAs started together: one flow of as many
+                _, members, res, nbytes, kind = action
+                terms = self._dma_terms.get(kind) or self._terms(kind)
+                direction, block, scale, least, latency = terms
+                work = float(nbytes)
+                if res[0] == "hbm":
+                    work = max(work * scale, least)
+                first = members[0]
+                dma = _Dma(first[0], first[1], core[0], res, nbytes, first[2], t, first[3],
+                           work, direction=direction, block=block, members=members,
+                           count=len(members))
+                self.dmas.append(dma)
+                self._batched = True
+                self.resource_bytes[res] += nbytes * len(members)
                 heapq.heappush(self._pending, (t + latency, len(self.dmas), dma))
             elif kind == "signal":
                 self._signal(action[1], action[2], t, "sem")
@@ -374,11 +371,18 @@ class Replay:
 
     # -- DMAs as fluid flows --------------------------------------------------------------
     def _next_dma_time(self) -> float:
+        """When the next DMA event happens (a pending DMA's bytes start to flow, a
+        flowing one ends). The DMAs each resource serves and their rate are kept in
+        ``_flows`` for ``_advance`` to that time (the active lists do not change
+        between: a core's step only adds pending DMAs)."""
         t = self._pending[0][0] if self._pending else math.inf
+        flows = self._flows
+        flows.clear()
         for res, active in self._active.items():
             if active:
                 served = self._served(active)
                 rate = self._rate(res, served)
+                flows.append((served, rate))
                 t = min(t, self._t_dma + min(d.remaining for d in served) / rate)
         return t
 
@@ -400,7 +404,8 @@ class Replay:
     def _rate(self, res: tuple[str, int], active: list[_Dma]) -> float:
         """Each served DMA's share of its resource; HBM serving reads and writes at once
         is slower than either alone (the chip's measured read/write turnaround)."""
-        rate = self.bandwidth[res[0]] / len(active)
+        n = sum(d.count for d in active) if self._batched else len(active)
+        rate = self.bandwidth[res[0]] / n
         if res[0] == "hbm" and self.chip.hbm_mixed_factor != 1.0:
             kinds = {d.direction for d in active}
             if "in" in kinds and "out" in kinds:
@@ -408,13 +413,11 @@ class Replay:
         return rate
 
     def _advance(self, t: float) -> None:
+        """Move the flowing DMAs on to ``t`` (as ``_next_dma_time`` just found them)."""
         dt = t - self._t_dma
         done: list[_Dma] = []
-        for res, active in self._active.items():
-            if not active:
-                continue
-            served = self._served(active)
-            moved = dt * self._rate(res, served)
+        for served, rate in self._flows:
+            moved = dt * rate
             for d in served:
                 d.remaining -= moved
         self._t_dma = t
@@ -431,16 +434,13 @@ class Replay:
             done.sort(key=lambda d: (d.start, d.id))
         for dma in done:
             dma.end = t
+            if dma.members is not None:
+                for member in dma.members:
+                    for key, inc in member[2]:
+                        self._signal(key, inc, t, dma.resource[0])
+                continue
             for key, inc in dma.signals:
                 self._signal(key, inc, t, dma.resource[0])
 
     def _assign_lanes(self) -> None:
-        lanes: dict[int, list[float]] = defaultdict(list)
-        for dma in sorted(self.dmas, key=lambda d: (d.start, d.id)):
-            free = lanes[dma.device]
-            lane = next((i for i, end in enumerate(free) if end <= dma.start), len(free))
-            if lane == len(free):
-                free.append(0.0)
-            free[lane] = dma.end
-            self.raw_spans.append(((dma.device, f"DMA engine {lane}"), dma.name, "dma",
-                                   dma.start, dma.end, dma.args))
+        assign_lanes(self.dmas, self.raw_spans.append)

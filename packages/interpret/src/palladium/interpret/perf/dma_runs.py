@@ -1,0 +1,117 @@
+"""A launch's DMAs as the replay takes them: each one's direction, resource, signals and
+labels, runs of DMAs started back to back (issue 40, item 4), and the DMA engine lanes.
+
+A run is DMAs one core started one after the other, nothing between them (no compute:
+the same start on the core's clock), with consecutive DMA numbers, the same bytes and
+the same source and destination devices and memory spaces: the same resource, cost and
+latency. The replay runs it as one flow that counts as that many DMAs in its resource's
+share, so each of its DMAs ends when it would have alone; each keeps its own signals (in
+order), engine lane and span (paged attention's page DMAs: 36,864 DMAs, 4,608 runs).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable
+from typing import Any
+
+from palladium.shared_memory import MemorySpace
+
+_HOST = MemorySpace.HOST
+
+#: A DMA of a run as the replay keeps it: (number, name, signals, span args)
+Member = tuple[int, str, list[tuple[Any, int]], dict[str, Any]]
+
+
+def merge_run(events: list[tuple[Any, ...]]) -> None:
+    """Merge the ``("dma", event)`` just appended to a core's ``events`` into the DMA (or
+    run, ``("dmas", [event, ...])``) right before it where they make a run."""
+    if len(events) < 2:
+        return
+    prev = events[-2]
+    kind = prev[0]
+    if kind != "dma" and kind != "dmas":
+        return
+    d = events[-1][1]
+    p = prev[1] if kind == "dma" else prev[1][-1]
+    if (d.id != p.id + 1 or d.nbytes != p.nbytes or d.src.device != p.src.device
+            or d.dst.device != p.dst.device or d.src.space is not p.src.space
+            or d.dst.space is not p.dst.space):
+        return
+    events.pop()
+    if kind == "dma":
+        events[-1] = ("dmas", [p, d])
+    else:
+        prev[1].append(d)
+
+
+def route(d: Any) -> tuple[str, tuple[str, int]]:
+    """The DMA event ``d``'s direction (``direction``) and resource: its device's
+    outgoing ICI link (remote), the host link, the core's own path (``"local"``) or
+    its device's HBM."""
+    way = direction(d.src.space, d.dst.space)
+    if d.remote and way == "local":  # (over ICI: not the core's own path)
+        way = "in"
+    res = (("ici", d.src.device) if d.remote
+           else ("host", d.core[0]) if _HOST in (d.src.space, d.dst.space)
+           else ("local" if way == "local" else "hbm", d.core[0]))
+    return way, res
+
+
+def direction(src: Any, dst: Any) -> str:
+    """A DMA's kind for its cost: ``"hbm"`` (HBM -> HBM), ``"out"`` (into HBM), ``"in"``
+    (out of HBM; to or from the host) or ``"local"`` (between on-core memories: VMEM,
+    SMEM)."""
+    if src is MemorySpace.HBM and dst is MemorySpace.HBM:
+        return "hbm"
+    if dst is MemorySpace.HBM:
+        return "out"
+    if src is MemorySpace.HBM or _HOST in (src, dst):
+        return "in"
+    return "local"
+
+
+def member(d: Any, labels: dict[int, tuple[Any, str]]) -> Member:
+    """The DMA event ``d`` as the replay keeps it (``labels``: per buffer, its label)."""
+    signals = [(d.dst_sem.key, d.nbytes)]
+    if d.src_sem is not None:
+        signals.append((d.src_sem.key, d.nbytes))
+    return (d.id, d.name, signals,
+            {"bytes": d.nbytes, "src": label(d.src, labels), "dst": label(d.dst, labels)})
+
+
+def label(buffer: Any, labels: dict[int, tuple[Any, str]]) -> str:
+    """``buffer.label``, made once per buffer (a page loop's DMAs name the same two)."""
+    known = labels.get(id(buffer))
+    if known is None or known[0] is not buffer:
+        known = labels[id(buffer)] = (buffer, buffer.label)
+    return known[1]
+
+
+def assign_lanes(dmas: list[Any], append: Callable[[Any], None]) -> None:
+    """``append`` each DMA's span on its device's lowest engine lane free at its start
+    (by start, then number; a run's DMAs one by one): per device a heap of the busy
+    lanes by end and one of the free lanes by number (the starts never decrease, so a
+    lane freed stays free until taken)."""
+    lanes: dict[int, tuple[list[tuple[float, int]], list[int], list[int]]] = {}
+    heappush, heappop = heapq.heappush, heapq.heappop
+    names: list[str] = []
+    for dma in sorted(dmas, key=lambda d: (d.start, d.id)):
+        known = lanes.get(dma.device)
+        if known is None:
+            known = lanes[dma.device] = ([], [], [0])
+        busy, free, count = known
+        start, end = dma.start, dma.end
+        # (a run's numbers follow each other: no other DMA sorts between them)
+        for _, name, _, args in (dma.members or ((dma.id, dma.name, None, dma.args),)):
+            while busy and busy[0][0] <= start:
+                heappush(free, heappop(busy)[1])
+            if free:
+                lane = heappop(free)
+            else:
+                lane = count[0]
+                count[0] += 1
+            heappush(busy, (end, lane))
+            while len(names) <= lane:
+                names.append(f"DMA engine {len(names)}")
+            append(((dma.device, names[lane]), name, "dma", start, end, args))
