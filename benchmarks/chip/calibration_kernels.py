@@ -222,6 +222,23 @@ for (_m, _k, _n) in ((128, 128, 128), (256, 256, 256), (512, 512, 512), (1024, 1
 
 # --- DMAs: chunk copies HBM <-> VMEM / HBM -> HBM, k in flight ---------------------------
 
+def _copies_in_flight(copy, chunks: int, in_flight: int) -> None:
+    """Start ``copy(i)`` for ``i`` in ``range(chunks)``, at most ``in_flight`` outstanding
+    (each waited for ``in_flight`` starts later), then wait for the last ones."""
+    def step(i, c):
+        @pl.when(i >= in_flight)
+        def _():
+            copy(i - in_flight).wait()
+        copy(i).start()
+        return c
+    jax.lax.fori_loop(0, chunks, step, 0)
+
+    def drain(i, c):
+        copy(i).wait()
+        return c
+    jax.lax.fori_loop(max(chunks - in_flight, 0), chunks, drain, 0)
+
+
 def _dma(chunk_rows: int, width: int, chunks: int, in_flight: int, direction: str,
          strided: bool = False):
     """``chunks`` copies of (chunk_rows, width) f32, ``in_flight`` outstanding at once;
@@ -240,19 +257,7 @@ def _dma(chunk_rows: int, width: int, chunks: int, in_flight: int, direction: st
 
         if direction == "out":
             buf[...] = jnp.ones(buf.shape, buf.dtype)
-
-        def step(i, c):
-            @pl.when(i >= in_flight)
-            def _():
-                copy(i - in_flight).wait()
-            copy(i).start()
-            return c
-        jax.lax.fori_loop(0, chunks, step, 0)
-
-        def drain(i, c):
-            copy(i).wait()
-            return c
-        jax.lax.fori_loop(max(chunks - in_flight, 0), chunks, drain, 0)
+        _copies_in_flight(copy, chunks, in_flight)
         o_ref[...] = buf[0, pl.ds(0, 8), pl.ds(0, 128)]
 
     def make():
@@ -1267,19 +1272,7 @@ def _dma_local(chunk_rows: int, width: int, chunks: int, in_flight: int):
         def copy(i):
             slot = i % in_flight
             return pltpu.make_async_copy(src.at[slot], dst.at[slot], sems.at[slot])
-
-        def step(i, c):
-            @pl.when(i >= in_flight)
-            def _():
-                copy(i - in_flight).wait()
-            copy(i).start()
-            return c
-        jax.lax.fori_loop(0, chunks, step, 0)
-
-        def drain(i, c):
-            copy(i).wait()
-            return c
-        jax.lax.fori_loop(max(chunks - in_flight, 0), chunks, drain, 0)
+        _copies_in_flight(copy, chunks, in_flight)
         o_ref[...] = dst[0, pl.ds(0, 8), pl.ds(0, 128)]
 
     def make():

@@ -84,14 +84,16 @@ def test_bf16_vector_ops_cost_the_measured_factor_of_f32_per_element():
     assert bf16 / f32 == pytest.approx(V5E.narrow_valu_factor, rel=0.01)  # v5e: no bf16 VALU
 
 
+def _dot(dims):
+    def kernel(x_ref, o_ref):
+        o_ref[...] = jax.lax.dot_general(x_ref[...], x_ref[...], (dims, ((), ())),
+                                         preferred_element_type=jnp.float32)
+    return kernel
+
+
 @pytest.mark.timeout(120)
 def test_a_transposed_right_operand_costs_its_transpose():
-    def dot(dims):
-        def kernel(x_ref, o_ref):
-            o_ref[...] = jax.lax.dot_general(x_ref[...], x_ref[...], (dims, ((), ())),
-                                             preferred_element_type=jnp.float32)
-        return kernel
-
+    dot = _dot
     x = jnp.ones((256, 256), jnp.float32)
     nn = _record(dot(((1,), (0,))), x).by_primitive["dot_general"]
     nt = _record(dot(((1,), (1,))), x).by_primitive["dot_general"]
@@ -196,12 +198,7 @@ def test_a_left_operand_contracting_its_rows_costs_its_transpose():
     # p.T @ do (flash attention's dkv step): the cross-lane unit transposes the left
     # operand first, at the chip's measured transpose rate (round 6: the dkv step written
     # from the math, -25% -> -11% with it)
-    def dot(dims):
-        def kernel(x_ref, o_ref):
-            o_ref[...] = jax.lax.dot_general(x_ref[...], x_ref[...], (dims, ((), ())),
-                                             preferred_element_type=jnp.float32)
-        return kernel
-
+    dot = _dot
     x = jnp.ones((256, 256), jnp.float32)
     nn = _record(dot(((1,), (0,))), x).by_primitive["dot_general"]
     tn = _record(dot(((0,), (0,))), x).by_primitive["dot_general"]
