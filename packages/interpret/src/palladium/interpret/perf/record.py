@@ -89,7 +89,7 @@ class LaunchRecord:
             cores = recorder.cores or tuple(recorder.events)
             replay = Replay(dict(recorder.events), cores, recorder.chip, self.cores_per_device,
                             vmem_base=dict.fromkeys(cores, extra),
-                            operands=_operand_step_seconds(recorder.info, recorder.chip))
+                            operand_seconds=_operand_step_seconds(recorder.info, recorder.chip))
             replay.run()
             raw = replay.raw_spans
             stats, vmem = replay.stats, replay.vmem

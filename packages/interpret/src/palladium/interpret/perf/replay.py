@@ -200,7 +200,8 @@ class Replay:
 
     def __init__(self, events: dict[CoreId, list[tuple[Any, ...]]], cores: tuple[CoreId, ...],
                  chip: ChipModel, cores_per_device: int,
-                 vmem_base: dict[CoreId, int] | None = None, operands: float = 0.0) -> None:
+                 vmem_base: dict[CoreId, int] | None = None,
+                 operand_seconds: float = 0.0) -> None:
         self.chip = chip
         # (a device's HBM serves reads, writes and HBM -> HBM copies at the rates measured
         # for each: a DMA's bytes are counted in read-equivalent bytes, its "work")
@@ -210,9 +211,9 @@ class Replay:
                           "host": chip.host_bytes_per_second,
                           "local": chip.local_bytes_per_second()}
         self.cores = tuple(sorted(set(cores) | set(events)))
-        # (``operands``: what the launch's blocked operands cost a grid step, their
-        # index maps and block checks)
-        step = chip.step_overhead_s + operands
+        # (``operand_seconds``: what the launch's blocked operands cost a grid step,
+        # their index maps and block checks)
+        step = chip.step_overhead_s + operand_seconds
         self.programs = {c: _pipeline(c, events.get(c, []), chip, step) for c in self.cores}
         self.clock = dict.fromkeys(self.cores, 0.0)
         self.stats = {c: CoreStats() for c in self.cores}
