@@ -374,19 +374,20 @@ def test_verdicts_are_cached_on_disk_across_processes(fresh_verdict_cache):
 
 
 def test_the_cache_key_changes_with_the_compiler_and_jax_versions(monkeypatch):
-    key = tpu_compiler._key(b"module", "v5e", "v5e:2x2")
-    assert key == tpu_compiler._key(b"module", "v5e", "v5e:2x2")
-    assert key != tpu_compiler._key(b"module 2", "v5e", "v5e:2x2")
-    assert key != tpu_compiler._key(b"module", "v6e", "v6e:2x2")
+    key = tpu_compiler.module_key(b"module", "v5e", "v5e:2x2", 2)
+    assert key == tpu_compiler.module_key(b"module", "v5e", "v5e:2x2", 2)
+    assert key != tpu_compiler.module_key(b"module 2", "v5e", "v5e:2x2", 2)
+    assert key != tpu_compiler.module_key(b"module", "v6e", "v6e:2x2", 2)
+    assert key != tpu_compiler.module_key(b"module", "v5e", "v5e:2x2", 1)  # another format
     monkeypatch.setattr(jax, "__version__", "0.10.1")
-    assert key != tpu_compiler._key(b"module", "v5e", "v5e:2x2")
+    assert key != tpu_compiler.module_key(b"module", "v5e", "v5e:2x2", 2)
     monkeypatch.undo()
     from palladium.interpret.state import environment
 
     installed = environment.version
     monkeypatch.setattr(environment, "version",
                         lambda d: "0.0.43" if d == "libtpu" else installed(d))
-    assert key != tpu_compiler._key(b"module", "v5e", "v5e:2x2")
+    assert key != tpu_compiler.module_key(b"module", "v5e", "v5e:2x2", 2)
 
 
 def test_an_in_memory_verdict_is_reused():

@@ -60,6 +60,7 @@ __all__ = [
     "compilable_chips",
     "compile_verdict",
     "compiler_version",
+    "module_key",
     "topology_device",
     "topology_name",
 ]
@@ -320,7 +321,7 @@ def _compile_verdict(bind: Callable[..., Any], avals_in: Sequence[Any], *, chip:
             return Verdict(_kind(exc), describe_failure(exc), checker, topo_name,
                            time.perf_counter() - start, error=exc)
         bytecode = jc.module_bytecode(lowered)  # with its source locations
-        key = _key(bytecode, chip, topo_name)
+        key = module_key(bytecode, chip, topo_name, _FORMAT)
         with _MEMORY_LOCK:
             known = _MEMORY.get(key)
         if known is not None:
@@ -384,9 +385,12 @@ def _kind_of_text(message: str) -> str:
     return "other"
 
 
-def _key(module: bytes, chip: str, topology: str) -> str:
+def module_key(module: bytes, chip: str, topology: str, version: int) -> str:
+    """The disk-cache key of what libtpu said of a lowered ``module`` (its MLIR
+    bytecode) for ``chip`` on ``topology``: the versions (libtpu, jax, jaxlib) and the
+    entry format's ``version`` included."""
     h = hashlib.sha256()
-    h.update(repr((_FORMAT, environment_digest(), chip, topology)).encode())
+    h.update(repr((version, environment_digest(), chip, topology)).encode())
     h.update(module)
     return h.hexdigest()
 

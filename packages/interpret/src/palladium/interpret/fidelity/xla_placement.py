@@ -25,7 +25,6 @@ keyed by the lowered program, the chip, the topology and the versions.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import threading
 from collections.abc import Sequence
@@ -43,7 +42,6 @@ from palladium.interpret.fidelity.compiler_protocol import (
     describe_failure,
 )
 from palladium.interpret.state.disk_cache import DiskCache
-from palladium.interpret.state.environment import environment_digest
 from palladium.interpret.state.process_state import STATE
 
 __all__ = ["ProgramPlacement", "hlo_type", "program_placement"]
@@ -113,15 +111,15 @@ class ProgramPlacement:
                 f"{', '.join(moved)}")
 
 
-def program_placement(jaxpr: Any, avals: Sequence[Any], chip: str) -> ProgramPlacement:
+def program_placement(jaxpr: Any, chip: str) -> ProgramPlacement:
     """XLA's placement of the kernels of ``jaxpr`` (a ``ClosedJaxpr`` traced under
-    palladium's interpret mode, on operands ``avals``) for ``chip``."""
+    palladium's interpret mode) for ``chip``."""
     if not tpu_compiler.can_compile_for(chip):
         return ProgramPlacement(reason=f"assumed: no libtpu that compiles for TPU {chip} "
                                        f"({tpu_compiler.INSTALL_COMMAND})")
     checker = tpu_compiler.checker_name()
     try:
-        calls = _compiled_placement(jaxpr, avals, chip)
+        calls = _compiled_placement(jaxpr, chip)
     except _Unknown as e:
         return ProgramPlacement(checker=checker, reason=f"not known: {e}")
     except Exception as e:  # noqa: BLE001 - a prediction never fails for want of it
@@ -134,12 +132,12 @@ class _Unknown(Exception):
     pass
 
 
-def _compiled_placement(jaxpr: Any, avals: Sequence[Any], chip: str,
-                        ) -> tuple[CallPlacement, ...]:
+def _compiled_placement(jaxpr: Any, chip: str) -> tuple[CallPlacement, ...]:
     topo_name = tpu_compiler.topology_name(chip, 1)
     device = tpu_compiler.topology_device(topo_name)
     sharding = jax.sharding.SingleDeviceSharding(device)
-    structs = [jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding) for a in avals]
+    structs = [jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding)
+               for a in jaxpr.in_avals]
     try:
         on_tpu = jc.with_pallas_interpret(jaxpr, False)
 
@@ -152,7 +150,7 @@ def _compiled_placement(jaxpr: Any, avals: Sequence[Any], chip: str,
         raise _Unknown(f"the program does not lower for the TPU: "
                        f"{describe_failure(exc).splitlines()[0]}") from exc
     bytecode = jc.module_bytecode(lowered)
-    key = _key(bytecode, chip, topo_name)
+    key = tpu_compiler.module_key(bytecode, chip, topo_name, _FORMAT)
     with _LOCK:
         known = _MEMORY.get(key)
     if known is not None:
@@ -170,7 +168,8 @@ def _compiled_placement(jaxpr: Any, avals: Sequence[Any], chip: str,
                 _MEMORY[key] = calls
             return calls
     outcome, message, _, placed = COMPILER_PROCESS.compile(
-        bytecode, topo_name, 1, len(avals), len(jax.tree_util.tree_leaves(lowered.out_info)))
+        bytecode, topo_name, 1, len(structs),
+        len(jax.tree_util.tree_leaves(lowered.out_info)))
     if outcome != "accepted" or placed is None:
         raise _Unknown(f"the TPU compiler did not compile the program ({outcome}: "
                        f"{message.splitlines()[0] if message else ''})")
@@ -180,10 +179,3 @@ def _compiled_placement(jaxpr: Any, avals: Sequence[Any], chip: str,
     with _LOCK:
         _MEMORY[key] = calls
     return calls
-
-
-def _key(module: bytes, chip: str, topology: str) -> str:
-    h = hashlib.sha256()
-    h.update(repr((_FORMAT, environment_digest(), chip, topology)).encode())
-    h.update(module)
-    return h.hexdigest()

@@ -333,12 +333,10 @@ class TimelineRecorder(Observer):
         st.end = max(chain, out[1])
         if issued > st.issued:
             st.issued = issued
-        if cost.unit and st.base:  # (after a conditional: this block's units, from it)
+        if cost.unit:  # (the block's units; after a conditional, from its end on)
             b = st.busy[cost.unit] = st.busy.get(cost.unit, 0.0) + cost.seconds
-            if st.base + b > st.end:
+            if st.base and st.base + b > st.end:
                 st.end = st.base + b
-        elif cost.unit:
-            st.busy[cost.unit] = st.busy.get(cost.unit, 0.0) + cost.seconds
 
     def _totals(self) -> None:
         """The launch's costs by primitive and unit, its flops and transcendentals,

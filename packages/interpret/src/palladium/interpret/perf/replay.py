@@ -279,35 +279,17 @@ class Replay:
                 return
             if kind == "dma":
                 _, dma_id, name, res, nbytes, signals, args, kind = action
-                terms = self._dma_terms.get(kind) or self._terms(kind)
-                direction, block, scale, least, latency = terms
-                work = float(nbytes)
-                if res[0] == "hbm":
-                    work *= scale
-                    if not block:  # a kernel's own DMA: the engine's least time for one
-                        work = max(work, least)
-                    else:  # a strided block's pieces: the engine's time more (``least``)
-                        work += least
-                dma = _Dma(dma_id, name, core[0], res, nbytes, signals, t, args, work,
-                           direction=direction, block=block)
-                self.dmas.append(dma)
-                self.resource_bytes[res] += nbytes
-                heapq.heappush(self._pending, (t + latency, len(self.dmas), dma))
+                direction, block, work, latency = self._work(kind, res, nbytes)
+                self._start(_Dma(dma_id, name, core[0], res, nbytes, signals, t, args, work,
+                                 direction=direction, block=block), latency)
             elif kind == "dmas":  # DMAs started together: one flow of as many
                 _, members, res, nbytes, kind = action
-                terms = self._dma_terms.get(kind) or self._terms(kind)
-                direction, block, scale, least, latency = terms
-                work = float(nbytes)
-                if res[0] == "hbm":
-                    work = max(work * scale, least)
+                direction, block, work, latency = self._work(kind, res, nbytes)
                 first = members[0]
-                dma = _Dma(first[0], first[1], core[0], res, nbytes, first[2], t, first[3],
-                           work, direction=direction, block=block, members=members,
-                           count=len(members))
-                self.dmas.append(dma)
                 self._batched = True
-                self.resource_bytes[res] += nbytes * len(members)
-                heapq.heappush(self._pending, (t + latency, len(self.dmas), dma))
+                self._start(_Dma(first[0], first[1], core[0], res, nbytes, first[2], t,
+                                 first[3], work, direction=direction, block=block,
+                                 members=members, count=len(members)), latency)
             elif kind == "signal":
                 self._signal(action[1], action[2], t, "sem")
             elif kind == "wait":
@@ -338,6 +320,25 @@ class Replay:
             elif kind == "end":
                 name, t0, args = self._open[core].pop()
                 self.raw_spans.append((track, name, "step", t0, t, args))
+
+    def _work(self, kind: str, res: tuple[str, int], nbytes: int,
+              ) -> tuple[str, bool, float, float]:
+        """A DMA's direction, whether it is a block copy, its work on its resource (HBM:
+        read-equivalent bytes; a kernel's own DMA holds the engine at least its least
+        time, a strided block copy's pieces cost it that much more) and its latency."""
+        direction, block, scale, least, latency = (self._dma_terms.get(kind)
+                                                   or self._terms(kind))
+        work = float(nbytes)
+        if res[0] == "hbm":
+            work *= scale
+            work = work + least if block else max(work, least)
+        return direction, block, work, latency
+
+    def _start(self, dma: _Dma, latency: float) -> None:
+        """``dma`` (a run of ``dma.count``) issued: its bytes flow after ``latency``."""
+        self.dmas.append(dma)
+        self.resource_bytes[dma.resource] += dma.nbytes * dma.count
+        heapq.heappush(self._pending, (dma.start + latency, len(self.dmas), dma))
 
     def _terms(self, kind: str) -> tuple[str, bool, float, float, float]:
         """A DMA kind's (``"block in"``, ``"block strided in"``, ``"in"``...) direction,

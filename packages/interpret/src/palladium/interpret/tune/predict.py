@@ -267,7 +267,7 @@ def predict(
                 ip = dataclasses.replace(ip, skip_unused_integer_ops=False)
                 with force_tpu_interpret_mode(ip):
                     steered, run, _, jaxpr = _lowered(kernel_fn, args)
-            placed = _placement(placement, jaxpr, args, chip)
+            placed = _placement(placement, jaxpr, chip)
             with force_tpu_interpret_mode(ip), timeline(chip, placement=placed) as tl:
                 concrete = [concrete_argument(a) for a in args]
                 jax.block_until_ready(run(*concrete))
@@ -313,16 +313,14 @@ def predict(
                                    else "every operand in HBM (placement='hbm')"))
 
 
-def _placement(placement: str, jaxpr: Any, args: tuple[Any, ...],
-               chip: str) -> ProgramPlacement | None:
+def _placement(placement: str, jaxpr: Any, chip: str) -> ProgramPlacement | None:
     """XLA's placement of the program's operands (``placement="auto"``), else None."""
     if placement == "hbm":
         return None
     if jaxpr is None:
         return ProgramPlacement(reason="not known: the function was not traced on abstract "
                                        "operands")
-    avals = [jax.ShapeDtypeStruct(jnp.shape(a), jnp.result_type(a)) for a in args]
-    return program_placement(jaxpr, avals, chip)
+    return program_placement(jaxpr, chip)
 
 
 def _lowered(kernel_fn: Callable[..., Any], args: tuple[Any, ...],
