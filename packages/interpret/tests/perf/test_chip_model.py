@@ -204,3 +204,44 @@ def test_a_left_operand_contracting_its_rows_costs_its_transpose():
     tn = _record(dot(((0,), (0,))), x).by_primitive["dot_general"]
     transpose = V5E.vector_vreg_seconds("transpose", False)
     assert tn - nn == pytest.approx(64 * transpose)  # 64 vregs of the left operand
+
+
+def _helper_calls(wrap, on_dot: bool = False):
+    """Compute time of a kernel with a dot and two uses of a helper (``wrap(helper)``:
+    the helper itself, or it under ``jax.jit``, a call equation), on the kernel's input
+    or (``on_dot``) on the dot's result."""
+    def helper(a):
+        for _ in range(8):
+            a = a * 0.5 + 1.0
+        return a
+
+    call = wrap(helper)
+
+    def kernel(x_ref, w_ref, o_ref):
+        x = x_ref[...]
+        y = jnp.dot(x, w_ref[...], preferred_element_type=jnp.float32)
+        a = y if on_dot else x
+        o_ref[...] = y + call(a) + call(a * 2.0)
+
+    x = jnp.ones((128, 128), jnp.float32)
+    f = pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+                       interpret=InterpretParams(chip="v5e", skip_floating_point_ops=True))
+    with pi.timeline() as tl:
+        jax.block_until_ready(f(x, x))
+    rec = tl.launches[-1]
+    return rec.predicted_seconds - rec.exposed_dma_seconds
+
+
+@pytest.mark.timeout(120)
+def test_a_call_costs_what_its_body_costs_in_place():
+    # the chip inlines a call (jnp.where's body, a helper under jax.jit): its equations
+    # start when its operands are ready, beside the dot, not after everything told before
+    # it, and a body called twice is not a loop's next iteration (ragged paged
+    # attention's masks are such calls: +25% / +33% -> -3% / +1% against the chip)
+    for on_dot in (False, True):
+        inline, jitted = _helper_calls(lambda f: f, on_dot), _helper_calls(jax.jit, on_dot)
+        assert jitted == pytest.approx(inline, rel=1e-9)
+    # on the input, the helpers' 16 dependent ops overlap the dot's latency; on its
+    # result they follow it
+    beside, after = _helper_calls(jax.jit), _helper_calls(jax.jit, on_dot=True)
+    assert after - beside > 12 * V5E.dependent_op_seconds

@@ -7,7 +7,14 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-__all__ = ["Chunk", "Run"]
+from palladium.interpret.eval.primitive_groups import (
+    CALLS,
+    DMA_PRIMITIVES,
+    REF_ACCESSES,
+    call_body,
+)
+
+__all__ = ["Chunk", "Run", "chain_operands", "straight_body"]
 
 
 @dataclasses.dataclass
@@ -41,6 +48,61 @@ class Chunk:
         return dataclasses.replace(self, ready=dict(self.ready), seen=set(self.seen),
                                    replicated=set(self.replicated), busy=dict(self.busy))
 
+    def place(self, op: Any, cost: Any, plan: tuple[Any, ...], xlu_latency: float) -> None:
+        """One equation's place on the dataflow (``recorder.TimelineRecorder._on_chain``
+        says how), its operands' keys ``plan`` (``chain_operands``)."""
+        st = self
+        ready, chain = st.ready, st.end
+        start = st.start
+        first = whole = start
+        need = start  # a dot's right operand (its weights): all of it before the first part
+        refs, values, written = plan
+        for r in refs:
+            # a ref: ready when its last store on this chunk's chain is (a loop that
+            # carries its state in VMEM waits on it; loads of inputs do not)
+            f, w = ready.get(r, (start, start))
+            first, whole = max(first, f), max(whole, w)
+        mxu = cost.unit == "mxu"
+        spread = cost.spread
+        for i, v in values:
+            f, w = ready.get(v, (chain, chain))
+            if spread and i in spread and v not in st.replicated:
+                # its one lane spread over the lanes by the cross-lane unit
+                f, w = f + xlu_latency, w + xlu_latency
+            if mxu and i > 0:
+                need = max(need, w)
+            first, whole = max(first, f), max(whole, w)
+        if mxu:
+            # the left operand's row blocks stream through the MXU, each out one
+            # latency after it went in: a dependent dot starts on the first block;
+            # independent dots queue for the MXU
+            part = cost.seconds / cost.parts
+            lag = max(cost.latency - cost.seconds, 0.0)
+            go = max(first, need, st.mxu_free)
+            issued = go
+            st.mxu_free = max(go + cost.seconds, whole + part)
+            f = go + part + lag
+            out = (f, max(f + cost.seconds - part, whole + part + lag))
+        else:
+            replicated = st.replicated
+            if cost.lanes or (not cost.spread and not refs and values
+                              and all(v in replicated for _, v in values)):
+                replicated.update(op.outvars)  # a lane reduction's value in every lane
+            f = first + cost.latency
+            out = (f, max(whole + cost.latency, f + cost.seconds))
+            issued = max(whole, first + cost.seconds)  # its last vreg's issue
+        for v in op.outvars:
+            ready[v] = out
+        if written is not None:
+            ready[written] = out
+        st.end = max(chain, out[1])
+        if issued > st.issued:
+            st.issued = issued
+        if cost.unit:  # (the block's units; after a conditional, from its end on)
+            b = st.busy[cost.unit] = st.busy.get(cost.unit, 0.0) + cost.seconds
+            if st.base and st.base + b > st.end:
+                st.end = st.base + b
+
 
 @dataclasses.dataclass(slots=True)
 class Run:
@@ -54,3 +116,42 @@ class Run:
     chain: Chunk | None
     seconds: float | None = None
     repeats: int = 0
+
+
+def straight_body(op: Any) -> Any | None:
+    """The body of a call equation (``jnp.where``'s, a helper's under ``jax.jit``) as an
+    open ``Jaxpr`` whose equations are straight-line array code and such calls (no ref
+    access, no control flow), or None: the recorder places such a body's equations on
+    the chunk's dataflow from the call's operands (the chip inlines a call; its
+    equations, told after it, do not queue behind the chain's end)."""
+    if op.primitive not in CALLS:
+        return None
+    body = call_body(op)
+    jaxpr = getattr(body, "jaxpr", body)
+    for eqn in jaxpr.eqns:
+        if eqn.primitive in REF_ACCESSES or eqn.primitive in DMA_PRIMITIVES:
+            return None
+        if (any(hasattr(p, "eqns") or hasattr(p, "jaxpr") for p in eqn.params.values())
+                and straight_body(eqn) is None):
+            return None
+    return jaxpr
+
+
+def chain_operands(op: Any) -> tuple[tuple[Any, ...], tuple[Any, ...], Any]:
+    """The keys ``Chunk.place`` reads for ``op``'s operands in ``ready``: its ref's (a ref
+    access's first operand, ("ref", var)) and its array values' with their positions
+    (scalars and literals are not on the chain: the scalar unit runs ahead), and the
+    ref key it writes (or None)."""
+    access = REF_ACCESSES.get(op.primitive)  # (its first operand: the ref)
+    refs: list[Any] = []
+    values: list[tuple[int, Any]] = []
+    for i, v in enumerate(op.invars):
+        if type(v).__name__ == "Literal" or not getattr(v.aval, "shape", (1,)):
+            continue
+        if access is not None and i == 0:
+            refs.append(("ref", v))
+        else:
+            values.append((i, v))
+    written = (("ref", op.invars[0]) if access is not None and True in access.writes
+               and op.invars else None)
+    return tuple(refs), tuple(values), written

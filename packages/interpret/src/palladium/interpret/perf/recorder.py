@@ -13,9 +13,8 @@ from collections.abc import Callable
 from typing import Any
 
 from palladium.interpret import _jax_compat as jc
-from palladium.interpret.eval.primitive_groups import REF_ACCESSES
 from palladium.interpret.observe.observers import LaunchInfo
-from palladium.interpret.perf.chain import Chunk, Run
+from palladium.interpret.perf.chain import Chunk, Run, chain_operands, straight_body
 from palladium.interpret.perf.costs import Cost, equation_cost
 from palladium.interpret.perf.dma_runs import merge_run
 from palladium.interpret.perf.model import ChipModel
@@ -102,8 +101,10 @@ class TimelineRecorder(Observer):
         # per core, the dependent chain of the current compute chunk
         self._chunks: dict[CoreId, Chunk] = {}
         self._chained = bool(chip.dependent_op_seconds)
-        # per equation (by id; the equation held): what ``_chain_operands`` answers
+        # per equation (by id; the equation held): what ``chain_operands`` answers
         self._operands: dict[int, tuple[Any, ...]] = {}
+        # per call equation (by id; held): its straight-line body, or None
+        self._bodies: dict[int, tuple[Any, Any]] = {}
         # per core, the equations told since its last event, not yet costed (``_settle``)
         self._told: dict[CoreId, list[Any]] = {}
         # per run of equations that started a chunk (by their ids; the equations held):
@@ -274,7 +275,6 @@ class TimelineRecorder(Observer):
             st.busy = {}
             st.end = max(st.end, at)
             return
-        ready, chain = st.ready, st.end
         key = id(op)
         if key in st.seen:
             if st.anchor is None:
@@ -285,58 +285,45 @@ class TimelineRecorder(Observer):
                 st.start = st.issued + self.chip.loop_iteration_seconds
         else:
             st.seen.add(key)
-        start = st.start
-        first = whole = start
-        need = start  # a dot's right operand (its weights): all of it before the first part
-        plan = self._operands.get(key)
-        if plan is None or plan[0] is not op:
-            plan = self._operands[key] = (op, *_chain_operands(op))
-        _, refs, values, written = plan
-        for r in refs:
-            # a ref: ready when its last store on this chunk's chain is (a loop that
-            # carries its state in VMEM waits on it; loads of inputs do not)
-            f, w = ready.get(r, (start, start))
-            first, whole = max(first, f), max(whole, w)
-        mxu = cost.unit == "mxu"
-        spread = cost.spread
-        for i, v in values:
-            f, w = ready.get(v, (chain, chain))
-            if spread and i in spread and v not in st.replicated:
-                # its one lane spread over the lanes by the cross-lane unit
-                f, w = f + self.chip.xlu_latency_seconds, w + self.chip.xlu_latency_seconds
-            if mxu and i > 0:
-                need = max(need, w)
-            first, whole = max(first, f), max(whole, w)
-        if mxu:
-            # the left operand's row blocks stream through the MXU, each out one
-            # latency after it went in: a dependent dot starts on the first block;
-            # independent dots queue for the MXU
-            part = cost.seconds / cost.parts
-            lag = max(cost.latency - cost.seconds, 0.0)
-            go = max(first, need, st.mxu_free)
-            issued = go
-            st.mxu_free = max(go + cost.seconds, whole + part)
-            f = go + part + lag
-            out = (f, max(f + cost.seconds - part, whole + part + lag))
+        body = self._bodies.get(key)
+        if body is None or body[0] is not op:
+            body = self._bodies[key] = (op, straight_body(op))
+        if body[1] is not None:
+            self._place_call(st, op, body[1])
         else:
-            replicated = st.replicated
-            if cost.lanes or (not cost.spread and not refs and values
-                              and all(v in replicated for _, v in values)):
-                replicated.update(op.outvars)  # a lane reduction's value in every lane
-            f = first + cost.latency
-            out = (f, max(whole + cost.latency, f + cost.seconds))
-            issued = max(whole, first + cost.seconds)  # its last vreg's issue
-        for v in op.outvars:
-            ready[v] = out
-        if written is not None:
-            ready[written] = out
-        st.end = max(chain, out[1])
-        if issued > st.issued:
-            st.issued = issued
-        if cost.unit:  # (the block's units; after a conditional, from its end on)
-            b = st.busy[cost.unit] = st.busy.get(cost.unit, 0.0) + cost.seconds
-            if st.base and st.base + b > st.end:
-                st.end = st.base + b
+            self._place(st, op, cost)
+
+    def _place_call(self, st: Chunk, op: Any, jaxpr: Any) -> None:
+        """A straight-line call's body placed from the call's operands: its values ready
+        when its equations' are (each equation marked off the chain when told itself)."""
+        ready, chain = st.ready, st.end
+        for outer, inner in zip(op.invars, jaxpr.invars):
+            if type(outer).__name__ != "Literal":
+                ready[inner] = ready.get(outer, (chain, chain))
+        for c in jaxpr.constvars:
+            ready[c] = (st.start, st.start)
+        costs = self._costs
+        for eqn in jaxpr.eqns:
+            hit = costs.get(id(eqn))
+            if hit is None or hit[0] is not eqn:
+                hit = costs[id(eqn)] = (eqn, equation_cost(eqn, self.chip), False)
+            elif hit[2]:
+                costs[id(eqn)] = (eqn, hit[1], False)
+            sub = straight_body(eqn)
+            if sub is not None:
+                self._place_call(st, eqn, sub)
+            elif _has_array(eqn):
+                self._place(st, eqn, hit[1])
+        for outer, inner in zip(op.outvars, jaxpr.outvars):
+            ready[outer] = (ready.get(inner, (st.start, st.start))
+                            if type(inner).__name__ != "Literal" else (st.start, st.start))
+
+    def _place(self, st: Chunk, op: Any, cost: Cost) -> None:
+        """One equation's place on the chunk's dataflow (``Chunk.place``)."""
+        plan = self._operands.get(id(op))
+        if plan is None or plan[0] is not op:
+            plan = self._operands[id(op)] = (op, *chain_operands(op))
+        st.place(op, cost, plan[1:], self.chip.xlu_latency_seconds)
 
     def _totals(self) -> None:
         """The launch's costs by primitive and unit, its flops and transcendentals,
@@ -415,23 +402,3 @@ class TimelineRecorder(Observer):
             # (the timeline's record has what it needs: the events, a DMA's and a site's
             # objects each, are freed now, not by the collection that frees the launch)
             self.events = defaultdict(list)
-
-
-def _chain_operands(op: Any) -> tuple[tuple[Any, ...], tuple[Any, ...], Any]:
-    """The keys ``_on_chain`` reads for ``op``'s operands in ``ready``: its ref's (a ref
-    access's first operand, ("ref", var)) and its array values' with their positions
-    (scalars and literals are not on the chain: the scalar unit runs ahead), and the
-    ref key it writes (or None)."""
-    access = REF_ACCESSES.get(op.primitive)  # (its first operand: the ref)
-    refs: list[Any] = []
-    values: list[tuple[int, Any]] = []
-    for i, v in enumerate(op.invars):
-        if type(v).__name__ == "Literal" or not getattr(v.aval, "shape", (1,)):
-            continue
-        if access is not None and i == 0:
-            refs.append(("ref", v))
-        else:
-            values.append((i, v))
-    written = (("ref", op.invars[0]) if access is not None and True in access.writes
-               and op.invars else None)
-    return tuple(refs), tuple(values), written
