@@ -31,7 +31,7 @@ def main() -> None:
     src = ROOT / "benchmarks" / "results_tpu" / f"calibration.{a.chip}.json"
     data = json.loads(src.read_text())
     k = {n: r for n, r in data["kernels"].items() if r.get("group") == "micro"}
-    for later in ("calibration2", "calibration3", "calibration5", "calibration8",
+    for later in ("calibration2", "calibration3", "calibration5", "calibration6", "calibration8",
                   "calibration9", "calibration10", "calibration13"):
         # the second round's microbenchmarks (reductions, latencies ...) and the third's
         # (dependent and independent dots, a flash step, a page gather), the fourth's
@@ -343,6 +343,20 @@ def main() -> None:
     put("hbm_mixed_factor", t[n] / alone, [n, *reads, *writes],
         "a pipeline of 1 MiB blocks in and out (HBM-bound): its time over the same bytes "
         "read and written one after the other at the measured rates")
+
+    # round 5: a step's input and output block copies, alone and together. Up to the
+    # largest size whose pair overlaps (takes under 0.85 of the two apart) they mix;
+    # above it an input copy waits for the output copy issued before it
+    sizes = (8, 32, 64, 128)
+    pair = {kb: t[f"r5/in-out/in1out1/{kb}k/s1024"]
+            / (t[f"r5/in-out/in1out0/{kb}k/s1024"] + t[f"r5/in-out/in0out1/{kb}k/s1024"])
+            for kb in sizes}
+    first = next(kb for kb in sizes if pair[kb] >= 0.85)
+    put("mixed_copy_limit_bytes", max(kb for kb in sizes if kb < first) * 1024,
+        [f"r5/in-out/in{i}out{o}/{{8,32,64,128}}k/s1024" for i, o in ((1, 0), (0, 1), (1, 1))],
+        "the largest block size whose input and output copies in one step overlap: the "
+        "pair's time over the two apart, "
+        f"{ {f'{kb} KiB': round(v, 2) for kb, v in pair.items()} }")
 
     doc = {"chip": data["chip"], "jax": data["jax"], "libtpu": data["libtpu"],
            "measured": data["date"], "script": data["script"],

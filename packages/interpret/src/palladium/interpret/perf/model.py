@@ -28,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import math
 from collections.abc import Mapping
 from importlib import resources
 from typing import Any
@@ -121,6 +122,7 @@ _MEASURED_FIELDS = {
     "step_overhead_seconds": "step_overhead_s",
     "launch_overhead_seconds": "launch_overhead_s",
     "hbm_mixed_factor": "hbm_mixed_factor",
+    "mixed_copy_limit_bytes": "mixed_copy_limit_bytes",
     "vector_op_latency_seconds": "vector_op_latency_seconds",
     "mxu_transposed_rhs_vreg_seconds": "mxu_transposed_rhs_vreg_seconds",
     "dma_min_seconds": "dma_min_seconds",
@@ -238,6 +240,9 @@ class ChipModel:
     f32_highest_passes: float = 6.0
     #: HBM time of reads and writes in flight together over their time apart (1: none)
     hbm_mixed_factor: float = 1.0
+    #: block copies larger than this do not mix directions: an input block copy waits
+    #: to issue while an output block copy is issued and not yet flowing (inf: no rule)
+    mixed_copy_limit_bytes: float = math.inf
     measured: frozenset[str] = frozenset()
 
     def hbm_bandwidth(self, cores: int) -> float:
@@ -371,6 +376,7 @@ def _from_reference(base: ChipModel, reference: str) -> ChipModel:
         local_dma_bytes_per_second=_times(ref.local_dma_bytes_per_second,
                                           base.clock_hz / ref.clock_hz),
         f32_highest_passes=ref.f32_highest_passes, hbm_mixed_factor=ref.hbm_mixed_factor,
+        mixed_copy_limit_bytes=ref.mixed_copy_limit_bytes,
         # chips from v6e on have bf16 vector units: the packed default
         narrow_valu_factor=(ref.narrow_valu_factor if chip_record(base.chip).facts.generation <= 5
                             else 0.5),

@@ -25,10 +25,10 @@ import dataclasses
 import heapq
 import math
 from collections import defaultdict
-from collections.abc import Iterator
 from typing import Any
 
-from palladium.interpret.perf.dma_runs import Member, assign_lanes, member, route
+from palladium.interpret.perf.core_program import core_program
+from palladium.interpret.perf.dma_runs import Member, assign_lanes
 from palladium.interpret.perf.model import ChipModel
 
 CoreId = tuple[int, int]
@@ -94,106 +94,6 @@ class CoreStats:
     steps: int = 0
 
 
-def _pipeline(core: CoreId, events: list[tuple[Any, ...]], chip: ChipModel,
-              step_overhead: float) -> Iterator[Action]:
-    """The core's program: its events, with the grid's block copies scheduled as the
-    TPU pipeline issues them; each grid step costs the core ``step_overhead``."""
-    pre: list[tuple[Any, ...]] = []
-    steps: list[dict[str, Any]] = []
-    for ev in events:
-        kind = ev[0]
-        if kind == "step":
-            steps.append({"point": ev[2], "in": [], "body": [], "out": [], "done": False})
-        elif not steps:
-            pre.append(ev)
-        elif kind == "in":
-            steps[-1]["in"].append(ev)
-        elif kind == "body_end":
-            steps[-1]["done"] = True
-        else:  # after the body: output copies and whatever follows, in order
-            steps[-1]["out" if steps[-1]["done"] else "body"].append(ev)
-    labels: dict[int, tuple[Any, str]] = {}  # per buffer (by id, held): its label
-    yield from _plain(pre, labels)
-    if not steps:
-        return
-    dev = core[0]
-    seq = iter(range(1 << 62))
-
-    def copy(ev: tuple[Any, ...], key: Any) -> Iterator[Action]:
-        _, step, nbytes, _n, name, local, strided = ev
-        # (an operand XLA placed in VMEM: its blocks are copied VMEM -> VMEM)
-        where = "VMEM" if local else "HBM"
-        src, dst = (where, name) if ev[0] == "in" else (name, where)
-        if chip.block_copy_issue_s:
-            yield ("overhead", chip.block_copy_issue_s, "block copy issue")
-        yield ("dma", -1 - next(seq), f"copy {name} block (step {step})",
-               ("local" if local else "hbm", dev), nbytes, [(key, nbytes)],
-               {"bytes": nbytes, "src": src, "dst": dst},
-               "block local" if local else
-               ("block strided " if strided else "block ") + ("in" if ev[0] == "in" else "out"))
-
-    issue_at: dict[int, list[tuple[Any, ...]]] = defaultdict(list)  # -1: prologue
-    for t, st in enumerate(steps):
-        for ev in st["in"]:
-            n = ev[3]
-            issue_at[t if n == 1 else max(t - (n - 1), -1) if t else -1].append(ev)
-    for ev in issue_at.pop(-1, []):
-        yield from copy(ev, ("pipe", core, "in", ev[1]))
-    yield ("overhead", chip.launch_overhead_s, "prologue")
-    out_waits: dict[int, list[tuple[Any, int]]] = defaultdict(list)
-    last = len(steps) - 1
-    for s, st in enumerate(steps):
-        yield ("begin", f"step {s} {st['point']}", {"grid_point": str(st["point"])})
-        yield ("overhead", step_overhead, "step overhead")
-        # (with n buffers the next inputs are fetched before this step's are waited for:
-        # their buffer held step s - 1's, done; one buffer: this step's own, then waited)
-        for ev in issue_at.get(s, []):
-            yield from copy(ev, ("pipe", core, "in", ev[1] if ev[3] != 1 else s))
-        if st["in"]:
-            total = sum(ev[2] for ev in st["in"])
-            yield ("wait", ("pipe", core, "in", s), total, "input blocks", "hbm")
-        yield from _plain(st["body"], labels)
-        for ev in st["out"]:
-            if ev[0] == "out":
-                key = ("pipe", core, "out", s, ev[4])
-                yield from copy(ev, key)
-                out_waits[min(s + ev[3] - 1, last + 1)].append((key, ev[2]))
-            else:
-                yield from _plain([ev], labels)
-        for key, nbytes in out_waits.pop(s, []):
-            yield ("wait", key, nbytes, "output block write-back", "hbm")
-        yield ("end",)
-    for key, nbytes in out_waits.pop(last + 1, []):
-        yield ("wait", key, nbytes, "output block write-back", "hbm")
-    yield ("overhead", chip.launch_overhead_s, "epilogue")
-
-
-def _plain(events: list[tuple[Any, ...]], labels: dict[int, tuple[Any, str]],
-           ) -> Iterator[Action]:
-    for ev in events:
-        kind = ev[0]
-        if kind == "c":
-            if ev[1]:
-                yield ("compute", ev[1], "compute")
-        elif kind == "dma":
-            d = ev[1]
-            direction, res = route(d)
-            dma_id, name, signals, args = member(d, labels)
-            yield ("dma", dma_id, name, res, d.nbytes, signals, args, direction)
-        elif kind == "dmas":  # a run (``dma_runs``): one resource, size and direction
-            direction, res = route(ev[1][0])
-            yield ("dmas", [member(x, labels) for x in ev[1]], res, ev[1][0].nbytes,
-                   direction)
-        elif kind == "sig":
-            yield ("signal", ev[1], ev[2])
-        elif kind == "wait":
-            yield ("wait", ev[1], ev[2], ev[3], "dma" if ev[4] else "sem")
-        elif kind == "bar":
-            yield ("barrier",)
-        elif kind == "mem":
-            yield ("mem", ev[1])
-
-
 class Replay:
     """Runs the programs of every core of a launch; results in ``raw_spans``, ``stats``,
     ``dmas`` and ``vmem`` (per core: ``[(time, bytes in use)]``)."""
@@ -214,7 +114,8 @@ class Replay:
         # (``operand_seconds``: what the launch's blocked operands cost a grid step,
         # their index maps and block checks)
         step = chip.step_overhead_s + operand_seconds
-        self.programs = {c: _pipeline(c, events.get(c, []), chip, step) for c in self.cores}
+        self.programs = {c: core_program(c, events.get(c, []), chip, step)
+                         for c in self.cores}
         self.clock = dict.fromkeys(self.cores, 0.0)
         self.stats = {c: CoreStats() for c in self.cores}
         # every span as the tuple (track, name, cat, start, end, args): ``make_spans``
@@ -232,6 +133,10 @@ class Replay:
         self._pending: list[tuple[float, int, _Dma]] = []
         self._active: dict[tuple[str, int], list[_Dma]] = defaultdict(list)
         self._t_dma = 0.0
+        # per resource, the large block writes issued and not yet flowing, and the large
+        # block reads waiting for them (``_start``)
+        self._issuing: dict[tuple[str, int], int] = defaultdict(int)
+        self._held: list[tuple[_Dma, float, int]] = []
         # per resource with DMAs in flight: the ones it serves and their rate
         # (``_next_dma_time``, for ``_advance``)
         self._flows: list[tuple[list[_Dma], float]] = []
@@ -338,6 +243,16 @@ class Replay:
         """``dma`` (a run of ``dma.count``) issued: its bytes flow after ``latency``."""
         self.dmas.append(dma)
         self.resource_bytes[dma.resource] += dma.nbytes * dma.count
+        large = dma.block and dma.nbytes > self.chip.mixed_copy_limit_bytes
+        if large and dma.direction == "in" and self._issuing[dma.resource]:
+            # a large block read waits while a large block write is issued and not yet
+            # flowing: the two do not mix (r5/in-out on a v5e: a step's 64 KiB input
+            # and output copies take the two apart added, 389 ns against 236 + 169;
+            # 32 KiB ones overlap, 262 against 212 + 144)
+            self._held.append((dma, latency, len(self.dmas)))
+            return
+        if large and dma.direction == "out":
+            self._issuing[dma.resource] += 1
         heapq.heappush(self._pending, (dma.start + latency, len(self.dmas), dma))
 
     def _terms(self, kind: str) -> tuple[str, bool, float, float, float]:
@@ -426,6 +341,11 @@ class Replay:
         while self._pending and self._pending[0][0] <= t:
             _, _, dma = heapq.heappop(self._pending)
             self._active[dma.resource].append(dma)
+            if (dma.block and dma.direction == "out"
+                    and dma.nbytes > self.chip.mixed_copy_limit_bytes):
+                self._issuing[dma.resource] -= 1
+                if self._held and not self._issuing[dma.resource]:
+                    self._release(dma.resource, t)
         for res, active in self._active.items():
             finished = [d for d in active if d.remaining <= 1e-6 * max(d.nbytes, 1)]
             if finished:  # (by identity: a dataclass's == compares every field)
@@ -443,6 +363,13 @@ class Replay:
                 continue
             for key, inc in dma.signals:
                 self._signal(key, inc, t, dma.resource[0])
+
+    def _release(self, res: tuple[str, int], t: float) -> None:
+        """The block reads held on ``res`` (``_start``) issue at ``t``, in order."""
+        held = [h for h in self._held if h[0].resource == res]
+        self._held = [h for h in self._held if h[0].resource != res]
+        for dma, latency, n in held:
+            heapq.heappush(self._pending, (t + latency, n, dma))
 
     def _assign_lanes(self) -> None:
         assign_lanes(self.dmas, self.raw_spans.append)
