@@ -1558,3 +1558,111 @@ for _n in (0, 8, 32):
     for _s in (256, 4096):
         _add(f"r12/index-map/ops{_n}/s{_s}", "micro", _index_map_ops(_n, _s), kind="index-map",
              ops=_n, steps=_s)
+
+
+# round 13 (2026-12-06, fifth session): jax's paged attention taken apart by its lengths
+# (the sweep over pages per block: the chip's time per computed block is flat from 4 to 8
+# pages, the model's is not): every sequence at its full 1024 tokens (every block
+# computed), at 16 tokens (one block computed, the rest of the loop skipped by its
+# pl.when) and at 512
+def _paged_fixed(per_block: int, length: int, batch: int = 8, heads: int = 8,
+                 pages: int = 64):
+    def make():
+        from jax.experimental.pallas.ops.tpu.paged_attention import paged_attention
+        rng = np.random.default_rng(0)
+        total = batch * pages
+        q = jnp.asarray(rng.standard_normal((batch, heads, 128)), jnp.float32)
+        k = jnp.asarray(rng.standard_normal((heads, total, 16, 128)), jnp.float32)
+        v = jnp.asarray(rng.standard_normal((heads, total, 16, 128)), jnp.float32)
+        lengths = jnp.full((batch,), length, jnp.int32)
+        table = jnp.asarray(rng.permutation(total).reshape(batch, pages), jnp.int32)
+        fn = functools.partial(paged_attention, pages_per_compute_block=per_block)
+        return fn, (q, k, v, lengths, table)
+    return make
+
+
+for _pb in (1, 2, 4, 8, 16):
+    for _len in (16, 512, 1024):
+        _add(f"r13/paged/pb{_pb}/len{_len}", "micro", _paged_fixed(_pb, _len), kind="paged-parts",
+             per_block=_pb, length=_len)
+
+
+# round 13b: the manual DMA ring at smaller chunks (its 64-row, 2-slot form is 12% faster
+# on the chip than the model has it; 128 to 512 rows are within 4%)
+for _rows, _slots in ((16, 2), (32, 2), (64, 3), (32, 4)):
+    _add(f"r13/dma-ring/r{_rows}/slots{_slots}", "micro", _ring(64, _rows, _slots),
+         kind="ring-parts", rows=_rows, slots=_slots)
+
+
+# round 14: a paged-attention block's compute, written here from the math (one query
+# row; r13: the chip takes 555 ns a computed block at 4 and 8 pages, the model 470), and
+# what a transposed right operand costs a chain of dots: 256 loop iterations, each on the
+# next of 8 (kr, 128) blocks of a VMEM input (i % 8: read at every iteration)
+def _dot_chain(transposed: bool, rows: int, kr: int, iters: int = 256):
+    def body(q_ref, k_ref, kt_ref, o_ref):
+        def step(i, q):
+            k = k_ref[i % 8]
+            if transposed:  # q @ k.T, then s @ k
+                s = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())),
+                                        preferred_element_type=jnp.float32)
+            else:  # the same values, the block stored transposed
+                s = jnp.dot(q, kt_ref[i % 8], preferred_element_type=jnp.float32)
+            return jnp.dot(s * 0.01, k, preferred_element_type=jnp.float32)
+        o_ref[...] = jax.lax.fori_loop(0, iters, step, q_ref[...])
+
+    def make():
+        q = _arr((rows, 128), seed=1, scale=0.1)
+        k = _arr((8, kr, 128), seed=2, scale=0.1)
+        kt = jnp.swapaxes(k, 1, 2)
+        fn = _lazy(body, out_shape=jax.ShapeDtypeStruct((rows, 128), jnp.float32))
+        return (lambda a, b, c: fn(a, b, c)), (q, k, kt)
+    return make
+
+
+def _paged_block(kr: int, iters: int = 256):
+    """A paged-attention block's online-softmax update on resident blocks, one row."""
+    def body(q_ref, k_ref, v_ref, o_ref, m_ref, l_ref):
+        m_ref[...] = jnp.full_like(m_ref, -jnp.inf)
+        l_ref[...] = jnp.zeros_like(l_ref)
+        o_ref[...] = jnp.zeros_like(o_ref)
+
+        def step(i, c):
+            q = q_ref[...]
+            k, v = k_ref[i % 8], v_ref[i % 8]
+            qk = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())),
+                                     preferred_element_type=jnp.float32)
+            mask = i * kr + jax.lax.broadcasted_iota(jnp.int32, qk.shape, 1) < 100000
+            qk = qk + jnp.where(mask, 0.0, -1e30)
+            m_curr = qk.max(axis=-1)
+            s = jnp.exp(qk - m_curr[..., None])
+            m_prev, l_prev = m_ref[...], l_ref[...]
+            l_curr = jax.lax.broadcast_in_dim(s.sum(axis=-1), l_prev.shape, (0,))
+            m_curr = jax.lax.broadcast_in_dim(m_curr, m_prev.shape, (0,))
+            m_next = jnp.maximum(m_prev, m_curr)
+            alpha, beta = jnp.exp(m_prev - m_next), jnp.exp(m_curr - m_next)
+            l_next = alpha * l_prev + beta * l_curr
+            m_ref[...], l_ref[...] = m_next, l_next
+            o = jnp.dot(s, v, preferred_element_type=jnp.float32)
+            o_ref[...] = (l_prev * alpha * o_ref[...] + beta * o) / l_next
+            return c
+        jax.lax.fori_loop(0, iters, step, 0)
+
+    def make():
+        q = _arr((1, 128), seed=1, scale=0.1)
+        k = _arr((8, kr, 128), seed=2, scale=0.1)
+        v = _arr((8, kr, 128), seed=3, scale=0.1)
+        fn = _lazy(body, out_shape=(jax.ShapeDtypeStruct((1, 128), jnp.float32),
+                                    jax.ShapeDtypeStruct((1, 128), jnp.float32),
+                                    jax.ShapeDtypeStruct((1, 128), jnp.float32)))
+        return (lambda a, b, c: fn(a, b, c)), (q, k, v)
+    return make
+
+
+for _t in (True, False):
+    for _rows in (1, 8):
+        for _kr in (64, 128):
+            _add(f"r14/dot-chain/{'nt' if _t else 'nn'}/q{_rows}/k{_kr}", "micro",
+                 _dot_chain(_t, _rows, _kr), kind="dot-chain", transposed=_t, rows=_rows,
+                 kr=_kr)
+for _kr in (16, 32, 64, 128, 256):
+    _add(f"r14/paged-block/k{_kr}", "micro", _paged_block(_kr), kind="paged-block", kr=_kr)
