@@ -32,7 +32,7 @@ def main() -> None:
     data = json.loads(src.read_text())
     k = {n: r for n, r in data["kernels"].items() if r.get("group") == "micro"}
     for later in ("calibration2", "calibration3", "calibration5", "calibration6", "calibration8",
-                  "calibration9", "calibration10", "calibration13"):
+                  "calibration9", "calibration10", "calibration13", "calibration15"):
         # the second round's microbenchmarks (reductions, latencies ...) and the third's
         # (dependent and independent dots, a flash step, a page gather), the fourth's
         # (block copies: how many, how big, beside which compute)
@@ -210,6 +210,16 @@ def main() -> None:
             ["mxu2/256x128x256/f32/{nn,nt}"],
             "a dot contracting its right operand's last dimension (q @ k.T) over the same "
             "dot untransposed, per vreg of that operand")
+    # round 14: 256 dependent pairs of dots, q @ k.T then s @ k, on (128, 128) and
+    # (64, 128) blocks, against the same with k stored transposed
+    per_dot = [(t[f"r14/dot-chain/nt/q{q}/k128"] - t[f"r14/dot-chain/nn/q{q}/k128"]) / 256
+               for q in (1, 8)]
+    put("mxu_transposed_rhs_latency_seconds",
+        statistics.mean(per_dot) - 16 * out["mxu_transposed_rhs_vreg_seconds"]["value"],
+        ["r14/dot-chain/{nt,nn}/q{1,8}/k128", "mxu2/256x128x256/f32/{nn,nt}"],
+        "a chain of q @ k.T on (128, 128) f32 blocks over the same untransposed, per dot, "
+        f"{[round(d * 1e9, 1) for d in per_dot]} ns, less the 16 vregs' transpose cost "
+        "already in the dot's time (on 64-row blocks the chip shows no difference)")
     i8 = (t["mxu/1024x1024x1024/int8/r16"] - t["mxu/1024x1024x1024/int8/r4"]) / 12
     put("mxu_int8_ops", 2 * 1024 ** 3 / (i8 - over), ["mxu/1024x1024x1024/int8/r4..r16"],
         "int8 x int8 -> int32 rate: 1024^3 dots less the fixed cost")

@@ -245,3 +245,39 @@ def test_a_call_costs_what_its_body_costs_in_place():
     # result they follow it
     beside, after = _helper_calls(jax.jit), _helper_calls(jax.jit, on_dot=True)
     assert after - beside > 12 * V5E.dependent_op_seconds
+
+
+def _dot_chain(transposed: bool, kr: int, steps: int = 64):
+    """Compute time per step of a chain of q @ k.T (or the same with k stored
+    transposed) then s @ k, on a (kr, 128) block (r14's form)."""
+    def kernel(q_ref, k_ref, kt_ref, o_ref):
+        def step(i, q):
+            k = k_ref[...]
+            if transposed:
+                s = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())),
+                                        preferred_element_type=jnp.float32)
+            else:
+                s = jnp.dot(q, kt_ref[...], preferred_element_type=jnp.float32)
+            return jnp.dot(s, k, preferred_element_type=jnp.float32)
+        o_ref[...] = jax.lax.fori_loop(0, steps, step, q_ref[...])
+
+    q, k = jnp.ones((8, 128), jnp.float32), jnp.ones((kr, 128), jnp.float32)
+    f = pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
+                       interpret=InterpretParams(chip="v5e", skip_floating_point_ops=True))
+    with pi.timeline() as tl:
+        jax.block_until_ready(f(q, k, k.T))
+    rec = tl.launches[-1]
+    return (rec.predicted_seconds - rec.exposed_dma_seconds) / steps
+
+
+@pytest.mark.timeout(120)
+def test_a_transposed_right_operand_is_on_the_chain_per_whole_tile():
+    # r14 on the v5e: a chain of q @ k.T on (128, 128) f32 blocks takes 21 ns a dot more
+    # than the same dots untransposed (the transpose's 16 vregs, 10 ns, and 11 ns more of
+    # latency); on (64, 128) blocks no more
+    assert V5E.mxu_transposed_rhs_latency_seconds == pytest.approx(10.8e-9, rel=0.05)
+    whole = _dot_chain(True, 128) - _dot_chain(False, 128)
+    assert whole == pytest.approx(16 * V5E.mxu_transposed_rhs_vreg_seconds
+                                  + V5E.mxu_transposed_rhs_latency_seconds, rel=0.05)
+    partial = _dot_chain(True, 64) - _dot_chain(False, 64)
+    assert partial == pytest.approx(8 * V5E.mxu_transposed_rhs_vreg_seconds, rel=0.05)

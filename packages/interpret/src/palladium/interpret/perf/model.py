@@ -125,6 +125,7 @@ _MEASURED_FIELDS = {
     "mixed_copy_limit_bytes": "mixed_copy_limit_bytes",
     "vector_op_latency_seconds": "vector_op_latency_seconds",
     "mxu_transposed_rhs_vreg_seconds": "mxu_transposed_rhs_vreg_seconds",
+    "mxu_transposed_rhs_latency_seconds": "mxu_transposed_rhs_latency_seconds",
     "dma_min_seconds": "dma_min_seconds",
     "xlu_latency_seconds": "xlu_latency_seconds",
     "sublane_reduce_latency_seconds": "sublane_reduce_latency_seconds",
@@ -139,6 +140,7 @@ _MEASURED_FIELDS = {
 _CYCLE_FIELDS = ("valu_vreg_seconds", "dependent_op_seconds", "loop_iteration_seconds",
                  "load_use_seconds", "vmem_vreg_seconds", "mxu_dot_seconds",
                  "mxu_weight_tile_seconds", "mxu_transposed_rhs_vreg_seconds",
+                 "mxu_transposed_rhs_latency_seconds",
                  "step_overhead_s", "launch_overhead_s", "dma_min_seconds",
                  "xlu_latency_seconds", "sublane_reduce_latency_seconds", "branch_seconds",
                  "operand_step_seconds", "strided_copy_seconds",
@@ -237,6 +239,9 @@ class ChipModel:
     #: a dot contracting its right operand's last dimension (``q @ k.T``): per vreg of
     #: that operand (its transpose)
     mxu_transposed_rhs_vreg_seconds: float = 0.0
+    #: and the latency its transpose adds to the dot's, per whole (128, 128) tile of it
+    #: (a partial tile adds none: r14's dependent dots on 64-row blocks)
+    mxu_transposed_rhs_latency_seconds: float = 0.0
     f32_highest_passes: float = 6.0
     #: HBM time of reads and writes in flight together over their time apart (1: none)
     hbm_mixed_factor: float = 1.0
