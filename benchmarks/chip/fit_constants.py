@@ -203,23 +203,19 @@ def main() -> None:
     put("f32_highest_passes", statistics.mean(hi_r),
         ["mxu/{256x256x256,512x512x512,512x128x512}/float32/highest"],
         f"time of a precision=HIGHEST f32 dot over the bf16 rate's: {[round(r, 2) for r in hi_r]}")
-    if "mxu2/256x128x256/f32/nt/r119" in t:
-        nn = slope("mxu2/256x128x256/f32/nn/r119", "mxu2/256x128x256/f32/nn/r476", 357)
-        nt = slope("mxu2/256x128x256/f32/nt/r119", "mxu2/256x128x256/f32/nt/r476", 357)
-        put("mxu_transposed_rhs_vreg_seconds", (nt - nn) / (256 * 128 // VREG),
-            ["mxu2/256x128x256/f32/{nn,nt}"],
-            "a dot contracting its right operand's last dimension (q @ k.T) over the same "
-            "dot untransposed, per vreg of that operand")
-    # round 14: 256 dependent pairs of dots, q @ k.T then s @ k, on (128, 128) and
-    # (64, 128) blocks, against the same with k stored transposed
-    per_dot = [(t[f"r14/dot-chain/nt/q{q}/k128"] - t[f"r14/dot-chain/nn/q{q}/k128"]) / 256
-               for q in (1, 8)]
-    put("mxu_transposed_rhs_latency_seconds",
-        statistics.mean(per_dot) - 16 * out["mxu_transposed_rhs_vreg_seconds"]["value"],
-        ["r14/dot-chain/{nt,nn}/q{1,8}/k128", "mxu2/256x128x256/f32/{nn,nt}"],
-        "a chain of q @ k.T on (128, 128) f32 blocks over the same untransposed, per dot, "
-        f"{[round(d * 1e9, 1) for d in per_dot]} ns, less the 16 vregs' transpose cost "
-        "already in the dot's time (on 64-row blocks the chip shows no difference)")
+    # a transposed right operand (q @ k.T): per dot, over the same untransposed, from
+    # independent (256, 128) ones (mxu2) and chains of (128, 128) ones (round 14); the
+    # chains on (64, 128) blocks show none
+    nn = slope("mxu2/256x128x256/f32/nn/r119", "mxu2/256x128x256/f32/nn/r476", 357)
+    nt = slope("mxu2/256x128x256/f32/nt/r119", "mxu2/256x128x256/f32/nt/r476", 357)
+    per_dot = [nt - nn] + [(t[f"r14/dot-chain/nt/q{q}/k128"]
+                            - t[f"r14/dot-chain/nn/q{q}/k128"]) / 256 for q in (1, 8)]
+    put("mxu_transposed_rhs_seconds", statistics.mean(per_dot),
+        ["mxu2/256x128x256/f32/{nn,nt}", "r14/dot-chain/{nt,nn}/q{1,8}/k{64,128}"],
+        "a dot contracting its right operand's last dimension (q @ k.T) over the same dot "
+        f"untransposed, per dot: {[round(d * 1e9, 1) for d in per_dot]} ns for (256, 128), "
+        "and (128, 128) twice; (64, 128) operands: "
+        f"{round((t['r14/dot-chain/nt/q1/k64'] - t['r14/dot-chain/nn/q1/k64']) / 256 * 1e9, 1)} ns")
     i8 = (t["mxu/1024x1024x1024/int8/r16"] - t["mxu/1024x1024x1024/int8/r4"]) / 12
     put("mxu_int8_ops", 2 * 1024 ** 3 / (i8 - over), ["mxu/1024x1024x1024/int8/r4..r16"],
         "int8 x int8 -> int32 rate: 1024^3 dots less the fixed cost")

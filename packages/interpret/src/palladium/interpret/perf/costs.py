@@ -145,13 +145,11 @@ def _dot_cost(eqn: Any, chip: ChipModel) -> Cost:
                   if i not in _rc and i not in (_batch[1] or ()))
     tiles = batch * math.ceil(contract / 128) * math.ceil(max(n, 1) / 128)
     seconds = flops / rate + tiles * chip.mxu_weight_tile_seconds
-    transposed = 0.0
-    if chip.mxu_transposed_rhs_vreg_seconds and len(rhs.shape) - 1 in _rc:
-        seconds += _vregs(rhs, chip) * chip.mxu_transposed_rhs_vreg_seconds  # q @ k.T
-        # its transpose on the chain too, per whole (128, 128) tile (r14: a chain of
-        # q @ k.T on (128, 128) blocks takes 21 ns a dot more than untransposed)
-        transposed = (chip.mxu_transposed_rhs_latency_seconds * batch * (n // 128)
-                      * (contract // 128))
+    if chip.mxu_transposed_rhs_seconds and len(rhs.shape) - 1 in _rc and n >= 128:
+        # q @ k.T: its transpose, the same for 128 and 256 rows and none for 64 (r14:
+        # dependent dots on (128, 128) blocks 21 ns a dot over untransposed, on (64, 128)
+        # none; mxu2: (256, 128) 21 ns)
+        seconds += chip.mxu_transposed_rhs_seconds
     if len(lhs.shape) >= 2 and len(lhs.shape) - 2 in lc:
         # a left operand contracting its rows (p.T @ do): transposed first, at the
         # measured transpose rate (round 6's dkv step: -25% -> -11%; gated-delta -2% -> 0)
@@ -163,8 +161,7 @@ def _dot_cost(eqn: Any, chip: ChipModel) -> Cost:
     rows = math.prod(int(s) for i, s in enumerate(lhs.shape)
                      if i not in lc and i not in (_batch[0] or ()))
     parts = batch * max(1, math.ceil(rows / max(chip.mxu_rows, 1)))
-    return Cost(seconds, "mxu", flops, latency=seconds + chip.mxu_dot_seconds + transposed,
-                parts=parts)
+    return Cost(seconds, "mxu", flops, latency=seconds + chip.mxu_dot_seconds, parts=parts)
 
 
 def _explicit_mxu_cost(eqn: Any, chip: ChipModel) -> Cost:

@@ -124,8 +124,7 @@ _MEASURED_FIELDS = {
     "hbm_mixed_factor": "hbm_mixed_factor",
     "mixed_copy_limit_bytes": "mixed_copy_limit_bytes",
     "vector_op_latency_seconds": "vector_op_latency_seconds",
-    "mxu_transposed_rhs_vreg_seconds": "mxu_transposed_rhs_vreg_seconds",
-    "mxu_transposed_rhs_latency_seconds": "mxu_transposed_rhs_latency_seconds",
+    "mxu_transposed_rhs_seconds": "mxu_transposed_rhs_seconds",
     "dma_min_seconds": "dma_min_seconds",
     "xlu_latency_seconds": "xlu_latency_seconds",
     "sublane_reduce_latency_seconds": "sublane_reduce_latency_seconds",
@@ -139,8 +138,7 @@ _MEASURED_FIELDS = {
 #: the v5e's cycles at its own clock (ASSUMPTION: the same core design).
 _CYCLE_FIELDS = ("valu_vreg_seconds", "dependent_op_seconds", "loop_iteration_seconds",
                  "load_use_seconds", "vmem_vreg_seconds", "mxu_dot_seconds",
-                 "mxu_weight_tile_seconds", "mxu_transposed_rhs_vreg_seconds",
-                 "mxu_transposed_rhs_latency_seconds",
+                 "mxu_weight_tile_seconds", "mxu_transposed_rhs_seconds",
                  "step_overhead_s", "launch_overhead_s", "dma_min_seconds",
                  "xlu_latency_seconds", "sublane_reduce_latency_seconds", "branch_seconds",
                  "operand_step_seconds", "strided_copy_seconds",
@@ -236,12 +234,9 @@ class ChipModel:
     #: (a page gather's small DMAs are bound by it; a big DMA's bytes hide it)
     dma_min_seconds: float = 0.0
     mxu_weight_tile_seconds: float = 0.0
-    #: a dot contracting its right operand's last dimension (``q @ k.T``): per vreg of
-    #: that operand (its transpose)
-    mxu_transposed_rhs_vreg_seconds: float = 0.0
-    #: and the latency its transpose adds to the dot's, per whole (128, 128) tile of it
-    #: (a partial tile adds none: r14's dependent dots on 64-row blocks)
-    mxu_transposed_rhs_latency_seconds: float = 0.0
+    #: a dot contracting its right operand's last dimension (``q @ k.T``) whose operand
+    #: has 128 rows or more: its transpose, once per dot (fewer rows: none)
+    mxu_transposed_rhs_seconds: float = 0.0
     f32_highest_passes: float = 6.0
     #: HBM time of reads and writes in flight together over their time apart (1: none)
     hbm_mixed_factor: float = 1.0
