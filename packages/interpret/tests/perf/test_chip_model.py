@@ -84,6 +84,17 @@ def test_bf16_vector_ops_cost_the_measured_factor_of_f32_per_element():
     assert bf16 / f32 == pytest.approx(V5E.narrow_valu_factor, rel=0.01)  # v5e: no bf16 VALU
 
 
+def _compute_seconds(kernel, x, *more):
+    """The predicted compute time of one launch of ``kernel`` on ``x`` and ``more`` (its
+    output shaped like ``x``): the prediction less its exposed DMAs."""
+    f = pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+                       interpret=InterpretParams(chip="v5e", skip_floating_point_ops=True))
+    with pi.timeline() as tl:
+        jax.block_until_ready(f(x, *more))
+    rec = tl.launches[-1]
+    return rec.predicted_seconds - rec.exposed_dma_seconds
+
+
 def _dot(dims):
     def kernel(x_ref, o_ref):
         o_ref[...] = jax.lax.dot_general(x_ref[...], x_ref[...], (dims, ((), ())),
@@ -144,13 +155,7 @@ def _dots(dependent: bool, rows: int, n: int = 4):
         o_ref[...] = outs[-1] if dependent else sum(outs)
 
     x = jnp.ones((rows, 128), jnp.float32)
-    w = jnp.ones((4, 128, 128), jnp.float32)
-    f = pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
-                       interpret=InterpretParams(chip="v5e", skip_floating_point_ops=True))
-    with pi.timeline() as tl:
-        jax.block_until_ready(f(x, w))
-    rec = tl.launches[-1]
-    return rec.predicted_seconds - rec.exposed_dma_seconds
+    return _compute_seconds(kernel, x, jnp.ones((4, 128, 128), jnp.float32))
 
 
 @pytest.mark.timeout(120)
@@ -224,12 +229,7 @@ def _helper_calls(wrap, on_dot: bool = False):
         o_ref[...] = y + call(a) + call(a * 2.0)
 
     x = jnp.ones((128, 128), jnp.float32)
-    f = pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
-                       interpret=InterpretParams(chip="v5e", skip_floating_point_ops=True))
-    with pi.timeline() as tl:
-        jax.block_until_ready(f(x, x))
-    rec = tl.launches[-1]
-    return rec.predicted_seconds - rec.exposed_dma_seconds
+    return _compute_seconds(kernel, x, x)
 
 
 @pytest.mark.timeout(120)
@@ -261,13 +261,8 @@ def _dot_chain(transposed: bool, kr: int, steps: int = 64):
             return jnp.dot(s, k, preferred_element_type=jnp.float32)
         o_ref[...] = jax.lax.fori_loop(0, steps, step, q_ref[...])
 
-    q, k = jnp.ones((8, 128), jnp.float32), jnp.ones((kr, 128), jnp.float32)
-    f = pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
-                       interpret=InterpretParams(chip="v5e", skip_floating_point_ops=True))
-    with pi.timeline() as tl:
-        jax.block_until_ready(f(q, k, k.T))
-    rec = tl.launches[-1]
-    return (rec.predicted_seconds - rec.exposed_dma_seconds) / steps
+    k = jnp.ones((kr, 128), jnp.float32)
+    return _compute_seconds(kernel, jnp.ones((8, 128), jnp.float32), k, k.T) / steps
 
 
 @pytest.mark.timeout(120)
