@@ -213,7 +213,8 @@ def main() -> None:
     put("mxu_transposed_rhs_seconds", statistics.mean(per_dot),
         ["mxu2/256x128x256/f32/{nn,nt}", "r14/dot-chain/{nt,nn}/q{1,8}/k{64,128}"],
         "a dot contracting its right operand's last dimension (q @ k.T) over the same dot "
-        f"untransposed, per dot: {[round(d * 1e9, 1) for d in per_dot]} ns for (256, 128), "
+        "untransposed, per dot (the model: per 256 rows begun, from 128 rows on): "
+        f"{[round(d * 1e9, 1) for d in per_dot]} ns for (256, 128), "
         "and (128, 128) twice; (64, 128) operands: "
         f"{round((t['r14/dot-chain/nt/q1/k64'] - t['r14/dot-chain/nn/q1/k64']) / 256 * 1e9, 1)} ns")
     i8 = (t["mxu/1024x1024x1024/int8/r16"] - t["mxu/1024x1024x1024/int8/r4"]) / 12

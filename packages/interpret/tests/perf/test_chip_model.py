@@ -108,7 +108,7 @@ def test_a_transposed_right_operand_costs_its_transpose():
     x = jnp.ones((256, 256), jnp.float32)
     nn = _record(dot(((1,), (0,))), x).by_primitive["dot_general"]
     nt = _record(dot(((1,), (1,))), x).by_primitive["dot_general"]
-    assert nt - nn == pytest.approx(V5E.mxu_transposed_rhs_seconds)  # once per dot
+    assert nt - nn == pytest.approx(V5E.mxu_transposed_rhs_seconds)  # 256 rows: once
 
 
 def _loop_compute(body, x, steps):
@@ -266,7 +266,7 @@ def _dot_chain(transposed: bool, kr: int, steps: int = 64):
 
 
 @pytest.mark.timeout(120)
-def test_a_transposed_right_operand_costs_once_per_dot_from_128_rows():
+def test_a_transposed_right_operand_costs_per_256_rows_from_128_rows():
     # r14 on the v5e: a chain of q @ k.T on (128, 128) f32 blocks takes 21 ns a dot more
     # than the same dots untransposed, on (64, 128) blocks no more; mxu2: (256, 128)
     # operands 21 ns

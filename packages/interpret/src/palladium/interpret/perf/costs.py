@@ -146,10 +146,10 @@ def _dot_cost(eqn: Any, chip: ChipModel) -> Cost:
     tiles = batch * math.ceil(contract / 128) * math.ceil(max(n, 1) / 128)
     seconds = flops / rate + tiles * chip.mxu_weight_tile_seconds
     if chip.mxu_transposed_rhs_seconds and len(rhs.shape) - 1 in _rc and n >= 128:
-        # q @ k.T: its transpose, the same for 128 and 256 rows and none for 64 (r14:
-        # dependent dots on (128, 128) blocks 21 ns a dot over untransposed, on (64, 128)
-        # none; mxu2: (256, 128) 21 ns)
-        seconds += chip.mxu_transposed_rhs_seconds
+        # q @ k.T: its transpose, per 256 rows begun, from 128 rows on (r14: dependent
+        # dots on (128, 128) blocks 21 ns a dot over untransposed, on (64, 128) none;
+        # mxu2: (256, 128) 21 ns; longer operands as the per-vreg fit of mxu2 had them)
+        seconds += chip.mxu_transposed_rhs_seconds * math.ceil(n / 256)
     if len(lhs.shape) >= 2 and len(lhs.shape) - 2 in lc:
         # a left operand contracting its rows (p.T @ do): transposed first, at the
         # measured transpose rate (round 6's dkv step: -25% -> -11%; gated-delta -2% -> 0)

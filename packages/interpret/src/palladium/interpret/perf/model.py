@@ -235,7 +235,7 @@ class ChipModel:
     dma_min_seconds: float = 0.0
     mxu_weight_tile_seconds: float = 0.0
     #: a dot contracting its right operand's last dimension (``q @ k.T``) whose operand
-    #: has 128 rows or more: its transpose, once per dot (fewer rows: none)
+    #: has 128 rows or more: its transpose, per 256 rows begun (fewer rows: none)
     mxu_transposed_rhs_seconds: float = 0.0
     f32_highest_passes: float = 6.0
     #: HBM time of reads and writes in flight together over their time apart (1: none)
