@@ -102,12 +102,15 @@ def _dot(dims):
     return kernel
 
 
+def _dot_seconds(contracting):
+    """The MXU time of ``x . x`` contracting ``contracting`` on a (256, 256) f32 block."""
+    x = jnp.ones((256, 256), jnp.float32)
+    return _record(_dot(contracting), x).by_primitive["dot_general"]
+
+
 @pytest.mark.timeout(120)
 def test_a_transposed_right_operand_costs_its_transpose():
-    dot = _dot
-    x = jnp.ones((256, 256), jnp.float32)
-    nn = _record(dot(((1,), (0,))), x).by_primitive["dot_general"]
-    nt = _record(dot(((1,), (1,))), x).by_primitive["dot_general"]
+    nn, nt = _dot_seconds(((1,), (0,))), _dot_seconds(((1,), (1,)))
     assert nt - nn == pytest.approx(V5E.mxu_transposed_rhs_seconds)  # 256 rows: once
 
 
@@ -203,10 +206,7 @@ def test_a_left_operand_contracting_its_rows_costs_its_transpose():
     # p.T @ do (flash attention's dkv step): the cross-lane unit transposes the left
     # operand first, at the chip's measured transpose rate (round 6: the dkv step written
     # from the math, -25% -> -11% with it)
-    dot = _dot
-    x = jnp.ones((256, 256), jnp.float32)
-    nn = _record(dot(((1,), (0,))), x).by_primitive["dot_general"]
-    tn = _record(dot(((0,), (0,))), x).by_primitive["dot_general"]
+    nn, tn = _dot_seconds(((1,), (0,))), _dot_seconds(((0,), (0,)))
     transpose = V5E.vector_vreg_seconds("transpose", False)
     assert tn - nn == pytest.approx(64 * transpose)  # 64 vregs of the left operand
 

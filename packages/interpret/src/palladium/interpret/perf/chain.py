@@ -51,9 +51,8 @@ class Chunk:
     def place(self, op: Any, cost: Any, plan: tuple[Any, ...], xlu_latency: float) -> None:
         """One equation's place on the dataflow (``recorder.TimelineRecorder._on_chain``
         says how), its operands' keys ``plan`` (``chain_operands``)."""
-        st = self
-        ready, chain = st.ready, st.end
-        start = st.start
+        ready, chain = self.ready, self.end
+        start = self.start
         first = whole = start
         need = start  # a dot's right operand (its weights): all of it before the first part
         refs, values, written = plan
@@ -66,7 +65,7 @@ class Chunk:
         spread = cost.spread
         for i, v in values:
             f, w = ready.get(v, (chain, chain))
-            if spread and i in spread and v not in st.replicated:
+            if spread and i in spread and v not in self.replicated:
                 # its one lane spread over the lanes by the cross-lane unit
                 f, w = f + xlu_latency, w + xlu_latency
             if mxu and i > 0:
@@ -78,13 +77,13 @@ class Chunk:
             # independent dots queue for the MXU
             part = cost.seconds / cost.parts
             lag = max(cost.latency - cost.seconds, 0.0)
-            go = max(first, need, st.mxu_free)
+            go = max(first, need, self.mxu_free)
             issued = go
-            st.mxu_free = max(go + cost.seconds, whole + part)
+            self.mxu_free = max(go + cost.seconds, whole + part)
             f = go + part + lag
             out = (f, max(f + cost.seconds - part, whole + part + lag))
         else:
-            replicated = st.replicated
+            replicated = self.replicated
             if cost.lanes or (not cost.spread and not refs and values
                               and all(v in replicated for _, v in values)):
                 replicated.update(op.outvars)  # a lane reduction's value in every lane
@@ -95,13 +94,13 @@ class Chunk:
             ready[v] = out
         if written is not None:
             ready[written] = out
-        st.end = max(chain, out[1])
-        if issued > st.issued:
-            st.issued = issued
+        self.end = max(chain, out[1])
+        if issued > self.issued:
+            self.issued = issued
         if cost.unit:  # (the block's units; after a conditional, from its end on)
-            b = st.busy[cost.unit] = st.busy.get(cost.unit, 0.0) + cost.seconds
-            if st.base and st.base + b > st.end:
-                st.end = st.base + b
+            b = self.busy[cost.unit] = self.busy.get(cost.unit, 0.0) + cost.seconds
+            if self.base and self.base + b > self.end:
+                self.end = self.base + b
 
 
 @dataclasses.dataclass(slots=True)

@@ -19,7 +19,7 @@ Action = tuple[Any, ...]
 
 
 def core_program(core: CoreId, events: list[tuple[Any, ...]], chip: ChipModel,
-              step_overhead: float) -> Iterator[Action]:
+                 step_overhead: float) -> Iterator[Action]:
     """The core's program: its events, with the grid's block copies scheduled as the
     TPU pipeline issues them; each grid step costs the core ``step_overhead``."""
     pre: list[tuple[Any, ...]] = []

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from palladium.interpret import _jax_compat as jc
+from palladium.interpret.eval.primitive_groups import CALLS
 from palladium.interpret.observe.observers import LaunchInfo
 from palladium.interpret.perf.chain import Chunk, Run, chain_operands, straight_body
 from palladium.interpret.perf.costs import Cost, equation_cost
@@ -285,13 +286,21 @@ class TimelineRecorder(Observer):
                 st.start = st.issued + self.chip.loop_iteration_seconds
         else:
             st.seen.add(key)
-        body = self._bodies.get(key)
-        if body is None or body[0] is not op:
-            body = self._bodies[key] = (op, straight_body(op))
-        if body[1] is not None:
-            self._place_call(st, op, body[1])
+        body = self._body(op)
+        if body is not None:
+            self._place_call(st, op, body)
         else:
             self._place(st, op, cost)
+
+    def _body(self, op: Any) -> Any:
+        """``op``'s straight-line call body (``chain.straight_body``), found once per
+        call equation."""
+        if op.primitive not in CALLS:
+            return None
+        hit = self._bodies.get(id(op))
+        if hit is None or hit[0] is not op:
+            hit = self._bodies[id(op)] = (op, straight_body(op))
+        return hit[1]
 
     def _place_call(self, st: Chunk, op: Any, jaxpr: Any) -> None:
         """A straight-line call's body placed from the call's operands: its values ready
@@ -309,7 +318,7 @@ class TimelineRecorder(Observer):
                 hit = costs[id(eqn)] = (eqn, equation_cost(eqn, self.chip), False)
             elif hit[2]:
                 costs[id(eqn)] = (eqn, hit[1], False)
-            sub = straight_body(eqn)
+            sub = self._body(eqn)
             if sub is not None:
                 self._place_call(st, eqn, sub)
             elif _has_array(eqn):

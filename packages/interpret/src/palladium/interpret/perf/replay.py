@@ -32,7 +32,6 @@ from palladium.interpret.perf.dma_runs import Member, assign_lanes
 from palladium.interpret.perf.model import ChipModel
 
 CoreId = tuple[int, int]
-Action = tuple[Any, ...]
 
 
 @dataclasses.dataclass(slots=True)
@@ -136,7 +135,7 @@ class Replay:
         # per resource, the large block writes issued and not yet flowing, and the large
         # block reads waiting for them (``_start``)
         self._issuing: dict[tuple[str, int], int] = defaultdict(int)
-        self._held: list[tuple[_Dma, float, int]] = []
+        self._held: dict[tuple[str, int], list[tuple[_Dma, float, int]]] = {}
         # per resource with DMAs in flight: the ones it serves and their rate
         # (``_next_dma_time``, for ``_advance``)
         self._flows: list[tuple[list[_Dma], float]] = []
@@ -243,13 +242,13 @@ class Replay:
         """``dma`` (a run of ``dma.count``) issued: its bytes flow after ``latency``."""
         self.dmas.append(dma)
         self.resource_bytes[dma.resource] += dma.nbytes * dma.count
-        large = dma.block and dma.nbytes > self.chip.mixed_copy_limit_bytes
+        large = self._large_block(dma)
         if large and dma.direction == "in" and self._issuing[dma.resource]:
             # a large block read waits while a large block write is issued and not yet
             # flowing: the two do not mix (r5/in-out on a v5e: a step's 64 KiB input
             # and output copies take the two apart added, 389 ns against 236 + 169;
             # 32 KiB ones overlap, 262 against 212 + 144)
-            self._held.append((dma, latency, len(self.dmas)))
+            self._held.setdefault(dma.resource, []).append((dma, latency, len(self.dmas)))
             return
         if large and dma.direction == "out":
             self._issuing[dma.resource] += 1
@@ -341,11 +340,12 @@ class Replay:
         while self._pending and self._pending[0][0] <= t:
             _, _, dma = heapq.heappop(self._pending)
             self._active[dma.resource].append(dma)
-            if (dma.block and dma.direction == "out"
-                    and dma.nbytes > self.chip.mixed_copy_limit_bytes):
+            if dma.direction == "out" and self._large_block(dma):
                 self._issuing[dma.resource] -= 1
-                if self._held and not self._issuing[dma.resource]:
-                    self._release(dma.resource, t)
+                if not self._issuing[dma.resource]:
+                    # the block reads held on this resource (``_start``) issue now
+                    for held, latency, n in self._held.pop(dma.resource, ()):
+                        heapq.heappush(self._pending, (t + latency, n, held))
         for res, active in self._active.items():
             finished = [d for d in active if d.remaining <= 1e-6 * max(d.nbytes, 1)]
             if finished:  # (by identity: a dataclass's == compares every field)
@@ -364,12 +364,10 @@ class Replay:
             for key, inc in dma.signals:
                 self._signal(key, inc, t, dma.resource[0])
 
-    def _release(self, res: tuple[str, int], t: float) -> None:
-        """The block reads held on ``res`` (``_start``) issue at ``t``, in order."""
-        held = [h for h in self._held if h[0].resource == res]
-        self._held = [h for h in self._held if h[0].resource != res]
-        for dma, latency, n in held:
-            heapq.heappush(self._pending, (t + latency, n, dma))
+    def _large_block(self, dma: _Dma) -> bool:
+        """Whether ``dma`` is a block copy too large to mix directions with another
+        (``ChipModel.mixed_copy_limit_bytes``)."""
+        return dma.block and dma.nbytes > self.chip.mixed_copy_limit_bytes
 
     def _assign_lanes(self) -> None:
         assign_lanes(self.dmas, self.raw_spans.append)
