@@ -1666,3 +1666,105 @@ for _t in (True, False):
                  kr=_kr)
 for _kr in (16, 32, 64, 128, 256):
     _add(f"r14/paged-block/k{_kr}", "micro", _paged_block(_kr), kind="paged-block", kr=_kr)
+
+
+# round 15 (2026-12-06, sixth session): jax's paged-attention loop written from the math,
+# taken apart (r13: the chip's time per computed block is 560 ns at 4 pages a block and
+# 554 at 8; the model's 471 and 565): per (sequence, head) grid step a loop over blocks
+# of ``per_block`` 16-row f32 pages, each block starting the next block's key then value
+# page DMAs (page numbers from a scalar-prefetched table) and waiting for its own keys,
+# then values. "full": the softmax update between; "dma": the DMAs and waits alone;
+# "compute": the update alone, on a block that stays in VMEM
+def _paged_loop(per_block: int, variant: str, batch: int = 8, heads: int = 8,
+                pages: int = 64):
+    blocks, rows = pages // per_block, per_block * 16
+
+    def body(table_ref, q_ref, k_hbm, v_hbm, o_ref, kbuf, vbuf, ksem, vsem, m_ref, l_ref):
+        b, h = pl.program_id(0), pl.program_id(1)
+
+        def copies(i, slot):
+            def page(src, buf, sem, p):
+                return pltpu.make_async_copy(
+                    src.at[h, table_ref[b, i * per_block + p]],
+                    buf.at[slot, pl.ds(p * 16, 16)], sem.at[slot])
+            return ([page(k_hbm, kbuf, ksem, p) for p in range(per_block)],
+                    [page(v_hbm, vbuf, vsem, p) for p in range(per_block)])
+
+        def start(i, slot):
+            ks, vs = copies(i, slot)
+            for c in ks + vs:
+                c.start()
+
+        m_ref[...] = jnp.full_like(m_ref, -jnp.inf)
+        l_ref[...] = jnp.zeros_like(l_ref)
+        o_ref[...] = jnp.zeros((1, 128), jnp.float32)
+        if variant == "compute":
+            kbuf[...] = jnp.zeros_like(kbuf)
+            vbuf[...] = jnp.zeros_like(vbuf)
+        else:
+            start(0, 0)
+
+        def step(i, c):
+            slot = i % 2
+            if variant != "compute":
+                @pl.when(i + 1 < blocks)
+                def _():
+                    start(i + 1, 1 - slot)
+                ks, vs = copies(i, slot)
+                for x in ks:
+                    x.wait()
+            if variant == "dma":
+                for x in vs:
+                    x.wait()
+                o_ref[...] += kbuf[slot, pl.ds(0, 1), :] + vbuf[slot, pl.ds(0, 1), :]
+                return c
+            q = q_ref[...]
+            k = kbuf[slot]
+            qk = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())),
+                                     preferred_element_type=jnp.float32)
+            mask = i * rows + jax.lax.broadcasted_iota(jnp.int32, qk.shape, 1) < 100000
+            qk = qk + jnp.where(mask, 0.0, -1e30)
+            m_curr = qk.max(axis=-1)
+            s = jnp.exp(qk - m_curr[..., None])
+            m_prev, l_prev = m_ref[...], l_ref[...]
+            l_curr = jax.lax.broadcast_in_dim(s.sum(axis=-1), l_prev.shape, (0,))
+            m_curr = jax.lax.broadcast_in_dim(m_curr, m_prev.shape, (0,))
+            m_next = jnp.maximum(m_prev, m_curr)
+            alpha, beta = jnp.exp(m_prev - m_next), jnp.exp(m_curr - m_next)
+            l_next = alpha * l_prev + beta * l_curr
+            m_ref[...], l_ref[...] = m_next, l_next
+            if variant != "compute":
+                for x in vs:
+                    x.wait()
+            o = jnp.dot(s, vbuf[slot], preferred_element_type=jnp.float32)
+            o_ref[...] = (l_prev * alpha * o_ref[...] + beta * o) / l_next
+            return c
+        jax.lax.fori_loop(0, blocks, step, 0)
+
+    def make():
+        rng = np.random.default_rng(0)
+        total = batch * pages
+        q = _arr((batch, heads, 1, 128), seed=1, scale=0.1)
+        k = _arr((heads, total, 16, 128), seed=2, scale=0.1)
+        v = _arr((heads, total, 16, 128), seed=3, scale=0.1)
+        table = jnp.asarray(rng.permutation(total).reshape(batch, pages), jnp.int32)
+        qspec = pl.BlockSpec((None, None, 1, 128), lambda b, h, t: (b, h, 0, 0))
+        anyspec = pl.BlockSpec(memory_space=pl.ANY)
+        fn = _lazy(body, out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
+                   grid_spec=pltpu.PrefetchScalarGridSpec(
+                       num_scalar_prefetch=1, grid=(batch, heads),
+                       in_specs=[qspec, anyspec, anyspec], out_specs=qspec,
+                       scratch_shapes=[pltpu.VMEM((2, rows, 128), jnp.float32),
+                                       pltpu.VMEM((2, rows, 128), jnp.float32),
+                                       pltpu.SemaphoreType.DMA((2,)),
+                                       pltpu.SemaphoreType.DMA((2,)),
+                                       pltpu.VMEM((1, 128), jnp.float32),
+                                       pltpu.VMEM((1, 128), jnp.float32)]))
+        return (lambda t, a, b, c: fn(t, a, b, c)), (table, q, k, v)
+    return make
+
+
+for _variant in ("full", "dma", "compute"):
+    for _pb in (2, 4, 8, 16):
+        _add(f"r15/paged-loop/{_variant}/pb{_pb}", "micro", _paged_loop(_pb, _variant),
+             kind="paged-loop", variant=_variant, per_block=_pb)

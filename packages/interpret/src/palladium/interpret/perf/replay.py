@@ -2,11 +2,13 @@
 
 Each core is a program (its recorded events in its own order) with a clock; DMAs are
 fluid flows: after a fixed latency a DMA's bytes flow at an equal share of its
-resource's bandwidth (a device's HBM, shared by every local DMA in flight on it; a
-device's outgoing ICI link for remote DMAs). Cores and DMA events are processed in
-simulated-time order (ties: DMAs first, then cores by id), so the result depends only
-on each core's own event order: a wait ends at the later of the waiter's clock and the
-signal's time, a barrier when the last core arrives.
+resource's bandwidth (a device's HBM; a device's outgoing ICI link for remote DMAs)
+with the other DMAs it serves now: per direction, a kernel's own DMAs one burst at a
+time in issue order and a pipeline's block copies one step's at a time (``_served``).
+Cores and DMA events are processed in simulated-time order (ties: DMAs first, then
+cores by id), so the result depends only on each core's own event order: a wait ends at
+the later of the waiter's clock and the signal's time, a barrier when the last core
+arrives.
 
 The ``pallas_call`` block-copy pipeline is modelled as Mosaic runs it: with
 ``Buffered(n)`` (n >= 2) the input blocks of step ``s + n - 1`` are fetched as step
@@ -304,18 +306,26 @@ class Replay:
 
     @staticmethod
     def _served(active: list[_Dma]) -> list[_Dma]:
-        """The DMAs that share the resource now: a pipeline's block copies one step's
-        at a time, in issue order per direction (two steps' copies of small blocks in
-        flight take their latencies together but their bytes one after the other: a
-        step of four 64 KiB f32 blocks runs at the read rate, r4/copies on a v5e), and
-        every kernel DMA."""
+        """The DMAs that share the resource now: per direction, a pipeline's block
+        copies one step's at a time (two steps' copies of small blocks in flight take
+        their latencies together but their bytes one after the other: a step of four
+        64 KiB f32 blocks runs at the read rate, r4/copies on a v5e), and a kernel's own
+        DMAs one burst at a time in issue order, a burst being the DMAs a core started
+        together (at one time on its clock): a ring of k DMAs in flight, each waited for
+        and started again, runs at the engine's rate (on a v5e two 256 KiB reads in
+        flight take 100.5 us a ring where sharing the engine would take 134 and in
+        order 90; jax's paged attention at 16 pages a block takes 21 ns a page DMA,
+        its page DMAs in bursts of a block's keys and values)."""
         first: dict[str, float] = {}
+        own: dict[str, float] = {}
         for d in active:
-            if d.block and d.start < first.get(d.direction, math.inf):
-                first[d.direction] = d.start
-        if not first:
+            starts = first if d.block else own
+            if d.start < starts.get(d.direction, math.inf):
+                starts[d.direction] = d.start
+        if len(first) + len(own) == len(active):
             return active
-        return [d for d in active if not d.block or d.start == first[d.direction]]
+        return [d for d in active
+                if d.start == (first if d.block else own)[d.direction]]
 
     def _rate(self, res: tuple[str, int], active: list[_Dma]) -> float:
         """Each served DMA's share of its resource; HBM serving reads and writes at once
