@@ -1775,7 +1775,14 @@ for _variant in ("full", "dma", "compute"):
 # whole block under a `pl.when` on the sequence's length (read from SMEM), the slot and a
 # first-block flag kept in SMEM, and the next block's pages fetched across grid steps
 # (the last block of one head fetches the next head's first: its indices in scalar code)
-def _paged_jaxlike(per_block: int, batch: int = 8, heads: int = 8, pages: int = 64):
+def _paged_jaxlike(per_block: int, when: bool = True, smem: bool = True, cross: bool = True,
+                   first_in_loop: bool = True, batch: int = 8, heads: int = 8,
+                   pages: int = 64):
+    """``when``: the block under a ``pl.when`` on the length; ``smem``: the slot and the
+    first-block flag in SMEM (else ``i % 2`` and the loop's first block); ``cross``: the
+    last block fetches the next head's first (else each head fetches its own first);
+    ``first_in_loop``: the first block's fetch under a ``pl.when`` in the loop (else
+    before it; only without ``smem`` and ``cross``)."""
     blocks, rows = pages // per_block, per_block * 16
 
     def body(table_ref, len_ref, q_ref, k_hbm, v_hbm, o_ref, kbuf, vbuf, ksem, vsem,
@@ -1790,7 +1797,7 @@ def _paged_jaxlike(per_block: int, batch: int = 8, heads: int = 8, pages: int = 
             return ([page(k_hbm, kbuf, ksem, p) for p in range(per_block)],
                     [page(v_hbm, vbuf, vsem, p) for p in range(per_block)])
 
-        @pl.when((b == 0) & (h == 0))
+        @pl.when(((b == 0) & (h == 0)) if cross else True)
         def _():
             state[0] = 0
             state[1] = 1
@@ -1799,29 +1806,41 @@ def _paged_jaxlike(per_block: int, batch: int = 8, heads: int = 8, pages: int = 
         l_ref[...] = jnp.zeros_like(l_ref)
         o_ref[...] = jnp.zeros((1, 128), jnp.float32)
         length = len_ref[b]
+        if not first_in_loop:
+            ks, vs = copies(b, h, 0, 0)
+            for x in ks + vs:
+                x.start()
 
         def step(i, c):
-            @pl.when(i * rows < length)
-            def _():
-                slot, first = state[0], state[1]
-                state[1] = 0
-                last = i + 1 >= blocks
-                nh = jnp.where(last, jnp.where(h + 1 < heads, h + 1, 0), h)
-                nb = jnp.where(last & (h + 1 >= heads), b + 1, b)
-                ni = jnp.where(last, 0, i + 1)
+            def block():
+                if smem:
+                    slot, first = state[0], state[1]
+                    state[1] = 0
+                else:
+                    slot = i % 2
+                    first = ((b == 0) & (h == 0) & (i == 0)) if cross else (i == 0)
+                if cross:
+                    last = i + 1 >= blocks
+                    nh = jnp.where(last, jnp.where(h + 1 < heads, h + 1, 0), h)
+                    nb = jnp.where(last & (h + 1 >= heads), b + 1, b)
+                    ni = jnp.where(last, 0, i + 1)
+                    more = nb < batch
+                else:
+                    nb, nh, ni, more = b, h, i + 1, i + 1 < blocks
 
-                @pl.when(first == 1)
+                @pl.when((first == 1 if smem else first) if first_in_loop else False)
                 def _():
                     ks, vs = copies(b, h, i, slot)
                     for x in ks + vs:
                         x.start()
 
-                @pl.when(nb < batch)
+                @pl.when(more)
                 def _():
                     ks, vs = copies(nb, nh, ni, 1 - slot)
                     for x in ks + vs:
                         x.start()
-                    state[0] = 1 - slot
+                    if smem:
+                        state[0] = 1 - slot
                 ks, vs = copies(b, h, i, slot)
                 for x in ks:
                     x.wait()
@@ -1843,6 +1862,10 @@ def _paged_jaxlike(per_block: int, batch: int = 8, heads: int = 8, pages: int = 
                     x.wait()
                 o = jnp.dot(s, vbuf[slot], preferred_element_type=jnp.float32)
                 o_ref[...] = (l_prev * alpha * o_ref[...] + beta * o) / l_next
+            if when:
+                pl.when(i * rows < length)(block)
+            else:
+                block()
             return c
         jax.lax.fori_loop(0, blocks, step, 0)
 
@@ -1876,3 +1899,57 @@ def _paged_jaxlike(per_block: int, batch: int = 8, heads: int = 8, pages: int = 
 for _pb in (2, 4, 8, 16):
     _add(f"r16/paged-jaxlike/pb{_pb}", "micro", _paged_jaxlike(_pb), kind="paged-loop",
          variant="jaxlike", per_block=_pb)
+for _pb in (4, 8):
+    for _name, _flags in (("when", (True, False, False)), ("smem", (False, True, False)),
+                          ("cross", (False, False, True)), ("smem-cross", (False, True, True))):
+        _add(f"r17/paged-control/{_name}/pb{_pb}", "micro", _paged_jaxlike(_pb, *_flags),
+             kind="paged-loop", variant=_name, per_block=_pb)
+for _pb in (4, 8):
+    for _name, _flags in (("base", (False, False, False, True)),
+                          ("base-first-outside", (False, False, False, False)),
+                          ("when-first-outside", (True, False, False, False))):
+        _add(f"r18/paged-control/{_name}/pb{_pb}", "micro", _paged_jaxlike(_pb, *_flags),
+             kind="paged-loop", variant=_name, per_block=_pb)
+
+
+# round 19: what a `pl.when` holding DMA starts costs a loop when it is not taken (round
+# 18: the first block's fetch under a `pl.when(i == 0)` in jax's paged-attention loop
+# costs 124 ns a block at 4 pages): a loop of 64 dependent vector ops on one vreg, and
+# in it a `pl.when` on a flag read from SMEM (0: never taken) around ``n`` page DMAs
+# (0: no `pl.when` at all), or around ``n`` vector stores (``vec``)
+def _cond_dma(n: int, vec: bool = False, steps: int = 64, iters: int = 64):
+    def body(flag_ref, table_ref, x_ref, pages_hbm, o_ref, buf, sem):
+        def step(i, x):
+            if n:
+                @pl.when(flag_ref[0] == 1)
+                def _():
+                    for p in range(n):
+                        if vec:
+                            buf[p, pl.ds(0, 8), :] = x
+                            continue
+                        pltpu.make_async_copy(pages_hbm.at[table_ref[(i * n + p) % 64]],
+                                              buf.at[p], sem).start()
+            return x * 1.0001 + 0.5
+        o_ref[...] = jax.lax.fori_loop(0, iters, step, x_ref[...])
+
+    def make():
+        flag = jnp.zeros((1,), jnp.int32)
+        table = jnp.asarray(np.random.default_rng(4).permutation(64), jnp.int32)
+        x = _arr((8, 128), seed=1, scale=0.1)
+        pages = _arr((64, 16, 128), seed=2)
+        spec = pl.BlockSpec((8, 128), lambda s, f, t: (0, 0))
+        fn = _lazy(body, out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32),
+                   grid_spec=pltpu.PrefetchScalarGridSpec(
+                       num_scalar_prefetch=2, grid=(steps,),
+                       in_specs=[spec, pl.BlockSpec(memory_space=pl.ANY)], out_specs=spec,
+                       scratch_shapes=[pltpu.VMEM((max(n, 1), 16, 128), jnp.float32),
+                                       pltpu.SemaphoreType.DMA(())]))
+        return (lambda f, t, a, b: fn(f, t, a, b)), (flag, table, x, pages)
+    return make
+
+
+for _n in (0, 1, 2, 4, 8, 16, 32):
+    _add(f"r19/cond-dma/notaken/n{_n}", "micro", _cond_dma(_n), kind="cond-dma", dmas=_n)
+for _n in (8, 32):
+    _add(f"r19/cond-vec/notaken/n{_n}", "micro", _cond_dma(_n, vec=True), kind="cond-dma",
+         stores=_n)

@@ -32,7 +32,8 @@ def main() -> None:
     data = json.loads(src.read_text())
     k = {n: r for n, r in data["kernels"].items() if r.get("group") == "micro"}
     for later in ("calibration2", "calibration3", "calibration5", "calibration6", "calibration8",
-                  "calibration9", "calibration10", "calibration13", "calibration15"):
+                  "calibration9", "calibration10", "calibration13", "calibration15",
+                  "calibration19", "calibration20"):
         # the second round's microbenchmarks (reductions, latencies ...) and the third's
         # (dependent and independent dots, a flash step, a page gather), the fourth's
         # (block copies: how many, how big, beside which compute)
@@ -255,6 +256,29 @@ def main() -> None:
         "accumulator at the first of 16 steps, store it at the last) over the same step "
         f"without, per pl.when ({', '.join(f'{w * 1e9:.1f}' for w in when)} ns beside one "
         "vector add and beside a (128, 128) dot)")
+    # rounds 18-19: a pl.when around n page DMAs, never taken, in a loop of dependent
+    # vector ops (64 iterations a grid step, 64 steps), per iteration over the same loop
+    # without it: up to 4 DMAs (20 equations) the compiler predicates the branch, and
+    # the core pays its DMA starts' issue untaken, a line in n; 8 DMAs (40 equations) or
+    # more are a branch again
+    extra = {n: (t[f"r19/cond-dma/notaken/n{n}"] - t["r19/cond-dma/notaken/n0"]) / 4096
+             for n in (1, 2, 4, 8, 16, 32)}
+    fit = statistics.linear_regression([1, 2, 4], [extra[n] for n in (1, 2, 4)])
+    put("predicated_dma_seconds", fit.slope, ["r19/cond-dma/notaken/n0..n4"],
+        "a DMA start in a predicated conditional: the slope of a never-taken pl.when "
+        "around 1, 2 and 4 page DMAs in a loop, per iteration "
+        f"({', '.join(f'{extra[n] * 1e9:.1f}' for n in (1, 2, 4))} ns more than without)")
+    put("predicated_seconds", fit.intercept, ["r19/cond-dma/notaken/n0..n4"],
+        "a predicated conditional's fixed cost: that line at no DMA")
+    first = (t["r18/paged-control/base/pb4"] - t["r18/paged-control/base-first-outside/pb4"]) / 1024
+    put("predicated_branch_equations", 36,
+        ["r19/cond-dma/notaken/n4,n8", "r18/paged-control/{base,base-first-outside}/pb4"],
+        "the most equations a branch that starts DMAs may have and be predicated: between "
+        "33 (round 18's paged-attention loop at 4 pages a block, its first block's fetch under "
+        f"a pl.when in the loop as jax has it: {first * 1e9:.0f} ns a block more than before "
+        f"the loop, "
+        f"as a predicated 8 DMAs would cost: {(fit.intercept + 8 * fit.slope) * 1e9:.0f}) "
+        f"and 40 (round 19's 8 DMAs: {extra[8] * 1e9:.1f} ns, a branch)")
     # a pipeline's copies of blocks that are pieces of their arrays (round 8): two blocks
     # a step, (rows, 128) tiles of 2048-wide arrays against contiguous ones, per copy
     strided = [(t[f"r8/copy-forms/grid1d-strided/b{r}"] - t[f"r8/copy-forms/grid1d-contig/b{r}"])

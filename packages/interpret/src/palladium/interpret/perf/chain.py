@@ -13,8 +13,11 @@ from palladium.interpret.eval.primitive_groups import (
     REF_ACCESSES,
     call_body,
 )
+from palladium.interpret.perf.model import ChipModel
 
-__all__ = ["Chunk", "Run", "chain_operands", "straight_body"]
+_DMA_START = DMA_PRIMITIVES[0]
+
+__all__ = ["Chunk", "Run", "chain_operands", "conditional_cost", "straight_body"]
 
 
 @dataclasses.dataclass
@@ -43,10 +46,32 @@ class Chunk:
     #: the values holding a lane reduction's result in every lane (spreading them over
     #: the lanes is free)
     replicated: set[Any] = dataclasses.field(default_factory=set)
+    #: a predicated conditional just placed (``conditional_cost``): its DMA branch's
+    #: equation ids and what it costs untaken, until the next equation says whether
+    #: the branch was taken
+    predicated: tuple[frozenset[int], float] | None = None
 
     def copy(self) -> Chunk:
         return dataclasses.replace(self, ready=dict(self.ready), seen=set(self.seen),
                                    replicated=set(self.replicated), busy=dict(self.busy))
+
+    def block_end(self, seconds: float) -> float:
+        """End the current basic block: what follows issues after everything before it
+        did, its busiest unit's work included, and ``seconds`` later (a conditional)."""
+        at = max(self.start, self.issued, self.base + max(self.busy.values(), default=0.0)
+                 ) + seconds
+        self.start = self.issued = self.base = at
+        self.busy = {}
+        self.end = max(self.end, at)
+        return at
+
+    def settled_end(self) -> float:
+        """The chain's end, a predicated conditional placed last counted untaken (read
+        only: the chunk may be a memo's)."""
+        if self.predicated is None:
+            return self.end
+        return max(self.end, max(self.start, self.issued, self.base + max(
+            self.busy.values(), default=0.0)) + self.predicated[1])
 
     def place(self, op: Any, cost: Any, plan: tuple[Any, ...], xlu_latency: float) -> None:
         """One equation's place on the dataflow (``recorder.TimelineRecorder._on_chain``
@@ -154,3 +179,43 @@ def chain_operands(op: Any) -> tuple[tuple[Any, ...], tuple[Any, ...], Any]:
     written = (("ref", op.invars[0]) if access is not None and True in access.writes
                and op.invars else None)
     return tuple(refs), tuple(values), written
+
+
+def conditional_cost(op: Any, chip: ChipModel) -> tuple[float, frozenset[int] | None]:
+    """What the conditional ``op`` (``pl.when``, ``lax.cond``) costs its core's chain
+    (a branch: ``branch_seconds``) and, where a branch starts DMAs and is short enough
+    for the compiler to predicate it (at most ``predicated_branch_equations``
+    equations), the ids of that branch's equations (nested ones too): not taken, it
+    costs the core its DMA starts' issue all the same (``predicated_seconds`` and
+    ``predicated_dma_seconds`` each; round 19 on a v5e: a never-taken ``pl.when``
+    around 1, 2 or 4 page DMAs costs a loop 19, 32 and 57 ns an iteration, around 8 or
+    more 9 ns; round 18: jax's paged attention's first-block fetch at 4 pages a block,
+    124 ns a block). Taken, it costs what a branch does (a DMA start's issue is not
+    modelled elsewhere)."""
+    limit = chip.predicated_branch_equations
+    starts, ids = 0, set()
+    if limit:
+        for branch in op.params["branches"]:
+            eqns = branch.jaxpr.eqns
+            n = sum(e.primitive is _DMA_START for e in eqns)
+            if n and len(eqns) > limit:
+                return chip.branch_seconds, None
+            if n:
+                starts += n
+                ids.update(_equation_ids(branch.jaxpr))
+    if not starts:
+        return chip.branch_seconds, None
+    return chip.predicated_seconds + starts * chip.predicated_dma_seconds, frozenset(ids)
+
+
+def _equation_ids(jaxpr: Any) -> list[int]:
+    """The ids of ``jaxpr``'s equations and of those of the jaxprs in their params."""
+    out = []
+    for eqn in jaxpr.eqns:
+        out.append(id(eqn))
+        for value in eqn.params.values():
+            for sub in value if isinstance(value, (tuple, list)) else (value,):
+                inner = getattr(sub, "jaxpr", sub)
+                if hasattr(inner, "eqns"):
+                    out.extend(_equation_ids(inner))
+    return out

@@ -129,6 +129,9 @@ _MEASURED_FIELDS = {
     "xlu_latency_seconds": "xlu_latency_seconds",
     "sublane_reduce_latency_seconds": "sublane_reduce_latency_seconds",
     "branch_seconds": "branch_seconds",
+    "predicated_seconds": "predicated_seconds",
+    "predicated_dma_seconds": "predicated_dma_seconds",
+    "predicated_branch_equations": "predicated_branch_equations",
     "operand_step_seconds": "operand_step_seconds",
     "strided_copy_seconds": "strided_copy_seconds",
     "dynamic_operand_step_seconds": "dynamic_operand_step_seconds",
@@ -141,7 +144,7 @@ _CYCLE_FIELDS = ("valu_vreg_seconds", "dependent_op_seconds", "loop_iteration_se
                  "mxu_weight_tile_seconds", "mxu_transposed_rhs_seconds",
                  "step_overhead_s", "launch_overhead_s", "dma_min_seconds",
                  "xlu_latency_seconds", "sublane_reduce_latency_seconds", "branch_seconds",
-                 "operand_step_seconds", "strided_copy_seconds",
+                 "predicated_seconds", "predicated_dma_seconds", "operand_step_seconds", "strided_copy_seconds",
                  "dynamic_operand_step_seconds")
 
 
@@ -218,6 +221,12 @@ class ChipModel:
     #: A conditional (``pl.when``, ``lax.cond``): a basic block ends, the ops after it
     #: issue after the ops before it did, and this much later (0: not modelled)
     branch_seconds: float = 0.0
+    #: ... unless a branch starts DMAs and has at most this many equations: the
+    #: compiler predicates it, and its DMA starts' issue costs the core this much and
+    #: this much each, taken or not (0: no conditional is predicated)
+    predicated_branch_equations: int = 0
+    predicated_seconds: float = 0.0
+    predicated_dma_seconds: float = 0.0
     #: Per grid step and blocked operand: its index map and block check on the scalar
     #: unit (beside ``step_overhead_s``; 0: not modelled)
     operand_step_seconds: float = 0.0
@@ -377,6 +386,7 @@ def _from_reference(base: ChipModel, reference: str) -> ChipModel:
                                           base.clock_hz / ref.clock_hz),
         f32_highest_passes=ref.f32_highest_passes, hbm_mixed_factor=ref.hbm_mixed_factor,
         mixed_copy_limit_bytes=ref.mixed_copy_limit_bytes,
+        predicated_branch_equations=ref.predicated_branch_equations,
         # chips from v6e on have bf16 vector units: the packed default
         narrow_valu_factor=(ref.narrow_valu_factor if chip_record(base.chip).facts.generation <= 5
                             else 0.5),

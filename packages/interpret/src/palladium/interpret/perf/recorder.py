@@ -15,7 +15,13 @@ from typing import Any
 from palladium.interpret import _jax_compat as jc
 from palladium.interpret.eval.primitive_groups import CALLS
 from palladium.interpret.observe.observers import LaunchInfo
-from palladium.interpret.perf.chain import Chunk, Run, chain_operands, straight_body
+from palladium.interpret.perf.chain import (
+    Chunk,
+    Run,
+    chain_operands,
+    conditional_cost,
+    straight_body,
+)
 from palladium.interpret.perf.costs import Cost, equation_cost
 from palladium.interpret.perf.dma_runs import merge_run
 from palladium.interpret.perf.model import ChipModel
@@ -106,6 +112,8 @@ class TimelineRecorder(Observer):
         self._operands: dict[int, tuple[Any, ...]] = {}
         # per call equation (by id; held): its straight-line body, or None
         self._bodies: dict[int, tuple[Any, Any]] = {}
+        # per conditional (by id; held): what it costs the chain (``conditional_cost``)
+        self._conds: dict[int, tuple[Any, float, frozenset[int] | None]] = {}
         # per core, the equations told since its last event, not yet costed (``_settle``)
         self._told: dict[CoreId, list[Any]] = {}
         # per run of equations that started a chunk (by their ids; the equations held):
@@ -153,7 +161,7 @@ class TimelineRecorder(Observer):
         # ... or as long as its chain of dependent results, where that is longer (a
         # recurrence of one row per loop step waits on latencies, not throughput)
         if chunk is not None:
-            dt = max(dt, chunk.end)
+            dt = max(dt, chunk.settled_end())
         events = self.events[core]
         if dt:
             events.append(("c", dt))
@@ -266,15 +274,23 @@ class TimelineRecorder(Observer):
         st = self._chunks.get(core)
         if st is None:
             st = self._chunks[core] = Chunk()
+        if st.predicated is not None:
+            # the equation after a predicated conditional: in its DMA branch (taken: a
+            # branch's cost) or not (untaken: its DMA starts' issue all the same)
+            ids, untaken = st.predicated
+            st.predicated = None
+            st.block_end(self.chip.branch_seconds if id(op) in ids else untaken)
         if op.primitive is _COND and self.chip.branch_seconds:
             # a basic block ends: what follows issues after everything before it did,
             # its busiest unit's work included (r9/step-forms: two pl.when a grid step
-            # cost 14 ns on a v5e)
-            at = max(st.start, st.issued, st.base + max(st.busy.values(), default=0.0)
-                     ) + self.chip.branch_seconds
-            st.start = st.issued = st.base = at
-            st.busy = {}
-            st.end = max(st.end, at)
+            # cost 14 ns on a v5e); a predicated one's cost waits for the next equation
+            cond = self._conds.get(id(op))
+            if cond is None or cond[0] is not op:
+                cond = self._conds[id(op)] = (op, *conditional_cost(op, self.chip))
+            if cond[2] is None:
+                st.block_end(cond[1])
+            else:
+                st.predicated = (cond[2], cond[1])
             return
         key = id(op)
         if key in st.seen:
