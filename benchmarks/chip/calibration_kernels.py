@@ -1953,3 +1953,38 @@ for _n in (0, 1, 2, 4, 8, 16, 32):
 for _n in (8, 32):
     _add(f"r19/cond-vec/notaken/n{_n}", "micro", _cond_dma(_n, vec=True), kind="cond-dma",
          stores=_n)
+
+
+# round 20: whether a grid step's operand work (index maps and block checks: 10.5 ns
+# more an operand whose index map computes its block index, round 12) hides under the
+# step's compute (jax's flash backward at 128-blocks, 101 ns of it a step, is 21% over
+# the chip): six (128, 128) f32 inputs, the same block every step, mapped by a constant
+# or through min(i, 0), beside a chain of 0, 4 or 16 dependent dots
+def _operands_beside_dots(dynamic: bool, dots: int, n_in: int = 6, steps: int = 1024):
+    def imap(i):
+        return (jnp.minimum(i, 0), 0) if dynamic else (0, 0)
+
+    def body(*refs):
+        ins, o_ref = refs[:n_in], refs[n_in]
+        x = ins[0][...]
+        for _ in range(dots):
+            x = jnp.dot(x, ins[1][...], preferred_element_type=jnp.float32) * 0.01
+        for r in ins[2:]:
+            x = x + r[...]
+        o_ref[...] += x
+
+    def make():
+        xs = tuple(_arr((128, 128), seed=s, scale=0.1) for s in range(n_in))
+        spec = pl.BlockSpec((128, 128), imap)
+        fn = _lazy(body, out_shape=jax.ShapeDtypeStruct((128, 128), jnp.float32),
+                   grid=(steps,), in_specs=[spec] * n_in,
+                   out_specs=pl.BlockSpec((128, 128), lambda i: (0, 0)))
+        return (lambda *a: fn(*a)), xs
+    return make
+
+
+for _dyn in (False, True):
+    for _dots in (0, 4, 16):
+        _add(f"r20/operands-beside-dots/{'dynamic' if _dyn else 'const'}/d{_dots}", "micro",
+             _operands_beside_dots(_dyn, _dots), kind="operands-dots", dynamic=_dyn,
+             dots=_dots)

@@ -46,7 +46,8 @@ def main() -> None:
                   "calibration6.", "calibration7.", "calibration8.", "calibration9.", "calibration10.",
                   "calibration11.", "calibration12.", "calibration13.", "calibration14.",
                   "calibration15.", "calibration16.", "calibration17.",
-                  "calibration18.", "calibration19.", "calibration20."):
+                  "calibration18.", "calibration19.", "calibration20.",
+                  "calibration21."):
         path = Path(a.measured).with_name(Path(a.measured).name.replace("calibration.", later))
         if path.exists():
             measured.update(json.loads(path.read_text())["kernels"])
