@@ -55,23 +55,25 @@ class Chunk:
         return dataclasses.replace(self, ready=dict(self.ready), seen=set(self.seen),
                                    replicated=set(self.replicated), busy=dict(self.busy))
 
-    def block_end(self, seconds: float) -> float:
+    def _issued_all(self) -> float:
+        """When everything placed has issued, the block's busiest unit's work included."""
+        return max(self.start, self.issued,
+                   self.base + max(self.busy.values(), default=0.0))
+
+    def block_end(self, seconds: float) -> None:
         """End the current basic block: what follows issues after everything before it
-        did, its busiest unit's work included, and ``seconds`` later (a conditional)."""
-        at = max(self.start, self.issued, self.base + max(self.busy.values(), default=0.0)
-                 ) + seconds
+        did, and ``seconds`` later (a conditional)."""
+        at = self._issued_all() + seconds
         self.start = self.issued = self.base = at
         self.busy = {}
         self.end = max(self.end, at)
-        return at
 
     def settled_end(self) -> float:
         """The chain's end, a predicated conditional placed last counted untaken (read
         only: the chunk may be a memo's)."""
         if self.predicated is None:
             return self.end
-        return max(self.end, max(self.start, self.issued, self.base + max(
-            self.busy.values(), default=0.0)) + self.predicated[1])
+        return max(self.end, self._issued_all() + self.predicated[1])
 
     def place(self, op: Any, cost: Any, plan: tuple[Any, ...], xlu_latency: float) -> None:
         """One equation's place on the dataflow (``recorder.TimelineRecorder._on_chain``
