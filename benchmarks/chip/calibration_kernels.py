@@ -1619,6 +1619,33 @@ def _dot_chain(transposed: bool, rows: int, kr: int, iters: int = 256):
     return make
 
 
+def _online_scores(q, k, m_ref, l_ref, first, limit):
+    """One block of keys' online-softmax scores (keys from ``first`` on, those from
+    ``limit`` on masked), ``m_ref`` and ``l_ref`` updated: (s, l_prev, alpha, beta,
+    l_next) for ``_online_output``."""
+    qk = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())),
+                             preferred_element_type=jnp.float32)
+    mask = first + jax.lax.broadcasted_iota(jnp.int32, qk.shape, 1) < limit
+    qk = qk + jnp.where(mask, 0.0, -1e30)
+    m_curr = qk.max(axis=-1)
+    s = jnp.exp(qk - m_curr[..., None])
+    m_prev, l_prev = m_ref[...], l_ref[...]
+    l_curr = jax.lax.broadcast_in_dim(s.sum(axis=-1), l_prev.shape, (0,))
+    m_curr = jax.lax.broadcast_in_dim(m_curr, m_prev.shape, (0,))
+    m_next = jnp.maximum(m_prev, m_curr)
+    alpha, beta = jnp.exp(m_prev - m_next), jnp.exp(m_curr - m_next)
+    l_next = alpha * l_prev + beta * l_curr
+    m_ref[...], l_ref[...] = m_next, l_next
+    return s, l_prev, alpha, beta, l_next
+
+
+def _online_output(o_ref, v, scores):
+    """``o_ref`` rescaled and the block's values added, by ``_online_scores``'s scores."""
+    s, l_prev, alpha, beta, l_next = scores
+    o = jnp.dot(s, v, preferred_element_type=jnp.float32)
+    o_ref[...] = (l_prev * alpha * o_ref[...] + beta * o) / l_next
+
+
 def _paged_block(kr: int, iters: int = 256):
     """A paged-attention block's online-softmax update on resident blocks, one row."""
     def body(q_ref, k_ref, v_ref, o_ref, m_ref, l_ref):
@@ -1629,21 +1656,7 @@ def _paged_block(kr: int, iters: int = 256):
         def step(i, c):
             q = q_ref[...]
             k, v = k_ref[i % 8], v_ref[i % 8]
-            qk = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())),
-                                     preferred_element_type=jnp.float32)
-            mask = i * kr + jax.lax.broadcasted_iota(jnp.int32, qk.shape, 1) < 100000
-            qk = qk + jnp.where(mask, 0.0, -1e30)
-            m_curr = qk.max(axis=-1)
-            s = jnp.exp(qk - m_curr[..., None])
-            m_prev, l_prev = m_ref[...], l_ref[...]
-            l_curr = jax.lax.broadcast_in_dim(s.sum(axis=-1), l_prev.shape, (0,))
-            m_curr = jax.lax.broadcast_in_dim(m_curr, m_prev.shape, (0,))
-            m_next = jnp.maximum(m_prev, m_curr)
-            alpha, beta = jnp.exp(m_prev - m_next), jnp.exp(m_curr - m_next)
-            l_next = alpha * l_prev + beta * l_curr
-            m_ref[...], l_ref[...] = m_next, l_next
-            o = jnp.dot(s, v, preferred_element_type=jnp.float32)
-            o_ref[...] = (l_prev * alpha * o_ref[...] + beta * o) / l_next
+            _online_output(o_ref, v, _online_scores(q, k, m_ref, l_ref, i * kr, 100000))
             return c
         jax.lax.fori_loop(0, iters, step, 0)
 
@@ -1718,26 +1731,11 @@ def _paged_loop(per_block: int, variant: str, batch: int = 8, heads: int = 8,
                     x.wait()
                 o_ref[...] += kbuf[slot, pl.ds(0, 1), :] + vbuf[slot, pl.ds(0, 1), :]
                 return c
-            q = q_ref[...]
-            k = kbuf[slot]
-            qk = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())),
-                                     preferred_element_type=jnp.float32)
-            mask = i * rows + jax.lax.broadcasted_iota(jnp.int32, qk.shape, 1) < 100000
-            qk = qk + jnp.where(mask, 0.0, -1e30)
-            m_curr = qk.max(axis=-1)
-            s = jnp.exp(qk - m_curr[..., None])
-            m_prev, l_prev = m_ref[...], l_ref[...]
-            l_curr = jax.lax.broadcast_in_dim(s.sum(axis=-1), l_prev.shape, (0,))
-            m_curr = jax.lax.broadcast_in_dim(m_curr, m_prev.shape, (0,))
-            m_next = jnp.maximum(m_prev, m_curr)
-            alpha, beta = jnp.exp(m_prev - m_next), jnp.exp(m_curr - m_next)
-            l_next = alpha * l_prev + beta * l_curr
-            m_ref[...], l_ref[...] = m_next, l_next
+            scores = _online_scores(q_ref[...], kbuf[slot], m_ref, l_ref, i * rows, 100000)
             if variant != "compute":
                 for x in vs:
                     x.wait()
-            o = jnp.dot(s, vbuf[slot], preferred_element_type=jnp.float32)
-            o_ref[...] = (l_prev * alpha * o_ref[...] + beta * o) / l_next
+            _online_output(o_ref, vbuf[slot], scores)
             return c
         jax.lax.fori_loop(0, blocks, step, 0)
 
@@ -1844,24 +1842,11 @@ def _paged_jaxlike(per_block: int, when: bool = True, smem: bool = True, cross: 
                 ks, vs = copies(b, h, i, slot)
                 for x in ks:
                     x.wait()
-                q = q_ref[...]
-                qk = jax.lax.dot_general(q, kbuf[slot], (((1,), (1,)), ((), ())),
-                                         preferred_element_type=jnp.float32)
-                mask = i * rows + jax.lax.broadcasted_iota(jnp.int32, qk.shape, 1) < length
-                qk = qk + jnp.where(mask, 0.0, -1e30)
-                m_curr = qk.max(axis=-1)
-                s = jnp.exp(qk - m_curr[..., None])
-                m_prev, l_prev = m_ref[...], l_ref[...]
-                l_curr = jax.lax.broadcast_in_dim(s.sum(axis=-1), l_prev.shape, (0,))
-                m_curr = jax.lax.broadcast_in_dim(m_curr, m_prev.shape, (0,))
-                m_next = jnp.maximum(m_prev, m_curr)
-                alpha, beta = jnp.exp(m_prev - m_next), jnp.exp(m_curr - m_next)
-                l_next = alpha * l_prev + beta * l_curr
-                m_ref[...], l_ref[...] = m_next, l_next
+                scores = _online_scores(q_ref[...], kbuf[slot], m_ref, l_ref, i * rows,
+                                        length)
                 for x in vs:
                     x.wait()
-                o = jnp.dot(s, vbuf[slot], preferred_element_type=jnp.float32)
-                o_ref[...] = (l_prev * alpha * o_ref[...] + beta * o) / l_next
+                _online_output(o_ref, vbuf[slot], scores)
             if when:
                 pl.when(i * rows < length)(block)
             else:
