@@ -1688,6 +1688,34 @@ for _kr in (16, 32, 64, 128, 256):
 # page DMAs (page numbers from a scalar-prefetched table) and waiting for its own keys,
 # then values. "full": the softmax update between; "dma": the DMAs and waits alone;
 # "compute": the update alone, on a block that stays in VMEM
+def _paged_inputs(batch: int, heads: int, pages: int):
+    """A page table (each sequence's pages, shuffled), one query row per head, and the
+    key and value pages (16 rows each) of round 15's and 16's loops."""
+    total = batch * pages
+    table = jnp.asarray(np.random.default_rng(0).permutation(total).reshape(batch, pages),
+                        jnp.int32)
+    return (table, _arr((batch, heads, 1, 128), seed=1, scale=0.1),
+            _arr((heads, total, 16, 128), seed=2, scale=0.1),
+            _arr((heads, total, 16, 128), seed=3, scale=0.1))
+
+
+def _paged_scratch(rows: int) -> list:
+    """Two slots of key and of value pages, their two DMA semaphores each, m and l."""
+    return [pltpu.VMEM((2, rows, 128), jnp.float32), pltpu.VMEM((2, rows, 128), jnp.float32),
+            pltpu.SemaphoreType.DMA((2,)), pltpu.SemaphoreType.DMA((2,)),
+            pltpu.VMEM((1, 128), jnp.float32), pltpu.VMEM((1, 128), jnp.float32)]
+
+
+def _page_copies(table_ref, keys, values, per_block, b, h, i, slot):
+    """Block ``i`` of sequence ``b``'s key and value page DMAs for head ``h`` into
+    ``slot`` (``keys``, ``values``: the pages in HBM, the slots, their semaphores)."""
+    def page(src, buf, sem, p):
+        return pltpu.make_async_copy(src.at[h, table_ref[b, i * per_block + p]],
+                                     buf.at[slot, pl.ds(p * 16, 16)], sem.at[slot])
+    return ([page(*keys, p) for p in range(per_block)],
+            [page(*values, p) for p in range(per_block)])
+
+
 def _paged_loop(per_block: int, variant: str, batch: int = 8, heads: int = 8,
                 pages: int = 64):
     blocks, rows = pages // per_block, per_block * 16
@@ -1696,12 +1724,8 @@ def _paged_loop(per_block: int, variant: str, batch: int = 8, heads: int = 8,
         b, h = pl.program_id(0), pl.program_id(1)
 
         def copies(i, slot):
-            def page(src, buf, sem, p):
-                return pltpu.make_async_copy(
-                    src.at[h, table_ref[b, i * per_block + p]],
-                    buf.at[slot, pl.ds(p * 16, 16)], sem.at[slot])
-            return ([page(k_hbm, kbuf, ksem, p) for p in range(per_block)],
-                    [page(v_hbm, vbuf, vsem, p) for p in range(per_block)])
+            return _page_copies(table_ref, (k_hbm, kbuf, ksem), (v_hbm, vbuf, vsem),
+                                per_block, b, h, i, slot)
 
         def start(i, slot):
             ks, vs = copies(i, slot)
@@ -1740,24 +1764,14 @@ def _paged_loop(per_block: int, variant: str, batch: int = 8, heads: int = 8,
         jax.lax.fori_loop(0, blocks, step, 0)
 
     def make():
-        rng = np.random.default_rng(0)
-        total = batch * pages
-        q = _arr((batch, heads, 1, 128), seed=1, scale=0.1)
-        k = _arr((heads, total, 16, 128), seed=2, scale=0.1)
-        v = _arr((heads, total, 16, 128), seed=3, scale=0.1)
-        table = jnp.asarray(rng.permutation(total).reshape(batch, pages), jnp.int32)
+        table, q, k, v = _paged_inputs(batch, heads, pages)
         qspec = pl.BlockSpec((None, None, 1, 128), lambda b, h, t: (b, h, 0, 0))
         anyspec = pl.BlockSpec(memory_space=pl.ANY)
         fn = _lazy(body, out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
                    grid_spec=pltpu.PrefetchScalarGridSpec(
                        num_scalar_prefetch=1, grid=(batch, heads),
                        in_specs=[qspec, anyspec, anyspec], out_specs=qspec,
-                       scratch_shapes=[pltpu.VMEM((2, rows, 128), jnp.float32),
-                                       pltpu.VMEM((2, rows, 128), jnp.float32),
-                                       pltpu.SemaphoreType.DMA((2,)),
-                                       pltpu.SemaphoreType.DMA((2,)),
-                                       pltpu.VMEM((1, 128), jnp.float32),
-                                       pltpu.VMEM((1, 128), jnp.float32)]))
+                       scratch_shapes=_paged_scratch(rows)))
         return (lambda t, a, b, c: fn(t, a, b, c)), (table, q, k, v)
     return make
 
@@ -1788,12 +1802,8 @@ def _paged_jaxlike(per_block: int, when: bool = True, smem: bool = True, cross: 
         b, h = pl.program_id(0), pl.program_id(1)
 
         def copies(bb, hh, i, slot):
-            def page(src, buf, sem, p):
-                return pltpu.make_async_copy(
-                    src.at[hh, table_ref[bb, i * per_block + p]],
-                    buf.at[slot, pl.ds(p * 16, 16)], sem.at[slot])
-            return ([page(k_hbm, kbuf, ksem, p) for p in range(per_block)],
-                    [page(v_hbm, vbuf, vsem, p) for p in range(per_block)])
+            return _page_copies(table_ref, (k_hbm, kbuf, ksem), (v_hbm, vbuf, vsem),
+                                per_block, bb, hh, i, slot)
 
         @pl.when(((b == 0) & (h == 0)) if cross else True)
         def _():
@@ -1855,12 +1865,7 @@ def _paged_jaxlike(per_block: int, when: bool = True, smem: bool = True, cross: 
         jax.lax.fori_loop(0, blocks, step, 0)
 
     def make():
-        rng = np.random.default_rng(0)
-        total = batch * pages
-        q = _arr((batch, heads, 1, 128), seed=1, scale=0.1)
-        k = _arr((heads, total, 16, 128), seed=2, scale=0.1)
-        v = _arr((heads, total, 16, 128), seed=3, scale=0.1)
-        table = jnp.asarray(rng.permutation(total).reshape(batch, pages), jnp.int32)
+        table, q, k, v = _paged_inputs(batch, heads, pages)
         lengths = jnp.full((batch,), pages * 16, jnp.int32)
         qspec = pl.BlockSpec((None, None, 1, 128), lambda b, h, t, n: (b, h, 0, 0))
         anyspec = pl.BlockSpec(memory_space=pl.ANY)
@@ -1868,13 +1873,7 @@ def _paged_jaxlike(per_block: int, when: bool = True, smem: bool = True, cross: 
                    grid_spec=pltpu.PrefetchScalarGridSpec(
                        num_scalar_prefetch=2, grid=(batch, heads),
                        in_specs=[qspec, anyspec, anyspec], out_specs=qspec,
-                       scratch_shapes=[pltpu.VMEM((2, rows, 128), jnp.float32),
-                                       pltpu.VMEM((2, rows, 128), jnp.float32),
-                                       pltpu.SemaphoreType.DMA((2,)),
-                                       pltpu.SemaphoreType.DMA((2,)),
-                                       pltpu.VMEM((1, 128), jnp.float32),
-                                       pltpu.VMEM((1, 128), jnp.float32),
-                                       pltpu.SMEM((2,), jnp.int32)]),
+                       scratch_shapes=[*_paged_scratch(rows), pltpu.SMEM((2,), jnp.int32)]),
                    compiler_params=pltpu.CompilerParams(
                        dimension_semantics=("arbitrary", "arbitrary")))
         return (lambda t, n, a, b, c: fn(t, n, a, b, c)), (table, lengths, q, k, v)
