@@ -1972,3 +1972,41 @@ for _dyn in (False, True):
         _add(f"r20/operands-beside-dots/{'dynamic' if _dyn else 'const'}/d{_dots}", "micro",
              _operands_beside_dots(_dyn, _dots), kind="operands-dots", dynamic=_dyn,
              dots=_dots)
+
+
+# round 21: a page gather with the core's work spaced between its DMA starts or between
+# its waits (the issue of a taken DMA start, 12.8 ns when predicated (round 19), against
+# the engine's least time per DMA, 21 ns from the page gathers): per grid step 16 f32
+# pages started one after the other, then waited for, with ``gap`` dependent vector ops
+# on one (16, 128) value after each start (``where="start"``) or after each wait
+def _page_gather_spaced(gap: int, where: str, pages_per_step: int = 16, steps: int = 256):
+    def body(idx_ref, pages_hbm, o_ref, buf, sem):
+        copies = [pltpu.make_async_copy(
+            pages_hbm.at[idx_ref[pl.program_id(0) * pages_per_step + j]], buf.at[j], sem)
+            for j in range(pages_per_step)]
+        x = jnp.full((16, 128), pl.program_id(0).astype(jnp.float32))
+
+        def work(x):
+            for _ in range(gap):
+                x = x * 1.0001 + 0.5
+            return x
+        for c in copies:
+            c.start()
+            if where == "start":
+                x = work(x)
+        for c in copies:
+            c.wait()
+            if where == "wait":
+                x = work(x)
+        o_ref[...] = (jnp.sum(buf[...], axis=0) + x)[None]
+
+    return _page_gather_make(body, pages_per_step, steps, jnp.float32)
+
+
+for _where in ("start", "wait"):
+    for _gap in (0, 2, 8, 32):
+        if _gap == 0 and _where == "wait":
+            continue
+        _add(f"r21/page-gather-spaced/{_where}/gap{_gap}", "micro",
+             _page_gather_spaced(_gap, _where), kind="page-gather-spaced", where=_where,
+             gap=_gap)
