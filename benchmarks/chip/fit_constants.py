@@ -262,7 +262,7 @@ def main() -> None:
     # the core pays its DMA starts' issue untaken, a line in n; 8 DMAs (40 equations) or
     # more are a branch again
     extra = {n: (t[f"r19/cond-dma/notaken/n{n}"] - t["r19/cond-dma/notaken/n0"]) / 4096
-             for n in (1, 2, 4, 8, 16, 32)}
+             for n in (1, 2, 4, 8)}
     fit = statistics.linear_regression([1, 2, 4], [extra[n] for n in (1, 2, 4)])
     put("predicated_dma_seconds", fit.slope, ["r19/cond-dma/notaken/n0..n4"],
         "a DMA start in a predicated conditional: the slope of a never-taken pl.when "
@@ -276,8 +276,8 @@ def main() -> None:
         "the most equations a branch that starts DMAs may have and be predicated: between "
         "33 (round 18's paged-attention loop at 4 pages a block, its first block's fetch under "
         f"a pl.when in the loop as jax has it: {first * 1e9:.0f} ns a block more than before "
-        f"the loop, "
-        f"as a predicated 8 DMAs would cost: {(fit.intercept + 8 * fit.slope) * 1e9:.0f}) "
+        "the loop, as a predicated 8 DMAs would cost: "
+        f"{(fit.intercept + 8 * fit.slope) * 1e9:.0f}) "
         f"and 40 (round 19's 8 DMAs: {extra[8] * 1e9:.1f} ns, a branch)")
     # a pipeline's copies of blocks that are pieces of their arrays (round 8): two blocks
     # a step, (rows, 128) tiles of 2048-wide arrays against contiguous ones, per copy

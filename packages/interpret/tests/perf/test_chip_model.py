@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
 
 import palladium.interpret as pi
 from palladium.interpret import InterpretParams
@@ -279,8 +280,6 @@ def test_a_transposed_right_operand_costs_per_256_rows_from_128_rows():
 def _untaken_dmas(n: int, iters: int = 64) -> float:
     """Per iteration, what a loop of a dependent vector op with a never-taken
     ``pl.when`` around ``n`` page DMAs costs over the same loop without it."""
-    from jax.experimental.pallas import tpu as pltpu
-
     def loop(n):
         def kernel(flag_ref, table_ref, x_ref, pages_hbm, o_ref, buf, sem):
             def step(i, x):

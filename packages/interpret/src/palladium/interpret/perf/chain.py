@@ -7,6 +7,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from palladium.interpret import _jax_compat as jc
+from palladium.interpret.eval.jaxprs import nested_jaxprs
 from palladium.interpret.eval.primitive_groups import (
     CALLS,
     DMA_PRIMITIVES,
@@ -14,8 +16,6 @@ from palladium.interpret.eval.primitive_groups import (
     call_body,
 )
 from palladium.interpret.perf.model import ChipModel
-
-_DMA_START = DMA_PRIMITIVES[0]
 
 __all__ = ["Chunk", "Run", "chain_operands", "conditional_cost", "straight_body"]
 
@@ -199,7 +199,7 @@ def conditional_cost(op: Any, chip: ChipModel) -> tuple[float, frozenset[int] | 
     if limit:
         for branch in op.params["branches"]:
             eqns = branch.jaxpr.eqns
-            n = sum(e.primitive is _DMA_START for e in eqns)
+            n = sum(e.primitive is jc.dma_start_p for e in eqns)
             if n and len(eqns) > limit:
                 return chip.branch_seconds, None
             if n:
@@ -211,13 +211,10 @@ def conditional_cost(op: Any, chip: ChipModel) -> tuple[float, frozenset[int] | 
 
 
 def _equation_ids(jaxpr: Any) -> list[int]:
-    """The ids of ``jaxpr``'s equations and of those of the jaxprs in their params."""
+    """The ids of ``jaxpr``'s equations at any depth (``eval.jaxprs.nested_jaxprs``)."""
     out = []
     for eqn in jaxpr.eqns:
         out.append(id(eqn))
-        for value in eqn.params.values():
-            for sub in value if isinstance(value, (tuple, list)) else (value,):
-                inner = getattr(sub, "jaxpr", sub)
-                if hasattr(inner, "eqns"):
-                    out.extend(_equation_ids(inner))
+        for inner in nested_jaxprs(eqn):
+            out.extend(_equation_ids(inner))
     return out
