@@ -1172,8 +1172,8 @@ for _rows, _cols in ((8, 256), (8, 1024), (16, 1024), (32, 1024)):
 # blocks, m, l and di replicated over 128 lanes): dkv (dv += p.T @ do, dk += ds.T @ q)
 # and dq (dq += ds @ k), on resident blocks and with the blocks jax's backward kernels
 # move every step moving (dkv: q, do, l, m, di; dq: k, v)
-def _bwd_step(kind: str, moving: bool, steps: int, semantics: str = "arbitrary"):
-    b = 128
+def _bwd_step(kind: str, moving: bool, steps: int, semantics: str = "arbitrary",
+              b: int = 128):
     def body(q_ref, k_ref, v_ref, do_ref, l_ref, m_ref, di_ref, o1_ref, o2_ref):
         @pl.when(pl.program_id(len(grid) - 1) == 0)
         def _():
@@ -1186,10 +1186,12 @@ def _bwd_step(kind: str, moving: bool, steps: int, semantics: str = "arbitrary")
         q, k, v, do = get(q_ref), get(k_ref), get(v_ref), get(do_ref)
         s = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())),
                                 preferred_element_type=jnp.float32)
-        p = jnp.exp(s - get(m_ref)) / get(l_ref)
+        def lanes(x):  # (b, 128) replicated over the lanes, as jax's kernels tile it
+            return x if b == 128 else jnp.tile(x, (1, b // 128))
+        p = jnp.exp(s - lanes(get(m_ref))) / lanes(get(l_ref))
         dp = jax.lax.dot_general(do, v, (((1,), (1,)), ((), ())),
                                  preferred_element_type=jnp.float32)
-        ds = p * (dp - get(di_ref))
+        ds = p * (dp - lanes(get(di_ref)))
         if kind == "dkv":
             o1_ref[...] += jax.lax.dot_general(p, do, (((0,), (0,)), ((), ())),
                                                preferred_element_type=jnp.float32)
@@ -2010,3 +2012,51 @@ for _where in ("start", "wait"):
         _add(f"r21/page-gather-spaced/{_where}/gap{_gap}", "micro",
              _page_gather_spaced(_gap, _where), kind="page-gather-spaced", where=_where,
              gap=_gap)
+
+
+# round 22: what the model's two new rules rest on, and the held-out errors at the edge.
+# (1) jax's flash backward with every operand in HBM (sequences too long for XLA to place
+# them in VMEM), per kernel at 128- and 256-blocks, beside the 256-block form of round 6's
+# step; (2) a block copy's cost at the pipeline's ends: f32 / bf16 copies of (128, 1024)
+# blocks over 2 to 64 steps, tanh in bf16 at other blocks; (3) splash at 256-blocks,
+# causal and with the full mask (no step skipped), at three lengths
+for _b in (128, 256):
+    _add(f"r22/flash-backward/h2/s8192/b{_b}", "micro",
+         _case(kc.flash_backward_case(2, 8192, _b)), kind="flash-bwd", block=_b)
+for _kind in ("dkv", "dq"):
+    for _moving in (False, True):
+        _add(f"r22/bwd-step/{_kind}/{'moving' if _moving else 'resident'}/jax-form/b256",
+             "micro", _bwd_step(_kind, _moving, 256, "jax", b=256), kind="bwd-step",
+             step=_kind, moving=_moving, steps=256, block=256)
+for _dt in (jnp.float32, jnp.bfloat16):
+    for _steps in (2, 4, 8, 16, 64):
+        _add(f"r22/copy/{jnp.dtype(_dt).name}/steps{_steps}", "micro",
+             _elementwise(lambda x: x, (128 * _steps, 1024), 128, _dt), kind="elementwise",
+             fn="copy", dtype=jnp.dtype(_dt).name, steps=_steps)
+for _br in (64, 256, 512):
+    _add(f"r22/tanh/bfloat16/1024x1024/b{_br}", "micro",
+         _elementwise(jnp.tanh, (1024, 1024), _br, jnp.bfloat16), kind="elementwise",
+         fn="tanh", dtype="bfloat16", block_rows=_br)
+
+
+def _splash(heads: int, seq: int, block: int, causal: bool):
+    def make():
+        from jax.experimental.pallas.ops.tpu.splash_attention import (
+            splash_attention_kernel as sk,
+        )
+        from jax.experimental.pallas.ops.tpu.splash_attention import (
+            splash_attention_mask as sm,
+        )
+        one = sm.CausalMask((seq, seq)) if causal else sm.FullMask((seq, seq))
+        mask = sm.MultiHeadMask([one for _ in range(heads)])
+        sizes = sk.BlockSizes(block_q=block, block_kv=block, block_kv_compute=block)
+        kernel = sk.make_splash_mha(mask, block_sizes=sizes, head_shards=1, q_seq_shards=1)
+        q, k, v = (_arr((heads, seq, 128), seed=i) for i in range(3))
+        return kernel, (q, k, v)
+    return make
+
+
+for _causal in (True, False):
+    for _seq in (1024, 2048, 4096):
+        _add(f"r22/splash-{'causal' if _causal else 'full'}/h2/s{_seq}/b256", "micro",
+             _splash(2, _seq, 256, _causal), kind="splash", seq=_seq, causal=_causal)

@@ -389,6 +389,21 @@ def main() -> None:
         "pair's time over the two apart, "
         f"{ {f'{kb} KiB': round(v, 2) for kb, v in pair.items()} }")
 
+    # round 3: a flash step's p @ v over its softmax alone, per step: at 128-blocks p is
+    # (128, 128) f32, 16 vregs, and the dot streams its rows as the softmax makes them;
+    # at 256-blocks p is 64 vregs and the dot follows the softmax whole
+    pv = {b: (t[f"r3/flash-step/full/b{b}/s1024"] - t[f"r3/flash-step/softmax/b{b}/s1024"])
+          / 1024 for b in (128, 256)}
+    put("spill_vregs", 64,
+        ["r3/flash-step/{softmax,full}/b128,b256/s1024", "r3/dots/dep/n4/256x256/r256",
+         "r4/overlap-mxu/{n16,n32}/{s16,s64}"],
+        "the size from which a value vector ops made is kept in VMEM whole, so that a dot "
+        "taking it as its left operand waits for all of it: a flash step's p @ v costs "
+        f"{pv[128] * 1e9:.0f} ns beside the softmax at 128-blocks (p: 16 vregs, streamed) "
+        f"and {pv[256] * 1e9:.0f} ns at 256-blocks (64 vregs); a dot's 64-vreg result feeding "
+        "the next dot streams (r3/dots, r4/overlap-mxu: with the rule on it, +8% -> +37% and "
+        "-2% -> +30%). 32 predicts every held-out kernel as 64 does")
+
     doc = {"chip": data["chip"], "jax": data["jax"], "libtpu": data["libtpu"],
            "measured": data["date"], "script": data["script"],
            "fitted_by": "benchmarks/chip/fit_constants.py", "constants": out}

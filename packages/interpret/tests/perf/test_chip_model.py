@@ -322,3 +322,32 @@ def test_a_short_conditional_that_starts_dmas_costs_its_dma_starts_untaken():
         assert _untaken_dmas(n) == pytest.approx(
             V5E.predicated_seconds + n * V5E.predicated_dma_seconds, rel=0.05)
     assert _untaken_dmas(16) == pytest.approx(V5E.branch_seconds, rel=0.05)
+
+
+def _then_dot(rows: int, vector: bool, dot: bool = True) -> float:
+    """Compute time of s = x @ x.T on a (rows, 128) f32 block, then p = exp(s) (``vector``)
+    or p = s, then p @ x (``dot``; else p's first 128 columns stored)."""
+    def kernel(x_ref, o_ref):
+        x = x_ref[...]
+        s = jax.lax.dot_general(x, x, (((1,), (1,)), ((), ())),
+                                preferred_element_type=jnp.float32)
+        p = jnp.exp(s) if vector else s
+        o_ref[...] = (jnp.dot(p, x, preferred_element_type=jnp.float32) if dot
+                      else p[:, :128])
+    return _compute_seconds(kernel, jnp.ones((rows, 128), jnp.float32))
+
+
+@pytest.mark.timeout(120)
+def test_a_dot_waits_for_a_left_operand_too_big_for_the_vector_registers():
+    # r3 on a v5e: a flash step's p @ v costs 40 ns beside its softmax at 128-blocks
+    # (p of 16 vregs: the dot streams p's rows as they are made) and 328 ns at
+    # 256-blocks (p of 64 vregs, kept in VMEM: the dot follows all of p); a dot's result
+    # of 64 vregs feeding the next dot streams (r3/dots, r4/overlap-mxu)
+    assert V5E.spill_vregs == 64
+    for rows in (128, 256):
+        after_exp = _then_dot(rows, True) - _then_dot(rows, True, dot=False)
+        after_dot = _then_dot(rows, False) - _then_dot(rows, False, dot=False)
+        if rows == 128:  # 16 vregs: the second dot streams after exp as after a dot
+            assert after_exp == pytest.approx(after_dot, rel=0.05)
+        else:  # 64 vregs: after exp it waits for all of p, after a dot it streams
+            assert after_exp > 1.25 * after_dot

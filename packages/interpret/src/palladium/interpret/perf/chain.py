@@ -50,10 +50,13 @@ class Chunk:
     #: equation ids and what it costs untaken, until the next equation says whether
     #: the branch was taken
     predicated: tuple[frozenset[int], float] | None = None
+    #: the values too big for the vector registers (``Cost.spills``): in VMEM whole
+    spilled: set[Any] = dataclasses.field(default_factory=set)
 
     def copy(self) -> Chunk:
         return dataclasses.replace(self, ready=dict(self.ready), seen=set(self.seen),
-                                   replicated=set(self.replicated), busy=dict(self.busy))
+                                   replicated=set(self.replicated), busy=dict(self.busy),
+                                   spilled=set(self.spilled))
 
     def _issued_all(self) -> float:
         """When everything placed has issued, the block's busiest unit's work included."""
@@ -97,6 +100,11 @@ class Chunk:
                 f, w = f + xlu_latency, w + xlu_latency
             if mxu and i > 0:
                 need = max(need, w)
+            elif mxu and v in self.spilled:
+                # a left operand in VMEM whole (too big for the registers) does not
+                # stream into the MXU as its rows are made: the dot waits for all of it
+                # (r3 on a v5e: a (256, 256) f32 p @ v of the flash step)
+                f = w
             first, whole = max(first, f), max(whole, w)
         if mxu:
             # the left operand's row blocks stream through the MXU, each out one
@@ -119,6 +127,8 @@ class Chunk:
             issued = max(whole, first + cost.seconds)  # its last vreg's issue
         for v in op.outvars:
             ready[v] = out
+        if cost.spills:
+            self.spilled.update(op.outvars)
         if written is not None:
             ready[written] = out
         self.end = max(chain, out[1])

@@ -48,6 +48,10 @@ class Cost:
     #: column broadcast against (n, m)): the cross-lane unit's latency on the chain,
     #: unless the column came from a lane reduction
     spread: tuple[int, ...] = ()
+    #: its result is too big for the vector registers (``ChipModel.spill_vregs``): it
+    #: is written to VMEM whole, and a dot taking it as its left operand waits for all
+    #: of it, not for its first rows
+    spills: bool = False
 
 
 FREE = Cost(0.0, "")
@@ -189,6 +193,9 @@ def equation_cost(eqn: Any, chip: ChipModel) -> Cost:
     """The cost of one equation on ``chip``'s TensorCore."""
     name = str(eqn.primitive)
     cost = _equation_cost(eqn, chip, name)
+    if (chip.spill_vregs and cost.unit in ("vpu", "eup")
+            and sum(_vregs(v.aval, chip) for v in eqn.outvars) >= chip.spill_vregs):
+        cost = dataclasses.replace(cost, spills=True)
     if chip.xlu_latency_seconds and not cost.lanes and cost.unit in ("vpu", ""):
         spread = _spread(eqn, name)
         if spread:

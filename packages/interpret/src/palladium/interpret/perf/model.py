@@ -135,6 +135,7 @@ _MEASURED_FIELDS = {
     "operand_step_seconds": "operand_step_seconds",
     "strided_copy_seconds": "strided_copy_seconds",
     "dynamic_operand_step_seconds": "dynamic_operand_step_seconds",
+    "spill_vregs": "spill_vregs",
 }
 
 #: Constants counted in cycles of the measured chip: a chip that was not measured gets
@@ -252,6 +253,10 @@ class ChipModel:
     #: block copies larger than this do not mix directions: an input block copy waits
     #: to issue while an output block copy is issued and not yet flowing (inf: no rule)
     mixed_copy_limit_bytes: float = math.inf
+    #: a value vector ops make of at least this many vregs does not stay in the vector
+    #: registers: it is written to VMEM whole, and a dot taking it as its left operand
+    #: waits for all of it instead of streaming its first rows (0: no such rule)
+    spill_vregs: int = 0
     measured: frozenset[str] = frozenset()
 
     def hbm_bandwidth(self, cores: int) -> float:
@@ -387,6 +392,7 @@ def _from_reference(base: ChipModel, reference: str) -> ChipModel:
         f32_highest_passes=ref.f32_highest_passes, hbm_mixed_factor=ref.hbm_mixed_factor,
         mixed_copy_limit_bytes=ref.mixed_copy_limit_bytes,
         predicated_branch_equations=ref.predicated_branch_equations,
+        spill_vregs=ref.spill_vregs,
         # chips from v6e on have bf16 vector units: the packed default
         narrow_valu_factor=(ref.narrow_valu_factor if chip_record(base.chip).facts.generation <= 5
                             else 0.5),
