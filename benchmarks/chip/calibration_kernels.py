@@ -1197,6 +1197,9 @@ def _bwd_step(kind: str, moving: bool, steps: int, semantics: str = "arbitrary",
                                                preferred_element_type=jnp.float32)
             o2_ref[...] += jax.lax.dot_general(ds, q, (((0,), (0,)), ((), ())),
                                                preferred_element_type=jnp.float32)
+        elif kind == "dkvT":  # the transposes written out, as jax's dkv kernel has them
+            o1_ref[...] += jnp.dot(p.T, do, preferred_element_type=jnp.float32)
+            o2_ref[...] += jnp.dot(ds.T, q, preferred_element_type=jnp.float32)
         else:
             o1_ref[...] += jnp.dot(ds, k, preferred_element_type=jnp.float32)
             o2_ref[...] += ds[:, :128] * 0.5
@@ -1226,7 +1229,7 @@ def _bwd_step(kind: str, moving: bool, steps: int, semantics: str = "arbitrary",
             out = pl.BlockSpec((b, 128), lambda o, i: (o, 0))
             dims = ("parallel", "arbitrary")
         names = ("q", "k", "v", "do", "l", "m", "di")
-        moved = {"q", "do", "l", "m", "di"} if kind == "dkv" else {"k", "v"}
+        moved = {"q", "do", "l", "m", "di"} if kind.startswith("dkv") else {"k", "v"}
         args = []
         for j, n in enumerate(names):
             r = rows if n in moved else b
@@ -2060,3 +2063,46 @@ for _causal in (True, False):
     for _seq in (1024, 2048, 4096):
         _add(f"r22/splash-{'causal' if _causal else 'full'}/h2/s{_seq}/b256", "micro",
              _splash(2, _seq, 256, _causal), kind="splash", seq=_seq, causal=_causal)
+
+
+# round 23: the dkv step with its transposes written out (p.T @ do, ds.T @ q, as jax's
+# kernel has them) against round 6's and 22's contracting the rows (dot_general over
+# dimension 0), on resident blocks at 128- and 256-blocks; and one transpose between an
+# exp and a dot: s = x @ x.T, p = exp(s), then p.T @ x, dot_general over p's rows, or
+# p @ x (no transpose)
+for _b in (128, 256):
+    _add(f"r23/bwd-step/dkvT/resident/jax-form/b{_b}", "micro",
+         _bwd_step("dkvT", False, 256, "jax", b=_b), kind="bwd-step", step="dkvT",
+         moving=False, steps=256, block=_b)
+    if _b == 128:
+        _add("r23/bwd-step/dkv/resident/jax-form/b128", "micro",
+             _bwd_step("dkv", False, 256, "jax", b=128), kind="bwd-step", step="dkv",
+             moving=False, steps=256, block=128)
+
+
+def _exp_then_dot(rows: int, form: str, steps: int = 256):
+    def body(x_ref, o_ref):
+        x = x_ref[...]
+        s = jax.lax.dot_general(x, x, (((1,), (1,)), ((), ())),
+                                preferred_element_type=jnp.float32)
+        p = jnp.exp(s * 0.01)
+        if form == "t":
+            o_ref[...] += jnp.dot(p.T, x, preferred_element_type=jnp.float32)
+        elif form == "rows":
+            o_ref[...] += jax.lax.dot_general(p, x, (((0,), (0,)), ((), ())),
+                                              preferred_element_type=jnp.float32)
+        else:
+            o_ref[...] += jnp.dot(p, x, preferred_element_type=jnp.float32)
+
+    def make():
+        spec = pl.BlockSpec((rows, 128), lambda i: (0, 0))
+        fn = _lazy(body, out_shape=jax.ShapeDtypeStruct((rows, 128), jnp.float32),
+                   grid=(steps,), in_specs=[spec], out_specs=spec)
+        return (lambda x: fn(x)), (_arr((rows, 128), scale=0.1),)
+    return make
+
+
+for _b in (128, 256):
+    for _form in ("t", "rows", "plain"):
+        _add(f"r23/exp-dot/{_form}/b{_b}", "micro", _exp_then_dot(_b, _form),
+             kind="exp-dot", form=_form, block=_b)
