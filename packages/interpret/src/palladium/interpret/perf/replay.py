@@ -367,9 +367,18 @@ class Replay:
         for dma in done:
             dma.end = t
             if dma.members is not None:
+                # (consecutive signals of one semaphore at one time as one: a waiter
+                # wakes at the same time, the count ends the same)
+                last, total = None, 0
                 for member in dma.members:
                     for key, inc in member[2]:
-                        self._signal(key, inc, t, dma.resource[0])
+                        if key != last and last is not None:
+                            self._signal(last, total, t, dma.resource[0])
+                            total = 0
+                        last = key
+                        total += inc
+                if last is not None:
+                    self._signal(last, total, t, dma.resource[0])
                 continue
             for key, inc in dma.signals:
                 self._signal(key, inc, t, dma.resource[0])
