@@ -44,8 +44,11 @@ def _get(eqn: Equation, used: frozenset[Any]) -> Rule:
         # (every load of a kernel: the cache's hit looked up here, not in a call)
         hit = None if key is None else entries.get(key)
         acc, plan = hit or cache.get(key, _resolve, tree, ev, ref, invals, 1)
-        data = memory.read_access(ev, ref, acc, eqn, plan)
-        return [data.astype(out_dtype, copy=False)]
+        if acc.post or ev.tracks_values:
+            data = memory.read_access(ev, ref, acc, eqn, plan)
+        else:  # (``read_access`` with nothing to apply or note: a scalar's load)
+            data = ev.sim.read(ref.buffer, plan, core=ev.core, site=ev.site(eqn))
+        return [data if data.dtype is out_dtype else data.astype(out_dtype, copy=False)]
 
     return run
 
