@@ -96,3 +96,31 @@ def test_a_dma_signals_its_bytes_without_moving_them():
 
     sim.run({(0, 0): body})
     assert done == [True]
+
+
+def test_a_dma_between_buffers_without_data_signals_both_semaphores_in_its_phases():
+    """Such a DMA (``Dma.hollow``) runs no read or write: its read phase signals the send
+    semaphore, its write phase the receive one, and a write out of bounds raised at the
+    start."""
+    sim = dropped()
+    x = sim.allocate(HBM, 0, 0, name="x", shape=(16, 128), dtype=np.float32)
+    v = sim.allocate(VMEM, 0, 0, name="v", shape=(8, 128), dtype=np.float32)
+    send, recv = sim.allocate_semaphores(0, 0, kind=SemaphoreKind.DMA, name="s", shape=(2,))
+    counts = []
+
+    def body():
+        sim.dma_start(x, (slice(0, 8),), v, None, core=(0, 0), dst_sem=recv, src_sem=send)
+        sim.dma_wait(send, 8 * 128 * 4, core=(0, 0))  # the read phase only
+        counts.append(sim.semaphore_read(recv, core=(0, 0)))
+        sim.dma_wait(recv, 8 * 128 * 4, core=(0, 0))
+
+    sim.run({(0, 0): body})
+    assert counts in ([0], [8 * 128 * 4])  # (a polling point may let the write land)
+
+    sim = dropped()
+    x = sim.allocate(HBM, 0, 0, name="x", shape=(16, 128), dtype=np.float32)
+    v = sim.allocate(VMEM, 0, 0, name="v", shape=(8, 128), dtype=np.float32)
+    (sem,) = sim.allocate_semaphores(0, 0, kind=SemaphoreKind.DMA, name="s", shape=(1,))
+    with pytest.raises(OutOfBoundsError, match=r"'v'"):
+        sim.run({(0, 0): lambda: sim.dma_start(x, (slice(0, 8),), v, (slice(4, 12),),
+                                               core=(0, 0), dst_sem=sem)})

@@ -37,8 +37,8 @@ def _copy(x, *, block):
 def test_a_configuration_that_does_not_fit_is_rejected_before_any_operand_exists(
         monkeypatch, rows):
     made = []
-    real = predict_module.concrete_argument
-    monkeypatch.setattr(predict_module, "concrete_argument", lambda a: made.append(a) or real(a))
+    real = predict_module.concrete_operand
+    monkeypatch.setattr(predict_module, "concrete_operand", lambda a: made.append(a) or real(a))
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     p = pi.predict(functools.partial(_copy, block=(1024, 32768)), S((rows, 32768), jnp.float32),
                    compile_check="approximate")

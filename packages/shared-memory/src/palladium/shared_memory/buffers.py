@@ -42,7 +42,11 @@ class MemorySpace(enum.Enum):
     def per_device(self) -> bool:
         """Whether a buffer of this space belongs to the device (HBM, host memory)
         rather than to one core."""
-        return self is MemorySpace.HBM or self is MemorySpace.HOST
+        return self in _PER_DEVICE
+
+
+#: (a tuple: ``in`` compares by identity first, and an enum member's hash is Python code)
+_PER_DEVICE = (MemorySpace.HBM, MemorySpace.HOST)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -103,11 +103,16 @@ class DmaIssuer:
         dst_mask = None if view is None else view.dst_mask
         if sp.oob and self.oob_raise and (src_mask is None or outside_mask(sp, src_mask).any()):
             raise sb.oob_error("DMA read", sp, core, site, hint=True)
-        db.check_write_bounds(dp, dst_mask, "DMA write", core, site)
-        if dst_core is None:
-            # Like the reference: the same core index on the destination's device.
-            dst_core = core if dst.device == core[0] else (dst.device, core[1])
-        dst_core = (int(dst_core[0]), int(dst_core[1]))
+        if dp.oob:
+            db.check_write_bounds(dp, dst_mask, "DMA write", core, site)
+        if dst_core is None and dst.device == core[0] and type(core[0]) is int \
+                and type(core[1]) is int:
+            dst_core = core  # (the common case: this core, its ints as they are)
+        else:
+            if dst_core is None:
+                # Like the reference: the same core index on the destination's device.
+                dst_core = core if dst.device == core[0] else (dst.device, core[1])
+            dst_core = (int(dst_core[0]), int(dst_core[1]))
         remote = self.rounds is not None and self.rounds.crosses(src, dst, dst_core)
         dsem = self.semaphores.get(dst_core, dst_sem)
         ssem = self.semaphores.get(core, src_sem) if src_sem is not None else None

@@ -36,6 +36,7 @@ __all__ = ["LIMIT", "DmaPlan", "DmaWaitPlan", "PlanCache",
 LIMIT = 4096
 
 T = TypeVar("T")
+_NDARRAY = np.ndarray
 
 
 class PlanCache(Generic[T]):
@@ -118,12 +119,12 @@ def operand_key(invals: list[Any], skip: int = -1, stop: int = -1) -> tuple[Hash
     append = key.append
     for x in items:
         t = type(x)
-        if t is MemRef or t is SemaphoreRef:
-            append(x.structure)
-        elif t is np.ndarray:
+        if t is _NDARRAY:  # (first: most operands are an index, a 0-d array)
             if x.ndim:
                 return None
             append(int(x))
+        elif t is MemRef or t is SemaphoreRef:
+            append(x.structure)
         elif t is int or isinstance(x, np.integer):
             append(int(x))
         else:

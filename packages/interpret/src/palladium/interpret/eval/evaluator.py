@@ -26,6 +26,7 @@ from palladium.interpret.eval.context import (
 from palladium.interpret.eval.program import Program, ProgramCache, Step, compile_jaxpr
 from palladium.interpret.eval.shadow_rules import run_shadowed
 from palladium.interpret.eval.site import Site
+from palladium.interpret.eval.skipped_steps import skipping
 from palladium.interpret.numpy_rules.common import (
     ERRORS_IGNORED,
     HARDWARE_FLUSHES,
@@ -76,6 +77,12 @@ class CoreEvaluator:
         self.deterministic_dot = bool(getattr(params, "deterministic_dot", False))
         self.unused_values = getattr(self.launch, "unused_values", None)
         self.tracks_values = getattr(params, "uninitialized_reads", "off") == "on_use"
+        # the settings under which programs run without the steps they skip
+        # (``skipped_steps``; None: every step runs)
+        self._skip: tuple[bool, Any] | None = (
+            (self.skip_floating_point_ops, self.unused_values)
+            if (self.skip_floating_point_ops or self.unused_values is not None)
+            and not self.tracks_values else None)
         self._inherited: dict[int, Any] = getattr(self.launch, "inherited_sources", {})
         # per equation (by id; the launch's programs hold it): its site at this grid point
         self._sites: dict[int, Site] = {}
@@ -133,12 +140,14 @@ class CoreEvaluator:
         touch no semaphore, so no other event can come between them) whose one observer
         of equations takes a run: its equations told after they ran, as one run (if
         one raises, those up to it, as ``_run`` would have told them)."""
-        env = list(prog.template)
+        variant = None if self._skip is None else skipping(prog, *self._skip)
+        env = list(prog.template if variant is None else variant.template)
         for s, x in zip(prog.in_slots, args):
             env[s] = x
         i = 0
         try:
-            for rule, eqn, operands, one, out, outs in prog.fast:
+            for rule, eqn, operands, one, out, outs in (
+                    prog.fast if variant is None else variant.fast):
                 results = rule(self, eqn, [env[one]] if one is not None else list(operands(env)))
                 if out is not None:
                     env[out] = results[0]
@@ -147,7 +156,7 @@ class CoreEvaluator:
                         env[s] = o
                 i += 1
         except BaseException:
-            tell(self.core, prog.eqns[:i + 1])
+            tell(self.core, prog.eqns[:(i if variant is None else variant.positions[i]) + 1])
             raise
         tell(self.core, prog.eqns)
         return [env[i] for i in prog.out_slots]
@@ -159,7 +168,8 @@ class CoreEvaluator:
         return self._run(self.launch.programs.get(jaxpr, self._views), consts, args)
 
     def _run(self, prog: Program, consts: list[Value], args: list[Value]) -> list[Value]:
-        env = list(prog.template)
+        variant = None if self._skip is None else skipping(prog, *self._skip)
+        env = list(prog.template if variant is None else variant.template)
         for s, x in zip(prog.const_slots, consts):
             env[s] = x
         for s, x in zip(prog.in_slots, args):
@@ -168,7 +178,8 @@ class CoreEvaluator:
         if self.tracks_values:
             return run_shadowed(self, prog, env, obs)
         if obs is None:
-            for rule, eqn, operands, one, out, outs in prog.fast:
+            for rule, eqn, operands, one, out, outs in (
+                    prog.fast if variant is None else variant.fast):
                 results = rule(self, eqn, [env[one]] if one is not None else list(operands(env)))
                 if out is not None:
                     env[out] = results[0]
@@ -177,9 +188,12 @@ class CoreEvaluator:
                         env[s] = o
             return [env[i] for i in prog.out_slots]
         core, compute = self.core, obs.compute
-        for rule, eqn, operands, one, out, outs, told in prog.observed:
+        for rule, eqn, operands, one, out, outs, told in (
+                prog.observed if variant is None else variant.observed):
             if told:  # (a segment runs its equations one by one here)
                 compute(core, eqn)
+                if rule is None:  # skipped: its results are in the template
+                    continue
             results = rule(self, eqn, [env[one]] if one is not None else list(operands(env)))
             if out is not None:
                 env[out] = results[0]

@@ -101,6 +101,9 @@ class Program:
     #: (``CoreEvaluator.run_program``), ``eqns``, after they ran.
     flat: bool = dataclasses.field(init=False, repr=False, compare=False)
     eqns: tuple[Any, ...] = dataclasses.field(init=False, repr=False, compare=False)
+    #: Its variants for launches that skip steps (``skipped_steps.skipping``), by settings
+    variants: dict[Any, Any] = dataclasses.field(init=False, repr=False, compare=False,
+                                                 default_factory=dict)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "fast", tuple(
@@ -192,14 +195,17 @@ def _compute_rule(eqn: Any, operands_flushed: bool = False) -> Rule:
     float_outs = bool(eqn.outvars) and all(_is_float(v.aval) for v in eqn.outvars)
     skipped: list[list[Value]] = []  # the skipped results, made once (read-only)
 
+    def skipped_results() -> list[Value]:
+        # read-only zero-stride arrays: no memory to fill per skipped operation
+        if not skipped:
+            skipped.append([np.broadcast_to(
+                np.array(np.inf if float_outs else 0, v.aval.dtype), v.aval.shape)
+                for v in eqn.outvars])
+        return skipped[0]
+
     def rule(ev: KernelContext, eqn: Equation, invals: list[Value]) -> list[Value]:
         if _skipped(ev, eqn, float_outs):
-            # read-only zero-stride arrays: no memory to fill per skipped operation
-            if not skipped:
-                skipped.append([np.broadcast_to(
-                    np.array(np.inf if float_outs else 0, v.aval.dtype), v.aval.shape)
-                    for v in eqn.outvars])
-            return list(skipped[0])
+            return list(skipped_results())
         if ordered_rule is not None and ev.deterministic_dot:
             out = ordered_rule(*invals, **params)
             if out is not NotImplemented:
@@ -210,6 +216,8 @@ def _compute_rule(eqn: Any, operands_flushed: bool = False) -> Rule:
                 return list(out) if multiple else [out]
         return _bind(ev, eqn, invals)
 
+    # (what ``skipped_steps`` reads: whether and what this rule returns when skipped)
+    rule.float_outs, rule.skipped_results = float_outs, skipped_results  # type: ignore[attr-defined]
     fast = fast_path(eqn, operands_flushed) if np_rule is not None else None
     if fast is None:
         return scalar_rule(eqn, rule) or rule
@@ -223,6 +231,7 @@ def _compute_rule(eqn: Any, operands_flushed: bool = False) -> Rule:
                 return out
         return rule(ev, eqn, invals)
 
+    fast_rule.float_outs, fast_rule.skipped_results = float_outs, skipped_results  # type: ignore[attr-defined]
     return scalar_rule(eqn, rule) or fast_rule
 
 

@@ -214,12 +214,14 @@ def _side_plan(sim: Any, buffer: Any, dims: tuple[Any, ...], key: Any,
         plan, axes = known
         if plan is not None:
             logical = plan.logical
-            if all(0 <= region[a] < logical[a] for a in axes):
-                index = list(plan.index)
-                for a in axes:
-                    index[a] = region[a]
-                return AccessPlan(region, plan.full, tuple(index), plan.shape, plan.pos,
-                                  plan.oob, plan.box, logical, plan.bound)
+            index = list(plan.index)
+            for a in axes:
+                at = region[a]
+                if not 0 <= at < logical[a]:
+                    return sim.plan(buffer, region)
+                index[a] = at
+            return AccessPlan(region, plan.full, tuple(index), plan.shape, plan.pos,
+                              plan.oob, plan.box, logical, plan.bound)
         return sim.plan(buffer, region)
     plan = sim.plan(buffer, region)
     axes = tuple(i for i, d in enumerate(dims) if d.__class__ is tuple)
@@ -266,6 +268,7 @@ def _dma_start(eqn: Equation, used: frozenset[Any]) -> Rule:
     keep = [i for i in range(tree.num_leaves) if i not in placing] if placing else None
     kept = _picker(keep or ())
     templates: PlanCache[DmaPlan] = PlanCache()
+    template_entries = templates.entries  # (its hits looked up in place: every page DMA)
     # per side and buffer shape, the side's indexers composed once (``_placement``); per
     # side, its plans by the ref's structure and the values placing it
     placements: dict[tuple[int, tuple[int, ...]], Any] = {}
@@ -284,15 +287,22 @@ def _dma_start(eqn: Equation, used: frozenset[Any]) -> Rule:
         if placement is None:
             return ev.sim.plan(buffer, _region(shape, indexers, invals))
         positions, dims = placement
+        structure = key[at]
+        known = paged[side].get(structure)
+        if known is not None and known[0] is not None:
+            # (a page's plan from its side's first: made again, not kept, since pages
+            # seldom repeat and a miss in a cache costs more than the plan)
+            return _side_plan(ev.sim, buffer, dims, key, paged[side], structure)
         # (the key holds each index operand as an int: operand_key)
-        return side_plans[side].get((key[at], *_picked(key, positions)), _side_plan,
-                                    ev.sim, buffer, dims, key, paged[side], key[at])
+        return side_plans[side].get((structure, *_picked(key, positions)), _side_plan,
+                                    ev.sim, buffer, dims, key, paged[side], structure)
 
     def placed(ev: KernelContext, invals: list[Any], key: tuple[Any, ...],
                ) -> tuple[DmaPlan, Any, Any]:
         """The kept plan of the same DMA at other starts, and this start's region plans."""
         assert keep is not None and layout is not None
-        template = templates.get(kept(key), build, ev, invals, True)
+        others = kept(key)
+        template = template_entries.get(others) or templates.get(others, build, ev, invals, True)
         src_side, dst_side = layout
         src_plan, dst_plan = template.src_plan, template.dst_plan
         if src_side is not None:
@@ -331,6 +341,7 @@ def _dma_start(eqn: Equation, used: frozenset[Any]) -> Rule:
 @rule_compiler(jc.dma_wait_p)
 def _dma_wait(eqn: Equation, used: frozenset[Any]) -> Rule:
     cache: PlanCache[DmaWaitPlan] = PlanCache()
+    entries = cache.entries  # (its hits looked up in place: every wait)
     tree = eqn.params["tree"]
     # A wait needs its DMA's size and its semaphore, not where the DMA's regions lie: a
     # kernel that copies pages from places its data picks (paged attention) waits with
@@ -350,7 +361,8 @@ def _dma_wait(eqn: Equation, used: frozenset[Any]) -> Rule:
         key = operand_key(invals)
         if key is not None and keep is not None:
             key = kept(key)
-        plan = cache.get(key, build, ev, invals, key is not None)
+        plan = (None if key is None else entries.get(key)) or cache.get(
+            key, build, ev, invals, key is not None)
         ops = invals if plan.operands is None else plan.operands
         ev.sim.dma_wait(semaphore_at(ops, plan.sem), plan.nbytes, core=ev.core,
                         site=ev.site(eqn))

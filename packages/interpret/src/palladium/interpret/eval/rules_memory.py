@@ -34,11 +34,21 @@ def _get(eqn: Equation, used: frozenset[Any]) -> Rule:
     tree = eqn.params["tree"]
     out_dtype = eqn.outvars[0].aval.dtype
 
+    entries = cache.entries
+
     def run(ev: KernelContext, eqn: Equation, invals: list[Value]) -> list[Value]:
-        ref = memory.checked(ev, invals[0], eqn, "read")
-        acc, plan = cache.get(operand_key(invals), _resolve, tree, ev, ref, invals, 1)
-        data = memory.read_access(ev, ref, acc, eqn, plan)
-        return [data.astype(out_dtype, copy=False)]
+        ref = invals[0]
+        if type(ref) is not MemRef or ref.buffer.space.per_device:
+            ref = memory.checked(ev, ref, eqn, "read")  # (raises where it must)
+        key = operand_key(invals)
+        # (every load of a kernel: the cache's hit looked up here, not in a call)
+        hit = None if key is None else entries.get(key)
+        acc, plan = hit or cache.get(key, _resolve, tree, ev, ref, invals, 1)
+        if acc.post or ev.tracks_values:
+            data = memory.read_access(ev, ref, acc, eqn, plan)
+        else:  # (``read_access`` with nothing to apply or note: a scalar's load)
+            data = ev.sim.read(ref.buffer, plan, core=ev.core, site=ev.site(eqn))
+        return [data if data.dtype is out_dtype else data.astype(out_dtype, copy=False)]
 
     return run
 

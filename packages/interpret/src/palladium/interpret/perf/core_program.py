@@ -36,7 +36,8 @@ def core_program(core: CoreId, events: list[tuple[Any, ...]], chip: ChipModel,
             steps[-1]["done"] = True
         else:  # after the body: output copies and whatever follows, in order
             steps[-1]["out" if steps[-1]["done"] else "body"].append(ev)
-    labels: dict[int, tuple[Any, str]] = {}  # per buffer (by id, held): its label
+    # per buffer (by id, held): its label; per kind of DMA: its signals and args (member)
+    labels: dict[Any, tuple[Any, ...]] = {}
     yield from _plain(pre, labels)
     if not steps:
         return
@@ -92,7 +93,7 @@ def core_program(core: CoreId, events: list[tuple[Any, ...]], chip: ChipModel,
     yield ("overhead", chip.launch_overhead_s, "epilogue")
 
 
-def _plain(events: list[tuple[Any, ...]], labels: dict[int, tuple[Any, str]],
+def _plain(events: list[tuple[Any, ...]], labels: dict[Any, tuple[Any, ...]],
            ) -> Iterator[Action]:
     for ev in events:
         kind = ev[0]

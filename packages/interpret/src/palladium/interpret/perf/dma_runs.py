@@ -71,16 +71,24 @@ def direction(src: Any, dst: Any) -> str:
     return "local"
 
 
-def member(d: Any, labels: dict[int, tuple[Any, str]]) -> Member:
-    """The DMA event ``d`` as the replay keeps it (``labels``: per buffer, its label)."""
-    signals = [(d.dst_sem.key, d.nbytes)]
-    if d.src_sem is not None:
-        signals.append((d.src_sem.key, d.nbytes))
-    return (d.id, d.name, signals,
-            {"bytes": d.nbytes, "src": label(d.src, labels), "dst": label(d.dst, labels)})
+def member(d: Any, labels: dict[Any, tuple[Any, ...]]) -> Member:
+    """The DMA event ``d`` as the replay keeps it (``labels``: per buffer, its label; per
+    kind of DMA, its signals and span args, made once and shared: read only, a span's
+    args are copied into its ``Span``)."""
+    dst_sem, src_sem, src, dst = d.dst_sem, d.src_sem, d.src, d.dst
+    key = (id(dst_sem), id(src_sem), d.nbytes, id(src), id(dst))
+    known = labels.get(key)
+    if (known is None or known[0] is not dst_sem or known[1] is not src_sem
+            or known[2] is not src or known[3] is not dst):  # (held: their ids are theirs)
+        signals = [(dst_sem.key, d.nbytes)]
+        if src_sem is not None:
+            signals.append((src_sem.key, d.nbytes))
+        known = labels[key] = (dst_sem, src_sem, src, dst, signals, {
+            "bytes": d.nbytes, "src": label(src, labels), "dst": label(dst, labels)})
+    return (d.id, d.name, known[4], known[5])
 
 
-def label(buffer: Any, labels: dict[int, tuple[Any, str]]) -> str:
+def label(buffer: Any, labels: dict[Any, tuple[Any, ...]]) -> str:
     """``buffer.label``, made once per buffer (a page loop's DMAs name the same two)."""
     known = labels.get(id(buffer))
     if known is None or known[0] is not buffer:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import math
+import operator
 from typing import Any
 
 from palladium.interpret.errors import ConfigError
@@ -57,6 +58,32 @@ def _pipeline_vmem(info: LaunchInfo) -> int:
             nbytes = math.prod(spec.block_shape) * spec.dtype.itemsize
             total += (spec.buffer_count - 1) * nbytes
     return total
+
+
+_END = operator.itemgetter(4)
+
+
+def _dma_spans(raw: list[RawSpan]) -> list[RawSpan]:
+    """The DMA spans of ``raw`` in ``span_order`` (a stable sort): track by track, each
+    track's own in its order (a DMA engine lane's spans come nearly sorted)."""
+    tracks: dict[Any, list[RawSpan]] = {}
+    for s in raw:
+        if s[2] == "dma":
+            lane = tracks.get(s[0])
+            if lane is None:
+                tracks[s[0]] = [s]
+            else:
+                lane.append(s)
+    out: list[RawSpan] = []
+    for track in sorted(tracks):
+        lane = tracks[track]
+        lane.sort(key=_start_longer_first)
+        out.extend(lane)
+    return out
+
+
+def _start_longer_first(span: RawSpan) -> tuple[float, float]:
+    return span[3], -span[4]
 
 
 def _us(seconds: float) -> str:
@@ -116,11 +143,12 @@ class LaunchRecord:
         self.transcendentals = recorder.transcendentals  # elements of exp, log, tanh...
         self.by_primitive = dict(recorder.by_primitive)
         self.by_unit = dict(recorder.by_unit)
-        ends = [s[4] for s in raw] + [st.end for st in stats.values()]
+        ends = [max(map(_END, raw))] if raw else []  # (the first of equal ones, as before)
+        ends += [st.end for st in stats.values()]
         self.predicted_seconds: float = max(ends, default=0.0)
         # (added in the spans' order, as read: the DMAs' own order within it, the sort
         # being stable)
-        dmas = sorted([s for s in raw if s[2] == "dma"], key=span_order)
+        dmas = _dma_spans(raw)
         self.dma_seconds = sum(s[4] - s[3] for s in dmas)
         self.dma_bytes = sum(s[5].get("bytes", 0) for s in dmas)  # type: ignore[union-attr]
         self._vmem_peak = max((b for samples in vmem.values() for _, b in samples), default=0)

@@ -118,7 +118,7 @@ class TimelineRecorder(Observer):
         self._told: dict[CoreId, list[Any]] = {}
         # per run of equations that started a chunk (by their ids; the equations held):
         # the counts and chain it left (read only)
-        self._chunk_memo: dict[tuple[int, ...], Run] = {}
+        self._chunk_memo: dict[int | tuple[int, ...], Run] = {}
         #: ("in", name) / ("out", name) of the operands XLA placed in VMEM: their block
         #: copies are VMEM -> VMEM (``fidelity.xla_placement``; set by the timeline)
         self.local_operands: frozenset[tuple[str, str]] = frozenset()
@@ -187,7 +187,8 @@ class TimelineRecorder(Observer):
         run that starts a chunk)."""
         key = None
         if self.memo_chunks and not self.pending.get(core) and core not in self._chunks:
-            key = tuple(map(id, told))
+            # (one equation, a DMA's start or wait mostly: its id, no tuple to hash)
+            key = id(told[0]) if len(told) == 1 else tuple(map(id, told))
             hit = self._chunk_memo.get(key)
             if hit is not None:  # (its equations held: their ids are theirs)
                 return hit.counts, hit.chain, hit

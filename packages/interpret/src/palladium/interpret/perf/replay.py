@@ -141,6 +141,8 @@ class Replay:
         # per resource with DMAs in flight: the ones it serves and their rate
         # (``_next_dma_time``, for ``_advance``)
         self._flows: list[tuple[list[_Dma], float]] = []
+        # when the first of them ends (None: not found since the last ``_advance``)
+        self._flow_end: float | None = None
         # whether a run of DMAs (``("dmas", ...)``) was started: a resource's share is
         # then per DMA of each run
         self._batched = False
@@ -294,15 +296,19 @@ class Replay:
         ``_flows`` for ``_advance`` to that time (the active lists do not change
         between: a core's step only adds pending DMAs)."""
         t = self._pending[0][0] if self._pending else math.inf
-        flows = self._flows
-        flows.clear()
-        for res, active in self._active.items():
-            if active:
-                served = self._served(active)
-                rate = self._rate(res, served)
-                flows.append((served, rate))
-                t = min(t, self._t_dma + min(d.remaining for d in served) / rate)
-        return t
+        ends = self._flow_end
+        if ends is None:  # (else the flows as found since the last ``_advance``)
+            ends = math.inf
+            flows = self._flows
+            flows.clear()
+            for res, active in self._active.items():
+                if active:
+                    served = self._served(active)
+                    rate = self._rate(res, served)
+                    flows.append((served, rate))
+                    ends = min(ends, self._t_dma + min(d.remaining for d in served) / rate)
+            self._flow_end = ends
+        return min(t, ends)
 
     @staticmethod
     def _served(active: list[_Dma]) -> list[_Dma]:
@@ -341,6 +347,7 @@ class Replay:
     def _advance(self, t: float) -> None:
         """Move the flowing DMAs on to ``t`` (as ``_next_dma_time`` just found them)."""
         dt = t - self._t_dma
+        self._flow_end = None  # (the flows change here)
         done: list[_Dma] = []
         for served, rate in self._flows:
             moved = dt * rate
@@ -367,9 +374,18 @@ class Replay:
         for dma in done:
             dma.end = t
             if dma.members is not None:
+                # (consecutive signals of one semaphore at one time as one: a waiter
+                # wakes at the same time, the count ends the same)
+                last, total = None, 0
                 for member in dma.members:
                     for key, inc in member[2]:
-                        self._signal(key, inc, t, dma.resource[0])
+                        if key != last and last is not None:
+                            self._signal(last, total, t, dma.resource[0])
+                            total = 0
+                        last = key
+                        total += inc
+                if last is not None:
+                    self._signal(last, total, t, dma.resource[0])
                 continue
             for key, inc in dma.signals:
                 self._signal(key, inc, t, dma.resource[0])

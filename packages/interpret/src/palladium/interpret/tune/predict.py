@@ -49,6 +49,7 @@ from palladium.interpret.fidelity.xla_placement import ProgramPlacement, program
 from palladium.interpret.hook.jax_hook import errors_as_raised, force_tpu_interpret_mode
 from palladium.interpret.params import InterpretParams
 from palladium.interpret.perf import LaunchRecord, timeline
+from palladium.interpret.tune.zero_operands import concrete_operand
 
 __all__ = ["PREDICT_DEFAULTS", "Prediction", "REJECTING_ERRORS", "UncertainPredictionWarning",
            "predict"]
@@ -269,7 +270,7 @@ def predict(
                     steered, run, _, jaxpr = _lowered(kernel_fn, args)
             placed = _placement(placement, jaxpr, chip)
             with force_tpu_interpret_mode(ip), timeline(chip, placement=placed) as tl:
-                concrete = [concrete_argument(a) for a in args]
+                concrete = [concrete_operand(a) for a in args]
                 jax.block_until_ready(run(*concrete))
     except ValueError as e:
         if "Only interpret mode is supported" not in str(e):
