@@ -2106,3 +2106,42 @@ for _b in (128, 256):
     for _form in ("t", "rows", "plain"):
         _add(f"r23/exp-dot/{_form}/b{_b}", "micro", _exp_then_dot(_b, _form),
              kind="exp-dot", form=_form, block=_b)
+
+
+# round 24: splash's grid steps (256-blocks: ~9% low a computed step, its skipped steps
+# 230-330 ns on the chip against the model's 94): k and v mapped through a scalar-prefetch
+# table as splash maps them (data_next[h, i, j]) or from the grid indices, the blocks
+# moving with j or the same every step, over a (2, 16, 16) grid of a light body
+def _table_maps(form: str, heads: int = 2, n: int = 16):
+    def body(tbl_ref, q_ref, k_ref, v_ref, o_ref):
+        @pl.when(pl.program_id(2) == 0)
+        def _():
+            o_ref[...] = q_ref[...]
+
+        o_ref[...] += k_ref[...] * 0.5 + v_ref[...]
+
+    def make():
+        same = form.endswith("same")
+        if form.startswith("table"):
+            def kv(h, i, j, tbl):
+                return (h, tbl[h, i, j], 0)
+        else:
+            def kv(h, i, j, tbl):
+                return (h, 0 if same else j, 0)
+        table = np.zeros((heads, n, n), np.int32) if same else np.broadcast_to(
+            np.arange(n, dtype=np.int32), (heads, n, n)).copy()
+        qspec = pl.BlockSpec((None, 256, 128), lambda h, i, j, tbl: (h, i, 0))
+        kvspec = pl.BlockSpec((None, 256, 128), kv)
+        grid_spec = pltpu.PrefetchScalarGridSpec(
+            num_scalar_prefetch=1, grid=(heads, n, n), in_specs=[qspec, kvspec, kvspec],
+            out_specs=qspec)
+        fn = _lazy(body, out_shape=jax.ShapeDtypeStruct((heads, 256 * n, 128), jnp.float32),
+                   grid_spec=grid_spec, compiler_params=pltpu.CompilerParams(
+                       dimension_semantics=("parallel", "arbitrary", "arbitrary")))
+        q, k, v = (_arr((heads, 256 * n, 128), seed=s) for s in range(3))
+        return (lambda t, q, k, v: fn(t, q, k, v)), (jnp.asarray(table), q, k, v)
+    return make
+
+
+for _form in ("grid", "table", "grid-same", "table-same"):
+    _add(f"r24/kv-maps/{_form}", "micro", _table_maps(_form), kind="kv-maps", form=_form)

@@ -33,7 +33,7 @@ def main() -> None:
     k = {n: r for n, r in data["kernels"].items() if r.get("group") == "micro"}
     for later in ("calibration2", "calibration3", "calibration5", "calibration6", "calibration8",
                   "calibration9", "calibration10", "calibration13", "calibration15",
-                  "calibration19", "calibration20"):
+                  "calibration19", "calibration20", "calibration25"):
         # the second round's microbenchmarks (reductions, latencies ...) and the third's
         # (dependent and independent dots, a flash step, a page gather), the fourth's
         # (block copies: how many, how big, beside which compute)
@@ -388,6 +388,14 @@ def main() -> None:
         "the largest block size whose input and output copies in one step overlap: the "
         "pair's time over the two apart, "
         f"{ {f'{kb} KiB': round(v, 2) for kb, v in pair.items()} }")
+
+    # round 24: k and v mapped through a scalar-prefetch table (splash's data_next[h, i,
+    # j]) against from the grid indices, the same blocks every step: per step and operand
+    table = (t["r24/kv-maps/table-same"] - t["r24/kv-maps/grid-same"]) / 512 / 2
+    put("table_operand_step_seconds", table, ["r24/kv-maps/{table,grid}-same"],
+        "an operand whose index map reads a scalar-prefetch table (SMEM) for its block, "
+        "more than one that computes it from the grid: two such operands over a (2, 16, "
+        "16) grid, the same blocks every step, per step and operand")
 
     # round 3: a flash step's p @ v over its softmax alone, per step: at 128-blocks p is
     # (128, 128) f32, 16 vregs, and the dot streams its rows as the softmax makes them;

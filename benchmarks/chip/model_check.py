@@ -48,7 +48,7 @@ def main() -> None:
                   "calibration15.", "calibration16.", "calibration17.",
                   "calibration18.", "calibration19.", "calibration20.",
                   "calibration21.", "calibration22.", "calibration23.",
-                  "calibration24."):
+                  "calibration24.", "calibration25."):
         path = Path(a.measured).with_name(Path(a.measured).name.replace("calibration.", later))
         if path.exists():
             measured.update(json.loads(path.read_text())["kernels"])

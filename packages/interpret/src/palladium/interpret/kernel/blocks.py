@@ -103,6 +103,13 @@ class BlockSpecInfo:
         return any(not hasattr(v, "val") for v in outs)
 
     @property
+    def reads_table(self) -> bool:
+        """Whether the index map reads a scalar-prefetch ref (a table in SMEM: splash's
+        ``data_next[h, i, j]``, gmm's group offsets) to find its block."""
+        jaxpr = getattr(self.index_map, "jaxpr", self.index_map)
+        return any(str(e.primitive) == "get" for e in getattr(jaxpr, "eqns", ()))
+
+    @property
     def strided(self) -> bool:
         """Whether a block is pieces of the array rather than one run of it: a dimension
         it takes only part of, with a dimension of more than one element before it (a

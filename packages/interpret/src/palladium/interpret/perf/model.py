@@ -136,6 +136,7 @@ _MEASURED_FIELDS = {
     "strided_copy_seconds": "strided_copy_seconds",
     "dynamic_operand_step_seconds": "dynamic_operand_step_seconds",
     "spill_vregs": "spill_vregs",
+    "table_operand_step_seconds": "table_operand_step_seconds",
 }
 
 #: Constants counted in cycles of the measured chip: a chip that was not measured gets
@@ -146,7 +147,8 @@ _CYCLE_FIELDS = ("valu_vreg_seconds", "dependent_op_seconds", "loop_iteration_se
                  "step_overhead_s", "launch_overhead_s", "dma_min_seconds",
                  "xlu_latency_seconds", "sublane_reduce_latency_seconds", "branch_seconds",
                  "predicated_seconds", "predicated_dma_seconds", "operand_step_seconds",
-                 "strided_copy_seconds", "dynamic_operand_step_seconds")
+                 "strided_copy_seconds", "dynamic_operand_step_seconds",
+                 "table_operand_step_seconds")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -234,6 +236,8 @@ class ChipModel:
     #: ... more per grid step for an operand whose index map computes its block index
     #: (it depends on the grid or scalar prefetch) and checks it against the last step's
     dynamic_operand_step_seconds: float = 0.0
+    #: ... and more for one whose index map reads a scalar-prefetch table (SMEM) for it
+    table_operand_step_seconds: float = 0.0
     #: A pipeline block copy whose block is pieces of its array ((128, 128) of a (2048,
     #: 2048) array): the DMA engine's time more than the bytes' (0: not modelled)
     strided_copy_seconds: float = 0.0

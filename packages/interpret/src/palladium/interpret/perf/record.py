@@ -30,7 +30,8 @@ def _operand_step_seconds(info: Any, chip: ChipModel,
                           local: frozenset[tuple[str, str]] = frozenset()) -> float:
     """What the launch's blocked operands cost each grid step: each its index map and
     block check (``ChipModel.operand_step_seconds``), more where the block index is
-    computed at every step and checked against the last (``dynamic_operand_step_seconds``)
+    computed at every step and checked against the last (``dynamic_operand_step_seconds``),
+    more where it reads a scalar-prefetch table for it (``table_operand_step_seconds``),
     unless every blocked operand is one XLA placed in VMEM (``local``: ``("in", name)``,
     ``("out", name)``): such a kernel has no block to fetch, only addresses. On a v5e jax's
     flash backward kernels (every operand in VMEM) run a grid step as fast as round 6's
@@ -42,10 +43,12 @@ def _operand_step_seconds(info: Any, chip: ChipModel,
     blocked = [(("in", o.name), o) for o in kernel.inputs if not o.in_hbm]
     blocked += [(("out", o.name), o) for o in kernel.outputs if not o.in_hbm]
     dynamic = sum(o.dynamic for _, o in blocked)
+    tables = sum(o.reads_table for _, o in blocked)
     if blocked and all(key in local for key, _ in blocked):
-        dynamic = 0
+        dynamic = tables = 0
     return (len(blocked) * chip.operand_step_seconds
-            + dynamic * chip.dynamic_operand_step_seconds)
+            + dynamic * chip.dynamic_operand_step_seconds
+            + tables * chip.table_operand_step_seconds)
 
 
 def _pipeline_vmem(info: LaunchInfo) -> int:
