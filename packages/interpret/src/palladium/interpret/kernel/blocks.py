@@ -107,7 +107,7 @@ class BlockSpecInfo:
         """Whether the index map reads a scalar-prefetch ref (a table in SMEM: splash's
         ``data_next[h, i, j]``, gmm's group offsets) to find its block."""
         jaxpr = getattr(self.index_map, "jaxpr", self.index_map)
-        return any(str(e.primitive) == "get" for e in getattr(jaxpr, "eqns", ()))
+        return any(e.primitive is jc.get_p for e in getattr(jaxpr, "eqns", ()))
 
     @property
     def strided(self) -> bool:

@@ -192,13 +192,6 @@ def short_reason(error: BaseException) -> str:
     return text
 
 
-def concrete_argument(arg: Any) -> Any:
-    """``arg``, or zeros of its shape and dtype where it is a ``jax.ShapeDtypeStruct``."""
-    if isinstance(arg, jax.ShapeDtypeStruct):
-        return jnp.zeros(arg.shape, arg.dtype)
-    return arg
-
-
 def checker_label(params: InterpretParams) -> str:
     """Who decides whether the kernel compiles under ``params`` (``chip`` set)."""
     if params.compile_check == "off":

@@ -23,8 +23,9 @@ from palladium.interpret.chip import DEFAULT_CHIP
 from palladium.interpret.errors import ConfigError, PalladiumError
 from palladium.interpret.tune.measure import NO_TPU
 from palladium.interpret.tune.measure import measure as measure_on_chip
-from palladium.interpret.tune.predict import Prediction, concrete_argument, predict, short_reason
+from palladium.interpret.tune.predict import Prediction, predict, short_reason
 from palladium.interpret.tune.sweep_result import SweepResult, SweepRow, config_label
+from palladium.interpret.tune.zero_operands import concrete_operand
 
 __all__ = ["SweepResult", "SweepRow", "sweep"]
 
@@ -162,7 +163,7 @@ def sweep(
         for i, config in enumerate(configs):
             row = _one(call, config, args, chip, compile_check, params)
             if measure and row.accepted:
-                chip_args = [concrete_argument(a) for a in args]
+                chip_args = [concrete_operand(a) for a in args]
                 timed = measure_on_chip(call(config), *chip_args, iters=measure_iters)
                 row = dataclasses.replace(row, measured_seconds=timed.seconds)
             rows[i] = row
