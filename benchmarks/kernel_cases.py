@@ -119,20 +119,23 @@ def flash_backward_case(heads: int = 2, seq: int = 512, block: int = 128) -> Cas
     return Case(f"flash backward h{heads} seq {seq} (blocks {block})", make, ref)
 
 
-def splash_forward_case(heads: int = 2, seq: int = 1024, block: int = 256) -> Case:
+def splash_forward_case(heads: int = 2, seq: int = 1024, block: int = 256,
+                        causal: bool = True) -> Case:
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as sm
 
     def make():
-        mask = sm.MultiHeadMask([sm.CausalMask((seq, seq)) for _ in range(heads)])
+        one = sm.CausalMask((seq, seq)) if causal else sm.FullMask((seq, seq))
+        mask = sm.MultiHeadMask([one for _ in range(heads)])
         sizes = sk.BlockSizes(block_q=block, block_kv=block, block_kv_compute=block)
         kernel = sk.make_splash_mha(mask, block_sizes=sizes, head_shards=1, q_seq_shards=1)
         rng = _rng()
         q, k, v = (_normal(rng, (heads, seq, 128)) for _ in range(3))
         return kernel, (q, k, v)
 
-    return Case(f"splash forward causal h{heads} seq {seq} (blocks {block})", make,
-                lambda q, k, v: _softmax_attention(q, k, v, causal=True))
+    return Case(f"splash forward {'causal' if causal else 'full'} h{heads} seq {seq} "
+                f"(blocks {block})", make,
+                lambda q, k, v: _softmax_attention(q, k, v, causal=causal))
 
 
 def gmm_case(m: int = 1024, k: int = 256, n: int = 256, groups: int = 4) -> Case:

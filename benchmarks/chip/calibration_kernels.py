@@ -2042,27 +2042,11 @@ for _br in (64, 256, 512):
          fn="tanh", dtype="bfloat16", block_rows=_br)
 
 
-def _splash(heads: int, seq: int, block: int, causal: bool):
-    def make():
-        from jax.experimental.pallas.ops.tpu.splash_attention import (
-            splash_attention_kernel as sk,
-        )
-        from jax.experimental.pallas.ops.tpu.splash_attention import (
-            splash_attention_mask as sm,
-        )
-        one = sm.CausalMask((seq, seq)) if causal else sm.FullMask((seq, seq))
-        mask = sm.MultiHeadMask([one for _ in range(heads)])
-        sizes = sk.BlockSizes(block_q=block, block_kv=block, block_kv_compute=block)
-        kernel = sk.make_splash_mha(mask, block_sizes=sizes, head_shards=1, q_seq_shards=1)
-        q, k, v = (_arr((heads, seq, 128), seed=i) for i in range(3))
-        return kernel, (q, k, v)
-    return make
-
-
 for _causal in (True, False):
     for _seq in (1024, 2048, 4096):
         _add(f"r22/splash-{'causal' if _causal else 'full'}/h2/s{_seq}/b256", "micro",
-             _splash(2, _seq, 256, _causal), kind="splash", seq=_seq, causal=_causal)
+             _case(kc.splash_forward_case(2, _seq, 256, _causal)), kind="splash", seq=_seq,
+             causal=_causal)
 
 
 # round 23: the dkv step with its transposes written out (p.T @ do, ds.T @ q, as jax's

@@ -42,16 +42,11 @@ def main() -> None:
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     measured = json.loads(Path(a.measured).read_text())["kernels"]
-    for later in ("calibration2.", "calibration3.", "calibration4.", "calibration5.",
-                  "calibration6.", "calibration7.", "calibration8.", "calibration9.", "calibration10.",
-                  "calibration11.", "calibration12.", "calibration13.", "calibration14.",
-                  "calibration15.", "calibration16.", "calibration17.",
-                  "calibration18.", "calibration19.", "calibration20.",
-                  "calibration21.", "calibration22.", "calibration23.",
-                  "calibration24.", "calibration25."):
-        path = Path(a.measured).with_name(Path(a.measured).name.replace("calibration.", later))
-        if path.exists():
-            measured.update(json.loads(path.read_text())["kernels"])
+    # every later round's file, in order (a kernel measured again: its latest time)
+    later = sorted(Path(a.measured).parent.glob(Path(a.measured).name.replace(
+        "calibration.", "calibration[0-9]*.")), key=lambda p: int(p.name.split(".")[0][11:]))
+    for path in later:
+        measured.update(json.loads(path.read_text())["kernels"])
     rows = {}
     for name in ck.names(a.only):
         m = measured.get(name, {})
