@@ -39,7 +39,7 @@ from palladium.interpret.errors import UnsupportedFeatureError
 from palladium.interpret.eval import chip_arithmetic
 from palladium.interpret.eval.jaxprs import any_equation, evaluate
 from palladium.interpret.eval.primitive_groups import ACCESS_PRIMITIVES, CALLS, call_body
-from palladium.interpret.eval.refs import split_transformed
+from palladium.interpret.eval.refs import split_chain, split_transformed, tpu_bitcast
 from palladium.interpret.eval.registry import RULES as RULES_OWN
 from palladium.interpret.eval.registry import rule_by_name
 
@@ -103,34 +103,14 @@ def _access(value: Any, transforms: Sequence[Any], st: TracedState,
     ref, own = split_transformed(value)
     if not isinstance(ref, Handle):
         raise UnsupportedFeatureError("a compiled launch accesses buffers only")
-    chain = [*own, *transforms]
-    # As the simulator (``eval.refs.resolve``): a bitcast to a type of the same width
-    # before any reshape or other bitcast reinterprets elements in place (the indexers
-    # after it still narrow the region); the region read is the one before the first
-    # reshape or other bitcast, whose transforms apply to the value read.
-    dtype = np.dtype(st.bufs[ref.buf].dtype)
-    lead: list[Any] = []
-    for i, t in enumerate(chain):
-        if isinstance(t, jc.ReshapeTransform):
-            break
-        if isinstance(t, jc.BitcastTransform):
-            if np.dtype(t.dtype).itemsize != dtype.itemsize:
-                break
-            dtype = np.dtype(t.dtype)
-            lead.append(i)
-    if lead:
-        if reshaped is None:
-            raise UnsupportedFeatureError("a compiled launch writes or copies no bitcast ref")
-        reshaped.append(dtype)  # the in-place cast, first
-        chain = [t for i, t in enumerate(chain) if i not in lead]
-    cut = next((i for i, t in enumerate(chain)
-                if isinstance(t, jc.ReshapeTransform | jc.BitcastTransform)), len(chain))
-    if cut < len(chain):
+    # as the simulator splits it (``eval.refs.split_chain``)
+    cast, region, rest = split_chain([*own, *transforms], st.bufs[ref.buf].dtype)
+    if cast is not None or rest:
         if reshaped is None:
             raise UnsupportedFeatureError(
                 "a compiled launch writes or copies no reshaped or bitcast ref")
-        reshaped.extend(chain[cut:])
-    view, ok = apply_indexers(View.whole(st.bufs[ref.buf].shape), chain[:cut])
+        reshaped.extend([*([] if cast is None else [cast]), *rest])  # (the cast first)
+    view, ok = apply_indexers(View.whole(st.bufs[ref.buf].shape), region)
     st.raise_flag(FLAG_BOUNDS, im.negate(ok))
     st.logged(view)
     return ref.buf, view
@@ -144,29 +124,12 @@ def _reshaped_value(value: Any, transforms: list[Any], st: TracedState) -> Any:
             value = value.reshape(tuple(int(n) for n in t.shape))
             continue
         if isinstance(t, np.dtype | jc.BitcastTransform):
-            value = _tpu_bitcast(value, np.dtype(getattr(t, "dtype", t)))
+            value = tpu_bitcast(value, getattr(t, "dtype", t), lax.bitcast_convert_type)
             continue
         view, ok = apply_indexers(View.whole(value.shape), [t])
         st.raise_flag(FLAG_BOUNDS, im.negate(ok))
         value = read_view(value, view)
     return value
-
-
-def _tpu_bitcast(x: Any, dtype: np.dtype) -> Any:
-    """``eval.refs.tpu_bitcast`` traced: a change of bit width scales the second-minor
-    dimension (32 -> 16 bits: row ``i`` becomes rows ``2i, 2i+1``, low half first)."""
-    xb, yb = np.dtype(x.dtype).itemsize, dtype.itemsize
-    if xb == yb:
-        return lax.bitcast_convert_type(x, dtype)
-    if x.ndim < 2:
-        raise UnsupportedFeatureError("bitcast of a rank-1 ref with a bit width change")
-    *lead, n, m = x.shape
-    if xb < yb:
-        r = yb // xb
-        packed = x.reshape(*lead, n // r, r, m).swapaxes(-1, -2)
-        return lax.bitcast_convert_type(packed, dtype)
-    r = xb // yb
-    return lax.bitcast_convert_type(x, dtype).swapaxes(-1, -2).reshape(*lead, n * r, m)
 
 
 def _load(ref: Any, transforms: Sequence[Any], st: TracedState) -> Any:
@@ -250,7 +213,7 @@ def _multiple_of(eqn: Any, invals: list[Any], st: TracedState) -> list[Any]:
 
 @_rule(jc.tpu_bitcast_p)
 def _bitcast(eqn: Any, invals: list[Any], st: TracedState) -> list[Any]:
-    return [_tpu_bitcast(invals[0], np.dtype(eqn.outvars[0].aval.dtype))]
+    return [tpu_bitcast(invals[0], eqn.outvars[0].aval.dtype, lax.bitcast_convert_type)]
 
 
 # --- DMAs -----------------------------------------------------------------------------------

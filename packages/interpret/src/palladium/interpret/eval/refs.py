@@ -141,27 +141,34 @@ class Bitcast:
         return tpu_bitcast(x, self.dtype)
 
 
-def tpu_bitcast(x: np.ndarray, dtype: Any) -> np.ndarray:
+def _bitcast_convert(x: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """``lax.bitcast_convert_type`` in numpy: a narrower type adds a minor dimension of
+    the ratio, a wider one takes it away."""
+    y = np.ascontiguousarray(x).view(dtype)
+    if x.dtype.itemsize > dtype.itemsize:
+        return y.reshape(*x.shape, x.dtype.itemsize // dtype.itemsize)
+    return y.reshape(x.shape[:-1]) if x.dtype.itemsize < dtype.itemsize else y
+
+
+def tpu_bitcast(x: Any, dtype: Any, convert: Any = _bitcast_convert) -> Any:
     """TPU bitcast: a change of bit width scales the second-minor dimension.
 
     Narrowing 32 -> 16 bits turns rows ``i`` into rows ``2i, 2i+1`` (low half first);
-    widening packs them back. Same-width bitcasts are plain reinterpretations.
+    widening packs them back. Same-width bitcasts are plain reinterpretations. The
+    traced evaluator's is this one with ``convert=lax.bitcast_convert_type``.
     """
     dtype = np.dtype(dtype)
-    x = np.ascontiguousarray(x)
-    xb, yb = x.dtype.itemsize, dtype.itemsize
+    xb, yb = np.dtype(x.dtype).itemsize, dtype.itemsize
     if xb == yb:
-        return x.view(dtype)
+        return convert(x, dtype)
     if x.ndim < 2:
         raise UnsupportedFeatureError("bitcast of a rank-1 ref with a bit width change")
     *lead, n, m = x.shape
     if xb < yb:
         r = yb // xb
-        y = np.ascontiguousarray(x.reshape(*lead, n // r, r, m).swapaxes(-1, -2))
-        return y.view(dtype).reshape(*lead, n // r, m)
+        return convert(x.reshape(*lead, n // r, r, m).swapaxes(-1, -2), dtype)
     r = xb // yb
-    y = x.view(dtype).reshape(*lead, n, m, r).swapaxes(-1, -2)
-    return np.ascontiguousarray(y).reshape(*lead, n * r, m)
+    return convert(x, dtype).swapaxes(-1, -2).reshape(*lead, n * r, m)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -198,44 +205,50 @@ class Access:
         return covered.reshape(self.region_shape)
 
 
+def split_chain(transforms: Sequence[Any], dtype: Any) -> tuple[np.dtype | None, list[Any], list[Any]]:
+    """A ref's transform chain as (the in-place cast, the region's indexers, the rest),
+    for the simulator (:func:`resolve`) and the traced evaluator alike. A bitcast to a
+    type of the same width before any other reshape, transpose or bitcast reinterprets
+    each element in place (the cast: the dtype after it; None without one): indexers
+    after it still narrow the region, so the race detector and the bounds check see only
+    the elements read. From the first other transform on, the rest applies to the
+    region's data."""
+    cur, cast, region = np.dtype(dtype), None, []
+    for i, t in enumerate(transforms):
+        if isinstance(t, jc.BitcastTransform) and np.dtype(t.dtype).itemsize == cur.itemsize:
+            cur = cast = np.dtype(t.dtype)
+        elif isinstance(t, jc.NDIndexer):
+            region.append(t)
+        else:
+            return cast, region, list(transforms[i:])
+    return cast, region, []
+
+
 def resolve(shape: tuple[int, ...], dtype: np.dtype, transforms: Sequence[Any], name: str) -> Access:
     """Compose ``transforms`` applied to a buffer of ``shape`` into an ``Access``."""
+    cast, region_transforms, rest = split_chain(transforms, dtype)
     # Per base dimension: an int (dropped) or [start, step, size].
     dims: list[Any] = [[0, 1, n] for n in shape]
-    post: list[Any] = []
-    cur_dtype = np.dtype(dtype)
-    # A bitcast to a type of the same width, before any other op, reinterprets each
-    # element in place: indexers after it still narrow the region (so the race detector
-    # and the bounds check see only the elements read), and the cast applies to the data.
-    lead_cast: np.dtype | None = None
-    for t in transforms:
+    for t in region_transforms:
+        index = tuple(_numpy_index(i) for i in t.indices)
+        if len(index) != sum(not isinstance(d, int) for d in dims):
+            raise UnsupportedFeatureError(f"ref '{name}': indexer rank mismatch")
+        dims = indexed_dims(dims, index)
+    post: list[Any] = [] if cast is None or cast == np.dtype(dtype) else [Bitcast(cast)]
+    for t in rest:
         if isinstance(t, jc.NDIndexer):
-            index = tuple(_numpy_index(i) for i in t.indices)
-            if post:
-                post.append(_Index(index))
-                continue
-            kept = [d for d in dims if not isinstance(d, int)]
-            if len(index) != len(kept):
-                raise UnsupportedFeatureError(f"ref '{name}': indexer rank mismatch")
-            dims = indexed_dims(dims, index)
+            post.append(_Index(tuple(_numpy_index(i) for i in t.indices)))
         elif isinstance(t, jc.ReshapeTransform):
             post.append(_Reshape(tuple(int(s) for s in t.shape)))
         elif isinstance(t, jc.TransposeTransform):
             post.append(_Transpose(tuple(t.permutation)))
         elif isinstance(t, jc.BitcastTransform):
-            same_width = np.dtype(t.dtype).itemsize == cur_dtype.itemsize
-            cur_dtype = np.dtype(t.dtype)
-            if not post and same_width:
-                lead_cast = cur_dtype
-            else:
-                post.append(Bitcast(cur_dtype))
+            post.append(Bitcast(np.dtype(t.dtype)))
         else:
             raise UnsupportedFeatureError(
                 f"ref '{name}': transform {type(t).__name__} is not supported by the interpreter"
             )
     region, region_shape = dims_region(dims)
-    if lead_cast is not None and lead_cast != np.dtype(dtype):
-        post.insert(0, Bitcast(lead_cast))
     return Access(region, region_shape, tuple(post))
 
 
