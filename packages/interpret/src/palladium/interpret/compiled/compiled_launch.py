@@ -13,29 +13,19 @@ not reached yet (it compiles one kernel at a time, for every thread of the proce
 compiles it itself at once (``segment_cache.BackgroundCompile``): it never waits behind
 other kernels' compiles, and its tier never depends on the machine's load.
 
-Whether a launch may run compiled is its execution plan's decision
-(``run/execution_plan.py``, from the params, the observers and the launch number); this
-module runs a ``"compiled"`` plan and says why a launch runs simulated after all.
-The simulator stays the oracle. A launch whose flags say it could differ from the
-simulated one (``traced_state.FLAGS``: an access out of bounds, an access to a DMA in
-flight, a deadlock, a leak, a revisit, a runaway loop) runs again simulated, which
-reports what it reports; so do launches with anything a compiled launch does not model:
-races on in a kernel whose DMAs may race (the flag catches every access to a DMA in
-flight: with none, there is no race to report), several devices or cores, observers
-(timelines, logging), ``skip_floating_point_ops``, ``deterministic_dot``,
-``uninitialized_reads="raise"`` or ``"warn"`` (with the default ``"on_use"``, a kernel
+Whether a launch may run compiled is its execution plan's decision, made from the
+params, the observers and the launch number, never timing (``run/execution_plan.py``:
+the conditions, each with its reason); this module runs a ``"compiled"`` plan. The
+simulator stays the oracle: a launch whose flags say it could differ from the simulated
+one (``traced_state.FLAGS``) runs again simulated, which reports what it reports (with
+races on, the flag of an access to a DMA in flight: with none, there is no race to
+report), and so does a kernel whose tracing meets something unmodelled (``UnsupportedFeatureError``:
+semaphore signals, remote DMAs, the MXU, prints, ...) or whose launch is not worth
+compiling (``worth_compiling``, static). Under ``uninitialized_reads="on_use"`` a kernel
 compiles whole while none of its launches read uninitialised memory or left an output
-region unwritten, ``PreparedKernel.reads_uninitialized``, or for a launch whose scalar
-operands a simulated launch that read uninitialised memory and reported nothing had:
-megablox gmm, whose masked merge of output rows its group offsets decide), another DMA
-order or execution mode, and kernels whose tracing
-meets something unmodelled (``UnsupportedFeatureError`` while tracing: semaphore
-signals, remote DMAs, the MXU, prints, ...). ``compile_segments="static"`` or ``False``
-keeps every launch simulated.
-
-Which kernels are compiled whole is static (``worth_compiling``), and which launch is the
-first compiled one is its number (``WHOLE_LAUNCH``): never timing, so a given launch's bits
-never depend on the machine's load, on other threads' compiles or on a cache.
+region unwritten (``PreparedKernel.reads_uninitialized``), or for a launch whose scalar
+operands a simulated launch that read uninitialised memory and reported nothing had
+(megablox gmm, whose masked merge of output rows its group offsets decide).
 """
 
 from __future__ import annotations
