@@ -43,9 +43,7 @@ def check_with_compiler(kernel: PreparedKernel, bind: Callable[..., Any],
     with ``check_lowering``); return the verdict (None: not compiled, see
     ``compiler_would_abort``). ``call``: the ``pallas_call``'s parameters (see
     ``tpu_compiler.compile_verdict``)."""
-    where = f"kernel '{kernel.name}'"
-    if kernel.launch_location:
-        where += f" (pallas_call at {kernel.launch_location})"
+    where = kernel.named("pallas_call at ")
     aborts = compiler_would_abort(kernel)
     if aborts is not None:
         warnings.warn(

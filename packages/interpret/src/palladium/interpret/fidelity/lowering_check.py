@@ -126,20 +126,13 @@ MOSAIC_LOWERED: KeySet = STATE.keep(
     clear=lambda: MOSAIC_LOWERED.clear())
 
 
-def _where(kernel: PreparedKernel) -> str:
-    where = f"kernel '{kernel.name}'"
-    if kernel.launch_location:
-        where += f" (pallas_call at {kernel.launch_location})"
-    return where
-
-
 def _report_rule(kernel: PreparedKernel, chip: str, violation: Violation) -> None:
     eqn = violation.eqn
     line = equation_line(kernel, eqn) if eqn is not None else None
     at = f" at {line} ({eqn.primitive.name})" if eqn is not None and line else ""
     raise TpuLoweringError(
-        f"{_where(kernel)} does not compile for TPU {chip}{at}: palladium's approximation "
-        f"of the TPU compiler says: {violation.message}\n"
+        f"{kernel.named('pallas_call at ')} does not compile for TPU {chip}{at}: palladium's "
+        f"approximation of the TPU compiler says: {violation.message}\n"
         "A TPU rejects this kernel at compile time (InterpretParams(compile_check="
         "'compiler') asks the compiler itself when libtpu is installed); "
         "InterpretParams(check_lowering=False) skips this check.\n"
@@ -148,7 +141,7 @@ def _report_rule(kernel: PreparedKernel, chip: str, violation: Violation) -> Non
 
 def _report(kernel: PreparedKernel, chip: str, exc: Exception) -> None:
     message = _mosaic_message(exc)
-    where = _where(kernel)
+    where = kernel.named("pallas_call at ")
     if unknown_everywhere(exc):
         return  # the interpreter's UnsupportedPrimitiveError says it better
     line, primitive = kernel_line(kernel, exc)

@@ -384,9 +384,7 @@ def _kept(space: SpaceUse) -> str:
 
 
 def _over_message(kernel: PreparedKernel, chip: str, space: SpaceUse) -> str:
-    where = f"kernel '{kernel.name}'"
-    if kernel.launch_location:
-        where += f" (pallas_call at {kernel.launch_location})"
+    where = kernel.named("pallas_call at ")
     name = space.space
     if name == "VMEM":
         if space.requested_limit_bytes is None:

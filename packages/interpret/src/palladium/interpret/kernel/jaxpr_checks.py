@@ -128,9 +128,8 @@ def check_grid(kernel: Any) -> None:
     for d, semantic in zip(own_dims, semantics):
         size = gm.grid[d]
         if is_parallel(semantic) and (size is None or isinstance(size, jc.DynamicGridDim)):
-            where = f" ({kernel.launch_location})" if kernel.launch_location else ""
             raise errors.DynamicParallelDimensionError(
-                f"kernel '{kernel.name}'{where}: grid dimension {d} has parallel semantics "
+                f"{kernel.named()}: grid dimension {d} has parallel semantics "
                 f"(dimension_semantics={tuple(semantics)}) but a size known only at run "
                 f"time; the cores split a parallel dimension when the kernel is compiled, so "
                 f"its size must be static: make it 'arbitrary' or pass a static size"
@@ -140,10 +139,9 @@ def check_grid(kernel: Any) -> None:
 def negative_grid_message(kernel: Any, dim: int, size: int, grid: tuple[Any, ...],
                           dynamic: bool = False) -> str:
     """The message of a grid dimension of negative ``size`` (static or at run time)."""
-    where = f" ({kernel.launch_location})" if kernel.launch_location else ""
     shown = tuple(g if isinstance(g, int) else "dynamic" for g in grid)
     return (
-        f"kernel '{kernel.name}'{where}: grid dimension {dim} has size {size}"
+        f"{kernel.named()}: grid dimension {dim} has size {size}"
         + (" at run time" if dynamic else "")
         + f" (grid {shown}); a grid size must be >= 0 (0 runs no grid point). "
         + ("Check the value passed as the dynamic grid size." if dynamic
@@ -157,9 +155,8 @@ def check_prepared_kernel(kernel: Any, params: Any) -> None:
     ``ConfigError``."""
     check_grid(kernel)
     if kernel.is_core_map:
-        where = f" ({kernel.launch_location})" if kernel.launch_location else ""
         check_cores_per_device(math.prod(kernel.mesh.shape.values()), "the core_map mesh",
-                               kernel=f"kernel '{kernel.name}'{where}")
+                               kernel=kernel.named())
     names = [*kernel.scalar_names, *(i.name for i in kernel.inputs),
              *(o.name for o in kernel.outputs), *(s.name for s in kernel.scratch)]
     check_jaxpr(kernel.jaxpr, kernel.name, names,

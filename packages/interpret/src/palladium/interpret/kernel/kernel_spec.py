@@ -104,6 +104,12 @@ class KernelSpec:
         jax kept it, else the kernel function's definition."""
         return self.call_site or self.location
 
+    def named(self, at: str = "") -> str:
+        """``kernel 'name' (<at>file:line)``, as messages name the kernel (where it was
+        launched: ``launch_location``; without one, ``kernel 'name'``)."""
+        where = self.launch_location
+        return f"kernel '{self.name}'" + (f" ({at}{where})" if where else "")
+
     @property
     def location(self) -> str | None:
         """``file.py:line`` of the kernel function's definition."""

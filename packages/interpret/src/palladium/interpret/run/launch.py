@@ -339,10 +339,7 @@ class Launch:
         except SemaphoreLeakError as e:
             if f"kernel '{self.kernel_name}'" in str(e):
                 raise
-            where = self.kernel.launch_location
-            raise SemaphoreLeakError(
-                f"kernel '{self.kernel_name}'" + (f" ({where})" if where else "") + f": {e}"
-            ) from e
+            raise SemaphoreLeakError(f"{self.kernel.named()}: {e}") from e
         finally:
             if key is not None:
                 STATE.progress.unregister(key)
@@ -358,20 +355,18 @@ class Launch:
             if found is None:
                 continue
             region, n, total = found
-            where = k.launch_location
-            taint = self.sim.taint(buf) if on_use else None
+            head = f"{k.named()}: output '{info.name}' (HBM, device {buf.device}) "
+            never = (f"was never written in region {region} ({n} of its {total} elements) "
+                     f"by the end of the launch: the caller receives uninitialised memory (on "
+                     f"a TPU, garbage). Write every output block the grid visits (or give the "
+                     f"output an input_output_alias); ")
             if on_use:
                 k.reads_uninitialized = True
-                head = (f"kernel '{self.kernel_name}'" + (f" ({where})" if where else "")
-                        + f": output '{info.name}' (HBM, device {buf.device}) ")
+                taint = self.sim.taint(buf)
                 if taint is None:
                     raise UninitializedUseError(
-                        head + f"was never written in region {region} ({n} of its {total} "
-                        f"elements) by the end of the launch: the caller receives "
-                        f"uninitialised memory (on a TPU, garbage). Write every output "
-                        f"block the grid visits (or give the output an "
-                        f"input_output_alias); if the kernel means it, pass "
-                        f"InterpretParams(uninitialized_reads='off').")
+                        head + never + "if the kernel means it, pass "
+                        "InterpretParams(uninitialized_reads='off').")
                 raise UninitializedUseError(
                     head + f"holds data derived from uninitialised memory in region "
                     f"{region} ({n} of its {total} elements) when the launch ends: "
@@ -379,14 +374,8 @@ class Launch:
                     f"garbage). {fix_hint(taint)} If the kernel means it, pass "
                     f"InterpretParams(uninitialized_reads='off').")
             self.sim.report_uninitialized(
-                f"kernel '{self.kernel_name}'" + (f" ({where})" if where else "")
-                + f": output '{info.name}' (HBM, device {buf.device}) was never written in "
-                f"region {region} ({n} of its {total} elements) by the end of the launch: "
-                f"the caller receives uninitialised memory (on a TPU, garbage). Write every "
-                f"output block the grid visits (or give the output an input_output_alias); "
-                f"for a kernel that means it, pass InterpretParams(uninitialized_reads='off').",
-                (info.name, "output"),
-            )
+                head + never + "for a kernel that means it, pass "
+                "InterpretParams(uninitialized_reads='off').", (info.name, "output"))
 
     def _grid_point_of(self, core: CoreId) -> tuple[int, ...] | None:
         run = self.core_runs.get(core)
