@@ -8,7 +8,9 @@ first), and the approximation's ``TpuResourceError``.
 
 from __future__ import annotations
 
-__all__ = ["COMPILER_INSTALL", "UNCERTAIN_MARGIN", "uncertainty"]
+from palladium.interpret.fidelity.tpu_compiler import INSTALL_COMMAND
+
+__all__ = ["UNCERTAIN_MARGIN", "uncertainty"]
 
 #: How near the approximation's VMEM count may come to the limit (a fraction of it, on
 #: either side) before its verdict is uncertain. Measured: its only false accepts on 590
@@ -17,8 +19,6 @@ __all__ = ["COMPILER_INSTALL", "UNCERTAIN_MARGIN", "uncertainty"]
 #: --size 2048`` counted (1024, 1024, 1024) at 16.0 of 16 MiB on v5e, which the compiler
 #: rejects.
 UNCERTAIN_MARGIN = 0.10
-#: The one line that gets the TPU compiler's own verdict.
-COMPILER_INSTALL = "pip install 'palladium-interpret[compiler]'"
 
 
 def _mib(n: int) -> str:
@@ -39,4 +39,4 @@ def uncertainty(peak_bytes: int, limit_bytes: int) -> str | None:
     return (f"uncertain: palladium's approximation counts {_mib(peak_bytes)} of "
             f"{_mib(limit_bytes)} VMEM, within {UNCERTAIN_MARGIN:.0%} of the limit, where "
             f"the TPU compiler's internal scratch (which the count cannot size) decides; "
-            f"{COMPILER_INSTALL} for the TPU compiler's verdict")
+            f"{INSTALL_COMMAND} for the TPU compiler's verdict")
