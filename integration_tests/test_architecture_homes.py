@@ -231,3 +231,77 @@ def test_the_docs_name_every_registered_store():
     assert len(STATE.stores) > 10
     missing = sorted(name for name in STATE.stores if f"`{name}`" not in doc)
     assert missing == []
+
+
+# A ref's transform chain (which transforms place the region, which apply to its data)
+# and the TPU bitcast's row packing are written once, in ``eval/refs.py``
+# (``split_chain``, ``tpu_bitcast``): the simulator and the traced evaluator both use
+# them (issue 43: the semantics of a kernel body exist once).
+_REFS_HOME = "eval/refs.py"
+
+
+def _chain_rules(path: pathlib.Path) -> list[int]:
+    """Lines of ``path`` that swap a block's two minor dimensions (the packing of a
+    bitcast that changes the bit width), and functions that compare a bitcast's width
+    (the in-place cast of a chain's leading same-width bitcast)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "swapaxes"):
+            found.append(node.lineno)
+        if isinstance(node, ast.FunctionDef):
+            text = ast.unparse(node)
+            if "BitcastTransform" in text and "itemsize" in text:
+                found.append(node.lineno)
+    return sorted(found)
+
+
+def test_refs_transform_chains_and_bitcasts_are_written_once():
+    offenders = {rel: lines for rel, p in MODULES.items()
+                 if rel != _REFS_HOME and not rel.startswith(("perf/", "tune/"))
+                 and (lines := _chain_rules(p))}
+    assert offenders == {}, offenders
+    assert _chain_rules(MODULES[_REFS_HOME])
+
+
+def test_the_chain_rule_check_finds_them(tmp_path):
+    f = tmp_path / "m.py"
+    f.write_text("def lead(t, d):\n    return isinstance(t, jc.BitcastTransform) and "
+                 "t.dtype.itemsize == d.itemsize\n"
+                 "def post(t, x):\n    return isinstance(t, jc.BitcastTransform) and x\n"
+                 "y = x.swapaxes(-1, -2)\n")
+    assert _chain_rules(f) == [1, 5]
+
+
+# How a message names a kernel and where it was launched (``kernel 'name' (file:line)``)
+# is written once: ``KernelSpec.named`` (``kernel/kernel_spec.py``).
+_LABEL_HOME = "kernel/kernel_spec.py"
+
+
+def _kernel_labels(path: pathlib.Path) -> list[int]:
+    """Functions of ``path`` that word ``kernel '...'`` and test or keep its
+    ``launch_location`` (to add it to the label)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not isinstance(node, ast.FunctionDef) or "kernel '" not in ast.unparse(node):
+            continue
+        if any((isinstance(n, ast.If | ast.IfExp) and "launch_location" in ast.unparse(n.test))
+               or (isinstance(n, ast.Assign) and isinstance(n.value, ast.Attribute)
+                   and n.value.attr == "launch_location") for n in ast.walk(node)):
+            found.append(node.lineno)
+    return found
+
+
+def test_a_kernel_is_labelled_in_one_place():
+    offenders = {rel: lines for rel, p in MODULES.items()
+                 if rel != _LABEL_HOME and (lines := _kernel_labels(p))}
+    assert offenders == {}, offenders
+    assert _kernel_labels(MODULES[_LABEL_HOME])
+
+
+def test_the_label_check_finds_one(tmp_path):
+    f = tmp_path / "m.py"
+    f.write_text("def where(k):\n    at = k.launch_location\n"
+                 "    return f\"kernel '{k.name}'\" + (f\" ({at})\" if at else '')\n"
+                 "def ok(k):\n    return f\"kernel '{k.name}'\", k.launch_location\n")
+    assert _kernel_labels(f) == [1]
