@@ -1,30 +1,12 @@
 """Which tier runs a launch, and why: one plan, decided once per launch.
 
-A launch of a kernel runs in one of three tiers, fastest first:
-
-- ``"compiled"``: the whole launch is one XLA executable (``compiled/compiled_launch.py``),
-  from the kernel's ``WHOLE_LAUNCH``-th launch in the process on, its second (compiled,
-  or loaded from the disk cache, in the background from the start of the launch before; the first compiled launch waits for what is left of it);
-- ``"segments"``: the simulator, whose runs of pure array code run as compiled segments
-  (``eval/segments.py``): those worth it at once from launch 1, the hot ones (``hot``)
-  from launch ``HOT_LAUNCH`` on;
-- ``"simulated"``: the simulator, every equation one by one (the oracle).
-
-:func:`plan_launch` decides it from the params, the observers (``may_observe``: any
-launch observer, the logging mode, a timeline) and the launch's number among the
-kernel's launches (``kernel/launches.py``, per kernel): never from timing, so a call's
-results depend only on the kernel, its operands and the call's number. DMA-order trial
-launches and race-report reruns share the number of the launch they check and count
-for nothing. The plan rides with the launch (``Launch.plan``, the ``KernelContext``'s
-``plan`` a compiled segment reads), is shown to observers (``LaunchInfo.plan``) and
-logged by ``logging_mode=LoggingMode.LAUNCH`` ("launch 3 ran compiled, because ...").
-
-What a plan cannot know before the launch runs changes it once, visibly
-(:meth:`ExecutionPlan.fall_back`): a compiled launch that is not possible for this
-grid (too small to be worth it, too many grids, its tracing met something unmodelled)
-or whose flags say the simulator could report something (an access out of bounds, a
-race, a deadlock, ...) runs simulated; a launch with an observer of every equation (the
-timeline) runs its segments one by one.
+The tiers, fastest first: ``"compiled"`` (the whole launch one XLA executable,
+``compiled/compiled_launch.py``, from launch ``WHOLE_LAUNCH``), ``"segments"`` (the
+simulator with compiled segments, ``eval/segments.py``: the hot ones from launch
+``HOT_LAUNCH``) and ``"simulated"`` (every equation one by one: the oracle). How
+:func:`plan_launch` decides (never from timing), how a launch's number is counted, and
+how the plan falls back once, visibly (:meth:`ExecutionPlan.fall_back`), is
+docs/architecture.md's "The execution plan"; each condition here says its reason.
 """
 
 from __future__ import annotations
