@@ -105,10 +105,11 @@ def _access(value: Any, transforms: Sequence[Any], st: TracedState,
         raise UnsupportedFeatureError("a compiled launch accesses buffers only")
     # as the simulator splits it (``eval.refs.split_chain``)
     cast, region, rest = split_chain([*own, *transforms], st.bufs[ref.buf].dtype)
-    if cast is not None or rest:
-        if reshaped is None:
-            raise UnsupportedFeatureError(
-                "a compiled launch writes or copies no reshaped or bitcast ref")
+    if (cast is not None or rest) and reshaped is None:
+        raise UnsupportedFeatureError("a compiled launch writes or copies no "
+                                      + ("bitcast ref" if cast is not None else
+                                         "reshaped or bitcast ref"))
+    if reshaped is not None:
         reshaped.extend([*([] if cast is None else [cast]), *rest])  # (the cast first)
     view, ok = apply_indexers(View.whole(st.bufs[ref.buf].shape), region)
     st.raise_flag(FLAG_BOUNDS, im.negate(ok))
