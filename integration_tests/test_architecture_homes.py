@@ -2,13 +2,16 @@
 these tests (reading the source with ``ast``) keep it so.
 
 - the groups of primitives (calls, ref accesses, DMAs): ``eval/primitive_groups.py``;
-- the chip names: ``chip.py`` (no ``"v5e"`` literal elsewhere: ``DEFAULT_CHIP``).
+- the chip names: ``chip.py`` (no ``"v5e"`` literal elsewhere: ``DEFAULT_CHIP``);
+- a ref's transform chain and the TPU bitcast: ``eval/refs.py``;
+- a kernel's label in messages: ``KernelSpec.named`` (``kernel/kernel_spec.py``).
 """
 
 from __future__ import annotations
 
 import ast
 import pathlib
+from typing import Any
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 INTERPRET = ROOT / "packages" / "interpret" / "src" / "palladium" / "interpret"
@@ -19,6 +22,15 @@ def _interpret_modules() -> dict[str, pathlib.Path]:
 
 
 MODULES = _interpret_modules()
+
+
+def _written_once(find: Any, home: str, exempt: tuple[str, ...] = ()) -> None:
+    """``find(path)`` finds something in ``home`` and in no other module (but those
+    whose path starts with one of ``exempt``)."""
+    offenders = {m: found for m, p in MODULES.items()
+                 if m != home and not m.startswith(exempt) and (found := find(p))}
+    assert offenders == {}, offenders
+    assert find(MODULES[home])
 
 # --- the primitive groups ---------------------------------------------------------------
 #: The primitives the groups of ``eval/primitive_groups.py`` name (their jax names).
@@ -59,11 +71,7 @@ def _groups_defined(path: pathlib.Path) -> list[str]:
 
 
 def test_the_primitive_groups_are_defined_once():
-    offenders = {m: found for m, p in MODULES.items()
-                 if m != _GROUPS_HOME and m not in _NAMED_ELSEWHERE
-                 and (found := _groups_defined(p))}
-    assert offenders == {}, offenders
-    assert _groups_defined(MODULES[_GROUPS_HOME])
+    _written_once(_groups_defined, _GROUPS_HOME, tuple(_NAMED_ELSEWHERE))
 
 
 def test_the_group_check_finds_a_group_written_out(tmp_path):
@@ -101,11 +109,7 @@ def _chip_literals(path: pathlib.Path, chip: str = "v5e") -> list[int]:
 
 
 def test_no_chip_name_literal_outside_chip_py():
-    offenders = {m: lines for m, p in MODULES.items()
-                 if m != _CHIP_HOME and m not in _CHIP_TABLES_ELSEWHERE
-                 and (lines := _chip_literals(p))}
-    assert offenders == {}, offenders
-    assert _chip_literals(MODULES[_CHIP_HOME])
+    _written_once(_chip_literals, _CHIP_HOME, tuple(_CHIP_TABLES_ELSEWHERE))
 
 
 def test_the_chip_literal_check_skips_docstrings(tmp_path):
@@ -257,11 +261,7 @@ def _chain_rules(path: pathlib.Path) -> list[int]:
 
 
 def test_refs_transform_chains_and_bitcasts_are_written_once():
-    offenders = {rel: lines for rel, p in MODULES.items()
-                 if rel != _REFS_HOME and not rel.startswith(("perf/", "tune/"))
-                 and (lines := _chain_rules(p))}
-    assert offenders == {}, offenders
-    assert _chain_rules(MODULES[_REFS_HOME])
+    _written_once(_chain_rules, _REFS_HOME, ("perf/", "tune/"))
 
 
 def test_the_chain_rule_check_finds_them(tmp_path):
@@ -293,10 +293,7 @@ def _kernel_labels(path: pathlib.Path) -> list[int]:
 
 
 def test_a_kernel_is_labelled_in_one_place():
-    offenders = {rel: lines for rel, p in MODULES.items()
-                 if rel != _LABEL_HOME and (lines := _kernel_labels(p))}
-    assert offenders == {}, offenders
-    assert _kernel_labels(MODULES[_LABEL_HOME])
+    _written_once(_kernel_labels, _LABEL_HOME)
 
 
 def test_the_label_check_finds_one(tmp_path):
