@@ -48,8 +48,9 @@ STEP_OVERHEAD_S = 0.35e-6
 #: kernels (step-overhead bound) suggest.
 DMA_LATENCY_S = 0.25e-6
 
-#: Kernel launch prologue / epilogue (program start, pipeline set-up and drain control).
-#: ASSUMPTION: one step overhead each.
+#: Prologue / epilogue of a pipeline whose blocks move (set-up and drain, outside the
+#: pipeline: before its first block copy, after its last). ASSUMPTION for chips not
+#: measured: one step overhead each (the v5e's is fitted from round 22's copies).
 LAUNCH_OVERHEAD_S = STEP_OVERHEAD_S
 
 #: Vector-unit throughput: vreg operations ((8, 128) 32-bit elements each) per cycle.

@@ -18,7 +18,8 @@ copy's latency a step (r4/copies, r4/flash-moving on a v5e). Block copies are DM
 the measured latencies of a kernel's own, each issued by the core; outputs of step ``s``
 are written back after its body while the next steps run, and step ``s + n - 1`` waits
 for them. With one buffer every copy is exposed. Each grid step pays the fixed
-per-step overhead, the launch its prologue and epilogue.
+per-step overhead; a launch whose blocks move pays its prologue and epilogue
+(``core_program``).
 """
 
 from __future__ import annotations
