@@ -997,6 +997,33 @@ for _name, _make, _kind in (
     _add(f"heldout3/{_name}", "heldout3", _make, kind=_kind)
 
 
+
+# held out, round 4 (2026-12-06, eighth session): other sizes of every class, predicted
+# and the predictions committed before the chip ran them
+# (results_tpu/heldout4_predicted.v5e.json)
+for _name, _make, _kind in (
+        ("flash-full/h4/s4096/b512", _flash(4, 4096, 512, False), "flash"),
+        ("flash-causal/h2/s8192/b256", _flash(2, 8192, 256, True), "flash"),
+        ("paged/b8h16/p128/pb16", _case(kc.paged_attention_case(8, 16, 16, 128, 16)), "paged"),
+        ("paged/b32h4/p32/pb2", _case(kc.paged_attention_case(32, 4, 16, 32, 2)), "paged"),
+        ("rglru/2048x1024/c128", _case(kc.rglru_scan_case(2048, 1024, 128, 256)), "rglru"),
+        ("gated-delta/h2/s4096", _case(kc.gated_delta_chunk_case(4096, 2)), "gated-delta"),
+        ("matmul-bf16/3072/b512k256", _bf16_matmul(3072, 512, 256), "matmul"),
+        ("matmul-f32/4096/b512", _case(kc.matmul_case(4096, 512)), "matmul"),
+        ("gmm/4096x1024x512", _case(kc.gmm_case(4096, 1024, 512, 8)), "gmm"),
+        ("splash-causal/h2/s8192", _case(kc.splash_forward_case(2, 8192, 512)), "splash"),
+        ("ragged-paged/s8/q32/kv1024", _ragged_paged(8, 32, 1024, 8), "ragged-paged"),
+        ("elementwise-sin-bf16/2048x2048/b128",
+         _elementwise(jnp.sin, (2048, 2048), 128, jnp.bfloat16), "elementwise"),
+        ("elementwise-add-bf16/4096x2048/b512",
+         _elementwise(lambda x, y: x + y, (4096, 2048), 512, jnp.bfloat16, 2), "elementwise"),
+        ("flash-backward/h2/s4096/b128", _case(kc.flash_backward_case(2, 4096, 128)),
+         "flash-bwd"),
+        ("quantized-matmul/2048x2048x2048",
+         _case(kc.quantized_matmul_case(2048, 2048, 2048, 256)), "quantized"),
+        ("dma-ring/r256/slots3", _ring(64, 256, 3), "ring")):
+    _add(f"heldout4/{_name}", "heldout4", _make, kind=_kind)
+
 # round 3f: do a step's block copies overlap its compute? 1 MiB in and out a step and a
 # chain of n vector ops on the block (n = 0: copies only; the chain alone ~n x 55 ns)
 def _overlap(n: int, steps: int):

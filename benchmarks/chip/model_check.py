@@ -5,6 +5,10 @@ Predicts every kernel of ``calibration_kernels.py`` with ``palladium.interpret.p
 ``benchmarks/results_tpu/calibration.v5e.json``::
 
     python benchmarks/chip/model_check.py [--only heldout] [--json out.json]
+    python benchmarks/chip/model_check.py --only heldout4 --before-chip out.json
+
+``--before-chip`` predicts the kernels the chip has not run yet and writes the
+predictions (with the commit and the time), to be committed before they are measured.
 
 Reported: per kernel the prediction, the chip's time and the error (predicted / chip
 - 1) and predict's CPU seconds; per group the share within 10% and the geometric-mean
@@ -40,6 +44,8 @@ def main() -> None:
     ap.add_argument("--only", default="")
     ap.add_argument("--measured", default=str(ROOT / "benchmarks/results_tpu/calibration.v5e.json"))
     ap.add_argument("--json", default=None)
+    ap.add_argument("--before-chip", default=None,
+                    help="write the predictions of the kernels not measured yet here")
     a = ap.parse_args()
     measured = json.loads(Path(a.measured).read_text())["kernels"]
     # every later round's file, in order (a kernel measured again: its latest time)
@@ -47,6 +53,9 @@ def main() -> None:
         "calibration.", "calibration[0-9]*.")), key=lambda p: int(p.name.split(".")[0][11:]))
     for path in later:
         measured.update(json.loads(path.read_text())["kernels"])
+    if a.before_chip:
+        _before_chip(a.only, measured, Path(a.before_chip))
+        return
     rows = {}
     for name in ck.names(a.only):
         m = measured.get(name, {})
@@ -84,6 +93,30 @@ def main() -> None:
         print(f"{g:24s} tau {tau:+.2f}, predicted best is {gap:.1%} from the measured best")
     if a.json:
         Path(a.json).write_text(json.dumps(rows, indent=1))
+
+
+def _before_chip(only: str, measured: dict, out: Path) -> None:
+    import datetime
+    import subprocess
+
+    kernels = {}
+    for name in ck.names(only):
+        if measured.get(name, {}).get("seconds"):
+            continue
+        fn, args = ck.ENTRIES[name].make()
+        t0 = time.process_time()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            p = pi.predict(fn, *args, chip="v5e", compile_check="off")
+        kernels[name] = {"predicted": p.predicted_seconds, "bound": p.bound,
+                         "cpu_s": time.process_time() - t0, "placement": p.placement}
+        print(f"{name:48s} pred {p.predicted_seconds * 1e6:10.2f} {p.bound}", flush=True)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
+                            capture_output=True, text=True).stdout.strip()
+    out.write_text(json.dumps({
+        "predicted_at": datetime.datetime.now(datetime.UTC).isoformat(
+            timespec="seconds"), "commit": commit, "chip": "v5e", "kernels": kernels},
+        indent=1) + "\n")
 
 
 if __name__ == "__main__":
