@@ -2156,3 +2156,13 @@ def _table_maps(form: str, heads: int = 2, n: int = 16):
 
 for _form in ("grid", "table", "grid-same", "table-same"):
     _add(f"r24/kv-maps/{_form}", "micro", _table_maps(_form), kind="kv-maps", form=_form)
+
+
+# round 25 (2026-12-06, eighth session): every transcendental in bf16 (the held-out set
+# 4 put a bf16 sin 23% over: the model charged every bf16 transcendental the mean
+# factor of tanh's and exp's, 0.96 and 1.49 of their f32 cost per element)
+for _op, _ns in (("log", (4, 16)), ("sin", (2, 8)), ("logistic", (4, 16)),
+                 ("rsqrt", (4, 16)), ("div", (4, 16)), ("sqrt", (4, 16))):
+    for _n in _ns:
+        _add(f"r25/vpu/{_op}/bfloat16/n{_n}", "micro", _chain(_op, jnp.bfloat16, _n),
+             kind="vector", op=_op, dtype="bfloat16", n=_n, shape=VPU_SHAPE)

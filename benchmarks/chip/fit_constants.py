@@ -33,7 +33,8 @@ def main() -> None:
     k = {n: r for n, r in data["kernels"].items() if r.get("group") == "micro"}
     for later in ("calibration2", "calibration3", "calibration5", "calibration6", "calibration8",
                   "calibration9", "calibration10", "calibration13", "calibration15",
-                  "calibration19", "calibration20", "calibration23", "calibration25"):
+                  "calibration19", "calibration20", "calibration23", "calibration25",
+                  "calibration27"):
         # the second round's microbenchmarks (reductions, latencies ...) and the third's
         # (dependent and independent dots, a flash step, a page gather), the fourth's
         # (block copies: how many, how big, beside which compute)
@@ -106,6 +107,26 @@ def main() -> None:
     put("narrow_transcendental_factor", statistics.mean(ebf),
         ["vpu/tanh/bfloat16/n4..n16", "vpu/exp/bfloat16/n4..n16"],
         "cost of a bf16 element's transcendental relative to an f32 element's")
+    # round 25: every transcendental in bf16, each its own factor (its chain's slope
+    # less the chain's own adds and muls at bf16's measured cost, over its f32 cost;
+    # sin as its f32 cost is taken: its first two over the copy alone)
+    mul_bf = slope("vpu/mul/bfloat16/n16", "vpu/mul/bfloat16/n64", 48)
+    add_bf = slope("vpu/add/bfloat16/n16", "vpu/add/bfloat16/n64", 48)
+    around = {"exp": mul_bf, "tanh": 0.0, "log": add_bf, "logistic": 0.0, "div": add_bf,
+              "rsqrt": mul_bf + add_bf, "sqrt": mul_bf + add_bf}
+    per_op = {}
+    for op, rest_bf in around.items():
+        pre = "vpu" if op in ("exp", "tanh") else "r25/vpu"
+        s_bf = slope(f"{pre}/{op}/bfloat16/n4", f"{pre}/{op}/bfloat16/n16", 12)
+        per_op[op] = (s_bf - rest_bf) / (ops[op] * vregs)
+    per_op["sin"] = ((t["r25/vpu/sin/bfloat16/n2"] - t["vpu/add/bfloat16/n0"]) / 2
+                     / (ops["sin"] * vregs))
+    put("narrow_transcendental_factors", per_op,
+        ["vpu/{tanh,exp}/bfloat16/n4..n16", "r25/vpu/{log,logistic,div,rsqrt,sqrt}/bfloat16/"
+         "n4..n16", "r25/vpu/sin/bfloat16/n2", "vpu/{add,mul}/bfloat16/n16..n64"],
+        "per transcendental, the cost of a bf16 element relative to an f32 element's: its "
+        "chain's slope less the chain's adds and muls at their bf16 cost (sin: its first "
+        "two over the copy alone, as its f32 cost)")
 
     # --- dependent chains in a loop: per-op latency and per-iteration overhead ---------
     its = {}

@@ -267,8 +267,9 @@ def _vector_vregs(eqn: Any, chip: ChipModel, transcendental: bool) -> float:
         if not math.prod(aval.shape):
             continue
         if dtype.name in ("bfloat16", "float16"):
-            factor = (chip.narrow_transcendental_factor if transcendental
-                      else chip.narrow_valu_factor)
+            factor = (chip.narrow_transcendental_factors.get(
+                str(eqn.primitive), chip.narrow_transcendental_factor) if transcendental
+                else chip.narrow_valu_factor)
             words = _tiles(aval.shape, 4, chip) * factor
         else:
             words = _tiles(aval.shape, dtype.itemsize, chip)

@@ -101,6 +101,7 @@ _MEASURED_FIELDS = {
     "valu_vreg_seconds": "valu_vreg_seconds",
     "narrow_valu_factor": "narrow_valu_factor",
     "narrow_transcendental_factor": "narrow_transcendental_factor",
+    "narrow_transcendental_factors": "narrow_transcendental_factors",
     "vector_op_vreg_seconds": "vector_op_vreg_seconds",
     "dependent_op_seconds": "dependent_op_seconds",
     "loop_iteration_seconds": "loop_iteration_seconds",
@@ -211,6 +212,11 @@ class ChipModel:
     #: transcendentals (0.5: packed two per 32-bit lane, as the spec-derived default).
     narrow_valu_factor: float = 0.5
     narrow_transcendental_factor: float = 0.5
+    #: Per transcendental measured apart ("exp", "sin" ...): its 16-bit element's cost
+    #: relative to its 32-bit one's (the chip's bf16 transcendentals differ by op: a v5e
+    #: 0.3-1.5x); others take ``narrow_transcendental_factor``.
+    narrow_transcendental_factors: Mapping[str, float] = dataclasses.field(
+        default_factory=dict)
     #: Latency of one dependent vector op, of a loop iteration, of a load/store on the
     #: dependent chain (0: not modelled).
     dependent_op_seconds: float = 0.0
@@ -403,6 +409,9 @@ def _from_reference(base: ChipModel, reference: str) -> ChipModel:
                             else 0.5),
         narrow_transcendental_factor=(ref.narrow_transcendental_factor
                                       if chip_record(base.chip).facts.generation <= 5 else 0.5),
+        narrow_transcendental_factors=(ref.narrow_transcendental_factors
+                                       if chip_record(base.chip).facts.generation <= 5
+                                       else {}),
     )
 
 
