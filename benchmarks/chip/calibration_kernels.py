@@ -2166,3 +2166,52 @@ for _op, _ns in (("log", (4, 16)), ("sin", (2, 8)), ("logistic", (4, 16)),
     for _n in _ns:
         _add(f"r25/vpu/{_op}/bfloat16/n{_n}", "micro", _chain(_op, jnp.bfloat16, _n),
              kind="vector", op=_op, dtype="bfloat16", n=_n, shape=VPU_SHAPE)
+
+
+# round 26 (2026-12-06, eighth session): page DMAs in bursts of 32 and 64, from one array
+# or split over two (paged attention at 16 pages a block starts 32 page DMAs, its keys'
+# and its values', and ran at 17.7 ns a DMA where the model's least was 21 ns:
+# r15/paged-loop/dma/pb16 +38%, heldout4/paged/b8h16/p128/pb16 +10.8%)
+for _pp in (32, 64):
+    for _s in (64, 256):
+        _add(f"r26/page-gather-unrolled/float32/p{_pp}/s{_s}", "micro",
+             _page_gather_unrolled(_pp, _s, jnp.float32), kind="page-gather",
+             dtype="float32", pages=_pp, steps=_s, unrolled=True)
+
+
+def _page_gather_two(pages_per_step: int, steps: int):
+    """As ``_page_gather_unrolled`` in f32, the pages split over two arrays (keys and
+    values), each half on its own semaphore, all started then all waited."""
+    half = pages_per_step // 2
+    total = half * steps
+
+    def body(idx_ref, a_hbm, b_hbm, o_ref, abuf, bbuf, asem, bsem):
+        i = pl.program_id(0)
+        copies = [pltpu.make_async_copy(src.at[idx_ref[i * half + j]], buf.at[j], sem)
+                  for src, buf, sem in ((a_hbm, abuf, asem), (b_hbm, bbuf, bsem))
+                  for j in range(half)]
+        for c in copies:
+            c.start()
+        for c in copies:
+            c.wait()
+        o_ref[...] = (jnp.sum(abuf[...], axis=0) + jnp.sum(bbuf[...], axis=0))[None]
+
+    def make():
+        a, b = _arr((total, 16, 128), jnp.float32, 1), _arr((total, 16, 128), jnp.float32, 2)
+        idx = jnp.asarray(np.random.default_rng(3).permutation(total), jnp.int32)
+        grid_spec = pltpu.PrefetchScalarGridSpec(
+            num_scalar_prefetch=1, grid=(steps,),
+            in_specs=[pl.BlockSpec(memory_space=pl.ANY)] * 2,
+            out_specs=pl.BlockSpec((1, 16, 128), lambda i, idx: (i, 0, 0)),
+            scratch_shapes=[pltpu.VMEM((half, 16, 128), jnp.float32),
+                            pltpu.VMEM((half, 16, 128), jnp.float32),
+                            pltpu.SemaphoreType.DMA(()), pltpu.SemaphoreType.DMA(())])
+        fn = _lazy(body, out_shape=jax.ShapeDtypeStruct((steps, 16, 128), jnp.float32),
+                   grid_spec=grid_spec)
+        return (lambda idx, a, b: fn(idx, a, b)), (idx, a, b)
+    return make
+
+
+for _pp in (8, 16, 32, 64):
+    _add(f"r26/page-gather-two/float32/p{_pp}/s256", "micro", _page_gather_two(_pp, 256),
+         kind="page-gather", dtype="float32", pages=_pp, steps=256, arrays=2)

@@ -34,7 +34,7 @@ def main() -> None:
     for later in ("calibration2", "calibration3", "calibration5", "calibration6", "calibration8",
                   "calibration9", "calibration10", "calibration13", "calibration15",
                   "calibration19", "calibration20", "calibration23", "calibration25",
-                  "calibration27"):
+                  "calibration27", "calibration28"):
         # the second round's microbenchmarks (reductions, latencies ...) and the third's
         # (dependent and independent dots, a flash step, a page gather), the fourth's
         # (block copies: how many, how big, beside which compute)
@@ -382,6 +382,22 @@ def main() -> None:
         f"{ {d: round(v * 1e9, 1) for d, v in per_page.items()} } ns for 8 and 4 KiB pages "
         "whose bytes alone take 11 and 5.5 ns (a 64 KiB DMA's bytes hide it: dma/in/65536B/k8 "
         "runs at the read rate)")
+
+    # round 26: bursts of 32 and 64 page DMAs: from the 16th DMA of a burst on, each
+    # holds the engine less (p32 -> p64 per page, 8 KiB f32 pages whose bytes take 11 ns)
+    deep = statistics.mean((t[f"r26/page-gather-unrolled/float32/p64/s{st}"]
+                            - t[f"r26/page-gather-unrolled/float32/p32/s{st}"]) / (32 * st)
+                           for st in (64, 256))
+    put("dma_min_deep_seconds", deep, ["r26/page-gather-unrolled/float32/p32..p64/s64,s256"],
+        "the least time a kernel's DMA holds the DMA engine from the 16th of a burst on (the "
+        "DMAs the core started together): the time per page of a page gather from 32 to 64 "
+        "pages a step (up to 16 pages: dma_min_seconds)")
+    put("dma_burst_depth", 16, ["r3/page-gather-unrolled/float32/p4..p16/s64,s256",
+                                "r26/page-gather-unrolled/float32/p32..p64/s64,s256",
+                                "r26/page-gather-two/float32/p8..p64/s256"],
+        "chosen: the DMAs of a burst that hold the engine dma_min_seconds each; per page "
+        "24 ns from 4 to 16 pages, 14.7 from 16 to 32 and 13.7 from 32 to 64 (one array or "
+        "two alike)")
 
     n = "grid/copy/s512/b256x1024"
     blk = 256 * 1024 * 4

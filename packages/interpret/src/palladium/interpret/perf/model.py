@@ -128,6 +128,8 @@ _MEASURED_FIELDS = {
     "vector_op_latency_seconds": "vector_op_latency_seconds",
     "mxu_transposed_rhs_seconds": "mxu_transposed_rhs_seconds",
     "dma_min_seconds": "dma_min_seconds",
+    "dma_min_deep_seconds": "dma_min_deep_seconds",
+    "dma_burst_depth": "dma_burst_depth",
     "xlu_latency_seconds": "xlu_latency_seconds",
     "sublane_reduce_latency_seconds": "sublane_reduce_latency_seconds",
     "branch_seconds": "branch_seconds",
@@ -147,7 +149,7 @@ _CYCLE_FIELDS = ("valu_vreg_seconds", "dependent_op_seconds", "loop_iteration_se
                  "load_use_seconds", "vmem_vreg_seconds", "mxu_dot_seconds",
                  "mxu_weight_tile_seconds", "mxu_transposed_rhs_seconds",
                  "step_overhead_s", "launch_overhead_s", "dma_min_seconds",
-                 "xlu_latency_seconds", "sublane_reduce_latency_seconds", "branch_seconds",
+                 "dma_min_deep_seconds", "xlu_latency_seconds", "sublane_reduce_latency_seconds", "branch_seconds",
                  "predicated_seconds", "predicated_dma_seconds", "operand_step_seconds",
                  "strided_copy_seconds", "dynamic_operand_step_seconds",
                  "table_operand_step_seconds")
@@ -254,6 +256,10 @@ class ChipModel:
     #: the least time a kernel's own DMA holds the DMA engine, however few its bytes
     #: (a page gather's small DMAs are bound by it; a big DMA's bytes hide it)
     dma_min_seconds: float = 0.0
+    #: ... and, from its ``dma_burst_depth``-th DMA of a burst on (those the core started
+    #: together), the least time of each further one (0: as ``dma_min_seconds``)
+    dma_min_deep_seconds: float = 0.0
+    dma_burst_depth: int = 16
     mxu_weight_tile_seconds: float = 0.0
     #: a dot contracting its right operand's last dimension (``q @ k.T``) whose operand
     #: has 128 rows or more: its transpose, per 256 rows begun (fewer rows: none)
@@ -403,7 +409,7 @@ def _from_reference(base: ChipModel, reference: str) -> ChipModel:
         f32_highest_passes=ref.f32_highest_passes, hbm_mixed_factor=ref.hbm_mixed_factor,
         mixed_copy_limit_bytes=ref.mixed_copy_limit_bytes,
         predicated_branch_equations=ref.predicated_branch_equations,
-        spill_vregs=ref.spill_vregs,
+        spill_vregs=ref.spill_vregs, dma_burst_depth=ref.dma_burst_depth,
         # chips from v6e on have bf16 vector units: the packed default
         narrow_valu_factor=(ref.narrow_valu_factor if chip_record(base.chip).facts.generation <= 5
                             else 0.5),
