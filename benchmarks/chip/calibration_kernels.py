@@ -975,7 +975,12 @@ for _b in (128, 256):
 
 # held out, round 3: measured after the third round's model was final (its predictions
 # were committed before the chip ran them: results_tpu/heldout3_predicted.v5e.json)
-for _name, _make, _kind in (
+def _held_out(group: str, kernels: tuple[tuple[str, Any, str], ...]) -> None:
+    for name, make, kind in kernels:
+        _add(f"{group}/{name}", group, make, kind=kind)
+
+
+_held_out("heldout3", (
         ("flash-full/h2/s2048/b256", _flash(2, 2048, 256, False), "flash"),
         ("flash-causal/h4/s2048/b256", _flash(4, 2048, 256, True), "flash"),
         ("paged/b4h8/p64/pb8", _case(kc.paged_attention_case(4, 8, 16, 64, 8)), "paged"),
@@ -993,15 +998,14 @@ for _name, _make, _kind in (
         ("flash-backward/h4/s1024", _case(kc.flash_backward_case(4, 1024, 256)), "flash-bwd"),
         ("quantized-matmul/1024x2048x1024",
          _case(kc.quantized_matmul_case(1024, 2048, 1024, 256)), "quantized"),
-        ("dma-ring/r512/slots2", _ring(32, 512, 2), "ring")):
-    _add(f"heldout3/{_name}", "heldout3", _make, kind=_kind)
+        ("dma-ring/r512/slots2", _ring(32, 512, 2), "ring")))
 
 
 
 # held out, round 4 (2026-12-06, eighth session): other sizes of every class, predicted
 # and the predictions committed before the chip ran them
 # (results_tpu/heldout4_predicted.v5e.json)
-for _name, _make, _kind in (
+_held_out("heldout4", (
         ("flash-full/h4/s4096/b512", _flash(4, 4096, 512, False), "flash"),
         ("flash-causal/h2/s8192/b256", _flash(2, 8192, 256, True), "flash"),
         ("paged/b8h16/p128/pb16", _case(kc.paged_attention_case(8, 16, 16, 128, 16)), "paged"),
@@ -1021,8 +1025,7 @@ for _name, _make, _kind in (
          "flash-bwd"),
         ("quantized-matmul/2048x2048x2048",
          _case(kc.quantized_matmul_case(2048, 2048, 2048, 256)), "quantized"),
-        ("dma-ring/r256/slots3", _ring(64, 256, 3), "ring")):
-    _add(f"heldout4/{_name}", "heldout4", _make, kind=_kind)
+        ("dma-ring/r256/slots3", _ring(64, 256, 3), "ring")))
 
 # round 3f: do a step's block copies overlap its compute? 1 MiB in and out a step and a
 # chain of n vector ops on the block (n = 0: copies only; the chain alone ~n x 55 ns)

@@ -61,12 +61,7 @@ def main() -> None:
         m = measured.get(name, {})
         if not m.get("seconds"):
             continue
-        fn, args = ck.ENTRIES[name].make()
-        t0 = time.process_time()
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            p = pi.predict(fn, *args, chip="v5e", compile_check="off")
-        cpu = time.process_time() - t0
+        p, cpu = _predict(name)
         chip_s = m.get("kernel_seconds") or m["seconds"]
         rows[name] = {"group": ck.ENTRIES[name].group, "predicted": p.predicted_seconds,
                       "chip": chip_s, "error": p.predicted_seconds / chip_s - 1,
@@ -95,6 +90,16 @@ def main() -> None:
         Path(a.json).write_text(json.dumps(rows, indent=1))
 
 
+def _predict(name: str) -> tuple[pi.Prediction, float]:
+    """``name``'s prediction on the v5e and the CPU seconds it took."""
+    fn, args = ck.ENTRIES[name].make()
+    t0 = time.process_time()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        p = pi.predict(fn, *args, chip="v5e", compile_check="off")
+    return p, time.process_time() - t0
+
+
 def _before_chip(only: str, measured: dict, out: Path) -> None:
     import datetime
     import subprocess
@@ -103,13 +108,9 @@ def _before_chip(only: str, measured: dict, out: Path) -> None:
     for name in ck.names(only):
         if measured.get(name, {}).get("seconds"):
             continue
-        fn, args = ck.ENTRIES[name].make()
-        t0 = time.process_time()
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            p = pi.predict(fn, *args, chip="v5e", compile_check="off")
-        kernels[name] = {"predicted": p.predicted_seconds, "bound": p.bound,
-                         "cpu_s": time.process_time() - t0, "placement": p.placement}
+        p, cpu = _predict(name)
+        kernels[name] = {"predicted": p.predicted_seconds, "bound": p.bound, "cpu_s": cpu,
+                         "placement": p.placement}
         print(f"{name:48s} pred {p.predicted_seconds * 1e6:10.2f} {p.bound}", flush=True)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
                             capture_output=True, text=True).stdout.strip()
