@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable
+from operator import attrgetter
 from typing import Any
 
 from palladium.shared_memory import MemorySpace
@@ -104,7 +105,7 @@ def assign_lanes(dmas: list[Any], append: Callable[[Any], None]) -> None:
     lanes: dict[int, tuple[list[tuple[float, int]], list[int], list[int]]] = {}
     heappush, heappop = heapq.heappush, heapq.heappop
     names: list[str] = []
-    for dma in sorted(dmas, key=lambda d: (d.start, d.id)):
+    for dma in sorted(dmas, key=attrgetter("start", "id")):
         known = lanes.get(dma.device)
         if known is None:
             known = lanes[dma.device] = ([], [], [0])
@@ -120,6 +121,6 @@ def assign_lanes(dmas: list[Any], append: Callable[[Any], None]) -> None:
                 lane = count[0]
                 count[0] += 1
             heappush(busy, (end, lane))
-            while len(names) <= lane:
-                names.append(f"DMA engine {len(names)}")
+            if lane >= len(names):
+                names.extend(f"DMA engine {n}" for n in range(len(names), lane + 1))
             append(((dma.device, names[lane]), name, "dma", start, end, args))
