@@ -81,7 +81,8 @@ def core_program(core: CoreId, events: list[tuple[Any, ...]], chip: ChipModel,
     out_waits: dict[int, list[tuple[Any, int]]] = defaultdict(list)
     last = len(steps) - 1
     for s, st in enumerate(steps):
-        yield ("begin", f"step {s} {st['point']}", {"grid_point": str(st["point"])})
+        point = str(st["point"])
+        yield ("begin", f"step {s} {point}", {"grid_point": point})
         yield ("overhead", step_overhead, "step overhead")
         # (with n buffers the next inputs are fetched before this step's are waited for:
         # their buffer held step s - 1's, done; one buffer: this step's own, then waited)
@@ -92,7 +93,12 @@ def core_program(core: CoreId, events: list[tuple[Any, ...]], chip: ChipModel,
         if st["in"]:
             total = sum(ev[2] for ev in st["in"])
             yield ("wait", ("pipe", core, "in", s), total, "input blocks", "hbm")
-        yield from _plain(st["body"], labels)
+        for ev in st["body"]:  # (``_plain``, inline: a generator a step costs more)
+            if ev[0] == "c":
+                if ev[1]:
+                    yield ("compute", ev[1], "compute")
+            elif (action := _action(ev, labels)) is not None:
+                yield action
         for ev in st["out"]:
             if ev[0] == "out":
                 key = ("pipe", core, "out", s, ev[4])
@@ -100,8 +106,8 @@ def core_program(core: CoreId, events: list[tuple[Any, ...]], chip: ChipModel,
                     yield issue
                 yield copy(ev, key)
                 out_waits[min(s + ev[3] - 1, last + 1)].append((key, ev[2]))
-            else:
-                yield from _plain([ev], labels)
+            elif (action := _action(ev, labels)) is not None:
+                yield action
         for key, nbytes in out_waits.pop(s, []):
             yield ("wait", key, nbytes, "output block write-back", "hbm")
         yield ("end",)
@@ -114,24 +120,30 @@ def core_program(core: CoreId, events: list[tuple[Any, ...]], chip: ChipModel,
 def _plain(events: list[tuple[Any, ...]], labels: dict[Any, tuple[Any, ...]],
            ) -> Iterator[Action]:
     for ev in events:
-        kind = ev[0]
-        if kind == "c":
-            if ev[1]:
-                yield ("compute", ev[1], "compute")
-        elif kind == "dma":
-            d = ev[1]
-            direction, res = route(d)
-            dma_id, name, signals, args = member(d, labels)
-            yield ("dma", dma_id, name, res, d.nbytes, signals, args, direction)
-        elif kind == "dmas":  # a run (``dma_runs``): one resource, size and direction
-            direction, res = route(ev[1][0])
-            yield ("dmas", [member(x, labels) for x in ev[1]], res, ev[1][0].nbytes,
-                   direction)
-        elif kind == "sig":
-            yield ("signal", ev[1], ev[2])
-        elif kind == "wait":
-            yield ("wait", ev[1], ev[2], ev[3], "dma" if ev[4] else "sem")
-        elif kind == "bar":
-            yield ("barrier",)
-        elif kind == "mem":
-            yield ("mem", ev[1])
+        action = _action(ev, labels)
+        if action is not None:
+            yield action
+
+
+def _action(ev: tuple[Any, ...], labels: dict[Any, tuple[Any, ...]]) -> Action | None:
+    """The recorded event ``ev`` as the replay's action (None: nothing to do)."""
+    kind = ev[0]
+    if kind == "c":
+        return ("compute", ev[1], "compute") if ev[1] else None
+    if kind == "dma":
+        d = ev[1]
+        direction, res = route(d)
+        dma_id, name, signals, args = member(d, labels)
+        return ("dma", dma_id, name, res, d.nbytes, signals, args, direction)
+    if kind == "dmas":  # a run (``dma_runs``): one resource, size and direction
+        direction, res = route(ev[1][0])
+        return ("dmas", [member(x, labels) for x in ev[1]], res, ev[1][0].nbytes, direction)
+    if kind == "sig":
+        return ("signal", ev[1], ev[2])
+    if kind == "wait":
+        return ("wait", ev[1], ev[2], ev[3], "dma" if ev[4] else "sem")
+    if kind == "bar":
+        return ("barrier",)
+    if kind == "mem":
+        return ("mem", ev[1])
+    return None

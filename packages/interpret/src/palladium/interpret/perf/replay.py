@@ -197,7 +197,12 @@ class Replay:
                 else:
                     st.overhead += dt
                 clock[core] = t = end
-                if (ready and ready[0] <= (end, core)) or self._next_dma_time() <= end:
+                td = self._flow_end  # (``_next_dma_time``, its flows found: inline)
+                if td is None:
+                    td = self._next_dma_time()
+                elif self._pending and self._pending[0][0] < td:
+                    td = self._pending[0][0]
+                if (ready and ready[0] <= (end, core)) or td <= end:
                     heapq.heappush(ready, (end, core))
                     return
                 continue  # (the run loop would pop this core next)
@@ -260,19 +265,20 @@ class Replay:
 
     def _start(self, dma: _Dma, latency: float) -> None:
         """``dma`` (a run of ``dma.count``) issued: its bytes flow after ``latency``."""
-        self.dmas.append(dma)
+        dmas = self.dmas
+        dmas.append(dma)
         self.resource_bytes[dma.resource] += dma.nbytes * dma.count
-        large = self._large_block(dma)
-        if large and dma.direction == "in" and self._issuing[dma.resource]:
-            # a large block read waits while a large block write is issued and not yet
-            # flowing: the two do not mix (r5/in-out on a v5e: a step's 64 KiB input
-            # and output copies take the two apart added, 389 ns against 236 + 169;
-            # 32 KiB ones overlap, 262 against 212 + 144)
-            self._held.setdefault(dma.resource, []).append((dma, latency, len(self.dmas)))
-            return
-        if large and dma.direction == "out":
-            self._issuing[dma.resource] += 1
-        heapq.heappush(self._pending, (dma.start + latency, len(self.dmas), dma))
+        if dma.block and dma.nbytes > self.chip.mixed_copy_limit_bytes:  # (_large_block)
+            if dma.direction == "in" and self._issuing[dma.resource]:
+                # a large block read waits while a large block write is issued and not
+                # yet flowing: the two do not mix (r5/in-out on a v5e: a step's 64 KiB
+                # input and output copies take the two apart added, 389 ns against
+                # 236 + 169; 32 KiB ones overlap, 262 against 212 + 144)
+                self._held.setdefault(dma.resource, []).append((dma, latency, len(dmas)))
+                return
+            if dma.direction == "out":
+                self._issuing[dma.resource] += 1
+        heapq.heappush(self._pending, (dma.start + latency, len(dmas), dma))
 
     def _terms(self, kind: str) -> tuple[str, bool, float, float, float]:
         """A DMA kind's (``"block in"``, ``"block strided in"``, ``"in"``...) direction,

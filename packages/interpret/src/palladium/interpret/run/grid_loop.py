@@ -312,11 +312,13 @@ class CoreRun:
         step's (``cur``): read from HBM now, each by an agent of its own."""
         sim = self.launch.sim
         point = self.points[step]
+        entries = self._plans.entries
         for i, info in enumerate(self._inputs):
             if in_hbm[i] or nxt[i] == cur[i]:
                 continue
             site = _CopySite(self, info, nxt[i], point, "input")
-            hbm, vmem = self._copy_plans(i, nxt[i])
+            # (``_copy_plans``: its cache read here, a hit at nearly every step)
+            hbm, vmem = entries.get((i, nxt[i])) or self._copy_plans(i, nxt[i])
             # (an input nothing writes is read-only: no agent, no race to report)
             agent = (sim.fork_agent(self.core, f"copy of block {nxt[i]} of input '{info.name}' "
                                                f"for grid point {point}")
