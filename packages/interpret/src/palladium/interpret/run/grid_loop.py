@@ -102,7 +102,9 @@ class _CopySite:
                                              self.direction)
         return self._site
 
-    def __getattr__(self, name: str) -> Any:
+    def __getattr__(self, name: str) -> Any:  # (the Site's fields and source_line)
+        if name.startswith("_"):  # (no copy or pickle protocol through the Site)
+            raise AttributeError(name)
         return getattr(self.site(), name)
 
     def __str__(self) -> str:
