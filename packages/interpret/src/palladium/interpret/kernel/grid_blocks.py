@@ -10,7 +10,8 @@ them by (operand, block index), so a region is built once per block here too.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from operator import itemgetter
 from typing import Any
 
 import numpy as np
@@ -50,12 +51,29 @@ class GridBlocks:
         projections = [_projection(info.index_map, n_grid) for info in self.infos]
         picks = [p for p in projections if p is not None]
         self._projections = picks if len(picks) == len(projections) else None
+        # Each projection as one C call on the grid point followed by the constants the
+        # projections pick (``indices``): an ``itemgetter`` of its positions there (a
+        # one-element or empty block index: a slice of them).
+        # (a constant by its position from the end: whatever the point's length)
+        consts = sorted({v for p in picks for kind, v in p if kind == "const"})
+        at = {v: i - len(consts) for i, v in enumerate(consts)}
+        self._consts = tuple(consts)
+        self._getters = [_getter([v if kind == "grid" else at[v] for kind, v in p])
+                         for p in picks]
 
     def indices(self, point: tuple[int, ...]) -> list[tuple[int, ...]] | None:
         """Every operand's block index at ``point``, or None: evaluate the maps instead."""
         if self._projections is None:
             return None
-        return [
-            tuple(point[v] if kind == "grid" else v for kind, v in picks)
-            for picks in self._projections
-        ]
+        extended = tuple(point) + self._consts
+        return [get(extended) for get in self._getters]
+
+
+def _getter(positions: list[int]) -> Callable[[tuple[int, ...]], tuple[int, ...]]:
+    """The tuple of the elements at ``positions`` of a tuple."""
+    if len(positions) >= 2:
+        return itemgetter(*positions)
+    if not positions:
+        return itemgetter(slice(0, 0))
+    at = positions[0]
+    return itemgetter(slice(at, at + 1 if at != -1 else None))

@@ -53,18 +53,21 @@ def core_program(core: CoreId, events: list[tuple[Any, ...]], chip: ChipModel,
     dev = core[0]
     seq = iter(range(1 << 62))
 
-    def copy(ev: tuple[Any, ...], key: Any) -> Iterator[Action]:
+    # (one action, shared: a block copy's issue on the core, before its DMA)
+    issue = (("overhead", chip.block_copy_issue_s, "block copy issue",)
+             if chip.block_copy_issue_s else None)
+
+    def copy(ev: tuple[Any, ...], key: Any) -> Action:
+        """The DMA of the block copy ``ev`` that signals ``key``."""
         _, step, nbytes, _n, name, local, strided = ev
         # (an operand XLA placed in VMEM: its blocks are copied VMEM -> VMEM)
         where = "VMEM" if local else "HBM"
         src, dst = (where, name) if ev[0] == "in" else (name, where)
-        if chip.block_copy_issue_s:
-            yield ("overhead", chip.block_copy_issue_s, "block copy issue")
-        yield ("dma", -1 - next(seq), f"copy {name} block (step {step})",
-               ("local" if local else "hbm", dev), nbytes, [(key, nbytes)],
-               {"bytes": nbytes, "src": src, "dst": dst},
-               "block local" if local else
-               ("block strided " if strided else "block ") + ("in" if ev[0] == "in" else "out"))
+        return ("dma", -1 - next(seq), f"copy {name} block (step {step})",
+                ("local" if local else "hbm", dev), nbytes, [(key, nbytes)],
+                {"bytes": nbytes, "src": src, "dst": dst},
+                "block local" if local else
+                ("block strided " if strided else "block ") + ("in" if ev[0] == "in" else "out"))
 
     issue_at: dict[int, list[tuple[Any, ...]]] = defaultdict(list)  # -1: prologue
     for t, st in enumerate(steps):
@@ -72,27 +75,39 @@ def core_program(core: CoreId, events: list[tuple[Any, ...]], chip: ChipModel,
             n = ev[3]
             issue_at[t if n == 1 else max(t - (n - 1), -1) if t else -1].append(ev)
     for ev in issue_at.pop(-1, []):
-        yield from copy(ev, ("pipe", core, "in", ev[1]))
+        if issue:
+            yield issue
+        yield copy(ev, ("pipe", core, "in", ev[1]))
     out_waits: dict[int, list[tuple[Any, int]]] = defaultdict(list)
     last = len(steps) - 1
     for s, st in enumerate(steps):
-        yield ("begin", f"step {s} {st['point']}", {"grid_point": str(st["point"])})
+        point = str(st["point"])
+        yield ("begin", f"step {s} {point}", {"grid_point": point})
         yield ("overhead", step_overhead, "step overhead")
         # (with n buffers the next inputs are fetched before this step's are waited for:
         # their buffer held step s - 1's, done; one buffer: this step's own, then waited)
-        for ev in issue_at.get(s, []):
-            yield from copy(ev, ("pipe", core, "in", ev[1] if ev[3] != 1 else s))
+        for ev in issue_at.get(s, ()):
+            if issue:
+                yield issue
+            yield copy(ev, ("pipe", core, "in", ev[1] if ev[3] != 1 else s))
         if st["in"]:
             total = sum(ev[2] for ev in st["in"])
             yield ("wait", ("pipe", core, "in", s), total, "input blocks", "hbm")
-        yield from _plain(st["body"], labels)
+        for ev in st["body"]:  # (``_plain``, inline: a generator a step costs more)
+            if ev[0] == "c":
+                if ev[1]:
+                    yield ("compute", ev[1], "compute")
+            elif (action := _action(ev, labels)) is not None:
+                yield action
         for ev in st["out"]:
             if ev[0] == "out":
                 key = ("pipe", core, "out", s, ev[4])
-                yield from copy(ev, key)
+                if issue:
+                    yield issue
+                yield copy(ev, key)
                 out_waits[min(s + ev[3] - 1, last + 1)].append((key, ev[2]))
-            else:
-                yield from _plain([ev], labels)
+            elif (action := _action(ev, labels)) is not None:
+                yield action
         for key, nbytes in out_waits.pop(s, []):
             yield ("wait", key, nbytes, "output block write-back", "hbm")
         yield ("end",)
@@ -105,24 +120,30 @@ def core_program(core: CoreId, events: list[tuple[Any, ...]], chip: ChipModel,
 def _plain(events: list[tuple[Any, ...]], labels: dict[Any, tuple[Any, ...]],
            ) -> Iterator[Action]:
     for ev in events:
-        kind = ev[0]
-        if kind == "c":
-            if ev[1]:
-                yield ("compute", ev[1], "compute")
-        elif kind == "dma":
-            d = ev[1]
-            direction, res = route(d)
-            dma_id, name, signals, args = member(d, labels)
-            yield ("dma", dma_id, name, res, d.nbytes, signals, args, direction)
-        elif kind == "dmas":  # a run (``dma_runs``): one resource, size and direction
-            direction, res = route(ev[1][0])
-            yield ("dmas", [member(x, labels) for x in ev[1]], res, ev[1][0].nbytes,
-                   direction)
-        elif kind == "sig":
-            yield ("signal", ev[1], ev[2])
-        elif kind == "wait":
-            yield ("wait", ev[1], ev[2], ev[3], "dma" if ev[4] else "sem")
-        elif kind == "bar":
-            yield ("barrier",)
-        elif kind == "mem":
-            yield ("mem", ev[1])
+        action = _action(ev, labels)
+        if action is not None:
+            yield action
+
+
+def _action(ev: tuple[Any, ...], labels: dict[Any, tuple[Any, ...]]) -> Action | None:
+    """The recorded event ``ev`` as the replay's action (None: nothing to do)."""
+    kind = ev[0]
+    if kind == "c":
+        return ("compute", ev[1], "compute") if ev[1] else None
+    if kind == "dma":
+        d = ev[1]
+        direction, res = route(d)
+        dma_id, name, signals, args = member(d, labels)
+        return ("dma", dma_id, name, res, d.nbytes, signals, args, direction)
+    if kind == "dmas":  # a run (``dma_runs``): one resource, size and direction
+        direction, res = route(ev[1][0])
+        return ("dmas", [member(x, labels) for x in ev[1]], res, ev[1][0].nbytes, direction)
+    if kind == "sig":
+        return ("signal", ev[1], ev[2])
+    if kind == "wait":
+        return ("wait", ev[1], ev[2], ev[3], "dma" if ev[4] else "sem")
+    if kind == "bar":
+        return ("barrier",)
+    if kind == "mem":
+        return ("mem", ev[1])
+    return None

@@ -68,6 +68,12 @@ _RUN_LIMIT = 4096
 _CHUNK_LIMIT = 4096
 
 
+class _Told(list):  # type: ignore[type-arg]
+    """Equations told by one ``compute_run`` (its ``body``: their key, ``_body_key``)."""
+    __slots__ = ("body",)
+    body: tuple[Any, ...]
+
+
 class TimelineRecorder(Observer):
     """Per-core event lists of one launch (created per launch by the timeline).
 
@@ -119,6 +125,8 @@ class TimelineRecorder(Observer):
         # per run of equations that started a chunk (by their ids; the equations held):
         # the counts and chain it left (read only)
         self._chunk_memo: dict[int | tuple[int, ...], Run] = {}
+        # per body told by ``compute_run`` (by id; held): its equations' memo key
+        self._body_keys: dict[int, tuple[tuple[Any, ...], tuple[int, ...]]] = {}
         #: ("in", name) / ("out", name) of the operands XLA placed in VMEM: their block
         #: copies are VMEM -> VMEM (``fidelity.xla_placement``; set by the timeline)
         self.local_operands: frozenset[tuple[str, str]] = frozenset()
@@ -188,7 +196,9 @@ class TimelineRecorder(Observer):
         key = None
         if self.memo_chunks and not self.pending.get(core) and core not in self._chunks:
             # (one equation, a DMA's start or wait mostly: its id, no tuple to hash)
-            key = id(told[0]) if len(told) == 1 else tuple(map(id, told))
+            key = (id(told[0]) if len(told) == 1 else self._body_key(told.body)
+                   if type(told) is _Told and len(told) == len(told.body)
+                   else tuple(map(id, told)))
             hit = self._chunk_memo.get(key)
             if hit is not None:  # (its equations held: their ids are theirs)
                 return hit.counts, hit.chain, hit
@@ -203,6 +213,15 @@ class TimelineRecorder(Observer):
                 self._chunk_memo.clear()
             entry = self._chunk_memo[key] = Run(tuple(told), ran, chunk)
         return ran, chunk, entry
+
+    def _body_key(self, body: tuple[Any, ...]) -> tuple[int, ...]:
+        """``tuple(map(id, body))``, once per body."""
+        known = self._body_keys.get(id(body))
+        if known is None or known[0] is not body:
+            if len(self._body_keys) >= _CHUNK_LIMIT:
+                self._body_keys.clear()
+            known = self._body_keys[id(body)] = (body, tuple(map(id, body)))
+        return known[1]
 
     def _count_repeats(self) -> None:
         """Add the counts of the chunks pushed again from the memo (each chunk's first
@@ -256,7 +275,8 @@ class TimelineRecorder(Observer):
         (``_costed``)."""
         told = self._told.get(core)
         if told is None:
-            self._told[core] = list(ops)
+            told = self._told[core] = _Told(ops)
+            told.body = ops
         else:
             told.extend(ops)
         if len(self._told[core]) >= _RUN_LIMIT:

@@ -31,7 +31,7 @@ from collections import defaultdict
 from typing import Any
 
 from palladium.interpret.perf.core_program import core_program
-from palladium.interpret.perf.dma_runs import Member, assign_lanes
+from palladium.interpret.perf.dma_runs import Bursts, Member, assign_lanes
 from palladium.interpret.perf.model import ChipModel
 
 CoreId = tuple[int, int]
@@ -66,7 +66,7 @@ def make_spans(raw: list[RawSpan]) -> list[Span]:
             for track, name, cat, start, end, args in raw]
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(slots=True)
 class _Dma:
     id: int
     name: str
@@ -85,6 +85,8 @@ class _Dma:
     #: ``remaining`` each (None: this DMA alone)
     members: list[Member] | None = None
     count: int = 1
+    #: the ``remaining`` at or below which it has ended (a millionth of its bytes)
+    limit: float = 0.0
 
 
 @dataclasses.dataclass
@@ -148,67 +150,84 @@ class Replay:
         # then per DMA of each run
         self._batched = False
         self._dma_terms: dict[str, tuple[str, bool, float, float, float]] = {}
-        # (a burst's DMAs from the ``dma_burst_depth``-th on hold the engine less: the
-        # least work of each, HBM's read-equivalent bytes; None: no such rule; and per
-        # core and direction, the time of its burst and how many it has started)
-        self._deep = (chip.dma_min_deep_seconds * self.bandwidth["hbm"]
-                      if chip.dma_min_deep_seconds else None)
-        self._bursts: dict[tuple[CoreId, str], tuple[float, int]] = {}
+        # (a burst's DMAs from the ``dma_burst_depth``-th on hold the engine less)
+        self._bursts = (Bursts(chip, self.bandwidth["hbm"], cores_per_device)
+                        if chip.dma_min_deep_seconds else None)
 
     # -- the run -------------------------------------------------------------------------
     def run(self) -> None:
         self._ready = [(0.0, c) for c in self.cores]
         heapq.heapify(self._ready)
+        ready, pending, next_dma_time, advance, step = (
+            self._ready, self._pending, self._next_dma_time, self._advance, self._step)
+        inf, heappop = math.inf, heapq.heappop
         while True:
-            tc = self._ready[0][0] if self._ready else math.inf
-            td = self._next_dma_time()
-            if td <= tc and td < math.inf:
-                self._advance(td)
+            tc = ready[0][0] if ready else inf
+            td = self._flow_end  # (``_next_dma_time``, its flows found: inline)
+            if td is None:
+                td = next_dma_time()
+            elif pending and pending[0][0] < td:
+                td = pending[0][0]
+            if td <= tc and td < inf:
+                advance(td)
                 continue
-            if not self._ready:
+            if not ready:
                 break
-            _, core = heapq.heappop(self._ready)
-            self._step(core)
+            step(heappop(ready)[1])
         self._assign_lanes()
 
     def _step(self, core: CoreId) -> None:
+        """Run ``core``'s program from its clock until it waits or its clock passes
+        another event (a compute or overhead span ends where the run loop would pick
+        this core again at once, before any DMA event: it goes on here)."""
         program = self.programs[core]
         track = (core[0], f"core {core[1]}")
         st = self.stats[core]
+        clock, ready, spans = self.clock, self._ready, self.raw_spans
+        t = clock[core]
         while True:
             action = next(program, None)
-            t = self.clock[core]
             if action is None:
                 st.end = t
                 return
             kind = action[0]
-            if kind in ("compute", "overhead"):
+            if kind == "overhead" or kind == "compute":
                 dt = action[1]
-                self.raw_spans.append((track, action[2], kind, t, t + dt, None))
+                end = t + dt
+                spans.append((track, action[2], kind, t, end, None))
                 if kind == "compute":
                     st.compute += dt
                 else:
                     st.overhead += dt
-                self.clock[core] = t + dt
-                heapq.heappush(self._ready, (t + dt, core))
-                return
+                clock[core] = t = end
+                td = self._flow_end  # (``_next_dma_time``, its flows found: inline)
+                if td is None:
+                    td = self._next_dma_time()
+                elif self._pending and self._pending[0][0] < td:
+                    td = self._pending[0][0]
+                if (ready and ready[0] <= (end, core)) or td <= end:
+                    heapq.heappush(ready, (end, core))
+                    return
+                continue  # (the run loop would pop this core next)
             if kind == "dma":
                 _, dma_id, name, res, nbytes, signals, args, kind = action
                 direction, block, work, latency = self._work(kind, res, nbytes)
-                if not block and self._deep is not None:
-                    work = self._in_burst(core, t, direction, res, nbytes, 1, work)
+                if not block and self._bursts is not None:
+                    work = self._bursts.work(core, t, direction, res, nbytes, 1, work)
                 self._start(_Dma(dma_id, name, core[0], res, nbytes, signals, t, args, work,
-                                 direction=direction, block=block), latency)
+                                 0.0, direction, block, None, 1, 1e-6 * max(nbytes, 1)),
+                            latency)
             elif kind == "dmas":  # DMAs started together: one flow of as many
                 _, members, res, nbytes, kind = action
                 direction, block, work, latency = self._work(kind, res, nbytes)
-                if not block and self._deep is not None:
-                    work = self._in_burst(core, t, direction, res, nbytes, len(members), work)
+                if not block and self._bursts is not None:
+                    work = self._bursts.work(core, t, direction, res, nbytes, len(members),
+                                             work)
                 first = members[0]
                 self._batched = True
                 self._start(_Dma(first[0], first[1], core[0], res, nbytes, first[2], t,
-                                 first[3], work, direction=direction, block=block,
-                                 members=members, count=len(members)), latency)
+                                 first[3], work, 0.0, direction, block, members,
+                                 len(members), 1e-6 * max(nbytes, 1)), latency)
             elif kind == "signal":
                 self._signal(action[1], action[2], t, "sem")
             elif kind == "wait":
@@ -224,11 +243,10 @@ class Replay:
                     return
                 end = max(at for _, at in self._barrier)
                 for c, at in self._barrier:
-                    self.raw_spans.append(((c[0], f"core {c[1]}"), "barrier", "barrier", at, end,
-                                           None))
+                    spans.append(((c[0], f"core {c[1]}"), "barrier", "barrier", at, end, None))
                     self.stats[c].exposed["barrier"] += end - at
-                    self.clock[c] = end
-                    heapq.heappush(self._ready, (end, c))
+                    clock[c] = end
+                    heapq.heappush(ready, (end, c))
                 self._barrier = []
                 return
             elif kind == "mem":
@@ -238,7 +256,7 @@ class Replay:
                 st.steps += 1
             elif kind == "end":
                 name, t0, args = self._open[core].pop()
-                self.raw_spans.append((track, name, "step", t0, t, args))
+                spans.append((track, name, "step", t0, t, args))
 
     def _work(self, kind: str, res: tuple[str, int], nbytes: int,
               ) -> tuple[str, bool, float, float]:
@@ -253,44 +271,22 @@ class Replay:
             work = work + least if block else max(work, least)
         return direction, block, work, latency
 
-    def _in_burst(self, core: CoreId, t: float, direction: str, res: tuple[str, int],
-                  nbytes: int, count: int, work: float) -> float:
-        """The work of each of ``count`` kernel DMAs of ``nbytes`` the core starts at
-        ``t``: those from the burst's ``dma_burst_depth``-th on hold the engine their
-        bytes' time or ``dma_min_deep_seconds`` (r26 on a v5e: a burst of 8 KiB page
-        DMAs takes 23.8 ns a page up to 16 pages, 13.7 from 16 to 64; a run started
-        together ends together, so its members take the mean)."""
-        key = (core, direction)
-        at, started = self._bursts.get(key, (t, 0))
-        if at != t:
-            started = 0
-        self._bursts[key] = (t, started + count)
-        depth = self.chip.dma_burst_depth
-        deep = max(0, started + count - max(started, depth))
-        if not deep or res[0] != "hbm" or self._deep is None:
-            return work
-        bytes_work = float(nbytes) * self._dma_terms_scale(direction)
-        less = max(bytes_work, self._deep)
-        return (work * (count - deep) + min(work, less) * deep) / count
-
-    def _dma_terms_scale(self, direction: str) -> float:
-        return self.chip.hbm_byte_seconds(direction, self._cores_per_device) * self.bandwidth["hbm"]
-
     def _start(self, dma: _Dma, latency: float) -> None:
         """``dma`` (a run of ``dma.count``) issued: its bytes flow after ``latency``."""
-        self.dmas.append(dma)
+        dmas = self.dmas
+        dmas.append(dma)
         self.resource_bytes[dma.resource] += dma.nbytes * dma.count
-        large = self._large_block(dma)
-        if large and dma.direction == "in" and self._issuing[dma.resource]:
-            # a large block read waits while a large block write is issued and not yet
-            # flowing: the two do not mix (r5/in-out on a v5e: a step's 64 KiB input
-            # and output copies take the two apart added, 389 ns against 236 + 169;
-            # 32 KiB ones overlap, 262 against 212 + 144)
-            self._held.setdefault(dma.resource, []).append((dma, latency, len(self.dmas)))
-            return
-        if large and dma.direction == "out":
-            self._issuing[dma.resource] += 1
-        heapq.heappush(self._pending, (dma.start + latency, len(self.dmas), dma))
+        if dma.block and dma.nbytes > self.chip.mixed_copy_limit_bytes:  # (_large_block)
+            if dma.direction == "in" and self._issuing[dma.resource]:
+                # a large block read waits while a large block write is issued and not
+                # yet flowing: the two do not mix (r5/in-out on a v5e: a step's 64 KiB
+                # input and output copies take the two apart added, 389 ns against
+                # 236 + 169; 32 KiB ones overlap, 262 against 212 + 144)
+                self._held.setdefault(dma.resource, []).append((dma, latency, len(dmas)))
+                return
+            if dma.direction == "out":
+                self._issuing[dma.resource] += 1
+        heapq.heappush(self._pending, (dma.start + latency, len(dmas), dma))
 
     def _terms(self, kind: str) -> tuple[str, bool, float, float, float]:
         """A DMA kind's (``"block in"``, ``"block strided in"``, ``"in"``...) direction,
@@ -336,11 +332,22 @@ class Replay:
             flows = self._flows
             flows.clear()
             for res, active in self._active.items():
-                if active:
+                if not active:
+                    continue
+                if len(active) > 1:
                     served = self._served(active)
-                    rate = self._rate(res, served)
-                    flows.append((served, rate))
-                    ends = min(ends, self._t_dma + min(d.remaining for d in served) / rate)
+                    if len(served) > 1:
+                        rate = self._rate(res, served)
+                        flows.append((served, rate))
+                        ends = min(ends, self._t_dma + min(d.remaining for d in served) / rate)
+                        continue
+                else:
+                    served = active
+                # (one DMA served: ``_rate``'s share, never mixed)
+                d = served[0]
+                rate = self.bandwidth[res[0]] / (d.count if self._batched else 1)
+                flows.append((served, rate))
+                ends = min(ends, self._t_dma + d.remaining / rate)
             self._flow_end = ends
         return min(t, ends)
 
@@ -356,6 +363,11 @@ class Replay:
         flight take 100.5 us a ring where sharing the engine would take 134 and in
         order 90; jax's paged attention at 16 pages a block takes 21 ns a page DMA,
         its page DMAs in bursts of a block's keys and values)."""
+        if len(active) == 2:  # (the common case, as below)
+            a, b = active
+            if a.block is not b.block or a.direction != b.direction or a.start == b.start:
+                return active
+            return [a] if a.start < b.start else [b]
         first: dict[str, float] = {}
         own: dict[str, float] = {}
         for d in active:
@@ -398,10 +410,13 @@ class Replay:
                     for held, latency, n in self._held.pop(dma.resource, ()):
                         heapq.heappush(self._pending, (t + latency, n, held))
         for res, active in self._active.items():
-            finished = [d for d in active if d.remaining <= 1e-6 * max(d.nbytes, 1)]
+            if len(active) == 1:  # (the common case)
+                if active[0].remaining <= active[0].limit:
+                    done.append(active.pop())
+                continue
+            finished = [d for d in active if d.remaining <= d.limit]
             if finished:  # (by identity: a dataclass's == compares every field)
-                self._active[res] = [d for d in active
-                                     if d.remaining > 1e-6 * max(d.nbytes, 1)]
+                self._active[res] = [d for d in active if d.remaining > d.limit]
                 done.extend(finished)
         if len(done) > 1:  # (most steps end one DMA)
             done.sort(key=lambda d: (d.start, d.id))

@@ -84,6 +84,33 @@ class _StepSite:
         return str(self.run._site(self.run.point or (), "grid step"))
 
 
+class _CopySite:
+    """Where a block copy happens (``CoreRun._copy_site``), made only when something
+    reads it (a message): a grid step copies blocks far more often than it fails."""
+
+    __slots__ = ("run", "info", "block", "point", "direction", "_site")
+
+    def __init__(self, run: CoreRun, info: BlockSpecInfo, block: tuple[int, ...],
+                 point: GridPoint, direction: str) -> None:
+        self.run, self.info, self.block, self.point = run, info, block, point
+        self.direction = direction  # "input" or "output"
+        self._site: Site | None = None
+
+    def site(self) -> Site:
+        if self._site is None:
+            self._site = self.run._copy_site(self.info, self.block, self.point,
+                                             self.direction)
+        return self._site
+
+    def __getattr__(self, name: str) -> Any:  # (the Site's fields and source_line)
+        if name.startswith("_"):  # (no copy or pickle protocol through the Site)
+            raise AttributeError(name)
+        return getattr(self.site(), name)
+
+    def __str__(self) -> str:
+        return str(self.site())
+
+
 class CoreRun:
     """The grid loop of one simulated core."""
 
@@ -192,9 +219,11 @@ class CoreRun:
         # the core when it starts, joined when it is waited for), so an output written
         # back where the next input block is being read (an in-place kernel whose output
         # runs ahead of its input) is a race, as on the chip (issue 42, item 3).
-        # input -> (block, data, agent, site)
-        prefetched: dict[int, tuple[tuple[int, ...], Any, Any, Any]] = {}
+        # input -> (block, data, agent, site, the plan of its VMEM side)
+        prefetched: dict[int, tuple[tuple[int, ...], Any, Any, Any, AccessPlan]] = {}
         inputs, outputs = self._inputs, self._outputs
+        in_hbm = [info.in_hbm for info in inputs]
+        out_in_hbm = [info.in_hbm for info in outputs]
         body = self.body = BodyMemo(k.jaxpr, params)  # (bodies that cannot differ: once)
         writing: list[Any] = []  # the agents of the last step's write-backs
         for step, point in enumerate(self.points):
@@ -209,15 +238,15 @@ class CoreRun:
             if obs is not None:
                 obs.grid_step_begin(self.core, step, point)
             for i, info in enumerate(inputs):
-                if info.in_hbm or (prev is not None and prev[i] == cur[i]):
+                if in_hbm[i] or (prev is not None and prev[i] == cur[i]):
                     continue
-                hbm, vmem = self._copy_plans(i, cur[i])
                 early = prefetched.pop(i, None)
                 if early is not None and early[0] == cur[i]:
-                    _, block, agent, site = early
+                    _, block, agent, site, vmem = early
                     sim.join_agent(self.core, agent)
                 else:  # the first step's: copied before the grid starts
-                    site = self._copy_in_site(i, cur[i], point)
+                    hbm, vmem = self._copy_plans(i, cur[i])
+                    site = _CopySite(self, info, cur[i], point, "input")
                     block = sim.read_block(self.hbm_inputs[i], hbm, core=self.core, site=site)
                 sim.write_block(self.input_refs[i].buffer, vmem, block, core=self.core, site=site)
                 if obs is not None:
@@ -225,18 +254,17 @@ class CoreRun:
                                              step, point, info.buffer_count, info.space))
             nxt = self._block_indices(self.points[step + 1]) if step + 1 < len(self.points) else None
             if nxt is not None:
-                self._prefetch(nxt, cur, step + 1, prefetched)
+                self._prefetch(nxt, cur, step + 1, prefetched, in_hbm)
             body.run(ev, point, self.operands, self.core, obs)
             if obs is not None:
                 obs.grid_step_end(self.core, step, point)
             done, writing = writing, []
             for o, info in enumerate(outputs):
-                if info.in_hbm:
+                if out_in_hbm[o]:
                     continue
                 b = cur[n_in + o]
                 if nxt is None or nxt[n_in + o] != b:
-                    site = self._site(point, f"copy of block {b} of output '{info.name}' to HBM",
-                                      (info, b, "output"))
+                    site = _CopySite(self, info, b, point, "output")
                     hbm, vmem = self._copy_plans(n_in + o, b)
                     block = sim.read_block(self.output_refs[o].buffer, vmem, core=self.core,
                                            site=site)
@@ -280,24 +308,30 @@ class CoreRun:
             sim.join_agent(self.core, agent)
 
     def _prefetch(self, nxt: list[tuple[int, ...]], cur: list[tuple[int, ...]], step: int,
-                  prefetched: dict[int, tuple[tuple[int, ...], Any, Any, Any]]) -> None:
+                  prefetched: dict[int, tuple[tuple[int, ...], Any, Any, Any, AccessPlan]],
+                  in_hbm: list[bool]) -> None:
         """Start copying grid step ``step``'s input blocks (``nxt``) that differ from this
         step's (``cur``): read from HBM now, each by an agent of its own."""
         sim = self.launch.sim
         point = self.points[step]
+        entries = self._plans.entries
         for i, info in enumerate(self._inputs):
-            if info.in_hbm or nxt[i] == cur[i]:
+            if in_hbm[i] or nxt[i] == cur[i]:
                 continue
-            site = self._copy_in_site(i, nxt[i], point)
-            hbm, _ = self._copy_plans(i, nxt[i])
+            site = _CopySite(self, info, nxt[i], point, "input")
+            # (``_copy_plans``: its cache read here, a hit at nearly every step)
+            hbm, vmem = entries.get((i, nxt[i])) or self._copy_plans(i, nxt[i])
             # (an input nothing writes is read-only: no agent, no race to report)
             agent = (sim.fork_agent(self.core, f"copy of block {nxt[i]} of input '{info.name}' "
                                                f"for grid point {point}")
                      if sim.watched(self.hbm_inputs[i]) else None)
             prefetched[i] = (nxt[i], sim.read_block(self.hbm_inputs[i], hbm, core=self.core,
-                                                    site=site, agent=agent), agent, site)
+                                                    site=site, agent=agent), agent, site, vmem)
 
-    def _copy_in_site(self, i: int, block: tuple[int, ...], point: GridPoint) -> Site:
-        info = self._inputs[i]
-        return self._site(point, f"copy of block {block} of input '{info.name}' into "
-                                 f"{info.space.name}", (info, block, "input"))
+    def _copy_site(self, info: BlockSpecInfo, block: tuple[int, ...], point: GridPoint,
+                   direction: str) -> Site:
+        """The site of the copy of ``block`` of ``info``'s operand at ``point``
+        (``direction``: ``"input"``, into the kernel's memory, or ``"output"``, to HBM)."""
+        what = (f"copy of block {block} of input '{info.name}' into {info.space.name}"
+                if direction == "input" else f"copy of block {block} of output '{info.name}' to HBM")
+        return self._site(point, what, (info, block, direction))
