@@ -42,9 +42,8 @@ def core_program(core: CoreId, events: list[tuple[Any, ...]], chip: ChipModel,
     # its ends, before its first block copy is issued and after its last is waited for:
     # round 22's copies over 2 to 16 steps take 0.3 us more than the model without it,
     # kernels of one step or of blocks copied once do not (vpu/*, grid/revisit/*)
-    moving = any(st["in"] for st in steps[1:]) or sum(
-        ev[0] == "out" for st in steps for ev in st["out"]) > sum(
-        ev[0] == "out" for ev in (steps[-1]["out"] if steps else ()))
+    moving = (any(st["in"] for st in steps[1:])
+              or any(ev[0] == "out" for st in steps[:-1] for ev in st["out"]))
     if moving:
         yield ("overhead", chip.launch_overhead_s, "prologue")
     yield from _plain(pre, labels)
