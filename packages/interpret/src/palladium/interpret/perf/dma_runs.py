@@ -134,18 +134,17 @@ class Bursts:
     ``dma_min_seconds`` (r26 on a v5e: 8 KiB page DMAs started together take 23.8 ns a
     page up to 16 a burst, 13.7 from 16 to 64, from one array or two alike)."""
 
-    def __init__(self, chip: Any, bandwidth: float, cores_per_device: int) -> None:
+    def __init__(self, chip: Any, bandwidth: float) -> None:
         self._depth = chip.dma_burst_depth
         self._deep = chip.dma_min_deep_seconds * bandwidth  # (work: read-equivalent bytes)
-        self._scale = {d: chip.hbm_byte_seconds(d, cores_per_device) * bandwidth
-                       for d in ("in", "out", "hbm")}
         self._open: dict[tuple[CoreId, str], tuple[float, int]] = {}
 
     def work(self, core: CoreId, t: float, direction: str, res: tuple[str, int],
-             nbytes: int, count: int, work: float) -> float:
-        """The work of each of ``count`` DMAs of ``nbytes`` the core starts at ``t`` on
-        ``res`` (``work`` each by the least time of a shallow one; only HBM's change); a
-        run started together ends together, so its members take the mean."""
+             bytes_work: float, count: int, work: float) -> float:
+        """The work of each of ``count`` DMAs the core starts at ``t`` on ``res``, whose
+        bytes are ``bytes_work`` each (``work`` each by the least time of a shallow one;
+        only HBM's change); a run started together ends together, so its members take
+        the mean."""
         key = (core, direction)
         at, started = self._open.get(key, (t, 0))
         if at != t:
@@ -154,6 +153,5 @@ class Bursts:
         deep = started + count - max(started, self._depth)
         if deep <= 0 or res[0] != "hbm":
             return work
-        less = min(work, max(nbytes * self._scale.get(direction, self._scale["in"]),
-                             self._deep))
+        less = min(work, max(bytes_work, self._deep))
         return (work * (count - deep) + less * deep) / count

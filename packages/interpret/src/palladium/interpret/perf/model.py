@@ -149,7 +149,8 @@ _CYCLE_FIELDS = ("valu_vreg_seconds", "dependent_op_seconds", "loop_iteration_se
                  "load_use_seconds", "vmem_vreg_seconds", "mxu_dot_seconds",
                  "mxu_weight_tile_seconds", "mxu_transposed_rhs_seconds",
                  "step_overhead_s", "launch_overhead_s", "dma_min_seconds",
-                 "dma_min_deep_seconds", "xlu_latency_seconds", "sublane_reduce_latency_seconds", "branch_seconds",
+                 "dma_min_deep_seconds", "xlu_latency_seconds",
+                 "sublane_reduce_latency_seconds", "branch_seconds",
                  "predicated_seconds", "predicated_dma_seconds", "operand_step_seconds",
                  "strided_copy_seconds", "dynamic_operand_step_seconds",
                  "table_operand_step_seconds")

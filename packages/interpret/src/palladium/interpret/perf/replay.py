@@ -151,7 +151,7 @@ class Replay:
         self._batched = False
         self._dma_terms: dict[str, tuple[str, bool, float, float, float]] = {}
         # (a burst's DMAs from the ``dma_burst_depth``-th on hold the engine less)
-        self._bursts = (Bursts(chip, self.bandwidth["hbm"], cores_per_device)
+        self._bursts = (Bursts(chip, self.bandwidth["hbm"])
                         if chip.dma_min_deep_seconds else None)
 
     # -- the run -------------------------------------------------------------------------
@@ -212,8 +212,9 @@ class Replay:
             if kind == "dma":
                 _, dma_id, name, res, nbytes, signals, args, kind = action
                 direction, block, work, latency = self._work(kind, res, nbytes)
-                if not block and self._bursts is not None:
-                    work = self._bursts.work(core, t, direction, res, nbytes, 1, work)
+                if not block and self._bursts is not None:  # (bytes: ``_terms``'s scale)
+                    work = self._bursts.work(core, t, direction, res,
+                                             nbytes * self._dma_terms[kind][2], 1, work)
                 self._start(_Dma(dma_id, name, core[0], res, nbytes, signals, t, args, work,
                                  0.0, direction, block, None, 1, 1e-6 * max(nbytes, 1)),
                             latency)
@@ -221,7 +222,8 @@ class Replay:
                 _, members, res, nbytes, kind = action
                 direction, block, work, latency = self._work(kind, res, nbytes)
                 if not block and self._bursts is not None:
-                    work = self._bursts.work(core, t, direction, res, nbytes, len(members),
+                    work = self._bursts.work(core, t, direction, res,
+                                             nbytes * self._dma_terms[kind][2], len(members),
                                              work)
                 first = members[0]
                 self._batched = True
