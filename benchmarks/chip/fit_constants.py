@@ -447,7 +447,8 @@ def main() -> None:
     # 16 steps take the model's per-step time within 2.5% and 0.3-0.6 us more. The
     # model's prologue and epilogue lie outside the pipeline (before its first copy,
     # after its last), so they add exactly twice the constant: the model without them
-    # is the installed table's prediction less twice its constant
+    # is the installed table's prediction less twice its constant. (The other constants
+    # are the installed table's too: after one of them changes, run this twice.)
     excess = _launch_excess({n: r.get("kernel_seconds") or r["seconds"] for n, r in k.items()
                              if r.get("seconds")}, a.chip)
     put("launch_overhead_seconds", round(statistics.median(excess.values()) / 2, 12),
