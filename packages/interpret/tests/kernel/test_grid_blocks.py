@@ -42,3 +42,31 @@ def test_blocks_picked_by_grid_indices_and_constants_in_any_place():
     )(x, y, z)
     want = np.asarray(x) + np.tile(np.asarray(y)[8:], (4, 2)) + np.tile(np.asarray(z)[128:], 2)
     np.testing.assert_array_equal(np.asarray(out), want)
+
+
+class _Info:
+    def __init__(self, fn, n_grid):
+        self.index_map = jax.make_jaxpr(fn)(*[np.int32(0)] * n_grid)
+
+
+def test_the_table_of_every_point_is_each_points_indices_side_by_side():
+    from palladium.interpret.kernel.grid_blocks import GridBlocks
+
+    maps = [lambda i, j, k: (i, k), lambda i, j, k: (0, j), lambda i, j, k: (7,),
+            lambda i, j, k: ()]
+    blocks = GridBlocks([_Info(m, 3) for m in maps], 3)
+    points = np.array([(a, b, c) for a in range(3) for b in range(2) for c in range(4)])
+    table = blocks.table(points)
+    assert table.dtype == np.int32 and table.shape == (24, 5)
+    for point, row in zip(points, table):
+        want = [i for idx in blocks.indices(tuple(int(p) for p in point)) for i in idx]
+        assert list(row) == want
+    assert list(table[5]) == [0, 1, 0, 1, 7]  # point (0, 1, 1)
+
+
+def test_a_map_that_computes_has_no_table():
+    from palladium.interpret.kernel.grid_blocks import GridBlocks
+
+    blocks = GridBlocks([_Info(lambda i, j: (i, j), 2), _Info(lambda i, j: (i + j,), 2)], 2)
+    assert blocks.table(np.zeros((4, 2), np.int32)) is None
+    assert blocks.indices((0, 0)) is None

@@ -39,6 +39,7 @@ from palladium.interpret.compiled.traced_state import (
 )
 from palladium.interpret.errors import UnsupportedFeatureError
 from palladium.interpret.kernel.blocks import BlockSpecInfo
+from palladium.interpret.kernel.grid_blocks import GridBlocks
 from palladium.interpret.kernel.prepared_kernel import PreparedKernel
 from palladium.shared_memory import MemorySpace, uninitialized_value
 
@@ -124,16 +125,21 @@ def _always_copied(block_indices: Callable[[Any], Any], table: np.ndarray,
     """Per operand, whether its block is copied in at every step (its block index changes
     at every step), then per operand whether it is copied back at every step: known
     before the loop where no index map reads a scalar operand (the indices are then
-    constants, computed here once more, eagerly). Such a copy runs without a conditional
-    (the RG-LRU scan's 4 inputs and its output: ~8% of its executable)."""
+    constants, computed here once more: in numpy where every map picks grid indices and
+    constants (``GridBlocks.table``), else eagerly, by XLA (~150 ms of small compiles
+    per kernel: the matmul's whole first trace took 216 ms with them, 25 without). Such a
+    copy runs without a conditional (the RG-LRU scan's 4 inputs and its output: ~8% of
+    its executable)."""
     never = [False] * (2 * len(infos))
     if len(table) < 2 or any(_scalars_read(info.index_map, n_grid) for info in infos):
         return never
-    try:
-        with jax.ensure_compile_time_eval():
-            idx = np.asarray(jax.vmap(block_indices)(jnp.asarray(table))[0])
-    except Exception:  # noqa: BLE001 - traced after all (a float product, ...): not known
-        return never
+    idx = GridBlocks(infos, n_grid).table(table)
+    if idx is None:
+        try:
+            with jax.ensure_compile_time_eval():
+                idx = np.asarray(jax.vmap(block_indices)(jnp.asarray(table))[0])
+        except Exception:  # noqa: BLE001 - traced after all (a float product, ...): not known
+            return never
     at, changes = 0, []
     for info in infos:
         n = len(info.dims)

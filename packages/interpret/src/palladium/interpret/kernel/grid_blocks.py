@@ -68,6 +68,17 @@ class GridBlocks:
         extended = tuple(point) + self._consts
         return [get(extended) for get in self._getters]
 
+    def table(self, points: np.ndarray) -> np.ndarray | None:
+        """Every operand's block index at each row of ``points`` (grid points, one a
+        row), side by side in one int32 row per point (inputs, then outputs), or None:
+        a map does more than pick (evaluate the maps instead)."""
+        if self._projections is None:
+            return None
+        points = np.asarray(points, np.int32).reshape(len(points), -1)
+        cols = [points[:, v] if kind == "grid" else np.full(len(points), v, np.int32)
+                for p in self._projections for kind, v in p]
+        return np.stack(cols, axis=1) if cols else np.zeros((len(points), 0), np.int32)
+
 
 def _getter(positions: list[int]) -> Callable[[tuple[int, ...]], tuple[int, ...]]:
     """The tuple of the elements at ``positions`` of a tuple."""
