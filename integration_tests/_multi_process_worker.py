@@ -402,8 +402,8 @@ def _scan(x):
 def warm_cache_scenario() -> None:
     """A kernel with a compiled segment, on this process's own device and split over
     the processes (run twice with one cache folder: the second run loads the segment's
-    executable from disk). Segments only: no launch compiled whole (its compile, from
-    the first launch on, would be counted whenever the background thread finishes it)."""
+    executable from disk). Segments only: no launch compiled whole (its compile would
+    be counted too)."""
     from palladium.interpret.compiled import compiled_launch
 
     compiled_launch.MIN_EQUATIONS_PER_LAUNCH = 1 << 60

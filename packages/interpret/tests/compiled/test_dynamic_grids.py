@@ -24,13 +24,13 @@ R, C = 8, 128
 def test_many_dynamic_grids_compile_a_bounded_number_of_executables(monkeypatch):
     monkeypatch.setattr(compiled_launch, "MIN_EQUATIONS_PER_LAUNCH", 0)
     compiles = []
-    real = compiled_launch._compile_job
+    real = compiled_launch._compile
 
     def spy(kernel, grid, *args):
         compiles.append((kernel, grid))
         return real(kernel, grid, *args)
 
-    monkeypatch.setattr(compiled_launch, "_compile_job", spy)
+    monkeypatch.setattr(compiled_launch, "_compile", spy)
 
     def kernel(x_ref, o_ref):
         o_ref[...] = jnp.tanh(x_ref[...]) + pl.num_programs(0).astype(jnp.float32)

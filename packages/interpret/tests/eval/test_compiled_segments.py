@@ -8,7 +8,6 @@ import os
 import subprocess
 import sys
 import textwrap
-import threading
 
 import jax
 import jax.numpy as jnp
@@ -36,12 +35,8 @@ ROWS, WIDTH = 64, 128
 @pytest.fixture(autouse=True)
 def segments_only(monkeypatch):
     """These tests count compiled segments (``STATE.segments.compiled``): no launch is
-    compiled whole (from launch 1 its compile would run in the background and be
-    counted), and the background compiler has finished what earlier tests queued."""
+    compiled whole (its compile would be counted)."""
     monkeypatch.setattr(compiled_launch, "MIN_EQUATIONS_PER_LAUNCH", 1 << 60)
-    idle = threading.Event()
-    pi.STATE.segments.get_in_background(None, idle.set)
-    assert idle.wait(240)
 
 
 def _scan_kernel(x_ref, a_ref, o_ref, h_ref):
@@ -313,7 +308,7 @@ def test_a_body_without_loops_is_compiled_when_its_grid_is_large():
 
 def test_a_small_segment_is_compiled_from_the_kernels_third_launch_on():
     """A segment not worth compiling for one call runs equation by equation in the first
-    two launches (the second compiles it in the background) and compiled from the third:
+    two launches and compiled from the third (nothing compiles beside the second):
     a fixed launch, whatever the timing; the same values as the one-equation path."""
     def body(x_ref, o_ref):
         x = x_ref[...]
@@ -340,7 +335,7 @@ def test_a_small_segment_is_compiled_from_the_kernels_third_launch_on():
         segments.Segment.__call__ = real
     first = ran[0][0]
     assert ran == [(first + i, True) for i in range(4)]
-    # compiled once, in the background during the second launch (or found on disk)
+    # compiled once, by the third launch (or found on disk)
     assert pi.STATE.segments.compiled - compiled <= 1
     slow = np.asarray(jax.jit(lambda x: pl.pallas_call(
         body, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
@@ -378,14 +373,11 @@ def test_static_keeps_a_small_segment_equation_by_equation_on_every_call():
         compiles.append(log)
         return real_compile(self, log)
 
-    real_prefetch = segments.Segment._prefetch
     segments.Segment.__call__, segments.Segment._compile = spy_call, spy_compile
-    segments.Segment._prefetch = spy_compile
     try:
         outs = [np.asarray(static(x)) for _ in range(4)]
     finally:
         segments.Segment.__call__, segments.Segment._compile = real_call, real_compile
-        segments.Segment._prefetch = real_prefetch
     assert hot == [True] * 4 and compiles == []  # a hot segment, never compiled
     slow = np.asarray(call(InterpretParams(compile_segments=False))(x))
     for out in outs:

@@ -57,8 +57,7 @@ def _plan(number=HOT_LAUNCH, kernel=None, **params):
 ])
 def test_params_that_need_each_equation_seen_run_it_simulated(params, reason):
     plan = _plan(**params)
-    assert (plan.tier, plan.segments, plan.hot, plan.compile_ahead) == (
-        SIMULATED, False, False, False)
+    assert (plan.tier, plan.segments, plan.hot) == (SIMULATED, False, False)
     assert plan.reason.startswith(reason)
     assert str(plan) == f"launch {HOT_LAUNCH} ran simulated, because {plan.reason}"
 
@@ -76,7 +75,6 @@ def test_params_that_need_each_equation_seen_run_it_simulated(params, reason):
 def test_params_a_compiled_launch_does_not_model_run_it_with_segments(params, reason):
     plan = _plan(**params)
     assert plan.tier == SEGMENTS and plan.reason.startswith(reason), plan
-    assert not plan.compile_ahead
     # hot segments run compiled on a hot launch, except where the params say static
     assert plan.hot == (params.get("compile_segments", True) is True)
 
@@ -114,11 +112,8 @@ def test_the_launch_number_alone_decides_when_a_kernel_is_hot():
     assert [p.tier for p in plans] == [SEGMENTS] * (WHOLE_LAUNCH - 1) + [COMPILED] * (
         HOT_LAUNCH + 2 - WHOLE_LAUNCH)
     assert [p.hot for p in plans] == [False] * (HOT_LAUNCH - 1) + [True] * 2
-    # the launch before the first compiled one compiles the whole launch ahead; the one
-    # before the first hot one, the hot segments (used if the launch falls back)
-    assert [p.compile_ahead for p in plans] == [n == WHOLE_LAUNCH - 1
-                                                for n in range(1, HOT_LAUNCH + 2)]
-    assert [p.warming for p in plans] == [n == HOT_LAUNCH - 1 for n in range(1, HOT_LAUNCH + 2)]
+    # nothing is compiled ahead, beside a launch: a plan says only what its launch runs
+    assert not any(hasattr(p, "compile_ahead") or hasattr(p, "warming") for p in plans)
     assert "not hot yet" in plans[0].reason and "is hot" in plans[-1].reason
 
 
@@ -197,7 +192,7 @@ def test_a_kernels_launches_run_segments_then_compiled_and_a_flag_falls_back(pla
                                    atol=1e-5)
     assert [(p.number, p.tier) for _, p in plans] == [
         (n, SEGMENTS if n < WHOLE_LAUNCH else COMPILED) for n in range(1, 5)]
-    assert plans[WHOLE_LAUNCH - 2][1].compile_ahead and plans[HOT_LAUNCH - 1][1].hot
+    assert plans[HOT_LAUNCH - 1][1].hot
     # an access out of bounds: the compiled run's flag sends the launch to the simulator,
     # which reports it
     with pytest.raises(OutOfBoundsError), errors_as_raised():

@@ -230,8 +230,8 @@ class InterpretParams:
         ``skip_floating_point_ops``, ...) runs equation by equation as before (see
         ``palladium.interpret.eval.segments``). True (the default): runs worth
         compiling for one call are compiled from the first call, smaller ones from the
-        kernel's third launch in the process on (compiled in the background during the
-        second), and a kernel's whole launch as one executable from its third launch
+        kernel's third launch in the process on (compiled by that launch: nothing
+        compiles in the background), and a kernel's whole launch as one executable from its third launch
         (``run/execution_plan.WHOLE_LAUNCH``), so a kernel called in a loop runs XLA's
         code; its results from those calls on may then differ in the last place from the
         first's where

@@ -4,14 +4,13 @@ A kernel made of many small operations per grid step (paged attention, a scan on
 step per iteration) spends its simulated launch in per-equation and per-DMA overhead,
 not in arithmetic. From its ``WHOLE_LAUNCH``-th launch in the process on (its third:
 ``run/execution_plan.py``), such a kernel's launch runs as one executable
-(``launch_function.py``): compiled in the background from the start of the launch
-before, then run once on zeros (``_warm_up``: an executable's first run is its slowest),
-kept per kernel, grid, order and operand types. (Starting the compile at the kernel's
-lowering instead, a few hundred ms earlier, measured no better: benchmarks/LOG.md.) Its results are XLA's bits,
-as a compiled segment's. A hot launch whose compile the shared background thread has
-not reached yet (it compiles one kernel at a time, for every thread of the process)
-compiles it itself at once (``segment_cache.BackgroundCompile``): it never waits behind
-other kernels' compiles, and its tier never depends on the machine's load.
+(``launch_function.py``): compiled (or loaded from the disk cache) at the start of
+that launch, in its own thread, and kept per kernel, grid, order and operand types. Its
+results are XLA's bits, as a compiled segment's. Nothing is compiled in the background:
+beside the launch before, the compile's tracing held the GIL and slowed that launch
+more than the overlap saved (the second call 13.3x of jax's HLO interpreter's in
+geomean, 2.5x without it, calls 1-3 no faster; benchmarks/LOG.md, 2026-12-07), and a
+kernel called twice paid for a compile it never used.
 
 Whether a launch may run compiled is its execution plan's decision, made from the
 params, the observers and the launch number, never timing (``run/execution_plan.py``:
@@ -48,11 +47,10 @@ from palladium.interpret.eval.chip_arithmetic import NEGATIVE_ZERO
 from palladium.interpret.eval.segments import work
 from palladium.interpret.kernel.prepared_kernel import PreparedKernel
 from palladium.interpret.params import InterpretParams
-from palladium.interpret.run.execution_plan import COMPILED, ExecutionPlan
+from palladium.interpret.run.execution_plan import ExecutionPlan
 from palladium.interpret.run.grid_loop import schedule
 from palladium.interpret.run.launch import launch_grid
 from palladium.interpret.state.process_state import STATE
-from palladium.interpret.state.segment_cache import BackgroundCompile
 
 __all__ = ["INLINE_LOOPS", "MAX_GRIDS", "MAX_KEPT", "MAX_POINTS", "MIN_EQUATIONS_PER_LAUNCH",
            "PAST_BUDGET", "STATS", "compiled_launch", "worth_compiling"]
@@ -93,8 +91,7 @@ def compiled_launch(kernel: PreparedKernel, params: InterpretParams,
                     ) -> tuple[list[list[np.ndarray]] | None, str]:
     """The outputs of a launch of ``kernel`` whose ``plan`` (``run/execution_plan.py``)
     is ``"compiled"`` run compiled, or (None, why it runs simulated instead: this grid
-    is not compiled whole, or the launch's flags say so). A plan that compiles ahead
-    starts the executable's compile in the background and runs simulated."""
+    is not compiled whole, or the launch's flags say so)."""
     n_dyn = kernel.grid_mapping.num_dynamic_grid_bounds
     args = device_args[0]
     grid = launch_grid(kernel, args[:n_dyn])
@@ -102,16 +99,10 @@ def compiled_launch(kernel: PreparedKernel, params: InterpretParams,
         return None, "its grid is negative (the simulator reports it)"
     # (the shapes only: the operands may be views valid during this call)
     specs = [jax.ShapeDtypeStruct(np.shape(a), np.asarray(a).dtype) for a in args[n_dyn:]]
-    future = _whole_launch(kernel, params, grid, specs)
-    if future is None:
+    if not _may_compile(kernel, params, grid, specs):
         return None, (f"the kernel was compiled whole for {MAX_GRIDS} other grids "
                       f"(its other grids run simulated)")
-    if plan.tier != COMPILED:
-        return None, plan.reason  # (compiled ahead, for the next launch)
-    try:
-        exe = future.result()  # (compiled here if the background thread has not begun it)
-    except Exception:  # noqa: BLE001 - not modelled: simulated
-        exe = None
+    exe = _whole_launch(kernel, params, grid, specs)
     if exe is None:
         return None, ("the kernel is not compiled whole for this grid (too little work, "
                       "too many grid points, or something its tracing does not model)")
@@ -144,33 +135,47 @@ def compiled_launch(kernel: PreparedKernel, params: InterpretParams,
     return [outs], plan.reason
 
 
-def _whole_launch(kernel: PreparedKernel, params: InterpretParams, grid: tuple[int, ...],
-                  specs: list[Any]) -> BackgroundCompile | None:
-    """The compile of ``kernel``'s whole launch over ``grid`` for operands ``specs``
-    (kept, or queued for the background thread now), or None: the kernel was compiled
-    whole for ``MAX_GRIDS`` other grids."""
-    gm = kernel.grid_mapping
-    # per grid, order and operand types: the executable's compile (None: not compiled whole)
-    futures: dict[Any, BackgroundCompile] = kernel.launches.whole_launches
-    key = (grid, params.seed, params.uninitialized_memory,
-           tuple((tuple(s.shape), np.dtype(s.dtype)) for s in specs))
+def _key(params: InterpretParams, grid: tuple[int, ...], specs: list[Any]) -> Any:
+    return (grid, params.seed, params.uninitialized_memory,
+            tuple((tuple(s.shape), np.dtype(s.dtype)) for s in specs))
+
+
+def _may_compile(kernel: PreparedKernel, params: InterpretParams, grid: tuple[int, ...],
+                 specs: list[Any]) -> bool:
+    """Whether a launch over ``grid`` for operands ``specs`` may run compiled whole: the
+    kernel was not compiled whole for ``MAX_GRIDS`` other grids (and orders)."""
+    key = _key(params, grid, specs)
     with _LOCK:
-        future = futures.pop(key, None)
-        if future is not None:
-            futures[key] = future  # (the most recently used last)
-            return future
-        if _new_grid_refused(kernel.launches.whole_launch_keys, key):
-            return None
-        while len(futures) >= MAX_KEPT:
-            futures.pop(next(iter(futures)))  # the least recently used
-        points = schedule(kernel, grid, 1, tuple(gm.vmapped_dims), params.seed)[0]
-        if len(points) > MAX_POINTS or not worth_compiling(kernel, len(points)):
-            futures[key] = future = BackgroundCompile.finished(None)
-        else:
-            job = _compile_job(kernel, grid, list(points), tuple(gm.vmapped_dims),
-                               params.uninitialized_memory, specs)
-            futures[key] = future = STATE.segments.get_in_background(None, job)
-    return future
+        return key in kernel.launches.whole_launches or not _new_grid_refused(
+            kernel.launches.whole_launch_keys, key)
+
+
+def _whole_launch(kernel: PreparedKernel, params: InterpretParams, grid: tuple[int, ...],
+                  specs: list[Any]) -> Any:
+    """The executable of ``kernel``'s whole launch over ``grid`` for operands ``specs``
+    (kept, else compiled or loaded here), or None: not compiled whole (too little work,
+    too many grid points, or something its tracing does not model)."""
+    gm = kernel.grid_mapping
+    # per grid, order and operand types: the executable (None: not compiled whole)
+    kept: dict[Any, Any] = kernel.launches.whole_launches
+    key = _key(params, grid, specs)
+    with _LOCK:
+        if key in kept:
+            kept[key] = exe = kept.pop(key)  # (the most recently used last)
+            return exe
+    points = schedule(kernel, grid, 1, tuple(gm.vmapped_dims), params.seed)[0]
+    exe = None
+    if len(points) <= MAX_POINTS and worth_compiling(kernel, len(points)):
+        try:
+            exe = _compile(kernel, grid, list(points), tuple(gm.vmapped_dims),
+                           params.uninitialized_memory, specs)
+        except Exception:  # noqa: BLE001 - not modelled: simulated
+            exe = None
+    with _LOCK:
+        while len(kept) >= MAX_KEPT:
+            kept.pop(next(iter(kept)))  # the least recently used
+        kept[key] = exe
+    return exe
 
 
 def _new_grid_refused(seen: set[Any], key: Any) -> bool:
@@ -193,7 +198,7 @@ def _run(exe: Any, operands: list[np.ndarray], budget: np.int32
 #: The loop budget of a run not inline: none (each loop is still bounded by
 #: ``traced_eval.WHILE_LIMIT``).
 _NO_BUDGET = np.int32(np.iinfo(np.int32).max)
-#: ``while`` iterations an inline run (or the warm-up) may run beyond twice its last run's.
+#: ``while`` iterations an inline run may run beyond twice its last run's.
 INLINE_LOOPS = 1 << 12
 
 
@@ -237,8 +242,11 @@ def _owned(a: np.ndarray) -> np.ndarray:
     return np.array(a, copy=True) if copy is a else copy
 
 
-def _compile_job(kernel: PreparedKernel, grid: tuple[int, ...], points: list[tuple[int, ...]],
-                 vmapped: tuple[int, ...], fill: str, specs: list[Any]) -> Any:
+def _compile(kernel: PreparedKernel, grid: tuple[int, ...], points: list[tuple[int, ...]],
+             vmapped: tuple[int, ...], fill: str, specs: list[Any]) -> Any:
+    """The whole launch's executable (None: not modelled), kept across processes under
+    what it is a function of (a kernel whose description the key cannot write down is
+    traced and compiled each time)."""
 
     def build() -> Any:
         # First trace: which buffers DMAs reach (only their accesses need checking) and
@@ -256,30 +264,5 @@ def _compile_job(kernel: PreparedKernel, grid: tuple[int, ...], points: list[tup
         except Exception:  # noqa: BLE001 - not modelled: the kernel stays simulated
             return None
 
-    def job() -> Any:
-        # kept across processes under what the executable is a function of (a kernel
-        # whose description the key cannot write down is traced and compiled each time)
-        key = launch_key(kernel, grid, points, vmapped, fill, specs)
-        exe = built() if key is None else STATE.segments.get(key, built)
-        if exe is not None:
-            _warm_up(exe, specs)
-        return exe
-
-    return job
-
-
-def _warm_up(exe: Any, specs: list[Any]) -> None:
-    """Run ``exe`` once on zeros, its results dropped, where its compile ran (in the
-    background, during the launch before the first compiled one): an executable's first
-    run costs several of its later ones (gmm 9 against 1-2 ms, paged attention 8 against
-    1 ms: XLA readies its code and buffers), which the first compiled launch then does
-    not pay. Its ``while`` loops run at most ``INLINE_LOOPS`` iterations (zeros cannot
-    make it run long); a run within them also tells ``bounded_call`` that it is short."""
-    operands = [np.zeros(s.shape, s.dtype) for s in specs]
-    start = time.perf_counter()
-    try:
-        _, flag, loops = _run(exe, operands, np.int32(INLINE_LOOPS))
-    except Exception:  # noqa: BLE001 - only a warm-up: the launch runs it and sees
-        return
-    if not int(flag) & FLAG_BUDGET:
-        _LAST_RUN.setdefault(exe, (time.perf_counter() - start, int(loops)))
+    key = launch_key(kernel, grid, points, vmapped, fill, specs)
+    return built() if key is None else STATE.segments.get(key, built)

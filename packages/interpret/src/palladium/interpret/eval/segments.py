@@ -33,7 +33,7 @@ one could differ from it in anything but XLA's own arithmetic bits:
 - a segment XLA cannot compile (a primitive with no CPU lowering).
 Hot segments (``HOT_MIN_WORK``, ``HOT_LAUNCH``): runs too small to pay back their compile
 within one call are compiled for a kernel's third and later launches in the process
-(the plan's ``hot``; ``warming``: compiled in the background during the launch before);
+(the plan's ``hot``: compiled where the third launch first runs them);
 ``InterpretParams(compile_segments="static")`` keeps them equation by equation (every
 call the same bits), ``compile_segments=False`` turns the compiled path off.
 """
@@ -77,9 +77,9 @@ MIN_WORK_PER_LAUNCH = 30_000
 #: Hot segments: a run of at least ``HOT_MIN_WORK`` equations that is not worth compiling
 #: for the first call (under both thresholds above) runs equation by equation in the
 #: kernel's first ``HOT_LAUNCH - 1`` launches of the process and compiled from launch
-#: ``HOT_LAUNCH`` on: compiled in the background during launch ``HOT_LAUNCH - 1`` (or
-#: loaded from the disk cache); at launch ``HOT_LAUNCH`` a compile the background thread
-#: has not started yet runs in the launch's thread (``segment_cache.BackgroundCompile``). A
+#: ``HOT_LAUNCH`` on: compiled (or loaded from the disk cache) where launch
+#: ``HOT_LAUNCH`` first runs them, never in the background beside a launch (whose
+#: Python the compile's tracing would slow: benchmarks/LOG.md, 2026-12-07). A
 #: kernel called once or twice pays nothing; one called in a loop runs XLA's code. The
 #: switch is at a fixed launch, never at a time: a given call's results do not depend on
 #: timing or on the cache (those of launches before and after the switch may differ in
@@ -207,7 +207,6 @@ class Segment:
         # With races on in a kernel with DMAs: the accesses to replay (None: not possible)
         self.log_plan = None if races_ok else access_log_plan(self.eqns, self.refs)
         self._compiled: dict[tuple[bool, frozenset[int]], Callable[..., Any]] = {}
-        self._pending: dict[tuple[bool, frozenset[int]], Any] = {}  # background compiles (futures) of a hot one
         self._failed = False
         self._lock = threading.Lock()
 
@@ -235,15 +234,11 @@ class Segment:
         return text, lambda: compile_traced(fn, specs)
 
     def _compile(self, log: tuple[bool, frozenset[int]]) -> Callable[..., Any] | None:
-        """The executable of a variant (see ``_job``); a background compile of it
-        started earlier is waited for."""
+        """The executable of a variant (see ``_job``), compiled or loaded here once."""
         with self._lock:
             if log not in self._compiled and not self._failed:
-                pending = self._pending.pop(log, None)
                 try:
-                    # (a background compile not started yet runs here, now)
-                    exe = None if pending is None else pending.result()
-                    self._compiled[log] = exe or STATE.segments.get(*self._job(log))
+                    self._compiled[log] = STATE.segments.get(*self._job(log))
                 except Exception:  # noqa: BLE001 - no CPU lowering: the one-equation path
                     self._failed = True
             return self._compiled.get(log)
@@ -262,19 +257,12 @@ class Segment:
         self._tracking.append(union)
         return union
 
-    def _prefetch(self, log: tuple[bool, frozenset[int]]) -> None:
-        """Start compiling a variant in the background (a hot segment, one launch
-        before it is used)."""
-        with self._lock:
-            if log not in self._compiled and log not in self._pending and not self._failed:
-                self._pending[log] = STATE.segments.get_in_background(*self._job(log))
-
     def _mode(self, ev: KernelContext) -> bool | None:
         """None: run equation by equation; else whether to log the accesses. The
         launch's execution plan (``run/execution_plan.py``) says whether segments run
         and whether hot ones do yet; this segment, whether its accesses need replaying."""
         plan = ev.plan
-        if not plan.segments or self.hot and not (plan.hot or plan.warming):
+        if not plan.segments or self.hot and not plan.hot:
             return None
         if self.races_ok or not plan.replay_races:
             return False
@@ -301,10 +289,6 @@ class Segment:
             contents.append(data)
         tracked = self._tracked(unclean)
         variant = (log, tracked)
-        if self.hot and not ev.plan.hot:  # warming: compiled for the next launch
-            if variant not in self._compiled:
-                self._prefetch(variant)
-            return ev.run_program(self.fallback, invals)
         compiled = self._compiled.get(variant) or self._compile(variant)
         if compiled is None:
             return ev.run_program(self.fallback, invals)

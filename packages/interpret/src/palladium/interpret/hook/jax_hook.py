@@ -100,7 +100,7 @@ def _execute(kernel: PreparedKernel, params: InterpretParams, mesh: DeviceMesh,
                            num_devices=max(mesh.num_devices, len(device_args)),
                            observed=may_observe(params),
                            scalars=device_args[0] if len(device_args) == 1 else None)
-        if plan.tier == COMPILED or plan.compile_ahead:
+        if plan.tier == COMPILED:
             compiled, why = compiled_launch(kernel, params, device_args, plan)
             if compiled is not None:
                 kernel.launches.last_plan = plan

@@ -20,13 +20,13 @@ __all__ = ["COMPILED", "SEGMENTS", "SIMULATED", "WHOLE_LAUNCH", "ExecutionPlan",
 
 COMPILED, SEGMENTS, SIMULATED = "compiled", "segments", "simulated"
 #: The first launch of a kernel that runs compiled whole (its whole launch compiled, or
-#: loaded from the disk cache, in the background from the start of the launch before).
-#: 3, not 2 (issue 43 item 4, ``benchmarks/call_by_call.py``; the numbers in
+#: loaded from the disk cache, at the start of that launch: nothing is compiled in the
+#: background). 3, not 2 (issue 43 item 4, ``benchmarks/call_by_call.py``; the numbers in
 #: benchmarks/LOG.md, "Each call against HLO's same call"): with 2 a second call with a
-#: warm disk cache runs the executable (0.88x of jax's HLO interpreter's second call) but
-#: one with a cold cache waits for the compile (58x, against 9x), and every kernel called
-#: once compiles in the background beside its first call (cold first call 0.43x of HLO's,
-#: against 0.21x): an edited kernel's test is always cold, so the third call waits.
+#: cold cache waits for the compile (58x of jax's HLO interpreter's, against 9x), and an
+#: edited kernel's test is always cold. Compiled in the background during launch 2
+#: instead (until 2026-12-07), the compile's tracing held the GIL beside the launch: the
+#: second call took 13.3x of HLO's in geomean, 2.5x without it, with calls 1-3 no faster.
 WHOLE_LAUNCH = 3
 
 
@@ -34,9 +34,7 @@ WHOLE_LAUNCH = 3
 class ExecutionPlan:
     """How one launch runs: its ``tier`` and the ``reason``, its ``number`` among its
     kernel's launches in the process (1 for the first), ``hot`` (hot segments run
-    compiled), ``warming`` (they are compiled in the background for the next launch),
-    ``compile_ahead`` (the whole launch is compiled in the background for the
-    next launch), ``replay_races`` (a compiled segment in a kernel with DMAs replays its
+    compiled), ``replay_races`` (a compiled segment in a kernel with DMAs replays its
     accesses to the race detector) and ``trial`` (a DMA-order trial or race-report
     rerun of launch ``number``)."""
 
@@ -44,8 +42,6 @@ class ExecutionPlan:
     tier: str
     reason: str
     hot: bool = False
-    warming: bool = False
-    compile_ahead: bool = False
     replay_races: bool = False
     trial: bool = False
 
@@ -58,13 +54,13 @@ class ExecutionPlan:
         """This plan, run in ``tier`` instead (never a faster one) because of ``reason``."""
         if self.tier == SIMULATED or tier == self.tier == SEGMENTS:
             return self
-        return dataclasses.replace(self, tier=tier, reason=reason, compile_ahead=False)
+        return dataclasses.replace(self, tier=tier, reason=reason)
 
     def as_trial(self, params: Any) -> ExecutionPlan:
         """The plan of a rerun of this launch with ``params`` (a DMA-order trial, a
         race-report rerun): simulated, under the same number, counted by nothing."""
         tier = SEGMENTS if self.tier == COMPILED else self.tier
-        return dataclasses.replace(self, tier=tier, compile_ahead=False, trial=True,
+        return dataclasses.replace(self, tier=tier, trial=True,
                                    replay_races=bool(params.detect_races))
 
     def __str__(self) -> str:
@@ -113,15 +109,13 @@ def plan_launch(kernel: Any, params: Any, number: int, *, num_devices: int = 1,
     operands tell a launch like one that read uninitialised memory and reported
     nothing, see ``PreparedKernel.clean_scalar_keys``)."""
     hot = number >= HOT_LAUNCH and params.compile_segments is True
-    warming = number == HOT_LAUNCH - 1 and params.compile_segments is True
     replay = bool(params.detect_races)
     why = _simulated_because(params)
     if why is not None:
         return ExecutionPlan(number, SIMULATED, why, replay_races=replay)
 
-    def segments(reason: str, ahead: bool = False) -> ExecutionPlan:
-        return ExecutionPlan(number, SEGMENTS, reason, hot=hot, warming=warming,
-                             compile_ahead=ahead, replay_races=replay)
+    def segments(reason: str) -> ExecutionPlan:
+        return ExecutionPlan(number, SEGMENTS, reason, hot=hot, replay_races=replay)
 
     why = _not_whole_because(params)
     if why is not None:
@@ -138,9 +132,7 @@ def plan_launch(kernel: Any, params: Any, number: int, *, num_devices: int = 1,
         return segments("an earlier launch read uninitialised memory (values carry shadows "
                         "in the simulator)")
     if number < WHOLE_LAUNCH:
-        return segments(f"launch {number} < {WHOLE_LAUNCH}: the kernel is not hot yet (its "
-                        f"whole launch compiles in the background)",
-                        ahead=number == WHOLE_LAUNCH - 1)
+        return segments(f"launch {number} < {WHOLE_LAUNCH}: the kernel is not hot yet")
     return ExecutionPlan(number, COMPILED, f"the kernel is hot (launch {number} >= "
                          f"{WHOLE_LAUNCH}) and nothing asks for the simulator", hot=hot,
-                         warming=warming, replay_races=replay)
+                         replay_races=replay)

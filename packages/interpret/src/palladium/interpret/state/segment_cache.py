@@ -18,12 +18,9 @@ and key verified, and loaded onto this process's own first CPU device (under
 
 from __future__ import annotations
 
-import atexit
 import collections
-import functools
 import hashlib
 import pickle
-import queue
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -31,7 +28,7 @@ from typing import Any
 from palladium.interpret.state.disk_cache import DiskCache
 from palladium.interpret.state.environment import host_digest
 
-__all__ = ["EXECUTABLES", "RUNNING_WAIT", "BackgroundCompile", "SegmentExecutables"]
+__all__ = ["EXECUTABLES", "SegmentExecutables"]
 
 _MEMORY_LIMIT = 1024
 _FORMAT = 2
@@ -54,8 +51,6 @@ class SegmentExecutables:
         self._memory: collections.OrderedDict[str, Any] = collections.OrderedDict()
         self._lock = threading.Lock()
         self.compiled = 0  # compiled in this process (the rest came from a cache)
-        self._jobs: queue.SimpleQueue[Any] | None = None  # the background compiler's
-        self._stopping = False
 
     def __len__(self) -> int:
         return len(self._memory)
@@ -90,104 +85,6 @@ class SegmentExecutables:
             if len(self._memory) > _MEMORY_LIMIT:
                 self._memory.popitem(last=False)
         return exe
-
-
-    def get_in_background(self, text: str | None, compile_fn: Callable[[], Any]
-                          ) -> BackgroundCompile:
-        """``get(text, compile_fn)`` for the background compiler's thread (one daemon
-        thread, started on first use: one compile at a time beside the launches); the
-        job, whose ``result()`` runs it in the caller's thread if the background thread
-        has not started it yet. ``text`` None: ``compile_fn()``, kept by the caller only."""
-        job = BackgroundCompile(
-            compile_fn if text is None else functools.partial(self.get, text, compile_fn))
-        with self._lock:
-            if self._jobs is None:
-                self._jobs = queue.SimpleQueue()
-                worker = threading.Thread(target=self._compile_jobs, args=(self._jobs,),
-                                          daemon=True, name="palladium-segment-compiler")
-                worker.start()
-                atexit.register(self._stop, self._jobs, worker)
-            self._jobs.put(job)
-        return job
-
-    def _stop(self, jobs: queue.SimpleQueue[Any], worker: threading.Thread) -> None:
-        """At exit: drop the compiles not started, let the running one finish (XLA must
-        not be mid-compile while the interpreter tears down)."""
-        self._stopping = True
-        jobs.put(None)
-        worker.join(timeout=30)
-
-    def _compile_jobs(self, jobs: queue.SimpleQueue[Any]) -> None:
-        while True:
-            job = jobs.get()
-            if job is None:
-                return
-            if not self._stopping:
-                job.run()
-
-
-#: Seconds a caller waits for a compile the background thread is running before it
-#: compiles the same executable itself (a compile takes ~0.1-2 s; this bounds a compile
-#: that never ends, e.g. one waiting for a lock the caller holds).
-RUNNING_WAIT = 60.0
-
-
-class BackgroundCompile:
-    """A compile queued for the background thread, run by whoever needs it first.
-
-    A hot launch (or segment) that finds its compile still queued behind others' runs
-    it at once in its own thread, instead of waiting for the shared thread to reach it:
-    it never waits for another kernel's compile, and whether it runs compiled never
-    depends on the machine's load (with 10 threads and one shared compiler, third
-    calls waited up to 60 s and then ran simulated). A compile already running is
-    waited for (it is this call's own), at most ``RUNNING_WAIT`` seconds, after which
-    the caller compiles the same executable itself.
-    """
-
-    def __init__(self, fn: Callable[[], Any]) -> None:
-        self._fn: Callable[[], Any] | None = fn
-        self._lock = threading.Lock()
-        self._claimed = False
-        self._done = threading.Event()
-        self._value: Any = None
-        self._error: BaseException | None = None
-
-    @classmethod
-    def finished(cls, value: Any) -> BackgroundCompile:
-        """A job whose result is ``value`` (nothing to compile)."""
-        job = cls(lambda: value)
-        job.run()
-        return job
-
-    def done(self) -> bool:
-        return self._done.is_set()
-
-    def run(self) -> None:
-        """Run the compile here, unless someone else has started it."""
-        with self._lock:
-            if self._claimed:
-                return
-            self._claimed = True
-        fn = self._fn
-        try:
-            assert fn is not None
-            self._value = fn()
-        except BaseException as e:  # noqa: BLE001 - whoever asks for the result gets it
-            self._error = e
-        finally:
-            self._done.set()
-            self._fn = None  # (what it compiled from: a launch's grid points, ...)
-
-    def result(self) -> Any:
-        """The compile's result (or its exception): run here if not started yet."""
-        fn = self._fn
-        self.run()
-        if not self._done.wait(RUNNING_WAIT):
-            assert fn is not None  # (not done yet: not dropped)
-            return fn()
-        if self._error is not None:
-            raise self._error
-        return self._value
 
 
 #: What a key whose ``compile_fn`` gave None (not compiled: e.g. a launch a compiled
