@@ -597,3 +597,36 @@ def test_nothing_compiles_beside_a_launch_the_hot_one_compiles_its_own(always_wo
     free = _call(InterpretParams(random_seed=13))
     np.testing.assert_array_equal(
         [np.asarray(free(_mode(CLEAN), pages, src)) for _ in range(WHOLE_LAUNCH)][-1], outs[-1])
+
+
+@pytest.mark.timeout(300)
+def test_hot_launches_of_one_kernel_in_several_threads_compile_it_once(always_worth, monkeypatch):
+    """Threads whose launches of one kernel reach its compiled tier together wait for
+    one compile of its whole launch (made slow here, so that they meet), and every
+    launch gives the reference's values."""
+    import threading
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    compiles = []
+    real = compiled_launch._compile
+
+    def slow(kernel, *args):
+        compiles.append(threading.current_thread().name)
+        time.sleep(1.0)
+        return real(kernel, *args)
+
+    monkeypatch.setattr(compiled_launch, "_compile", slow)
+    call = _call(InterpretParams(random_seed=17))  # a seed no other test uses
+    pages, src = _inputs(6)
+    before = compiled_launch.STATS["compiled"]
+
+    def launches(_):
+        return [np.asarray(call(_mode(CLEAN), pages, src)) for _ in range(WHOLE_LAUNCH)]
+
+    with ThreadPoolExecutor(4) as pool:
+        outs = [o for per_thread in pool.map(launches, range(4)) for o in per_thread]
+    assert len(compiles) == 1
+    assert compiled_launch.STATS["compiled"] - before >= 4 * WHOLE_LAUNCH - (WHOLE_LAUNCH - 1)
+    for out in outs:
+        np.testing.assert_allclose(out, _reference(pages, src), rtol=1e-5, atol=1e-5)

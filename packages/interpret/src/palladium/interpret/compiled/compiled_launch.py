@@ -154,28 +154,41 @@ def _whole_launch(kernel: PreparedKernel, params: InterpretParams, grid: tuple[i
                   specs: list[Any]) -> Any:
     """The executable of ``kernel``'s whole launch over ``grid`` for operands ``specs``
     (kept, else compiled or loaded here), or None: not compiled whole (too little work,
-    too many grid points, or something its tracing does not model)."""
+    too many grid points, or something its tracing does not model). Launches of one
+    kernel in several threads compile it once: the others wait for that compile (one
+    per key: never for another kernel's or grid's)."""
     gm = kernel.grid_mapping
     # per grid, order and operand types: the executable (None: not compiled whole)
     kept: dict[Any, Any] = kernel.launches.whole_launches
     key = _key(params, grid, specs)
     with _LOCK:
-        if key in kept:
-            kept[key] = exe = kept.pop(key)  # (the most recently used last)
-            return exe
-    points = schedule(kernel, grid, 1, tuple(gm.vmapped_dims), params.seed)[0]
-    exe = None
-    if len(points) <= MAX_POINTS and worth_compiling(kernel, len(points)):
-        try:
-            exe = _compile(kernel, grid, list(points), tuple(gm.vmapped_dims),
-                           params.uninitialized_memory, specs)
-        except Exception:  # noqa: BLE001 - not modelled: simulated
-            exe = None
-    with _LOCK:
-        while len(kept) >= MAX_KEPT:
-            kept.pop(next(iter(kept)))  # the least recently used
-        kept[key] = exe
-    return exe
+        compiling = _COMPILING.setdefault((kernel.launches, key), threading.Lock())
+    with compiling:
+        with _LOCK:
+            if key in kept:
+                _COMPILING.pop((kernel.launches, key), None)
+                kept[key] = exe = kept.pop(key)  # (the most recently used last)
+                return exe
+        points = schedule(kernel, grid, 1, tuple(gm.vmapped_dims), params.seed)[0]
+        exe = None
+        if len(points) <= MAX_POINTS and worth_compiling(kernel, len(points)):
+            try:
+                exe = _compile(kernel, grid, list(points), tuple(gm.vmapped_dims),
+                               params.uninitialized_memory, specs)
+            except Exception:  # noqa: BLE001 - not modelled: simulated
+                exe = None
+        with _LOCK:
+            while len(kept) >= MAX_KEPT:
+                kept.pop(next(iter(kept)))  # the least recently used
+            kept[key] = exe
+            _COMPILING.pop((kernel.launches, key), None)
+        return exe
+
+
+#: The lock of each whole launch being compiled now, by its kernel's launches and key.
+_COMPILING: dict[Any, threading.Lock] = STATE.keep(
+    "compiled_launch_compiling", {}, owner=__name__,
+    holds="the lock of each whole launch being compiled now (by kernel and key)")
 
 
 def _new_grid_refused(seen: set[Any], key: Any) -> bool:
