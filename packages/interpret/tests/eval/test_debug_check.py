@@ -39,7 +39,7 @@ def test_a_failing_debug_check_raises_with_its_message_line_grid_point_and_core(
     with pl.enable_debug_checks(True):
         call = jax.jit(_call(checked))
         with pytest.raises(DebugCheckError) as info, pi.errors_as_raised():
-            call(X)
+            jax.block_until_ready(call(X))  # (a failure may surface when awaited)
     assert str(info.value) == (
         "pl.debug_check failed: grid point 2 is not allowed (kernel 'checked', grid point "
         f"(2,), device 0 core 0 (test_debug_check.py:{LINE}))")
@@ -69,7 +69,7 @@ def test_a_vector_condition_fails_if_any_element_fails():
     with pl.enable_debug_checks(True), pytest.raises(DebugCheckError,
                                                      match="negative input"), \
             pi.errors_as_raised():
-        _call(checked)(X - 1)
+        jax.block_until_ready(_call(checked)(X - 1))  # (a failure may surface when awaited)
 
 
 def plain_check(x_ref, o_ref):
