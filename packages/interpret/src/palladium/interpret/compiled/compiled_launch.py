@@ -97,12 +97,12 @@ def compiled_launch(kernel: PreparedKernel, params: InterpretParams,
     grid = launch_grid(kernel, args[:n_dyn])
     if any(n < 0 for n in grid):
         return None, "its grid is negative (the simulator reports it)"
-    # (the shapes only: the operands may be views valid during this call)
-    specs = [jax.ShapeDtypeStruct(np.shape(a), np.asarray(a).dtype) for a in args[n_dyn:]]
-    if not _may_compile(kernel, params, grid, specs):
+    # (the types only: the operands may be views valid during this call)
+    types = tuple((np.shape(a), np.asarray(a).dtype) for a in args[n_dyn:])
+    if not _may_compile(kernel, params, grid, types):
         return None, (f"the kernel was compiled whole for {MAX_GRIDS} other grids "
                       f"(its other grids run simulated)")
-    exe = _whole_launch(kernel, params, grid, specs)
+    exe = _whole_launch(kernel, params, grid, types)
     if exe is None:
         return None, ("the kernel is not compiled whole for this grid (too little work, "
                       "too many grid points, or something its tracing does not model)")
@@ -135,24 +135,27 @@ def compiled_launch(kernel: PreparedKernel, params: InterpretParams,
     return [outs], plan.reason
 
 
-def _key(params: InterpretParams, grid: tuple[int, ...], specs: list[Any]) -> Any:
-    return (grid, params.seed, params.uninitialized_memory,
-            tuple((tuple(s.shape), np.dtype(s.dtype)) for s in specs))
+#: Operand types: (shape, dtype) per operand.
+_Types = tuple[tuple[tuple[int, ...], np.dtype], ...]
+
+
+def _key(params: InterpretParams, grid: tuple[int, ...], types: _Types) -> Any:
+    return (grid, params.seed, params.uninitialized_memory, types)
 
 
 def _may_compile(kernel: PreparedKernel, params: InterpretParams, grid: tuple[int, ...],
-                 specs: list[Any]) -> bool:
-    """Whether a launch over ``grid`` for operands ``specs`` may run compiled whole: the
+                 types: _Types) -> bool:
+    """Whether a launch over ``grid`` for operands of ``types`` may run compiled whole: the
     kernel was not compiled whole for ``MAX_GRIDS`` other grids (and orders)."""
-    key = _key(params, grid, specs)
+    key = _key(params, grid, types)
     with _LOCK:
         return key in kernel.launches.whole_launches or not _new_grid_refused(
             kernel.launches.whole_launch_keys, key)
 
 
 def _whole_launch(kernel: PreparedKernel, params: InterpretParams, grid: tuple[int, ...],
-                  specs: list[Any]) -> Any:
-    """The executable of ``kernel``'s whole launch over ``grid`` for operands ``specs``
+                  types: _Types) -> Any:
+    """The executable of ``kernel``'s whole launch over ``grid`` for operands of ``types``
     (kept, else compiled or loaded here), or None: not compiled whole (too little work,
     too many grid points, or something its tracing does not model). Launches of one
     kernel in several threads compile it once: the others wait for that compile (one
@@ -160,7 +163,7 @@ def _whole_launch(kernel: PreparedKernel, params: InterpretParams, grid: tuple[i
     gm = kernel.grid_mapping
     # per grid, order and operand types: the executable (None: not compiled whole)
     kept: dict[Any, Any] = kernel.launches.whole_launches
-    key = _key(params, grid, specs)
+    key = _key(params, grid, types)
     with _LOCK:
         compiling = _COMPILING.setdefault((kernel.launches, key), threading.Lock())
     with compiling:
@@ -174,7 +177,8 @@ def _whole_launch(kernel: PreparedKernel, params: InterpretParams, grid: tuple[i
         if len(points) <= MAX_POINTS and worth_compiling(kernel, len(points)):
             try:
                 exe = _compile(kernel, grid, list(points), tuple(gm.vmapped_dims),
-                               params.uninitialized_memory, specs)
+                               params.uninitialized_memory,
+                               [jax.ShapeDtypeStruct(shape, dtype) for shape, dtype in types])
             except Exception:  # noqa: BLE001 - not modelled: simulated
                 exe = None
         with _LOCK:
@@ -269,7 +273,7 @@ def _compile(kernel: PreparedKernel, grid: tuple[int, ...], points: list[tuple[i
         jax.eval_shape(launch_function(kernel, grid, points, vmapped, fill, found), budget,
                        *specs)
         fn = launch_function(kernel, grid, points, vmapped, fill, found.second())
-        return compile_traced(fn, [budget, *specs])
+        return compile_traced(fn, [budget, *specs], wide=True)
 
     def built() -> Any:
         try:

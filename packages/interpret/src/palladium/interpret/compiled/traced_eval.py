@@ -24,6 +24,7 @@ from jax import lax
 
 from palladium.interpret import _jax_compat as jc
 from palladium.interpret.compiled import index_math as im
+from palladium.interpret.compiled import vector_width
 from palladium.interpret.compiled.traced_state import (
     FLAG_BOUNDS,
     FLAG_BUDGET,
@@ -63,12 +64,15 @@ def _rule(*prims: Any) -> Callable[[Rule], Rule]:
     return register
 
 
-def compile_traced(fn: Callable[..., Any], specs: Sequence[Any]) -> Any:
+def compile_traced(fn: Callable[..., Any], specs: Sequence[Any], wide: bool = False) -> Any:
     """``fn`` (a function of traced values built on this evaluator, taking ``specs``)
     compiled for this process's CPU as the chip computes (``chip_function``): the
-    executable takes ``chip_arithmetic.NEGATIVE_ZERO`` first, then ``specs``."""
+    executable takes ``chip_arithmetic.NEGATIVE_ZERO`` first, then ``specs``. ``wide``:
+    for the host's widest vectors where that keeps every bit (``vector_width.py``)."""
     zero = jax.ShapeDtypeStruct((), chip_arithmetic.NEGATIVE_ZERO.dtype)
-    return jax.jit(chip_arithmetic.chip_function(fn)).lower(zero, *specs).compile()
+    traced = jax.jit(chip_arithmetic.chip_function(fn)).trace(zero, *specs)
+    options = vector_width.WIDE if wide and vector_width.lane_wise(traced.jaxpr) else None
+    return traced.lower().compile(compiler_options=options)
 
 
 def run_jaxpr(jaxpr: Any, consts: Sequence[Any], args: Sequence[Any], st: TracedState

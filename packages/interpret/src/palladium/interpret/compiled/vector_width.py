@@ -1,0 +1,66 @@
+"""Which compiled launches XLA compiles for the host's widest vectors: those whose every
+floating-point operation gives the same bits at any vector width.
+
+XLA's CPU compiler vectorizes for 256-bit registers unless told otherwise
+(``xla_cpu_prefer_vector_width``). On a host with 512-bit ones (AVX-512) a loop of
+elementwise transcendental functions runs much faster with 512: the RG-LRU scan's
+executable took 0.31 against 0.43 ms (benchmarks/LOG.md, 2026-12-07). Not every
+executable keeps its bits: a dot XLA emits itself tiles its sums by the register width
+(paged attention's 1x128 q.k, 8 elements 1 ulp apart), a float reduction may too, and
+``atan`` takes another polynomial. So the wider vectors are asked for only where every
+equation of the traced launch (at any depth) that reads or makes a float is either
+data movement or a primitive of ``LANE_WISE``, each of which
+``tests/compiled/test_vector_width.py`` compiles at both widths and compares bit for
+bit (f32, bf16 and f16; random, special and subnormal values). An equation of integers
+and booleans alone (block indices, flags, the DMA table) is exact at any width.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from palladium.interpret.eval.jaxprs import any_equation
+
+__all__ = ["CONTAINERS", "DATA_MOVEMENT", "LANE_WISE", "WIDE", "lane_wise"]
+
+#: The compile options of a launch that ``lane_wise`` admits.
+WIDE = {"xla_cpu_prefer_vector_width": 512}
+
+#: Elementwise arithmetic whose bits XLA computes alike at 256 and 512 bits (tested).
+LANE_WISE = frozenset({
+    "abs", "acos", "acosh", "add", "asin", "asinh", "atan2", "atanh", "cbrt", "ceil",
+    "clamp", "convert_element_type", "cos", "cosh", "digamma", "div", "eq", "erf",
+    "erf_inv", "erfc", "exp", "exp2", "expm1", "floor", "ge", "gt", "integer_pow",
+    "is_finite", "le", "lgamma", "log", "log1p", "logistic", "lt", "max", "min", "mul",
+    "ne", "neg", "nextafter", "pow", "reduce_precision", "rem", "round", "rsqrt",
+    "select_n", "sign", "sin", "sinh", "sqrt", "square", "sub", "tan", "tanh",
+})
+#: Primitives that move floats without arithmetic.
+DATA_MOVEMENT = frozenset({
+    "bitcast_convert_type", "broadcast_in_dim", "concatenate", "copy", "copy_p",
+    "dynamic_slice", "dynamic_update_slice", "expand_dims", "iota", "pad", "reshape",
+    "rev", "slice", "squeeze", "transpose",
+})
+#: Primitives whose arithmetic is that of the jaxprs they hold (checked in turn).
+CONTAINERS = frozenset({"closed_call", "cond", "core_call", "jit", "pjit", "scan", "while"})
+_ADMITTED = LANE_WISE | DATA_MOVEMENT | CONTAINERS
+
+
+def _floating(var: Any) -> bool:
+    dtype = getattr(getattr(var, "aval", None), "dtype", None)
+    return dtype is not None and np.issubdtype(np.dtype(dtype), np.floating)
+
+
+def _varies(eqn: Any) -> bool:
+    """Whether ``eqn`` may give other bits at another vector width."""
+    if eqn.primitive.name in _ADMITTED:
+        return False
+    return any(_floating(v) for v in (*eqn.invars, *eqn.outvars))
+
+
+def lane_wise(jaxpr: Any) -> bool:
+    """Whether the traced launch ``jaxpr`` (closed or open) computes the same bits at
+    any vector width (the module's docstring)."""
+    return not any_equation(jaxpr, _varies)
