@@ -98,6 +98,14 @@ def test_lane_wise_refuses_float_code_whose_bits_the_width_may_change(fn):
     assert not vector_width.lane_wise(_jaxpr(fn, np.ones((8, 128), np.float32)))
 
 
+def test_lane_wise_knows_bf16_as_a_float_and_refuses_the_types_it_was_not_tested_on():
+    x = jnp.ones((8, 128), jnp.bfloat16)
+    assert not vector_width.lane_wise(_jaxpr(lambda x: x @ x.T, x))
+    assert vector_width.lane_wise(_jaxpr(lambda x: jnp.exp(x) * x, x))
+    assert not vector_width.lane_wise(_jaxpr(lambda x: x * x, np.ones((8,), np.complex64)))
+    assert not vector_width.lane_wise(_jaxpr(lambda x: x * 2, jnp.ones((8,), jnp.float8_e4m3fn)))
+
+
 def _recurrence_kernel(x_ref, a_ref, o_ref, h_ref):
     @pl.when(pl.program_id(0) == 0)
     def _():

@@ -9,16 +9,18 @@ executable keeps its bits: a dot XLA emits itself tiles its sums by the register
 (paged attention's 1x128 q.k, 8 elements 1 ulp apart), a float reduction may too, and
 ``atan`` takes another polynomial. So the wider vectors are asked for only where every
 equation of the traced launch (at any depth) that reads or makes a float is either
-data movement or a primitive of ``LANE_WISE``, each of which
+data movement or a primitive of ``LANE_WISE`` on f32, bf16 or f16, each of which
 ``tests/compiled/test_vector_width.py`` compiles at both widths and compares bit for
-bit (f32, bf16 and f16; random, special and subnormal values). An equation of integers
-and booleans alone (block indices, flags, the DMA table) is exact at any width.
+bit (random, special and subnormal values). An equation of integers and booleans alone
+(block indices, flags, the DMA table) is exact at any width.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 from palladium.interpret.eval.jaxprs import any_equation
@@ -45,19 +47,25 @@ DATA_MOVEMENT = frozenset({
 })
 #: Primitives whose arithmetic is that of the jaxprs they hold (checked in turn).
 CONTAINERS = frozenset({"closed_call", "cond", "core_call", "jit", "pjit", "scan", "while"})
-_ADMITTED = LANE_WISE | DATA_MOVEMENT | CONTAINERS
 
 
-def _floating(var: Any) -> bool:
-    dtype = getattr(getattr(var, "aval", None), "dtype", None)
-    return dtype is not None and np.issubdtype(np.dtype(dtype), np.floating)
+#: The float types ``LANE_WISE`` is tested on (others: f64, complex, float8 keep the default).
+_TESTED = frozenset(np.dtype(d) for d in (np.float32, jnp.bfloat16, np.float16))
+
+
+def _inexact(eqn: Any) -> list[np.dtype]:
+    """The floating-point and complex types ``eqn`` reads or makes (bf16 included)."""
+    dtypes = (getattr(getattr(v, "aval", None), "dtype", None) for v in (*eqn.invars, *eqn.outvars))
+    return [np.dtype(d) for d in dtypes if d is not None and jax.dtypes.issubdtype(d, jnp.inexact)]
 
 
 def _varies(eqn: Any) -> bool:
     """Whether ``eqn`` may give other bits at another vector width."""
-    if eqn.primitive.name in _ADMITTED:
+    name = eqn.primitive.name
+    if name in CONTAINERS or name in DATA_MOVEMENT:
         return False
-    return any(_floating(v) for v in (*eqn.invars, *eqn.outvars))
+    inexact = _inexact(eqn)
+    return bool(inexact) and (name not in LANE_WISE or any(d not in _TESTED for d in inexact))
 
 
 def lane_wise(jaxpr: Any) -> bool:
