@@ -1,9 +1,10 @@
 """The one traced evaluator: a kernel body (or a run of its equations) as traced JAX
 over a :class:`~palladium.interpret.compiled.traced_state.TracedState`, one rule per
 primitive that touches the state, every other equation bound as XLA computes it
-(``chip_arithmetic``). A compiled segment (``segment_function.py``) is this evaluator over
-a run of equations with no DMA table; a compiled launch (``launch_function.py``) over the
-whole body at every grid point, with the DMA table and a grid.
+(``chip_arithmetic``; a few in a form XLA runs faster, the same values: ``xla_forms``).
+A compiled segment (``segment_function.py``) is this evaluator over a run of equations
+with no DMA table; a compiled launch (``launch_function.py``) over the whole body at
+every grid point, with the DMA table and a grid.
 
 Refs are ``Handle``/``SemHandle`` objects, static while tracing; loops and conditionals
 carry the state (``TracedState.carry``). A primitive with no rule here that takes or
@@ -24,7 +25,7 @@ from jax import lax
 
 from palladium.interpret import _jax_compat as jc
 from palladium.interpret.compiled import index_math as im
-from palladium.interpret.compiled import vector_width
+from palladium.interpret.compiled import vector_width, xla_forms
 from palladium.interpret.compiled.traced_state import (
     FLAG_BOUNDS,
     FLAG_BUDGET,
@@ -94,6 +95,9 @@ def _bind(eqn: Any, invals: list[Any]) -> list[Any]:
     if (RULES_OWN.get(prim) is not None or RULES_OWN.compiler(prim) is not None or eqn.effects
             or (RULES_OWN.by_name and rule_by_name(prim) is not None) or any(isinstance(x, Handle | SemHandle | jc.TransformedRef) for x in invals)):
         raise UnsupportedFeatureError(f"the traced evaluator has no rule for '{prim}'")
+    form = xla_forms.FORMS.get(prim)  # (the same values, faster code: ``xla_forms``)
+    if form is not None:
+        return form(invals, prim.get_bind_params(eqn.params))
     return chip_arithmetic.bind(prim, invals, prim.get_bind_params(eqn.params))
 
 
