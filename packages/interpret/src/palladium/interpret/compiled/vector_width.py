@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from palladium.interpret.eval.jaxprs import any_equation
+from palladium.interpret.eval.primitive_groups import NESTED_CALLS
 
 __all__ = ["CONTAINERS", "DATA_MOVEMENT", "LANE_WISE", "WIDE", "lane_wise"]
 
@@ -46,7 +47,7 @@ DATA_MOVEMENT = frozenset({
     "rev", "slice", "squeeze", "transpose",
 })
 #: Primitives whose arithmetic is that of the jaxprs they hold (checked in turn).
-CONTAINERS = frozenset({"closed_call", "cond", "core_call", "jit", "pjit", "scan", "while"})
+CONTAINERS = frozenset({"cond", "scan", "while", *(p.name for p in NESTED_CALLS)})
 
 
 #: The float types ``LANE_WISE`` is tested on (others: f64, complex, float8 keep the default).
