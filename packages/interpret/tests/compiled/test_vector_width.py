@@ -61,6 +61,11 @@ def test_every_lane_wise_primitive_is_tested_and_the_containers_and_movers_compu
     assert not (LANE_WISE | DATA_MOVEMENT) & CONTAINERS
 
 
+_WIDE_HERE = pytest.mark.skipif(
+    WIDE is None, reason="no 512-bit vectors on this host: every launch keeps XLA's default width")
+
+
+@_WIDE_HERE
 @pytest.mark.parametrize("dtype", [np.float32, jnp.bfloat16, np.float16])
 def test_each_lane_wise_primitive_gives_the_same_bits_at_both_widths(dtype):
     differ = []
@@ -128,6 +133,7 @@ def _recurrence(x, a):
         interpret=InterpretParams(random_seed=29))(x, a)  # (a seed no other test uses)
 
 
+@_WIDE_HERE
 def test_an_elementwise_recurrence_compiled_wide_gives_the_bits_of_the_default_width(monkeypatch):
     rng = np.random.default_rng(5)
     x, a = (rng.standard_normal((136, 128), np.float32) for _ in range(2))
@@ -149,3 +155,14 @@ def test_an_elementwise_recurrence_compiled_wide_gives_the_bits_of_the_default_w
     monkeypatch.setattr(vector_width, "WIDE", None)  # XLA's default width
     default = launches()
     np.testing.assert_array_equal(wide.view(np.uint32), default.view(np.uint32))
+
+
+def test_only_an_x86_64_host_with_avx512_compiles_wide(tmp_path):
+    flags = tmp_path / "cpuinfo"
+    flags.write_text("processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f avx512bw\n")
+    plain = tmp_path / "cpuinfo-avx2"
+    plain.write_text("processor\t: 0\nflags\t\t: fpu sse2 avx2 fma\n")
+    assert vector_width.host_has_512_bit_vectors("x86_64", str(flags))
+    assert not vector_width.host_has_512_bit_vectors("x86_64", str(plain))
+    assert not vector_width.host_has_512_bit_vectors("aarch64", str(flags))  # (arm64: never)
+    assert not vector_width.host_has_512_bit_vectors("x86_64", str(tmp_path / "absent"))

@@ -72,7 +72,8 @@ def compile_traced(fn: Callable[..., Any], specs: Sequence[Any], wide: bool = Fa
     for the host's widest vectors where that keeps every bit (``vector_width.py``)."""
     zero = jax.ShapeDtypeStruct((), chip_arithmetic.NEGATIVE_ZERO.dtype)
     traced = jax.jit(chip_arithmetic.chip_function(fn)).trace(zero, *specs)
-    options = vector_width.WIDE if wide and vector_width.lane_wise(traced.jaxpr) else None
+    wide = wide and vector_width.WIDE is not None and vector_width.lane_wise(traced.jaxpr)
+    options = vector_width.WIDE if wide else None
     return traced.lower().compile(compiler_options=options)
 
 

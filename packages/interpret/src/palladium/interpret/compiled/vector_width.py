@@ -12,11 +12,14 @@ equation of the traced launch (at any depth) that reads or makes a float is eith
 data movement or a primitive of ``LANE_WISE`` on f32, bf16 or f16, each of which
 ``tests/compiled/test_vector_width.py`` compiles at both widths and compares bit for
 bit (random, special and subnormal values). An equation of integers and booleans alone
-(block indices, flags, the DMA table) is exact at any width.
+(block indices, flags, the DMA table) is exact at any width. Those checks were made on
+an x86-64 host with AVX-512 (where the wider vectors pay): on any other host (arm64,
+x86-64 without AVX-512) ``WIDE`` is None and every launch keeps XLA's default width.
 """
 
 from __future__ import annotations
 
+import platform
 from typing import Any
 
 import jax
@@ -28,8 +31,22 @@ from palladium.interpret.eval.primitive_groups import NESTED_CALLS
 
 __all__ = ["CONTAINERS", "DATA_MOVEMENT", "LANE_WISE", "WIDE", "lane_wise"]
 
-#: The compile options of a launch that ``lane_wise`` admits.
-WIDE = {"xla_cpu_prefer_vector_width": 512}
+
+
+def host_has_512_bit_vectors(machine: str | None = None, cpuinfo: str = "/proc/cpuinfo") -> bool:
+    """Whether this host is x86-64 with AVX-512 (``avx512f`` among its CPU flags)."""
+    if (machine or platform.machine()).lower() not in ("x86_64", "amd64"):
+        return False
+    try:
+        with open(cpuinfo) as f:
+            return any(line.startswith("flags") and " avx512f" in line for line in f)
+    except OSError:
+        return False
+
+
+#: The compile options of a launch that ``lane_wise`` admits (None: XLA's default
+#: width, on a host without 512-bit vectors).
+WIDE = {"xla_cpu_prefer_vector_width": 512} if host_has_512_bit_vectors() else None
 
 #: Elementwise arithmetic whose bits XLA computes alike at 256 and 512 bits (tested).
 LANE_WISE = frozenset({
