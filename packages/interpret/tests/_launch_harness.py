@@ -95,3 +95,31 @@ def matmul_kernel(x_ref, y_ref, o_ref, acc_ref):
     @pl.when(pl.program_id(2) == pl.num_programs(2) - 1)
     def _():
         o_ref[...] = acc_ref[...].astype(o_ref.dtype)
+
+
+def four_launches(fn, *args):
+    """Four calls of ``jax.jit(fn)`` on ``args`` after ``jax.clear_caches()`` (a new
+    kernel each time): the first two simulated, the last two compiled whole (checked);
+    their outputs as numpy arrays."""
+    import numpy as np
+
+    from palladium.interpret.compiled import compiled_launch
+    from palladium.interpret.run.execution_plan import WHOLE_LAUNCH
+
+    jax.clear_caches()
+    call = jax.jit(fn)
+    before = compiled_launch.STATS["compiled"]
+    outs = [np.asarray(call(*args)) for _ in range(4)]
+    assert compiled_launch.STATS["compiled"] - before == 5 - WHOLE_LAUNCH
+    return outs
+
+
+def recurrence_step(x_ref, a_ref, o_ref):
+    """The loop body of an elementwise recurrence one row a step (RG-LRU's form):
+    h_t = a_t * h_{t-1} + sqrt(1 - a_t^2) * tanh(x_t), a_t = sigmoid(a_ref row t)."""
+    def step(t, h):
+        a = jax.nn.sigmoid(a_ref[pl.ds(t, 1), :])
+        h = a * h + jnp.sqrt(jnp.maximum(1.0 - a * a, 0.0)) * jnp.tanh(x_ref[pl.ds(t, 1), :])
+        o_ref[pl.ds(t, 1), :] = h
+        return h
+    return step

@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _launch_harness import four_launches, recurrence_step
 from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
@@ -116,13 +117,7 @@ def _recurrence_kernel(x_ref, a_ref, o_ref, h_ref):
     def _():
         h_ref[...] = jnp.zeros_like(h_ref)
 
-    def step(t, h):
-        a = jax.nn.sigmoid(a_ref[pl.ds(t, 1), :])
-        h = a * h + jnp.sqrt(jnp.maximum(1.0 - a * a, 0.0)) * jnp.tanh(x_ref[pl.ds(t, 1), :])
-        o_ref[pl.ds(t, 1), :] = h
-        return h
-
-    h_ref[...] = lax.fori_loop(0, 8, step, h_ref[...])
+    h_ref[...] = lax.fori_loop(0, 8, recurrence_step(x_ref, a_ref, o_ref), h_ref[...])
 
 
 def _recurrence(x, a):
@@ -142,12 +137,7 @@ def test_an_elementwise_recurrence_compiled_wide_gives_the_bits_of_the_default_w
     monkeypatch.setattr(vector_width, "lane_wise", lambda j: wide_calls.append(real(j)) or real(j))
 
     def launches():
-        jax.clear_caches()
-        call = jax.jit(_recurrence)
-        before = compiled_launch.STATS["compiled"]
-        outs = [np.asarray(call(x, a)) for _ in range(4)]
-        assert compiled_launch.STATS["compiled"] - before == 2  # (launches 3 and 4)
-        return outs[-1]
+        return four_launches(_recurrence, x, a)[-1]
 
     monkeypatch.setattr(compiled_launch, "launch_key", lambda *args: None)  # (no disk cache)
     wide = launches()

@@ -5,6 +5,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _launch_harness import four_launches
 from jax import lax
 from jax.experimental import pallas as pl
 
@@ -55,12 +56,7 @@ def test_a_launch_compiled_whole_with_the_form_gives_the_bits_without_it(monkeyp
     monkeypatch.setattr(compiled_launch, "MIN_EQUATIONS_PER_LAUNCH", 1)
 
     def launches():
-        jax.clear_caches()
-        call = jax.jit(_call)
-        before = compiled_launch.STATS["compiled"]
-        outs = [np.asarray(call(s, m)) for _ in range(4)]
-        assert compiled_launch.STATS["compiled"] - before == 2  # (launches 3 and 4)
-        return outs
+        return four_launches(_call, s, m)
 
     with_form = launches()
     monkeypatch.setattr(xla_forms, "FORMS", {})
