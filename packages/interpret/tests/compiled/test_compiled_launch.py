@@ -571,7 +571,7 @@ def test_a_launch_that_cannot_be_compiled_is_not_traced_again_in_a_new_process(t
 def test_nothing_compiles_beside_a_launch_the_hot_one_compiles_its_own(always_worth, monkeypatch):
     """Issue 43 item 4: the whole launch's compile ran in the background beside the
     launch before the first compiled one, whose Python its tracing slowed (the second
-    call 13.3x of jax's HLO interpreter's in geomean, 2.5x without). Now the first
+    call 9.0-9.2x of jax's HLO interpreter's in geomean, 2.3-2.6x without). Now the first
     compiled launch (``WHOLE_LAUNCH``) compiles (or loads) its executable itself, in
     its own thread, and no launch before it starts one; its bits are those of a fresh
     process's compiled launch. (Issue 42 item 10's stall, a hot launch waiting behind

@@ -8,8 +8,8 @@ not in arithmetic. From its ``WHOLE_LAUNCH``-th launch in the process on (its th
 that launch, in its own thread, and kept per kernel, grid, order and operand types. Its
 results are XLA's bits, as a compiled segment's. Nothing is compiled in the background:
 beside the launch before, the compile's tracing held the GIL and slowed that launch
-more than the overlap saved (the second call 13.3x of jax's HLO interpreter's in
-geomean, 2.5x without it, calls 1-3 no faster; benchmarks/LOG.md, 2026-12-07), and a
+more than the overlap saved (the second call 9.0-9.2x of jax's HLO interpreter's in
+geomean, 2.3-2.6x without it, calls 1-3 no faster; benchmarks/LOG.md, 2026-12-07), and a
 kernel called twice paid for a compile it never used.
 
 Whether a launch may run compiled is its execution plan's decision, made from the

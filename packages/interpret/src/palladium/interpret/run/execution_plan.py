@@ -26,7 +26,7 @@ COMPILED, SEGMENTS, SIMULATED = "compiled", "segments", "simulated"
 #: cold cache waits for the compile (58x of jax's HLO interpreter's, against 9x), and an
 #: edited kernel's test is always cold. Compiled in the background during launch 2
 #: instead (until 2026-12-07), the compile's tracing held the GIL beside the launch: the
-#: second call took 13.3x of HLO's in geomean, 2.5x without it, with calls 1-3 no faster.
+#: second call took 9.0-9.2x of HLO's in geomean, 2.3-2.6x without it, calls 1-3 no faster.
 WHOLE_LAUNCH = 3
 
 
