@@ -99,10 +99,10 @@ def compiled_launch(kernel: PreparedKernel, params: InterpretParams,
         return None, "its grid is negative (the simulator reports it)"
     # (the types only: the operands may be views valid during this call)
     types = tuple((np.shape(a), np.asarray(a).dtype) for a in args[n_dyn:])
-    if not _may_compile(kernel, params, grid, types):
+    exe = _whole_launch(kernel, params, grid, types)
+    if exe is _REFUSED:
         return None, (f"the kernel was compiled whole for {MAX_GRIDS} other grids "
                       f"(its other grids run simulated)")
-    exe = _whole_launch(kernel, params, grid, types)
     if exe is None:
         return None, ("the kernel is not compiled whole for this grid (too little work, "
                       "too many grid points, or something its tracing does not model)")
@@ -139,39 +139,33 @@ def compiled_launch(kernel: PreparedKernel, params: InterpretParams,
 _Types = tuple[tuple[tuple[int, ...], np.dtype], ...]
 
 
-def _key(params: InterpretParams, grid: tuple[int, ...], types: _Types) -> Any:
-    return (grid, params.seed, params.uninitialized_memory, types)
-
-
-def _may_compile(kernel: PreparedKernel, params: InterpretParams, grid: tuple[int, ...],
-                 types: _Types) -> bool:
-    """Whether a launch over ``grid`` for operands of ``types`` may run compiled whole: the
-    kernel was not compiled whole for ``MAX_GRIDS`` other grids (and orders)."""
-    key = _key(params, grid, types)
-    with _LOCK:
-        return key in kernel.launches.whole_launches or not _new_grid_refused(
-            kernel.launches.whole_launch_keys, key)
+#: What ``_whole_launch`` gives for a grid it refuses (``MAX_GRIDS`` others compiled).
+_REFUSED = object()
 
 
 def _whole_launch(kernel: PreparedKernel, params: InterpretParams, grid: tuple[int, ...],
                   types: _Types) -> Any:
     """The executable of ``kernel``'s whole launch over ``grid`` for operands of ``types``
-    (kept, else compiled or loaded here), or None: not compiled whole (too little work,
-    too many grid points, or something its tracing does not model). Launches of one
-    kernel in several threads compile it once: the others wait for that compile (one
-    per key: never for another kernel's or grid's)."""
-    gm = kernel.grid_mapping
+    (kept, else compiled or loaded here), None: not compiled whole (too little work, too
+    many grid points, or something its tracing does not model), or ``_REFUSED``: the
+    kernel was compiled whole for ``MAX_GRIDS`` other grids (and orders). Launches of
+    one kernel in several threads compile it once: the others wait for that compile (one
+    per key: never for another kernel's or grid's); a kept one is read under one lock."""
     # per grid, order and operand types: the executable (None: not compiled whole)
     kept: dict[Any, Any] = kernel.launches.whole_launches
-    key = _key(params, grid, types)
+    key = (grid, params.seed, params.uninitialized_memory, types)
     with _LOCK:
+        if key in kept:
+            kept[key] = exe = kept.pop(key)  # (the most recently used last)
+            return exe
+        if _new_grid_refused(kernel.launches.whole_launch_keys, key):
+            return _REFUSED
         compiling = _COMPILING.setdefault((kernel.launches, key), threading.Lock())
     with compiling:
         with _LOCK:
-            if key in kept:
-                _COMPILING.pop((kernel.launches, key), None)
-                kept[key] = exe = kept.pop(key)  # (the most recently used last)
-                return exe
+            if key in kept:  # (compiled by another thread while this one waited)
+                return kept[key]
+        gm = kernel.grid_mapping
         points = schedule(kernel, grid, 1, tuple(gm.vmapped_dims), params.seed)[0]
         exe = None
         if len(points) <= MAX_POINTS and worth_compiling(kernel, len(points)):
