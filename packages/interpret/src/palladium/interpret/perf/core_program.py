@@ -9,12 +9,12 @@ from collections import defaultdict
 from collections.abc import Iterator
 from typing import Any
 
+from palladium.interpret.eval.context import CoreId
 from palladium.interpret.perf.dma_runs import member, route
 from palladium.interpret.perf.model import ChipModel
 
 __all__ = ["core_program"]
 
-CoreId = tuple[int, int]
 Action = tuple[Any, ...]
 
 

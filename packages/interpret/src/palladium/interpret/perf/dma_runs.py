@@ -16,10 +16,10 @@ from collections.abc import Callable
 from operator import attrgetter
 from typing import Any
 
+from palladium.interpret.eval.context import CoreId
 from palladium.shared_memory import MemorySpace
 
 _HOST = MemorySpace.HOST
-CoreId = tuple[int, int]
 
 #: A DMA of a run as the replay keeps it: (number, name, signals, span args)
 Member = tuple[int, str, list[tuple[Any, int]], dict[str, Any]]

@@ -8,6 +8,7 @@ import operator
 from typing import Any
 
 from palladium.interpret.errors import ConfigError
+from palladium.interpret.eval.context import CoreId
 from palladium.interpret.observe.observers import LaunchInfo
 from palladium.interpret.perf.model import ChipModel
 from palladium.interpret.perf.recorder import TimelineRecorder
@@ -23,7 +24,6 @@ from palladium.shared_memory import MemorySpace
 
 __all__ = ["LaunchRecord"]
 
-CoreId = tuple[int, int]
 
 
 def _operand_step_seconds(info: Any, chip: ChipModel,

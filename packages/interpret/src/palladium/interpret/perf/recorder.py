@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from palladium.interpret import _jax_compat as jc
+from palladium.interpret.eval.context import CoreId
 from palladium.interpret.eval.primitive_groups import CALLS
 from palladium.interpret.observe.observers import LaunchInfo
 from palladium.interpret.perf.chain import (
@@ -34,8 +35,6 @@ from palladium.shared_memory import (
     SemaphoreInfo,
     SemaphoreKind,
 )
-
-CoreId = tuple[int, int]
 
 # Event tuples, first item the kind:
 #   ("c", seconds)                             compute chunk

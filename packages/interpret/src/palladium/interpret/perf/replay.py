@@ -30,11 +30,10 @@ import math
 from collections import defaultdict
 from typing import Any
 
+from palladium.interpret.eval.context import CoreId
 from palladium.interpret.perf.core_program import core_program
 from palladium.interpret.perf.dma_runs import Bursts, Member, assign_lanes
 from palladium.interpret.perf.model import ChipModel
-
-CoreId = tuple[int, int]
 
 
 @dataclasses.dataclass(slots=True)
