@@ -112,14 +112,3 @@ def four_launches(fn, *args):
     outs = [np.asarray(call(*args)) for _ in range(4)]
     assert compiled_launch.STATS["compiled"] - before == 5 - WHOLE_LAUNCH
     return outs
-
-
-def recurrence_step(x_ref, a_ref, o_ref):
-    """The loop body of an elementwise recurrence one row a step (RG-LRU's form):
-    h_t = a_t * h_{t-1} + sqrt(1 - a_t^2) * tanh(x_t), a_t = sigmoid(a_ref row t)."""
-    def step(t, h):
-        a = jax.nn.sigmoid(a_ref[pl.ds(t, 1), :])
-        h = a * h + jnp.sqrt(jnp.maximum(1.0 - a * a, 0.0)) * jnp.tanh(x_ref[pl.ds(t, 1), :])
-        o_ref[pl.ds(t, 1), :] = h
-        return h
-    return step

@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from _launch_harness import four_launches, recurrence_step
+from _launch_harness import four_launches
 from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
@@ -117,7 +117,13 @@ def _recurrence_kernel(x_ref, a_ref, o_ref, h_ref):
     def _():
         h_ref[...] = jnp.zeros_like(h_ref)
 
-    h_ref[...] = lax.fori_loop(0, 8, recurrence_step(x_ref, a_ref, o_ref), h_ref[...])
+    def step(t, h):
+        a = jax.nn.sigmoid(a_ref[pl.ds(t, 1), :])
+        h = a * h + jnp.sqrt(jnp.maximum(1.0 - a * a, 0.0)) * jnp.tanh(x_ref[pl.ds(t, 1), :])
+        o_ref[pl.ds(t, 1), :] = h
+        return h
+
+    h_ref[...] = lax.fori_loop(0, 8, step, h_ref[...])
 
 
 def _recurrence(x, a):
