@@ -262,7 +262,7 @@ def _compile(kernel: PreparedKernel, grid: tuple[int, ...], points: list[tuple[i
     def build() -> Any:
         # First trace: which buffers DMAs reach (only their accesses need checking) and
         # which anything writes (only those are carried through loops).
-        found = TraceFacts()
+        found = TraceFacts(gathering=True)
         budget = jax.ShapeDtypeStruct((), np.int32)
         jax.eval_shape(launch_function(kernel, grid, points, vmapped, fill, found), budget,
                        *specs)

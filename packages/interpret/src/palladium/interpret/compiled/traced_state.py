@@ -172,7 +172,8 @@ class TraceFacts:
     and read (only accesses that can conflict with a DMA are checked: reads of the first,
     writes of either) and the buffers anything writes (only those are carried through
     loops and conditionals; the rest are constants). None: all of them (the first trace,
-    which fills the ``*_found`` sets, and a compiled segment)."""
+    which fills the ``*_found`` sets, and a compiled segment). ``gathering``: the first
+    trace, whose program is never compiled, so it emits no conflict checks."""
 
     dma_dst: frozenset[int] | None = None
     dma_src: frozenset[int] | None = None
@@ -180,10 +181,13 @@ class TraceFacts:
     dst_found: set[int] = dataclasses.field(default_factory=set)
     src_found: set[int] = dataclasses.field(default_factory=set)
     written_found: set[int] = dataclasses.field(default_factory=set)
+    gathering: bool = False
 
     def conflicts(self, buf: int, write: bool) -> tuple[bool, bool]:
         """Whether an access of ``buf`` can touch a region a DMA in flight writes, and
         (a write) one a DMA in flight reads."""
+        if self.gathering:
+            return False, False
         dst = self.dma_dst is None or buf in self.dma_dst
         src = write and (self.dma_src is None or buf in self.dma_src)
         return dst, src
