@@ -28,6 +28,7 @@ from palladium.shared_memory.regions import resolve
 recorder_module = importlib.import_module("palladium.interpret.perf.recorder")
 record_module = importlib.import_module("palladium.interpret.perf.record")
 replay_module = importlib.import_module("palladium.interpret.perf.replay")
+dma_runs = importlib.import_module("palladium.interpret.perf.dma_runs")
 
 S = jax.ShapeDtypeStruct
 F32 = jnp.float32
@@ -220,7 +221,7 @@ def test_engine_lanes_from_heaps_are_the_lanes_of_a_scan():
         d.end = end
         replay.dmas.append(d)
     expected = _lanes_scanning(replay.dmas)
-    replay._assign_lanes()
+    dma_runs.assign_lanes(replay.dmas, replay.raw_spans.append)
     assert replay.raw_spans == expected
 
 

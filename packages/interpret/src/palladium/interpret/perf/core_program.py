@@ -46,7 +46,9 @@ def core_program(core: CoreId, events: list[tuple[Any, ...]], chip: ChipModel,
               or any(ev[0] == "out" for st in steps[:-1] for ev in st["out"]))
     if moving:
         yield ("overhead", chip.launch_overhead_s, "prologue")
-    yield from _plain(pre, labels)
+    for ev in pre:
+        if (action := _action(ev, labels)) is not None:
+            yield action
     if not steps:
         return
     dev = core[0]
@@ -92,7 +94,7 @@ def core_program(core: CoreId, events: list[tuple[Any, ...]], chip: ChipModel,
         if st["in"]:
             total = sum(ev[2] for ev in st["in"])
             yield ("wait", ("pipe", core, "in", s), total, "input blocks", "hbm")
-        for ev in st["body"]:  # (``_plain``, inline: a generator a step costs more)
+        for ev in st["body"]:  # (``_action``'s compute, inline: the common case)
             if ev[0] == "c":
                 if ev[1]:
                     yield ("compute", ev[1], "compute")
@@ -114,14 +116,6 @@ def core_program(core: CoreId, events: list[tuple[Any, ...]], chip: ChipModel,
         yield ("wait", key, nbytes, "output block write-back", "hbm")
     if moving:
         yield ("overhead", chip.launch_overhead_s, "epilogue")
-
-
-def _plain(events: list[tuple[Any, ...]], labels: dict[Any, tuple[Any, ...]],
-           ) -> Iterator[Action]:
-    for ev in events:
-        action = _action(ev, labels)
-        if action is not None:
-            yield action
 
 
 def _action(ev: tuple[Any, ...], labels: dict[Any, tuple[Any, ...]]) -> Action | None:

@@ -48,29 +48,18 @@ def merge_run(events: list[tuple[Any, ...]]) -> None:
 
 
 def route(d: Any) -> tuple[str, tuple[str, int]]:
-    """The DMA event ``d``'s direction (``direction``) and resource: its device's
-    outgoing ICI link (remote), the host link, the core's own path (``"local"``) or
-    its device's HBM."""
-    way = direction(d.src.space, d.dst.space)
-    if d.remote and way == "local":  # (over ICI: not the core's own path)
-        way = "in"
-    res = (("ici", d.src.device) if d.remote
-           else ("host", d.core[0]) if _HOST in (d.src.space, d.dst.space)
+    """The DMA event ``d``'s kind for its cost, ``"hbm"`` (HBM -> HBM), ``"out"`` (into
+    HBM), ``"in"`` (out of HBM; to or from the host; a remote one between on-core
+    memories: over ICI, not the core's own path) or ``"local"`` (between on-core
+    memories: VMEM, SMEM), and its resource: its device's outgoing ICI link (remote),
+    the host link, the core's own path (``"local"``) or its device's HBM."""
+    src, dst, hbm = d.src.space, d.dst.space, MemorySpace.HBM
+    host = _HOST in (src, dst)
+    way = ("hbm" if src is hbm and dst is hbm else "out" if dst is hbm
+           else "in" if src is hbm or host or d.remote else "local")
+    res = (("ici", d.src.device) if d.remote else ("host", d.core[0]) if host
            else ("local" if way == "local" else "hbm", d.core[0]))
     return way, res
-
-
-def direction(src: Any, dst: Any) -> str:
-    """A DMA's kind for its cost: ``"hbm"`` (HBM -> HBM), ``"out"`` (into HBM), ``"in"``
-    (out of HBM; to or from the host) or ``"local"`` (between on-core memories: VMEM,
-    SMEM)."""
-    if src is MemorySpace.HBM and dst is MemorySpace.HBM:
-        return "hbm"
-    if dst is MemorySpace.HBM:
-        return "out"
-    if src is MemorySpace.HBM or _HOST in (src, dst):
-        return "in"
-    return "local"
 
 
 def member(d: Any, labels: dict[Any, tuple[Any, ...]]) -> Member:

@@ -95,52 +95,16 @@ HOST_BYTES_PER_S = 32e9
 #: ``benchmarks/chip/calibration_kernels.py``, timed by ``calibrate_on_chip.py``).
 MEASURED_CHIPS = ("v5e",)
 
-#: The model's constants a measured chip's table gives, and the ``ChipModel`` field each
-#: one sets.
-_MEASURED_FIELDS = {
-    "valu_vreg_seconds": "valu_vreg_seconds",
-    "narrow_valu_factor": "narrow_valu_factor",
-    "narrow_transcendental_factor": "narrow_transcendental_factor",
-    "narrow_transcendental_factors": "narrow_transcendental_factors",
-    "vector_op_vreg_seconds": "vector_op_vreg_seconds",
-    "dependent_op_seconds": "dependent_op_seconds",
-    "loop_iteration_seconds": "loop_iteration_seconds",
-    "load_use_seconds": "load_use_seconds",
-    "vmem_vreg_seconds": "vmem_vreg_seconds",
-    "mxu_bf16_flops": "mxu_bf16_flops",
-    "mxu_dot_seconds": "mxu_dot_seconds",
-    "mxu_weight_tile_seconds": "mxu_weight_tile_seconds",
-    "f32_highest_passes": "f32_highest_passes",
-    "mxu_int8_ops": "mxu_int8_ops",
-    "hbm_read_bytes_per_second": "hbm_read_bytes_per_second",
-    "hbm_write_bytes_per_second": "hbm_write_bytes_per_second",
-    "hbm_copy_bytes_per_second": "hbm_copy_bytes_per_second",
+#: The measured table's constants (``perf/measured/<chip>.json``) named otherwise in
+#: ``ChipModel``: every other one sets the field of its own name.
+_RENAMED = {
     "dma_latency_in_seconds": "dma_latency_in_s",
     "dma_latency_out_seconds": "dma_latency_out_s",
     "dma_latency_hbm_seconds": "dma_latency_hbm_s",
     "dma_latency_local_seconds": "dma_latency_local_s",
-    "local_dma_bytes_per_second": "local_dma_bytes_per_second",
     "block_copy_issue_seconds": "block_copy_issue_s",
     "step_overhead_seconds": "step_overhead_s",
     "launch_overhead_seconds": "launch_overhead_s",
-    "hbm_mixed_factor": "hbm_mixed_factor",
-    "mixed_copy_limit_bytes": "mixed_copy_limit_bytes",
-    "vector_op_latency_seconds": "vector_op_latency_seconds",
-    "mxu_transposed_rhs_seconds": "mxu_transposed_rhs_seconds",
-    "dma_min_seconds": "dma_min_seconds",
-    "dma_min_deep_seconds": "dma_min_deep_seconds",
-    "dma_burst_depth": "dma_burst_depth",
-    "xlu_latency_seconds": "xlu_latency_seconds",
-    "sublane_reduce_latency_seconds": "sublane_reduce_latency_seconds",
-    "branch_seconds": "branch_seconds",
-    "predicated_seconds": "predicated_seconds",
-    "predicated_dma_seconds": "predicated_dma_seconds",
-    "predicated_branch_equations": "predicated_branch_equations",
-    "operand_step_seconds": "operand_step_seconds",
-    "strided_copy_seconds": "strided_copy_seconds",
-    "dynamic_operand_step_seconds": "dynamic_operand_step_seconds",
-    "spill_vregs": "spill_vregs",
-    "table_operand_step_seconds": "table_operand_step_seconds",
 }
 
 #: Constants counted in cycles of the measured chip: a chip that was not measured gets
@@ -277,11 +241,6 @@ class ChipModel:
     spill_vregs: int = 0
     measured: frozenset[str] = frozenset()
 
-    def hbm_bandwidth(self, cores: int) -> float:
-        """HBM bandwidth of a device simulated with ``cores`` TensorCores (TpuInfo's
-        figure is per TensorCore; a megacore device has the chip's, never more)."""
-        return self.hbm_bytes_per_second * min(max(cores, 1), self.tensor_cores_per_chip)
-
     def hbm_byte_seconds(self, kind: str, cores: int = 1) -> float:
         """Seconds of a device's HBM one byte of a ``kind`` transfer costs: ``"in"``
         (HBM -> VMEM/SMEM), ``"out"`` (to HBM) or ``"hbm"`` (HBM -> HBM: read and
@@ -343,9 +302,7 @@ class ChipModel:
 def measured_constants(chip: str) -> dict[str, Any] | None:
     """The measured table of ``chip`` (``perf/measured/<chip>.json``: each constant's
     value, the microbenchmarks it comes from and how), or None if it was not measured."""
-    if chip not in MEASURED_CHIPS:
-        return None
-    return _measured_table(chip)
+    return _measured_table(chip) if chip in MEASURED_CHIPS else None
 
 
 @functools.cache
@@ -378,8 +335,7 @@ def chip_model(chip: str) -> ChipModel:
     )
     table = measured_constants(chip)
     if table is not None:
-        values = {_MEASURED_FIELDS[k]: c["value"] for k, c in table["constants"].items()
-                  if k in _MEASURED_FIELDS}
+        values = {_RENAMED.get(k, k): c["value"] for k, c in table["constants"].items()}
         return dataclasses.replace(base, **values, measured=frozenset(values))
     return _from_reference(base, MEASURED_CHIPS[0])
 
@@ -394,7 +350,9 @@ def _from_reference(base: ChipModel, reference: str) -> ChipModel:
     lat = {k: v * ref.clock_hz / base.clock_hz
            for k, v in ref.vector_op_latency_seconds.items()}
     hbm = base.hbm_bytes_per_second / ref.hbm_bytes_per_second
-    mxu = ref.mxu_bf16_flops / chip_model_peak(reference)
+    mxu = ref.mxu_bf16_flops / float(chip_record(reference).facts.bf16_ops_per_second)
+    # chips from v6e on have bf16 vector units: the packed default
+    narrow = chip_record(base.chip).facts.generation <= 5
     return dataclasses.replace(
         base, **cycles, vector_op_vreg_seconds=ops, vector_op_latency_seconds=lat,
         mxu_bf16_flops=base.mxu_bf16_flops * mxu,
@@ -411,20 +369,10 @@ def _from_reference(base: ChipModel, reference: str) -> ChipModel:
         mixed_copy_limit_bytes=ref.mixed_copy_limit_bytes,
         predicated_branch_equations=ref.predicated_branch_equations,
         spill_vregs=ref.spill_vregs, dma_burst_depth=ref.dma_burst_depth,
-        # chips from v6e on have bf16 vector units: the packed default
-        narrow_valu_factor=(ref.narrow_valu_factor if chip_record(base.chip).facts.generation <= 5
-                            else 0.5),
-        narrow_transcendental_factor=(ref.narrow_transcendental_factor
-                                      if chip_record(base.chip).facts.generation <= 5 else 0.5),
-        narrow_transcendental_factors=(ref.narrow_transcendental_factors
-                                       if chip_record(base.chip).facts.generation <= 5
-                                       else {}),
+        narrow_valu_factor=ref.narrow_valu_factor if narrow else 0.5,
+        narrow_transcendental_factor=ref.narrow_transcendental_factor if narrow else 0.5,
+        narrow_transcendental_factors=ref.narrow_transcendental_factors if narrow else {},
     )
-
-
-def chip_model_peak(chip: str) -> float:
-    """TpuInfo's bf16 peak of ``chip`` per TensorCore."""
-    return float(chip_record(chip).facts.bf16_ops_per_second)
 
 
 def _times(value: float | None, factor: float) -> float | None:

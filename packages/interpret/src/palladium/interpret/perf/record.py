@@ -25,7 +25,6 @@ from palladium.shared_memory import MemorySpace
 __all__ = ["LaunchRecord"]
 
 
-
 def _operand_step_seconds(info: Any, chip: ChipModel,
                           local: frozenset[tuple[str, str]] = frozenset()) -> float:
     """What the launch's blocked operands cost each grid step: each its index map and
@@ -72,21 +71,8 @@ def _dma_spans(raw: list[RawSpan]) -> list[RawSpan]:
     tracks: dict[Any, list[RawSpan]] = {}
     for s in raw:
         if s[2] == "dma":
-            lane = tracks.get(s[0])
-            if lane is None:
-                tracks[s[0]] = [s]
-            else:
-                lane.append(s)
-    out: list[RawSpan] = []
-    for track in sorted(tracks):
-        lane = tracks[track]
-        lane.sort(key=_start_longer_first)
-        out.extend(lane)
-    return out
-
-
-def _start_longer_first(span: RawSpan) -> tuple[float, float]:
-    return span[3], -span[4]
+            tracks.setdefault(s[0], []).append(s)
+    return [s for track in sorted(tracks) for s in sorted(tracks[track], key=span_order)]
 
 
 def _us(seconds: float) -> str:
@@ -154,7 +140,10 @@ class LaunchRecord:
         dmas = _dma_spans(raw)
         self.dma_seconds = sum(s[4] - s[3] for s in dmas)
         self.dma_bytes = sum(s[5].get("bytes", 0) for s in dmas)  # type: ignore[union-attr]
-        self._vmem_peak = max((b for samples in vmem.values() for _, b in samples), default=0)
+        # the most VMEM in use on any core (allocations, plus the pipeline's extra
+        # ``Buffered(n)`` block buffers)
+        self.vmem_peak_bytes = max((b for samples in vmem.values() for _, b in samples),
+                                   default=0)
 
     # -- detail: every span and VMEM sample (the summary does not need them) -------------
     @property
@@ -258,12 +247,6 @@ class LaunchRecord:
         return self.flops / (self.predicted_seconds * self.chip.mxu_bf16_flops * cores)
 
     @property
-    def vmem_peak_bytes(self) -> int:
-        """The most VMEM in use on any core (allocations, plus the pipeline's extra
-        ``Buffered(n)`` block buffers)."""
-        return self._vmem_peak
-
-    @property
     def vmem_limit_bytes(self) -> int:
         """The kernel's scoped-VMEM limit: ``CompilerParams(vmem_limit_bytes=...)``, else
         XLA's default for the chip."""
@@ -279,14 +262,13 @@ class LaunchRecord:
         """A table: time, bound, compute / DMA / exposed DMA, MXU use, top primitives,
         VMEM peak vs capacity."""
         c = self.chip
+        head = (f"kernel '{self.kernel_name}' on {self.num_devices} x TPU {c.chip} "
+                f"({self.cores_per_device} core(s) each), grid {self.grid}")
         if self.failed:
-            return (f"kernel '{self.kernel_name}' on {self.num_devices} x TPU {c.chip} "
-                    f"({self.cores_per_device} core(s) each), grid {self.grid}: "
-                    f"FAILED ({self.error})")
+            return f"{head}: FAILED ({self.error})"
         steps = self._critical_stats.steps
         lines = [
-            f"kernel '{self.kernel_name}' on {self.num_devices} x TPU {c.chip} "
-            f"({self.cores_per_device} core(s) each), grid {self.grid}",
+            head,
             f"  predicted time      {_us(self.predicted_seconds)}",
             f"  bound               {self.bound}",
             f"  compute             {_us(self.compute_seconds)}  (critical core "

@@ -147,34 +147,31 @@ class TimelineRecorder(Observer):
         entry = None
         if told:
             ran, chunk, entry = self._costed(core, told)
-            if entry is not None and entry.seconds is not None:  # a chunk pushed before
-                entry.repeats += 1  # (its counts: ``_count_repeats``)
-                events = self.events[core]
-                if entry.seconds:
-                    events.append(("c", entry.seconds))
-                events.append(event)
-                return
         else:
             ran, chunk = self.pending.pop(core, None), self._chunks.pop(core, None)
-        dt = 0.0
-        if ran:
-            units: dict[str, float] = defaultdict(float)
-            costs, counts = self._costs, self._counts
-            for key, n in ran.items():
-                cost = costs[key][1]
-                units[cost.unit] += cost.seconds * n
-                counts[key] += n
-            dt = max(units.values())
-        # ... or as long as its chain of dependent results, where that is longer (a
-        # recurrence of one row per loop step waits on latencies, not throughput)
-        if chunk is not None:
-            dt = max(dt, chunk.settled_end())
+        if entry is not None and entry.seconds is not None:  # a chunk pushed before
+            entry.repeats += 1  # (its counts: ``_count_repeats``)
+            dt = entry.seconds
+        else:
+            dt = 0.0
+            if ran:
+                units: dict[str, float] = defaultdict(float)
+                costs, counts = self._costs, self._counts
+                for key, n in ran.items():
+                    cost = costs[key][1]
+                    units[cost.unit] += cost.seconds * n
+                    counts[key] += n
+                dt = max(units.values())
+            # ... or as long as its chain of dependent results, where that is longer (a
+            # recurrence of one row per loop step waits on latencies, not throughput)
+            if chunk is not None:
+                dt = max(dt, chunk.settled_end())
+            if entry is not None:
+                entry.seconds = dt
         events = self.events[core]
         if dt:
             events.append(("c", dt))
         events.append(event)
-        if entry is not None:
-            entry.seconds = dt
 
     # -- the interpreter's events ----------------------------------------------------
     def compute(self, core: CoreId, op: Any) -> None:

@@ -145,9 +145,6 @@ class Replay:
         self._flows: list[tuple[list[_Dma], float]] = []
         # when the first of them ends (None: not found since the last ``_advance``)
         self._flow_end: float | None = None
-        # whether a run of DMAs (``("dmas", ...)``) was started: a resource's share is
-        # then per DMA of each run
-        self._batched = False
         self._dma_terms: dict[str, tuple[str, bool, float, float, float]] = {}
         # (a burst's DMAs from the ``dma_burst_depth``-th on hold the engine less)
         self._bursts = (Bursts(chip, self.bandwidth["hbm"])
@@ -173,7 +170,7 @@ class Replay:
             if not ready:
                 break
             step(heappop(ready)[1])
-        self._assign_lanes()
+        assign_lanes(self.dmas, self.raw_spans.append)
 
     def _step(self, core: CoreId) -> None:
         """Run ``core``'s program from its clock until it waits or its clock passes
@@ -208,27 +205,20 @@ class Replay:
                     heapq.heappush(ready, (end, core))
                     return
                 continue  # (the run loop would pop this core next)
-            if kind == "dma":
-                _, dma_id, name, res, nbytes, signals, args, kind = action
+            if kind == "dma" or kind == "dmas":  # ("dmas": started together, one flow)
+                if kind == "dma":
+                    _, dma_id, name, res, nbytes, signals, args, kind = action
+                    members, count = None, 1
+                else:
+                    _, members, res, nbytes, kind = action
+                    (dma_id, name, signals, args), count = members[0], len(members)
                 direction, block, work, latency = self._work(kind, res, nbytes)
                 if not block and self._bursts is not None:  # (bytes: ``_terms``'s scale)
                     work = self._bursts.work(core, t, direction, res,
-                                             nbytes * self._dma_terms[kind][2], 1, work)
+                                             nbytes * self._dma_terms[kind][2], count, work)
                 self._start(_Dma(dma_id, name, core[0], res, nbytes, signals, t, args, work,
-                                 0.0, direction, block, None, 1, 1e-6 * max(nbytes, 1)),
-                            latency)
-            elif kind == "dmas":  # DMAs started together: one flow of as many
-                _, members, res, nbytes, kind = action
-                direction, block, work, latency = self._work(kind, res, nbytes)
-                if not block and self._bursts is not None:
-                    work = self._bursts.work(core, t, direction, res,
-                                             nbytes * self._dma_terms[kind][2], len(members),
-                                             work)
-                first = members[0]
-                self._batched = True
-                self._start(_Dma(first[0], first[1], core[0], res, nbytes, first[2], t,
-                                 first[3], work, 0.0, direction, block, members,
-                                 len(members), 1e-6 * max(nbytes, 1)), latency)
+                                 0.0, direction, block, members, count,
+                                 1e-6 * max(nbytes, 1)), latency)
             elif kind == "signal":
                 self._signal(action[1], action[2], t, "sem")
             elif kind == "wait":
@@ -277,7 +267,7 @@ class Replay:
         dmas = self.dmas
         dmas.append(dma)
         self.resource_bytes[dma.resource] += dma.nbytes * dma.count
-        if dma.block and dma.nbytes > self.chip.mixed_copy_limit_bytes:  # (_large_block)
+        if dma.block and dma.nbytes > self.chip.mixed_copy_limit_bytes:
             if dma.direction == "in" and self._issuing[dma.resource]:
                 # a large block read waits while a large block write is issued and not
                 # yet flowing: the two do not mix (r5/in-out on a v5e: a step's 64 KiB
@@ -346,7 +336,7 @@ class Replay:
                     served = active
                 # (one DMA served: ``_rate``'s share, never mixed)
                 d = served[0]
-                rate = self.bandwidth[res[0]] / (d.count if self._batched else 1)
+                rate = self.bandwidth[res[0]] / d.count
                 flows.append((served, rate))
                 ends = min(ends, self._t_dma + d.remaining / rate)
             self._flow_end = ends
@@ -383,7 +373,7 @@ class Replay:
     def _rate(self, res: tuple[str, int], active: list[_Dma]) -> float:
         """Each served DMA's share of its resource; HBM serving reads and writes at once
         is slower than either alone (the chip's measured read/write turnaround)."""
-        n = sum(d.count for d in active) if self._batched else len(active)
+        n = sum(d.count for d in active)  # (a run of DMAs: each one's share)
         rate = self.bandwidth[res[0]] / n
         if res[0] == "hbm" and self.chip.hbm_mixed_factor != 1.0:
             kinds = {d.direction for d in active}
@@ -404,7 +394,8 @@ class Replay:
         while self._pending and self._pending[0][0] <= t:
             _, _, dma = heapq.heappop(self._pending)
             self._active[dma.resource].append(dma)
-            if dma.direction == "out" and self._large_block(dma):
+            if (dma.direction == "out" and dma.block
+                    and dma.nbytes > self.chip.mixed_copy_limit_bytes):
                 self._issuing[dma.resource] -= 1
                 if not self._issuing[dma.resource]:
                     # the block reads held on this resource (``_start``) issue now
@@ -439,11 +430,3 @@ class Replay:
                 continue
             for key, inc in dma.signals:
                 self._signal(key, inc, t, dma.resource[0])
-
-    def _large_block(self, dma: _Dma) -> bool:
-        """Whether ``dma`` is a block copy too large to mix directions with another
-        (``ChipModel.mixed_copy_limit_bytes``)."""
-        return dma.block and dma.nbytes > self.chip.mixed_copy_limit_bytes
-
-    def _assign_lanes(self) -> None:
-        assign_lanes(self.dmas, self.raw_spans.append)

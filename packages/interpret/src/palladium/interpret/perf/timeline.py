@@ -6,6 +6,7 @@ import collections
 import contextlib
 import functools
 import itertools
+import json
 import logging
 import threading
 from collections.abc import Iterator
@@ -18,7 +19,7 @@ from palladium.interpret.params import LoggingMode
 from palladium.interpret.perf.model import chip_model
 from palladium.interpret.perf.record import LaunchRecord
 from palladium.interpret.perf.recorder import TimelineRecorder
-from palladium.interpret.perf.trace import TraceStream, plot_records, save_trace, trace_events
+from palladium.interpret.perf.trace import TraceStream, plot_records, trace_events
 
 __all__ = ["Timeline", "timeline"]
 
@@ -117,7 +118,8 @@ class Timeline:
         """Write a Chrome trace-event JSON file: open it in https://ui.perfetto.dev or
         chrome://tracing. One process per device and launch, a track per core and DMA
         engine, a VMEM-in-use counter per core."""
-        save_trace(self.launches, path)
+        with open(path, "w") as f:
+            json.dump(trace_events(self.launches), f)
 
     def plot(self, path: str, *, title: str | None = None) -> None:
         """Save a Gantt chart of the launches (needs the ``timeline`` extra:
@@ -162,9 +164,4 @@ class SummaryLogger(TimelineRecorder):
         logger.debug("timeline of %s:\n%s", self.info.kernel_name, LaunchRecord(self).summary())
 
 
-def summary_logger(info: LaunchInfo) -> SummaryLogger:
-    """The ``LoggingMode.TIMELINE`` observer of a launch."""
-    return SummaryLogger(info, chip_model(info.chip))
-
-
-register_mode_logger(LoggingMode.TIMELINE, summary_logger)
+register_mode_logger(LoggingMode.TIMELINE, lambda info: SummaryLogger(info, chip_model(info.chip)))

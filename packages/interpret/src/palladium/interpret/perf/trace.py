@@ -20,7 +20,7 @@ def launch_events(rec: LaunchRecord, n: int, offset: float) -> list[dict[str, An
     ``n * 1000 + device``), starting ``offset`` seconds into it."""
     events: list[dict[str, Any]] = []
     tids: dict[tuple[int, str], int] = {}
-    tracks = sorted({s.track for s in rec.spans}, key=lambda t: (t[0], _track_order(t[1])))
+    tracks = _tracks(rec)
     for device, name in tracks:
         pid = n * 1000 + device
         tids[(device, name)] = tid = len([t for t in tids if t[0] == device])
@@ -46,9 +46,13 @@ def launch_events(rec: LaunchRecord, n: int, offset: float) -> list[dict[str, An
     return events
 
 
-def _track_order(name: str) -> tuple[int, int]:
-    kind, _, index = name.rpartition(" ")
-    return (0 if kind == "core" else 1, int(index))
+def _tracks(rec: LaunchRecord) -> list[tuple[int, str]]:
+    """``rec``'s tracks: by device, each device's cores first, then its DMA engines."""
+    def order(track: tuple[int, str]) -> tuple[int, int, int]:
+        kind, _, index = track[1].rpartition(" ")
+        return (track[0], 0 if kind == "core" else 1, int(index))
+
+    return sorted({s.track for s in rec.spans}, key=order)
 
 
 def trace_events(records: Sequence[LaunchRecord]) -> dict[str, Any]:
@@ -98,12 +102,6 @@ class TraceStream:
         self._file.close()
 
 
-def save_trace(records: Sequence[LaunchRecord], path: str) -> None:
-    """Write :func:`trace_events` of ``records`` to ``path`` as JSON."""
-    with open(path, "w") as f:
-        json.dump(trace_events(records), f)
-
-
 def plot_records(records: Sequence[LaunchRecord], path: str, *, title: str | None = None) -> None:
     """A Gantt chart of ``records`` (one row per core and DMA engine) saved to ``path``.
 
@@ -121,9 +119,7 @@ def plot_records(records: Sequence[LaunchRecord], path: str, *, title: str | Non
         ) from e
     rows: list[tuple[int, int, str]] = []
     for n, rec in enumerate(records):
-        for device, name in sorted({s.track for s in rec.spans},
-                                   key=lambda t: (t[0], _track_order(t[1]))):
-            rows.append((n, device, name))
+        rows.extend((n, device, name) for device, name in _tracks(rec))
     index = {r: i for i, r in enumerate(rows)}
     fig, ax = plt.subplots(figsize=(11, 0.5 * len(rows) + 1.4))
     offset = 0.0

@@ -49,6 +49,7 @@ from palladium.interpret.fidelity.xla_placement import ProgramPlacement, program
 from palladium.interpret.hook.jax_hook import errors_as_raised, force_tpu_interpret_mode
 from palladium.interpret.params import InterpretParams
 from palladium.interpret.perf import LaunchRecord, timeline
+from palladium.interpret.tune.cost_estimate import cost_estimate
 from palladium.interpret.tune.zero_operands import concrete_operand
 
 __all__ = ["PREDICT_DEFAULTS", "Prediction", "REJECTING_ERRORS", "UncertainPredictionWarning",
@@ -132,8 +133,6 @@ class Prediction:
     def cost_estimate(self, bytes_accessed: str = "traffic") -> Any:
         """The launches' ``pl.CostEstimate`` (see
         :func:`palladium.interpret.tune.cost_estimate`)."""
-        from palladium.interpret.tune.cost_estimate import cost_estimate
-
         if not self.launches:
             raise ConfigError(
                 f"no launch to estimate: the configuration was rejected ({self.reason})."

@@ -98,9 +98,8 @@ class SweepRow:
             "smem_bytes": p.smem_bytes if ok and p else None,
             "grid_steps": p.grid_steps if ok and p else None,
             "checker": p.checker if p is not None else None,
-            "reason": self.uncertain
-            if ok
-            else (f"{self.error}: {self.reason}" if self.error else self.reason),
+            "reason": self.uncertain if ok else (
+                f"{self.error}: {self.reason}" if self.error else self.reason),
         }
 
 
@@ -164,13 +163,9 @@ class SweepResult:
                        "vmem_mib", "reason")
 
         def cell(v: Any) -> str:
-            return (
-                ""
-                if v is None
-                else f"{v:,}"
-                if isinstance(v, (int, float)) and not isinstance(v, bool)
-                else str(v)
-            )
+            if v is None:
+                return ""
+            return f"{v:,}" if isinstance(v, int | float) and not isinstance(v, bool) else str(v)
 
         lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
         for rec in self.records():
